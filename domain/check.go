@@ -1,0 +1,67 @@
+package domain
+
+import (
+	"regexp"
+	"slices"
+	"unicode/utf8"
+)
+
+// These patterns are mirrored verbatim in the JSON Schemas under
+// domain/schemas; the agreement test keeps the two in step.
+var (
+	uuidPattern    = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+	uuidV7Pattern  = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+	addressPattern = regexp.MustCompile(`^[^@\s]+@[^@\s]+\.[^@\s]+$`)
+	hostPattern    = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$`)
+	base64Pattern  = regexp.MustCompile(`^[A-Za-z0-9+/]+={0,2}$`)
+	keyIDPattern   = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+)
+
+// IsUUID reports whether s is a canonical lower-case UUID.
+func IsUUID(s string) bool { return uuidPattern.MatchString(s) }
+
+// IsUUIDv7 reports whether s is a canonical lower-case version-7 UUID.
+func IsUUIDv7(s string) bool { return uuidV7Pattern.MatchString(s) }
+
+func checkUUID(ps *Problems, field, v string) {
+	switch {
+	case v == "":
+		ps.Add(field, CodeRequired, "is required")
+	case !IsUUID(v):
+		ps.Add(field, CodeInvalid, "must be a lower-case UUID")
+	}
+}
+
+// checkText checks a required (when min > 0) string of at most max
+// characters (code points, as JSON Schema counts them).
+func checkText(ps *Problems, field, v string, required bool, max int) bool {
+	if v == "" {
+		if required {
+			ps.Add(field, CodeRequired, "is required")
+		}
+		return false
+	}
+	if utf8.RuneCountInString(v) > max {
+		ps.Add(field, CodeTooLong, "must be at most %d characters", max)
+		return false
+	}
+	return true
+}
+
+func checkEnum[T ~string](ps *Problems, field string, v T, required bool, allowed ...T) {
+	if v == "" {
+		if required {
+			ps.Add(field, CodeRequired, "is required")
+		}
+		return
+	}
+	if !slices.Contains(allowed, v) {
+		ps.Add(field, CodeInvalid, "must be one of %v", allowed)
+	}
+}
+
+func checkRange(ps *Problems, field string, v, min, max int64) {
+	if v < min || v > max {
+		ps.Add(field, CodeOutOfRange, "must be between %d and %d", min, max)
+	}
+}

@@ -1,0 +1,306 @@
+package domain
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// SpecVersion is the CloudEvents version mailplane speaks.
+const SpecVersion = "1.0"
+
+// Event is a domain event: CloudEvents attributes around typed data.
+type Event struct {
+	ID      string    // UUIDv7
+	Type    string    // e.g. mailplane.mailbox.added.v1
+	Source  string    // URI-reference naming the producer
+	Time    time.Time // when it happened, per the producer
+	Subject string    // the aggregate id; also the record key
+	Data    Data
+}
+
+// Aggregate returns the aggregate the event belongs to.
+func (e Event) Aggregate() Aggregate {
+	a, _ := AggregateOf(e.Type)
+	return a
+}
+
+// Validate checks the envelope and the data and returns every problem; data
+// problems carry field paths under "data.".
+func (e Event) Validate() Problems {
+	var ps Problems
+	switch {
+	case e.ID == "":
+		ps.Add("id", CodeRequired, "is required")
+	case !IsUUIDv7(e.ID):
+		ps.Add("id", CodeInvalid, "must be a lower-case UUIDv7")
+	}
+	checkText(&ps, "source", e.Source, true, 256)
+	if e.Time.IsZero() {
+		ps.Add("time", CodeRequired, "is required")
+	}
+	if _, ok := registry[e.Type]; !ok {
+		if e.Type == "" {
+			ps.Add("type", CodeRequired, "is required")
+		} else {
+			ps.Add("type", CodeUnknownType, "unknown event type %q", e.Type)
+		}
+		return ps
+	}
+	if e.Data == nil {
+		ps.Add("data", CodeRequired, "is required")
+		return ps
+	}
+	if e.Data.EventType() != e.Type {
+		ps.Add("type", CodeInvalid, "data is %s, not %s", e.Data.EventType(), e.Type)
+	}
+	dps := e.Data.Validate()
+	ps = append(ps, dps.Prefixed("data")...)
+	if e.Subject != "" && e.Subject != e.Data.AggregateID() && len(dps) == 0 {
+		ps.Add("subject", CodeKeyMismatch, "subject %q is not the aggregate id %q", e.Subject, e.Data.AggregateID())
+	}
+	return ps
+}
+
+// DecodeData decodes an event's JSON data for eventType. Strict decoding (at
+// ingest) refuses unknown fields; lenient decoding (consumers) tolerates
+// fields added by newer producers. Validation is not run here.
+func DecodeData(eventType string, raw []byte, strict bool) (Data, Problems) {
+	var ps Problems
+	d, ok := NewData(eventType)
+	if !ok {
+		ps.Add("type", CodeUnknownType, "unknown event type %q", eventType)
+		return nil, ps
+	}
+	if len(bytes.TrimSpace(raw)) == 0 {
+		ps.Add("data", CodeRequired, "is required")
+		return nil, ps
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if strict {
+		dec.DisallowUnknownFields()
+	}
+	if err := dec.Decode(d); err != nil {
+		ps = append(ps, jsonProblem("data", err))
+		var te *json.UnmarshalTypeError
+		if !errors.As(err, &te) {
+			return nil, ps
+		}
+		// A type error still fills the other fields; report them too.
+		for _, p := range d.Validate().Prefixed("data") {
+			if p.Field != ps[0].Field && !strings.HasPrefix(p.Field, ps[0].Field+".") {
+				ps = append(ps, p)
+			}
+		}
+		return nil, ps
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		ps.Add("data", CodeMalformedJSON, "trailing data after the JSON object")
+		return nil, ps
+	}
+	return d, nil
+}
+
+// jsonProblem turns an encoding/json error into a problem with a field path.
+func jsonProblem(prefix string, err error) Problem {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case errors.As(err, &te):
+		f := prefix
+		if te.Field != "" {
+			f = prefix + "." + te.Field
+		}
+		return Problem{Field: f, Code: CodeInvalidType, Message: fmt.Sprintf("must be %s, not %s", jsonTypeName(te.Type.Kind().String()), te.Value)}
+	case errors.As(err, &se):
+		return Problem{Field: prefix, Code: CodeMalformedJSON, Message: fmt.Sprintf("malformed JSON at byte %d: %v", se.Offset, se)}
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		return Problem{Field: prefix + "." + name, Code: CodeUnknownField, Message: "unknown field"}
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return Problem{Field: prefix, Code: CodeMalformedJSON, Message: "truncated JSON"}
+	default:
+		return Problem{Field: prefix, Code: CodeMalformedJSON, Message: err.Error()}
+	}
+}
+
+func jsonTypeName(kind string) string {
+	switch kind {
+	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64":
+		return "an integer"
+	case "float32", "float64":
+		return "a number"
+	case "bool":
+		return "a boolean"
+	case "string":
+		return "a string"
+	case "struct", "map", "ptr":
+		return "an object"
+	case "slice", "array":
+		return "an array"
+	}
+	return kind
+}
+
+// structured is the JSON form of a CloudEvent (structured content mode).
+type structured struct {
+	SpecVersion     string          `json:"specversion"`
+	ID              string          `json:"id"`
+	Type            string          `json:"type"`
+	Source          string          `json:"source"`
+	Time            string          `json:"time,omitempty"`
+	Subject         string          `json:"subject,omitempty"`
+	DataContentType string          `json:"datacontenttype,omitempty"`
+	Data            json.RawMessage `json:"data,omitempty"`
+}
+
+// ParseStructured parses a structured-mode CloudEvent. Time defaults to now
+// when absent. Problems from the envelope, the data's JSON and the data's
+// validation are all returned together. Plain credentials in mailbox.added
+// data are kept for the caller to seal; Validate reports them if it does not.
+func ParseStructured(raw []byte, now time.Time, seal SealFunc) (Event, Problems) {
+	var s structured
+	var ps Problems
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); err != nil {
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) && ute.Field != "" {
+			return Event{}, Problems{jsonProblem("", err)}.trimDot()
+		}
+		p := jsonProblem("", err)
+		if p.Code == CodeUnknownField {
+			p.Field = strings.TrimPrefix(p.Field, ".")
+			p.Message = "unknown CloudEvents attribute (extensions are not accepted)"
+		}
+		return Event{}, Problems{p}
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return Event{}, Problems{{Code: CodeMalformedJSON, Message: "trailing data after the JSON object"}}
+	}
+	return FromAttributes(Attributes{
+		SpecVersion: s.SpecVersion, ID: s.ID, Type: s.Type, Source: s.Source,
+		Time: s.Time, Subject: s.Subject, DataContentType: s.DataContentType,
+	}, s.Data, now, seal, &ps)
+}
+
+func (ps Problems) trimDot() Problems {
+	for i := range ps {
+		ps[i].Field = strings.TrimPrefix(ps[i].Field, ".")
+	}
+	return ps
+}
+
+// Attributes are CloudEvents context attributes as received, before checks.
+type Attributes struct {
+	SpecVersion     string
+	ID              string
+	Type            string
+	Source          string
+	Time            string
+	Subject         string
+	DataContentType string
+}
+
+// SealFunc seals a secret bound to aad (see CredentialsAAD).
+type SealFunc func(plain, aad []byte) (SealedSecret, error)
+
+// FromAttributes builds and validates an event from raw attributes and JSON
+// data, strictly (unknown data fields are problems). When seal is not nil,
+// plain credentials are checked and sealed before validation, so the event
+// returned carries only the sealed form. prior problems are included.
+func FromAttributes(a Attributes, data []byte, now time.Time, seal SealFunc, prior *Problems) (Event, Problems) {
+	var ps Problems
+	if prior != nil {
+		ps = *prior
+	}
+	switch a.SpecVersion {
+	case SpecVersion:
+	case "":
+		ps.Add("specversion", CodeRequired, "is required")
+	default:
+		ps.Add("specversion", CodeInvalid, "must be %q", SpecVersion)
+	}
+	if a.DataContentType != "" && !isJSONContentType(a.DataContentType) {
+		ps.Add("datacontenttype", CodeInvalid, "must be application/json")
+	}
+	ev := Event{ID: a.ID, Type: a.Type, Source: a.Source, Subject: a.Subject, Time: now.UTC()}
+	if a.Time != "" {
+		t, err := time.Parse(time.RFC3339Nano, a.Time)
+		if err != nil {
+			ps.Add("time", CodeInvalid, "must be an RFC 3339 timestamp")
+		} else {
+			ev.Time = t.UTC()
+		}
+	}
+	if _, ok := registry[a.Type]; ok {
+		d, dps := DecodeData(a.Type, data, true)
+		if len(dps) > 0 {
+			// Envelope problems still count; data problems replace validation.
+			env := ev
+			env.Data = nil
+			for _, p := range env.Validate() {
+				if p.Field != "data" {
+					ps = append(ps, p)
+				}
+			}
+			return Event{}, append(ps, dps...)
+		}
+		ev.Data = d
+		if sps := SealData(d, seal); len(sps) > 0 {
+			return Event{}, append(ps, sps.Prefixed("data")...)
+		}
+	}
+	ps = append(ps, ev.Validate()...)
+	if len(ps) > 0 {
+		return Event{}, ps
+	}
+	if ev.Subject == "" {
+		ev.Subject = ev.Data.AggregateID()
+	}
+	return ev, nil
+}
+
+func isJSONContentType(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	mt = strings.TrimSpace(strings.ToLower(mt))
+	return mt == "application/json" || (strings.HasPrefix(mt, "application/") && strings.HasSuffix(mt, "+json"))
+}
+
+// MarshalStructured renders an event as a structured-mode CloudEvent.
+func MarshalStructured(e Event) ([]byte, error) {
+	data, err := json.Marshal(e.Data)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(structured{
+		SpecVersion: SpecVersion, ID: e.ID, Type: e.Type, Source: e.Source,
+		Time: e.Time.UTC().Format(time.RFC3339Nano), Subject: e.Subject,
+		DataContentType: "application/json", Data: data,
+	})
+}
+
+// SealData seals plain secrets in d, if any and if seal is not nil. Problems
+// with the plain secrets themselves are returned (field paths relative to d).
+func SealData(d Data, seal SealFunc) Problems {
+	m, ok := d.(*MailboxAdded)
+	if !ok || m.Credentials == nil || seal == nil {
+		return nil
+	}
+	var ps Problems
+	if m.SealedCredentials != nil {
+		ps.Add("credentials", CodeInvalid, "give credentials or sealed_credentials, not both")
+		return ps
+	}
+	if cps := m.Credentials.Validate(); len(cps) > 0 {
+		return cps.Prefixed("credentials")
+	}
+	if err := m.SealWith(seal); err != nil {
+		ps.Add("credentials", CodeInternal, "sealing failed: %v", err)
+	}
+	return ps
+}

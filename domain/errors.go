@@ -1,0 +1,148 @@
+// Package domain holds mailplane's types, validation, decisions and folds.
+// It is pure: no network, no broker, no database. Everything with I/O sits
+// around it and calls it, so every rule lives here exactly once.
+package domain
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Code is a stable, machine-readable error code. Codes are part of the API:
+// clients branch on them, so they never change meaning.
+type Code string
+
+// Stable error codes.
+const (
+	CodeInvalid              Code = "invalid"
+	CodeRequired             Code = "required"
+	CodeTooLong              Code = "too_long"
+	CodeOutOfRange           Code = "out_of_range"
+	CodeInvalidType          Code = "invalid_type"
+	CodeUnknownField         Code = "unknown_field"
+	CodeUnknownType          Code = "unknown_type"
+	CodeTierNotAllowed       Code = "tier_not_allowed"
+	CodePlaintextSecret      Code = "plaintext_secret"
+	CodeMalformedJSON        Code = "malformed_json"
+	CodeMissingHeader        Code = "missing_header"
+	CodeMalformedHeader      Code = "malformed_header"
+	CodeKeyMismatch          Code = "key_mismatch"
+	CodeSchema               Code = "schema"
+	CodeNotFound             Code = "not_found"
+	CodeConflict             Code = "conflict"
+	CodeUnauthorized         Code = "unauthorized"
+	CodeTooLarge             Code = "too_large"
+	CodeUnsupportedMediaType Code = "unsupported_media_type"
+	CodeUnavailable          Code = "unavailable"
+	CodeInternal             Code = "internal"
+)
+
+// Problem is one thing wrong with an input, at a field path such as
+// "data.imap.port".
+type Problem struct {
+	Field   string `json:"field,omitempty"`
+	Code    Code   `json:"code"`
+	Message string `json:"message"`
+}
+
+func (p Problem) String() string {
+	if p.Field == "" {
+		return fmt.Sprintf("%s: %s", p.Code, p.Message)
+	}
+	return fmt.Sprintf("%s: %s: %s", p.Field, p.Code, p.Message)
+}
+
+// Problems collects every problem found in one input, so a caller fixes them
+// all in one round trip.
+type Problems []Problem
+
+// Add appends a problem.
+func (ps *Problems) Add(field string, code Code, format string, args ...any) {
+	*ps = append(*ps, Problem{Field: field, Code: code, Message: fmt.Sprintf(format, args...)})
+}
+
+// Prefixed returns the problems with prefix prepended to their field paths.
+func (ps Problems) Prefixed(prefix string) Problems {
+	out := make(Problems, len(ps))
+	for i, p := range ps {
+		if p.Field == "" {
+			p.Field = prefix
+		} else {
+			p.Field = prefix + "." + p.Field
+		}
+		out[i] = p
+	}
+	return out
+}
+
+// Has reports whether any problem carries code.
+func (ps Problems) Has(code Code) bool {
+	for _, p := range ps {
+		if p.Code == code {
+			return true
+		}
+	}
+	return false
+}
+
+// Err returns nil when there are no problems, else an *Error with code
+// invalid (or the single most specific code when all problems share it).
+func (ps Problems) Err() error {
+	if len(ps) == 0 {
+		return nil
+	}
+	code := ps[0].Code
+	for _, p := range ps[1:] {
+		if p.Code != code {
+			code = CodeInvalid
+			break
+		}
+	}
+	return &Error{Code: code, Message: ps.String(), Problems: ps}
+}
+
+func (ps Problems) String() string {
+	parts := make([]string, len(ps))
+	for i, p := range ps {
+		parts[i] = p.String()
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Error is mailplane's error type: a stable code, a human message and, for
+// validation failures, every problem found.
+type Error struct {
+	Code     Code
+	Message  string
+	Problems Problems
+}
+
+func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }
+
+// Errorf returns an *Error with code and a formatted message.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// ErrorCode returns the code of err, CodeInternal for foreign errors and ""
+// for nil.
+func ErrorCode(err error) Code {
+	if err == nil {
+		return ""
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return CodeInternal
+}
+
+// ErrorProblems returns the problems carried by err, if any.
+func ErrorProblems(err error) Problems {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Problems
+	}
+	return nil
+}

@@ -1,0 +1,236 @@
+// Package producer is the typed Go client for publishing mailplane domain
+// events. Other programs import it: each event type has a publish function
+// that validates (and seals credentials) before anything is produced, and
+// returns where the event landed once every in-sync replica has it.
+package producer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/topics"
+)
+
+// Sealer seals secrets; *sealing.Keyring is one.
+type Sealer interface {
+	Seal(plain, aad []byte) (domain.SealedSecret, error)
+}
+
+// Receipt says where an event landed.
+type Receipt struct {
+	ID        string `json:"id"`
+	Type      string `json:"type"`
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	Offset    int64  `json:"offset"`
+}
+
+// Client publishes domain events.
+type Client struct {
+	kc      *kgo.Client
+	sealer  Sealer
+	source  string
+	now     func() time.Time
+	latency prometheus.Observer
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithSealer seals plain-text mailbox credentials before producing. Without
+// one, events carrying plain credentials are refused (plaintext_secret).
+func WithSealer(s Sealer) Option { return func(c *Client) { c.sealer = s } }
+
+// WithSource sets ce_source for events that do not set one.
+func WithSource(s string) Option { return func(c *Client) { c.source = s } }
+
+// WithClock injects the clock used for event times and ids.
+func WithClock(now func() time.Time) Option { return func(c *Client) { c.now = now } }
+
+// WithRegisterer registers the client's metrics on reg.
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(c *Client) {
+		h := prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "mailplane_produce_seconds",
+			Help:    "Time from produce call to acknowledgement by all in-sync replicas, per request.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		})
+		if err := reg.Register(h); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(err, &are) {
+				h = are.ExistingCollector.(prometheus.Histogram)
+			} else {
+				panic(err)
+			}
+		}
+		c.latency = h
+	}
+}
+
+// New returns a Client producing through kc, which should be built with
+// kafka.ProducerOptions (idempotent, acks=all).
+func New(kc *kgo.Client, opts ...Option) *Client {
+	c := &Client{kc: kc, source: "mailplane/go-client", now: time.Now}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// NewEventID returns a new UUIDv7 event id.
+func NewEventID() string { return uuid.Must(uuid.NewV7()).String() }
+
+// NewEvent wraps data in an event with a fresh id, the client's source and
+// the current time.
+func (c *Client) NewEvent(d domain.Data) domain.Event {
+	return domain.Event{
+		ID: NewEventID(), Type: d.EventType(), Source: c.source,
+		Time: c.now().UTC(), Subject: d.AggregateID(), Data: d,
+	}
+}
+
+// Prepare seals and validates events and encodes them as records. It is
+// all-or-nothing: on any problem it returns a *BatchError listing every
+// problem of every event, and no records.
+func (c *Client) Prepare(events []domain.Event) ([]*kgo.Record, error) {
+	recs := make([]*kgo.Record, len(events))
+	var be BatchError
+	for i := range events {
+		e := &events[i]
+		var seal domain.SealFunc
+		if c.sealer != nil {
+			seal = c.sealer.Seal
+		}
+		if ps := domain.SealData(e.Data, seal); len(ps) > 0 {
+			be.add(i, ps.Prefixed("data"))
+			continue
+		}
+		if e.Subject == "" && e.Data != nil {
+			e.Subject = e.Data.AggregateID()
+		}
+		if ps := e.Validate(); len(ps) > 0 {
+			be.add(i, ps)
+			continue
+		}
+		r, err := topics.Encode(*e)
+		if err != nil {
+			be.add(i, domain.Problems{{Code: domain.ErrorCode(err), Message: err.Error()}})
+			continue
+		}
+		recs[i] = r
+	}
+	if len(be.Events) > 0 {
+		return nil, &be
+	}
+	return recs, nil
+}
+
+// Publish validates every event and, only if all are valid, produces them
+// and waits for acks=all. Receipts are in the order of events. If producing
+// fails part-way, some events may have landed: retrying with the same event
+// ids is safe, because projections recognise ids they have applied.
+func (c *Client) Publish(ctx context.Context, events ...domain.Event) ([]Receipt, error) {
+	recs, err := c.Prepare(events)
+	if err != nil {
+		return nil, err
+	}
+	return c.ProduceRecords(ctx, events, recs)
+}
+
+// ProduceRecords produces records prepared by Prepare for events.
+func (c *Client) ProduceRecords(ctx context.Context, events []domain.Event, recs []*kgo.Record) ([]Receipt, error) {
+	start := time.Now()
+	res := c.kc.ProduceSync(ctx, recs...)
+	if c.latency != nil {
+		c.latency.Observe(time.Since(start).Seconds())
+	}
+	out := make([]Receipt, len(res))
+	var firstErr error
+	for i, r := range res {
+		if r.Err != nil && firstErr == nil {
+			firstErr = r.Err
+		}
+		out[i] = Receipt{ID: events[i].ID, Type: events[i].Type, Topic: r.Record.Topic, Partition: r.Record.Partition, Offset: r.Record.Offset}
+	}
+	if firstErr != nil {
+		return out, &domain.Error{Code: domain.CodeUnavailable, Message: fmt.Sprintf("produce: %v", firstErr)}
+	}
+	return out, nil
+}
+
+// BatchError lists the problems of every invalid event in a batch.
+type BatchError struct {
+	Events []EventProblems
+}
+
+// EventProblems are the problems of the event at Index.
+type EventProblems struct {
+	Index    int
+	Problems domain.Problems
+}
+
+func (b *BatchError) add(i int, ps domain.Problems) {
+	b.Events = append(b.Events, EventProblems{Index: i, Problems: ps})
+}
+
+func (b *BatchError) Error() string {
+	if len(b.Events) == 1 {
+		return fmt.Sprintf("invalid event %d: %s", b.Events[0].Index, b.Events[0].Problems)
+	}
+	return fmt.Sprintf("%d invalid events; first, event %d: %s", len(b.Events), b.Events[0].Index, b.Events[0].Problems)
+}
+
+func (c *Client) publishOne(ctx context.Context, d domain.Data) (Receipt, error) {
+	rs, err := c.Publish(ctx, c.NewEvent(d))
+	if err != nil {
+		var be *BatchError
+		if errors.As(err, &be) {
+			return Receipt{}, be.Events[0].Problems.Err()
+		}
+		return Receipt{}, err
+	}
+	return rs[0], nil
+}
+
+// PublishMailboxAdded publishes mailbox.added; plain credentials are sealed.
+func (c *Client) PublishMailboxAdded(ctx context.Context, d domain.MailboxAdded) (Receipt, error) {
+	return c.publishOne(ctx, &d)
+}
+
+// PublishMailboxRemoved publishes mailbox.removed.
+func (c *Client) PublishMailboxRemoved(ctx context.Context, d domain.MailboxRemoved) (Receipt, error) {
+	return c.publishOne(ctx, &d)
+}
+
+// PublishMailboxHealthScored publishes mailbox.health_scored.
+func (c *Client) PublishMailboxHealthScored(ctx context.Context, d domain.MailboxHealthScored) (Receipt, error) {
+	return c.publishOne(ctx, &d)
+}
+
+// PublishOrgPlanChanged publishes org.plan_changed.
+func (c *Client) PublishOrgPlanChanged(ctx context.Context, d domain.OrgPlanChanged) (Receipt, error) {
+	return c.publishOne(ctx, &d)
+}
+
+// PublishUserActive publishes user.active.
+func (c *Client) PublishUserActive(ctx context.Context, d domain.UserActive) (Receipt, error) {
+	return c.publishOne(ctx, &d)
+}
+
+// PublishWorkerHeartbeat publishes worker.heartbeat (dedicated is refused
+// with tier_not_allowed).
+func (c *Client) PublishWorkerHeartbeat(ctx context.Context, d domain.WorkerHeartbeat) (Receipt, error) {
+	return c.publishOne(ctx, &d)
+}
+
+// PublishWorkerHealthSampled publishes worker.health_sampled.
+func (c *Client) PublishWorkerHealthSampled(ctx context.Context, d domain.WorkerHealthSampled) (Receipt, error) {
+	return c.publishOne(ctx, &d)
+}

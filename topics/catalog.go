@@ -1,0 +1,123 @@
+// Package topics is the single place that names mailplane's Kafka topics
+// (with partitions, retention and cleanup policy), applies them to a cluster,
+// and encodes and decodes domain events as CloudEvents in Kafka binary mode.
+package topics
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/mailplane/mailplane/domain"
+)
+
+// Topic names. Names are mailplane.<area>.<what>.v<n>.
+const (
+	MailboxEvents      = "mailplane.mailbox.events.v1"
+	OrgEvents          = "mailplane.org.events.v1"
+	UserEvents         = "mailplane.user.events.v1"
+	WorkerEvents       = "mailplane.worker.events.v1"
+	PlacementDecisions = "mailplane.placement.decisions.v1"
+	MailboxState       = "mailplane.mailbox.state.v1"
+	SyncTier           = "mailplane.sync.tier.v1"
+	SyncAudit          = "mailplane.sync.audit.v1"
+	DLQ                = "mailplane.dlq.v1"
+)
+
+// Cleanup policies.
+const (
+	CleanupDelete  = "delete"
+	CleanupCompact = "compact"
+)
+
+// Spec describes one topic.
+type Spec struct {
+	Name       string
+	Partitions int32
+	// RetentionMs is retention.ms; -1 keeps records forever.
+	RetentionMs int64
+	Cleanup     string
+	// Purpose is a one-line description for operators.
+	Purpose string
+}
+
+// Configs returns the topic-level configs mailplane manages.
+func (s Spec) Configs() map[string]string {
+	return map[string]string{
+		"cleanup.policy": s.Cleanup,
+		"retention.ms":   strconv.FormatInt(s.RetentionMs, 10),
+	}
+}
+
+// Config sizes the catalog.
+type Config struct {
+	// StatePartitions is the partition count of mailbox.state and sync.tier,
+	// the units of sync ownership; it bounds the number of sync workers.
+	StatePartitions int32
+}
+
+// DefaultStatePartitions is the default partition count of mailbox.state.
+const DefaultStatePartitions = 256
+
+const (
+	forever = -1
+	week    = 7 * 24 * 3600 * 1000
+	month   = 30 * 24 * 3600 * 1000
+)
+
+// Catalog returns every topic mailplane uses.
+func Catalog(cfg Config) []Spec {
+	sp := cfg.StatePartitions
+	if sp <= 0 {
+		sp = DefaultStatePartitions
+	}
+	return []Spec{
+		{MailboxEvents, 16, forever, CleanupDelete, "mailbox domain events (source of truth), keyed by mailbox id"},
+		{OrgEvents, 4, forever, CleanupDelete, "org domain events (source of truth), keyed by org id"},
+		{UserEvents, 16, forever, CleanupDelete, "user domain events (source of truth), keyed by user id"},
+		{WorkerEvents, 8, forever, CleanupDelete, "worker domain events (source of truth), keyed by worker id"},
+		{PlacementDecisions, 1, forever, CleanupDelete, "placement decision log and audit; total order; written only by the engine"},
+		{MailboxState, sp, forever, CleanupCompact, "one record per live mailbox for sync; tombstone on removal"},
+		{SyncTier, sp, forever, CleanupCompact, "sync tier per mailbox, co-partitioned with mailbox.state"},
+		{SyncAudit, 8, month, CleanupDelete, "sync ownership and tier changes, sync failures"},
+		{DLQ, 1, forever, CleanupDelete, "dead letters with source topic, partition, offset, consumer, error, attempts"},
+	}
+}
+
+// Lookup returns the spec of a topic in the catalog.
+func Lookup(cfg Config, name string) (Spec, bool) {
+	for _, s := range Catalog(cfg) {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return Spec{}, false
+}
+
+// ForAggregate returns the domain topic of an aggregate.
+func ForAggregate(a domain.Aggregate) (string, error) {
+	switch a {
+	case domain.AggregateMailbox:
+		return MailboxEvents, nil
+	case domain.AggregateOrg:
+		return OrgEvents, nil
+	case domain.AggregateUser:
+		return UserEvents, nil
+	case domain.AggregateWorker:
+		return WorkerEvents, nil
+	}
+	return "", fmt.Errorf("no topic for aggregate %q", a)
+}
+
+// ForType returns the domain topic events of eventType go to.
+func ForType(eventType string) (string, error) {
+	a, ok := domain.AggregateOf(eventType)
+	if !ok {
+		return "", domain.Errorf(domain.CodeUnknownType, "unknown event type %q", eventType)
+	}
+	return ForAggregate(a)
+}
+
+// DomainTopics lists the topics holding domain events.
+func DomainTopics() []string {
+	return []string{MailboxEvents, OrgEvents, UserEvents, WorkerEvents}
+}
