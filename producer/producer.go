@@ -23,6 +23,12 @@ type Sealer interface {
 	Seal(plain, aad []byte) (domain.SealedSecret, error)
 }
 
+// SchemaValidator checks an event's data JSON against the event type's
+// published JSON Schema (eventschema.Validator is one).
+type SchemaValidator interface {
+	Validate(eventType string, data []byte) domain.Problems
+}
+
 // Receipt says where an event landed.
 type Receipt struct {
 	ID        string `json:"id"`
@@ -36,6 +42,7 @@ type Receipt struct {
 type Client struct {
 	kc      *kgo.Client
 	sealer  Sealer
+	schema  SchemaValidator
 	source  string
 	now     func() time.Time
 	latency prometheus.Observer
@@ -47,6 +54,10 @@ type Option func(*Client)
 // WithSealer seals plain-text mailbox credentials before producing. Without
 // one, events carrying plain credentials are refused (plaintext_secret).
 func WithSealer(s Sealer) Option { return func(c *Client) { c.sealer = s } }
+
+// WithSchema also validates each event's data against its JSON Schema, the
+// contract with consumers, after Go validation.
+func WithSchema(v SchemaValidator) Option { return func(c *Client) { c.schema = v } }
 
 // WithSource sets ce_source for events that do not set one.
 func WithSource(s string) Option { return func(c *Client) { c.source = s } }
@@ -123,6 +134,12 @@ func (c *Client) Prepare(events []domain.Event) ([]*kgo.Record, error) {
 		if err != nil {
 			be.add(i, domain.Problems{{Code: domain.ErrorCode(err), Message: err.Error()}})
 			continue
+		}
+		if c.schema != nil {
+			if ps := c.schema.Validate(e.Type, r.Value); len(ps) > 0 {
+				be.add(i, ps)
+				continue
+			}
 		}
 		recs[i] = r
 	}

@@ -6,6 +6,8 @@ import (
 	"sort"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Drift is one difference between the catalog and the cluster.
@@ -38,20 +40,20 @@ func (r Report) Err() error {
 // Apply creates missing topics and reports drift in existing ones. It never
 // alters an existing topic: changing partitions or cleanup of a live topic
 // is an operator's decision. It is idempotent.
-func Apply(ctx context.Context, adm *kadm.Client, specs []Spec) (Report, error) {
+func Apply(ctx context.Context, kc *kgo.Client, specs []Spec) (Report, error) {
 	var rep Report
+	adm := kadm.NewClient(kc)
 	names := make([]string, len(specs))
 	for i, s := range specs {
 		names[i] = s.Name
 	}
-	details, err := adm.ListTopics(ctx, names...)
+	details, err := describeTopics(ctx, kc, names)
 	if err != nil {
 		return rep, fmt.Errorf("list topics: %w", err)
 	}
 	var existing []string
 	for _, s := range specs {
-		td, ok := details[s.Name]
-		if ok && td.Err == nil {
+		if _, ok := details[s.Name]; ok {
 			existing = append(existing, s.Name)
 			continue
 		}
@@ -80,12 +82,12 @@ func Apply(ctx context.Context, adm *kadm.Client, specs []Spec) (Report, error) 
 		byName[rc.Name] = rc
 	}
 	for _, s := range specs {
-		td, ok := details[s.Name]
-		if !ok || td.Err != nil {
+		n, ok := details[s.Name]
+		if !ok {
 			continue
 		}
 		before := len(rep.Drift)
-		if n := int32(len(td.Partitions)); n != s.Partitions {
+		if n != s.Partitions {
 			rep.Drift = append(rep.Drift, Drift{s.Name, "partitions", fmt.Sprint(s.Partitions), fmt.Sprint(n)})
 		}
 		rc := byName[s.Name]
@@ -114,4 +116,28 @@ func Apply(ctx context.Context, adm *kadm.Client, specs []Spec) (Report, error) 
 		}
 	}
 	return rep, nil
+}
+
+// describeTopics returns the partition counts of the named topics that
+// exist. It asks the broker directly: kadm's cached metadata can still say
+// "unknown topic" for seconds after a create.
+func describeTopics(ctx context.Context, kc *kgo.Client, names []string) (map[string]int32, error) {
+	req := kmsg.NewPtrMetadataRequest()
+	for _, n := range names {
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.Topic = kmsg.StringPtr(n)
+		req.Topics = append(req.Topics, rt)
+	}
+	resp, err := req.RequestWith(ctx, kc)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int32{}
+	for _, t := range resp.Topics {
+		if t.Topic == nil || t.ErrorCode != 0 {
+			continue
+		}
+		out[*t.Topic] = int32(len(t.Partitions))
+	}
+	return out, nil
 }

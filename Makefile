@@ -1,0 +1,50 @@
+# mailplane — `make` lists the targets.
+SHELL := bash
+.DEFAULT_GOAL := help
+GO ?= go
+PKGS := ./...
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+BENCHTIME ?= 3s
+
+.PHONY: help
+help: ## show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: run
+run: ## run mailplane on its embedded defaults (mailplane dev)
+	$(GO) run ./cmd/mailplane dev
+
+.PHONY: build
+build: ## build bin/mailplane
+	$(GO) build -o bin/mailplane ./cmd/mailplane
+
+.PHONY: test
+test: ## everything CI runs: vet, then every test (real Postgres, kfake, kcat, Dovecot)
+	$(GO) vet $(PKGS)
+	$(GO) test -count=1 -timeout 15m $(PKGS)
+
+.PHONY: race
+race: ## the tests under the race detector
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+.PHONY: bench
+bench: ## the benchmarks recorded in BENCHMARKS.md
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./api/ ./producer/ ./projections/
+
+.PHONY: fuzz
+fuzz: ## fuzz the record decoder for a minute
+	$(GO) test ./topics -run '^$$' -fuzz FuzzDecode -fuzztime 60s
+
+.PHONY: lint
+lint: ## go vet and staticcheck
+	$(GO) vet $(PKGS)
+	$(GO) run $(STATICCHECK) $(PKGS)
+
+.PHONY: deps
+deps: ## install the Debian packages the tests need (root)
+	DEBIAN_FRONTEND=noninteractive apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql kcat dovecot-imapd
+
+.PHONY: topics
+topics: ## apply the topic catalog to MAILPLANE_BROKERS
+	$(GO) run ./cmd/mailplane topics apply
