@@ -12,6 +12,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/kafka"
+	"github.com/mailplane/mailplane/kafkatest"
 	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/sealing"
 	"github.com/mailplane/mailplane/topics"
@@ -26,22 +27,13 @@ const (
 
 func newBroker(t testing.TB) (*kgo.Client, []string) {
 	t.Helper()
-	emb, err := kafka.StartEmbedded()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emb.Close)
-	kc, err := kafka.NewProducer(kafka.Config{Brokers: emb.Addrs(), ClientID: "test"})
+	brokers := kafkatest.Brokers(t, 4)
+	kc, err := kafka.NewProducer(kafka.Config{Brokers: brokers, ClientID: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := topics.Apply(ctx, kc, topics.Catalog(topics.Config{StatePartitions: 4})); err != nil {
-		t.Fatal(err)
-	}
-	return kc, emb.Addrs()
+	return kc, brokers
 }
 
 func testKeyring(t testing.TB) *sealing.Keyring {

@@ -1,0 +1,95 @@
+// Package kafkatest gives tests a Kafka broker: an in-process kfake cluster
+// per test by default, or the real broker named by MAILPLANE_TEST_BROKERS.
+//
+// Topic names are fixed by the catalog, so tests cannot share a real broker
+// concurrently: with MAILPLANE_TEST_BROKERS set, tests holding a broker run
+// one at a time within a test binary (a process-wide lock), every mailplane
+// topic is deleted before each test, and `go test` must run with -p 1
+// (make test-broker does). Tests that need kfake's fault hooks use Fake.
+package kafkatest
+
+import (
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/kafka"
+	"github.com/mailplane/mailplane/topics"
+)
+
+// EnvBrokers names the variable holding a real broker list.
+const EnvBrokers = "MAILPLANE_TEST_BROKERS"
+
+var realMu sync.Mutex
+
+// Brokers returns bootstrap brokers for t with the topic catalog applied
+// (statePartitions partitions for the state topics).
+func Brokers(t testing.TB, statePartitions int32) []string {
+	t.Helper()
+	var brokers []string
+	if env := os.Getenv(EnvBrokers); env != "" {
+		realMu.Lock()
+		t.Cleanup(realMu.Unlock)
+		brokers = kafka.ParseBrokers(env)
+		resetTopics(t, brokers)
+	} else {
+		brokers = Fake(t).ListenAddrs()
+	}
+	kc, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := topics.Apply(ctx, kc, topics.Catalog(topics.Config{StatePartitions: statePartitions})); err != nil {
+		t.Fatalf("apply topics: %v", err)
+	}
+	return brokers
+}
+
+// Fake starts an in-process kfake cluster for t, closed at cleanup.
+func Fake(t testing.TB, opts ...kfake.Opt) *kfake.Cluster {
+	t.Helper()
+	emb, err := kafka.StartEmbedded(kafka.WithKfakeOptions(opts...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Close)
+	return emb.Cluster
+}
+
+// resetTopics deletes every mailplane topic on a real broker.
+func resetTopics(t testing.TB, brokers []string) {
+	t.Helper()
+	kc, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	adm := kadm.NewClient(kc)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	listed, err := adm.ListTopics(ctx)
+	if err != nil {
+		t.Fatalf("%s=%s: %v", EnvBrokers, strings.Join(brokers, ","), err)
+	}
+	var del []string
+	for _, n := range listed.Names() {
+		if strings.HasPrefix(n, "mailplane.") {
+			del = append(del, n)
+		}
+	}
+	if len(del) > 0 {
+		if _, err := adm.DeleteTopics(ctx, del...); err != nil {
+			t.Fatalf("delete topics: %v", err)
+		}
+	}
+}
