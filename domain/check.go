@@ -15,6 +15,9 @@ var (
 	hostPattern    = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$`)
 	base64Pattern  = regexp.MustCompile(`^[A-Za-z0-9+/]+={0,2}$`)
 	keyIDPattern   = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+	// rfc3339Pattern is the strict RFC 3339 timestamp the schemas require
+	// (with format date-time for the calendar); time.Time alone is laxer.
+	rfc3339Pattern = regexp.MustCompile(`^[0-9]{4}-[0-9]{2}-[0-9]{2}T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`)
 )
 
 // IsUUID reports whether s is a canonical lower-case UUID.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"strings"
 	"time"
 )
@@ -42,6 +43,9 @@ func (e Event) Validate() Problems {
 	checkText(&ps, "source", e.Source, true, 256)
 	if e.Time.IsZero() {
 		ps.Add("time", CodeRequired, "is required")
+	} else if y := e.Time.UTC().Year(); y < 0 || y > 9999 {
+		// RFC 3339 has four-digit years; in UTC (as encoded) this one has not.
+		ps.Add("time", CodeInvalid, "must be within years 0000 to 9999 in UTC")
 	}
 	if _, ok := registry[e.Type]; !ok {
 		if e.Type == "" {
@@ -79,6 +83,12 @@ func DecodeData(eventType string, raw []byte, strict bool) (Data, Problems) {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		ps.Add("data", CodeRequired, "is required")
 		return nil, ps
+	}
+	if strict {
+		// What the schemas refuse and encoding/json lets through.
+		if raw, ps = strictShape(raw, reflect.TypeOf(d).Elem()); len(ps) > 0 {
+			return nil, ps
+		}
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	if strict {

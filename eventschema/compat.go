@@ -1,0 +1,346 @@
+package eventschema
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/big"
+	"slices"
+	"strings"
+)
+
+// Change is one breaking difference between a released schema and its
+// successor: data the released schema accepts that the successor may refuse
+// or read differently.
+type Change struct {
+	// Path is where in the data the change is: "data" for the data object,
+	// "data.imap.port" for a nested property, "data.tags[]" for array items.
+	Path    string
+	Message string
+}
+
+func (c Change) String() string { return c.Path + ": " + c.Message }
+
+// BreakingChanges compares a released schema (baseline) with its current
+// version, walking nested object properties, and returns every breaking
+// change, sorted: a property removed, its type changed, an enum value
+// removed, a constraint added or tightened (maxLength, maximum lowered;
+// minLength, minimum raised; pattern or format changed), a property newly
+// required, an open object closed. Adding optional properties, adding enum
+// values and loosening constraints are compatible. Keywords it does not
+// analyse (anyOf, $ref, ...) count as breaking whenever they change, so an
+// unexpected edit fails safe. Descriptions, titles and other annotations
+// may change freely.
+func BreakingChanges(baseline, current []byte) ([]Change, error) {
+	oldDoc, err := decodeSchema(baseline)
+	if err != nil {
+		return nil, fmt.Errorf("baseline: %w", err)
+	}
+	newDoc, err := decodeSchema(current)
+	if err != nil {
+		return nil, fmt.Errorf("current: %w", err)
+	}
+	var cs []Change
+	compareSchema(&cs, "data", oldDoc, newDoc)
+	slices.SortStableFunc(cs, func(a, b Change) int { return strings.Compare(a.Path, b.Path) })
+	return cs, nil
+}
+
+func decodeSchema(b []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	switch v.(type) {
+	case map[string]any, bool:
+		return v, nil
+	}
+	return nil, fmt.Errorf("a schema is an object or a boolean")
+}
+
+// annotations never change what is valid.
+var annotations = map[string]bool{
+	"title": true, "description": true, "$comment": true, "examples": true,
+	"default": true, "deprecated": true, "readOnly": true, "writeOnly": true,
+}
+
+// Bounds: a lower bound breaks when it is added or raised, an upper one when
+// it is added or lowered.
+var (
+	lowerBounds = []string{"minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties", "minContains"}
+	upperBounds = []string{"maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties", "maxContains"}
+)
+
+func compareSchema(cs *[]Change, path string, oldS, newS any) {
+	add := func(format string, args ...any) {
+		*cs = append(*cs, Change{Path: path, Message: fmt.Sprintf(format, args...)})
+	}
+	// Boolean schemas: true accepts every value (as {} does), false none.
+	if oldS == false {
+		return // nothing was valid, so nothing valid can break
+	}
+	oldM, newM := asObject(oldS), asObject(newS)
+	if newS == false {
+		add("no value allowed any more")
+		return
+	}
+	if oldM == nil || newM == nil {
+		add("schema is not an object or a boolean")
+		return
+	}
+	handled := map[string]bool{}
+	for k := range annotations {
+		handled[k] = true
+	}
+	for k := range oldM {
+		if strings.HasPrefix(k, "x-") {
+			handled[k] = true
+		}
+	}
+
+	// type
+	handled["type"] = true
+	if ot, nt := typeSet(oldM["type"]), typeSet(newM["type"]); !slices.Equal(ot, nt) {
+		add("type changed from %s to %s", typeName(ot), typeName(nt))
+	}
+
+	// enum and const
+	handled["enum"], handled["const"] = true, true
+	if oe, ok := oldM["enum"].([]any); ok {
+		ne, ok := newM["enum"].([]any)
+		if ok {
+			for _, v := range oe {
+				if !slices.ContainsFunc(ne, func(w any) bool { return sameJSON(v, w) }) {
+					add("enum value %s removed", canon(v))
+				}
+			}
+		} else if _, has := newM["enum"]; has {
+			add("enum changed to %s", canon(newM["enum"]))
+		}
+	} else if _, has := newM["enum"]; has {
+		add("enum %s added", canon(newM["enum"]))
+	}
+	if !sameJSON(oldM["const"], newM["const"]) {
+		if _, has := newM["const"]; has {
+			add("const changed from %s to %s", canon(oldM["const"]), canon(newM["const"]))
+		}
+	}
+
+	// numeric and length bounds
+	for _, k := range lowerBounds {
+		handled[k] = true
+		compareBound(add, k, oldM[k], newM[k], +1)
+	}
+	for _, k := range upperBounds {
+		handled[k] = true
+		compareBound(add, k, oldM[k], newM[k], -1)
+	}
+	handled["multipleOf"] = true
+	if nv, has := newM["multipleOf"]; has && !sameJSON(oldM["multipleOf"], nv) {
+		add("multipleOf changed from %s to %s", canon(oldM["multipleOf"]), canon(nv))
+	}
+
+	// pattern and format: any new or different one may refuse old data.
+	for _, k := range []string{"pattern", "format"} {
+		handled[k] = true
+		if nv, has := newM[k]; has && !sameJSON(oldM[k], nv) {
+			if _, had := oldM[k]; had {
+				add("%s changed from %s to %s", k, canon(oldM[k]), canon(nv))
+			} else {
+				add("%s %s added", k, canon(nv))
+			}
+		}
+	}
+	handled["uniqueItems"] = true
+	if newM["uniqueItems"] == true && oldM["uniqueItems"] != true {
+		add("uniqueItems added")
+	}
+
+	// required
+	handled["required"] = true
+	oldReq, newReq := stringSet(oldM["required"]), stringSet(newM["required"])
+	for _, r := range newReq {
+		if !slices.Contains(oldReq, r) {
+			*cs = append(*cs, Change{Path: path + "." + r, Message: "became required"})
+		}
+	}
+
+	// properties, walked
+	handled["properties"] = true
+	oldProps, _ := oldM["properties"].(map[string]any)
+	newProps, _ := newM["properties"].(map[string]any)
+	oldOpen := oldM["additionalProperties"] != false
+	for _, name := range sortedKeys(oldProps) {
+		np, ok := newProps[name]
+		if !ok {
+			*cs = append(*cs, Change{Path: path + "." + name, Message: "property removed"})
+			continue
+		}
+		compareSchema(cs, path+"."+name, oldProps[name], np)
+	}
+	for _, name := range sortedKeys(newProps) {
+		if _, ok := oldProps[name]; !ok && oldOpen {
+			// The old schema let this name hold anything.
+			compareSchema(cs, path+"."+name, oldAdditional(oldM), newProps[name])
+		}
+	}
+	handled["additionalProperties"] = true
+	_, oldHas := oldM["additionalProperties"]
+	_, newHas := newM["additionalProperties"]
+	switch {
+	case oldOpen && newM["additionalProperties"] == false:
+		add("additional properties no longer allowed")
+	case oldHas || newHas:
+		compareSchema(cs, path+".*", oldAdditional(oldM), oldAdditional(newM))
+	}
+
+	// array items, walked
+	handled["items"] = true
+	if oi, ni := oldM["items"], newM["items"]; oi != nil || ni != nil {
+		if oi == nil {
+			oi = true
+		}
+		if ni == nil {
+			ni = true
+		}
+		compareSchema(cs, path+"[]", oi, ni)
+	}
+
+	// everything else: unchanged, or breaking
+	keys := sortedKeys(oldM)
+	for _, k := range sortedKeys(newM) {
+		if _, ok := oldM[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	for _, k := range keys {
+		if handled[k] || strings.HasPrefix(k, "x-") {
+			continue
+		}
+		if !sameJSON(oldM[k], newM[k]) {
+			add("keyword %s changed from %s to %s (not analysed, so treated as breaking)", k, canon(oldM[k]), canon(newM[k]))
+		}
+	}
+}
+
+// oldAdditional is the schema for properties not listed in m.
+func oldAdditional(m map[string]any) any {
+	if v, ok := m["additionalProperties"]; ok {
+		return v
+	}
+	return true
+}
+
+// asObject returns a schema as an object, true as {}; nil otherwise.
+func asObject(s any) map[string]any {
+	switch v := s.(type) {
+	case map[string]any:
+		return v
+	case bool:
+		if v {
+			return map[string]any{}
+		}
+	}
+	return nil
+}
+
+func compareBound(add func(string, ...any), k string, oldV, newV any, dir int) {
+	if newV == nil {
+		return // removed or never there: looser
+	}
+	nr, ok := number(newV)
+	if !ok {
+		add("%s is not a number: %s", k, canon(newV))
+		return
+	}
+	if oldV == nil {
+		add("%s %s added", k, canon(newV))
+		return
+	}
+	or, ok := number(oldV)
+	if !ok {
+		add("%s changed from %s to %s", k, canon(oldV), canon(newV))
+		return
+	}
+	switch c := nr.Cmp(or); {
+	case dir > 0 && c > 0:
+		add("%s raised from %s to %s", k, canon(oldV), canon(newV))
+	case dir < 0 && c < 0:
+		add("%s lowered from %s to %s", k, canon(oldV), canon(newV))
+	}
+}
+
+func number(v any) (*big.Rat, bool) {
+	n, ok := v.(json.Number)
+	if !ok {
+		return nil, false
+	}
+	r, ok := new(big.Rat).SetString(string(n))
+	return r, ok
+}
+
+// typeSet returns the types a "type" keyword allows, sorted; nil is any.
+func typeSet(v any) []string {
+	switch t := v.(type) {
+	case string:
+		return []string{t}
+	case []any:
+		s := stringSet(t)
+		slices.Sort(s)
+		return slices.Compact(s)
+	}
+	return nil
+}
+
+func typeName(ts []string) string {
+	if ts == nil {
+		return "any"
+	}
+	return strings.Join(ts, "|")
+}
+
+func stringSet(v any) []string {
+	arr, _ := v.([]any)
+	var out []string
+	for _, x := range arr {
+		if s, ok := x.(string); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func sortedKeys(m map[string]any) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
+
+// canon renders a JSON value canonically (sorted keys; numbers as written).
+func canon(v any) string {
+	if v == nil {
+		return "(none)"
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(b)
+}
+
+func sameJSON(a, b any) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	if an, ok := number(a); ok {
+		if bn, ok := number(b); ok {
+			return an.Cmp(bn) == 0
+		}
+	}
+	return canon(a) == canon(b)
+}
