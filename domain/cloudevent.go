@@ -156,6 +156,11 @@ func jsonTypeName(kind string) string {
 	return kind
 }
 
+var structuredAttrs = map[string]bool{
+	"specversion": true, "id": true, "type": true, "source": true, "time": true,
+	"subject": true, "datacontenttype": true, "data": true,
+}
+
 // structured is the JSON form of a CloudEvent (structured content mode).
 type structured struct {
 	SpecVersion     string          `json:"specversion"`
@@ -175,6 +180,19 @@ type structured struct {
 func ParseStructured(raw []byte, now time.Time, seal SealFunc) (Event, Problems) {
 	var s structured
 	var ps Problems
+	// encoding/json matches names case-insensitively; CloudEvents
+	// attribute names are exact.
+	var top map[string]json.RawMessage
+	if json.Unmarshal(raw, &top) == nil {
+		for k := range top {
+			if !structuredAttrs[k] {
+				ps.Add(k, CodeUnknownField, "unknown CloudEvents attribute (extensions are not accepted)")
+			}
+		}
+		if len(ps) > 0 {
+			return Event{}, ps
+		}
+	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&s); err != nil {
