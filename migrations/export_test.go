@@ -1,0 +1,4 @@
+package migrations
+
+// Load exposes load to the external tests.
+var Load = load

@@ -1,0 +1,70 @@
+package projections
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are shared by every projector registered on one Registerer and
+// labelled by projector name; mailbox or user ids never become labels.
+type metrics struct {
+	applied      *prometheus.CounterVec
+	batchSeconds *prometheus.HistogramVec
+	lag          *prometheus.GaugeVec
+	dlq          *prometheus.CounterVec
+	duplicates   *prometheus.CounterVec
+	retries      *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		applied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mailplane_projector_records_applied_total",
+			Help: "Events applied to Postgres by a projector (duplicates and dead letters excluded).",
+		}, []string{"projector"}),
+		batchSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "mailplane_projector_batch_apply_seconds",
+			Help:    "Time to apply one batch in one transaction, commit included.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}, []string{"projector"}),
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "mailplane_projector_lag_records",
+			Help: "Records between a projector's next offset and the high watermark, summed over the topic's partitions this member owns.",
+		}, []string{"projector", "topic"}),
+		dlq: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mailplane_dlq_records_total",
+			Help: "Records a projector sent to the DLQ, by error code.",
+		}, []string{"projector", "code"}),
+		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mailplane_projector_duplicates_skipped_total",
+			Help: "Events skipped because their id was already applied (redelivery or a producer retry).",
+		}, []string{"projector"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mailplane_projector_retries_total",
+			Help: "Failed batch attempts that were retried, by kind (transient, permanent, fenced).",
+		}, []string{"projector", "kind"}),
+	}
+	m.applied = register(reg, m.applied)
+	m.batchSeconds = register(reg, m.batchSeconds)
+	m.lag = register(reg, m.lag)
+	m.dlq = register(reg, m.dlq)
+	m.duplicates = register(reg, m.duplicates)
+	m.retries = register(reg, m.retries)
+	return m
+}
+
+// register registers c, or returns the collector already registered under
+// its name, so several projectors in one process share the series.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+		panic(err)
+	}
+	return c
+}

@@ -1,0 +1,91 @@
+// Package projections runs projectors: consumers that turn the event log
+// into Postgres tables. A Projector consumes its projection's topics in a
+// consumer group, one goroutine per assigned partition, and applies each
+// batch of records to Postgres in one transaction that also records the
+// event ids it applied and the partition's next offset. Postgres, not the
+// group's committed offsets, says where a partition resumes, so a crash at
+// any point neither loses nor double-applies an event. Records that cannot be
+// decoded, or whose apply keeps failing, go to the DLQ and the partition
+// keeps moving.
+//
+// A projection is the part that knows tables: it implements Projection.
+// Registry is the first one.
+package projections
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/mailplane/mailplane/domain"
+)
+
+// Projection turns domain events into rows.
+type Projection interface {
+	// Name names the projection. It keys the projection's offsets and
+	// applied event ids in Postgres and its consumer group
+	// ("mailplane-projector-<name>"), so it never changes once deployed.
+	Name() string
+	// Topics are the topics the projection consumes.
+	Topics() []string
+	// Apply applies events to tx. The events come from one partition, in
+	// log order, and none has been applied before. Apply must be a function
+	// of the events and the rows alone (no wall clock, no randomness), so
+	// replaying the log reproduces the rows; it must not commit or roll back
+	// tx. It may be called again with the same events in a new transaction
+	// when an attempt fails.
+	//
+	// An error marked Permanent, a *domain.Error (other than unavailable or
+	// internal), or a Postgres data or constraint error says the events
+	// themselves cannot be applied: the projector isolates the record at
+	// fault and sends it to the DLQ. Any other error is taken to be
+	// transient (a database restart, a deadlock) and the batch is retried
+	// until it succeeds.
+	Apply(ctx context.Context, tx pgx.Tx, events []domain.Event) error
+}
+
+// GroupName returns the consumer group of a projection's projector.
+func GroupName(projection string) string { return "mailplane-projector-" + projection }
+
+// Permanent marks err as caused by the events being applied, not by the
+// environment: retrying will not help, and the record at fault belongs in
+// the DLQ. code is reported in the DLQ; empty means domain.CodeInvalid.
+func Permanent(code domain.Code, err error) error {
+	if err == nil {
+		return nil
+	}
+	if code == "" {
+		code = domain.CodeInvalid
+	}
+	return &permanentError{code: code, err: err}
+}
+
+type permanentError struct {
+	code domain.Code
+	err  error
+}
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// IsPermanent reports whether err says the events cannot be applied (see
+// Projection.Apply), and the code to report for them.
+func IsPermanent(err error) (domain.Code, bool) {
+	var pe *permanentError
+	if errors.As(err, &pe) {
+		return pe.code, true
+	}
+	var de *domain.Error
+	if errors.As(err, &de) {
+		switch de.Code {
+		case domain.CodeUnavailable, domain.CodeInternal:
+			return "", false
+		}
+		return de.Code, true
+	}
+	if isPgDataError(err) {
+		return domain.CodeInvalid, true
+	}
+	return "", false
+}

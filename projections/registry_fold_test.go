@@ -1,0 +1,77 @@
+package projections
+
+import (
+	"testing"
+	"time"
+
+	"github.com/mailplane/mailplane/domain"
+)
+
+func TestFoldRegistry(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	n := 0
+	ev := func(d domain.Data, sec int) domain.Event {
+		n++
+		return domain.Event{ID: string(rune('a' + n)), Type: d.EventType(), Time: t0.Add(time.Duration(sec) * time.Second), Data: d}
+	}
+	const m1, m2, u1, w1 = "m1", "m2", "u1", "w1"
+	events := []domain.Event{
+		ev(&domain.MailboxAdded{MailboxID: m1, Address: "a@b.c"}, 1),
+		ev(&domain.MailboxRemoved{MailboxID: m1, Reason: "gone"}, 2),
+		ev(&domain.MailboxAdded{MailboxID: m1, Address: "x@y.z"}, 3),
+		ev(&domain.MailboxAdded{MailboxID: m2}, 1),
+		ev(&domain.MailboxHealthScored{MailboxID: m2, State: domain.HealthWatch}, 2),
+		ev(&domain.MailboxRemoved{MailboxID: m2, Reason: "churn"}, 3),
+		ev(&domain.UserActive{UserID: u1, Source: domain.ActivityLogin}, 10),
+		ev(&domain.UserActive{UserID: u1, Source: domain.ActivityWSPing}, 5),
+		ev(&domain.UserActive{UserID: u1, Source: domain.ActivityWSConnect}, 10),
+		ev(&domain.WorkerHealthSampled{WorkerID: w1, Sends: 5}, 1),
+		ev(&domain.WorkerHeartbeat{WorkerID: w1, Address: "h1"}, 2),
+		ev(&domain.WorkerHeartbeat{WorkerID: w1, Address: "h2"}, 3),
+	}
+	ch := foldRegistry(events)
+	if len(ch.Mailboxes) != 2 || ch.Mailboxes[0].MailboxID != m1 {
+		t.Fatalf("mailboxes: %+v", ch.Mailboxes)
+	}
+	a := ch.Mailboxes[0]
+	if a.Added.Address != "x@y.z" || !a.AddedAt.Equal(t0.Add(3*time.Second)) || a.RemovedAt != nil || a.RemovalReason != nil || a.Health != nil {
+		t.Errorf("re-added mailbox: %+v", a)
+	}
+	b := ch.Mailboxes[1]
+	if b.RemovedAt == nil || *b.RemovalReason != "churn" || b.Health.State != domain.HealthWatch || b.LastEventID != events[5].ID {
+		t.Errorf("removed mailbox: %+v", b)
+	}
+	u := ch.Users[0]
+	if !u.ActiveAt.Equal(t0.Add(10*time.Second)) || u.Source != domain.ActivityWSConnect {
+		t.Errorf("user: latest activity, later event on a tie: %+v", u)
+	}
+	w := ch.Workers[0]
+	if w.Heartbeat.Address != "h2" || w.Sample.Sends != 5 || !w.SampledAt.Equal(t0.Add(time.Second)) {
+		t.Errorf("worker: %+v", w)
+	}
+	if len(foldRegistry(nil).Mailboxes) != 0 {
+		t.Error("empty fold")
+	}
+}
+
+func TestIsPermanent(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+		code domain.Code
+	}{
+		{domain.Errorf(domain.CodeConflict, "x"), true, domain.CodeConflict},
+		{domain.Errorf(domain.CodeUnavailable, "x"), false, ""},
+		{Permanent("", errString("x")), true, domain.CodeInvalid},
+		{errString("connection reset"), false, ""},
+	} {
+		code, ok := IsPermanent(tc.err)
+		if ok != tc.want || code != tc.code {
+			t.Errorf("%v: %v %v", tc.err, code, ok)
+		}
+	}
+}
+
+type errString string
+
+func (e errString) Error() string { return string(e) }
