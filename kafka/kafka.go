@@ -5,6 +5,7 @@
 package kafka
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -19,15 +20,32 @@ import (
 type Config struct {
 	Brokers  []string
 	ClientID string
-	// Metrics, when set, receives franz-go's client metrics (kprom) under
-	// the mailplane_kafka namespace.
-	Metrics *kprom.Metrics
+	// Registerer, when set, receives franz-go's client metrics (kprom)
+	// under the mailplane_kafka namespace, labelled by client id and kind.
+	Registerer prometheus.Registerer
 }
 
-// NewMetrics returns the kprom plugin registered on reg. Share one per
-// process: it labels series by client id.
-func NewMetrics(reg prometheus.Registerer) *kprom.Metrics {
-	return kprom.NewMetrics("mailplane_kafka", kprom.Registerer(reg), kprom.WithClientLabel())
+// clientMetrics returns a kprom plugin for one client. kprom registers its
+// collectors when the client is created, so each client gets its own,
+// told apart by constant labels.
+func clientMetrics(reg prometheus.Registerer, clientID, kind string) *kprom.Metrics {
+	labels := prometheus.Labels{"client": clientID, "kind": kind}
+	return kprom.NewMetrics("mailplane_kafka", kprom.Registerer(tolerant{prometheus.WrapRegistererWith(labels, reg)}))
+}
+
+// tolerant skips collectors already registered: a second client with the
+// same id and kind goes unmeasured rather than panicking the process.
+type tolerant struct{ prometheus.Registerer }
+
+func (t tolerant) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := t.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				panic(err)
+			}
+		}
+	}
 }
 
 // ParseBrokers splits a comma-separated broker list.
@@ -41,7 +59,7 @@ func ParseBrokers(s string) []string {
 	return out
 }
 
-func base(cfg Config) []kgo.Opt {
+func base(cfg Config, kind string) []kgo.Opt {
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.DialTimeout(5 * time.Second),
@@ -55,8 +73,8 @@ func base(cfg Config) []kgo.Opt {
 		id = "mailplane-" + host
 	}
 	opts = append(opts, kgo.ClientID(id))
-	if cfg.Metrics != nil {
-		opts = append(opts, kgo.WithHooks(cfg.Metrics))
+	if cfg.Registerer != nil {
+		opts = append(opts, kgo.WithHooks(clientMetrics(cfg.Registerer, id, kind)))
 	}
 	return opts
 }
@@ -66,7 +84,7 @@ func base(cfg Config) []kgo.Opt {
 // partitioned by the Kafka-compatible murmur2 hash, so that per-key order
 // holds and any Kafka client agrees on where a key lives.
 func ProducerOptions(cfg Config, extra ...kgo.Opt) []kgo.Opt {
-	opts := append(base(cfg),
+	opts := append(base(cfg, "producer"),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(2*time.Millisecond),
 		kgo.ProduceRequestTimeout(10*time.Second),
@@ -100,7 +118,7 @@ type GroupConfig struct {
 // where their effects are), and fetches bounded so a batch fits one
 // database transaction.
 func ConsumerOptions(cfg Config, g GroupConfig, extra ...kgo.Opt) []kgo.Opt {
-	opts := append(base(cfg),
+	opts := append(base(cfg, "consumer"),
 		kgo.ConsumerGroup(g.Group),
 		kgo.ConsumeTopics(g.Topics...),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),

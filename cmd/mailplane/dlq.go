@@ -1,0 +1,26 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"os"
+
+	"github.com/mailplane/mailplane/dlq"
+	"github.com/mailplane/mailplane/kafka"
+)
+
+func runDLQ(ctx context.Context, args []string) error {
+	if len(args) == 0 || args[0] != "list" {
+		return errors.New("usage: mailplane dlq list [--limit N]")
+	}
+	fs := flag.NewFlagSet("dlq list", flag.ExitOnError)
+	brokers := cfgBrokers.String(fs)
+	limit := fs.Int("limit", 100, "show at most the newest N dead letters (0: all)")
+	fs.Parse(args[1:])
+	entries, err := dlq.List(ctx, kafka.Config{Brokers: kafka.ParseBrokers(*brokers), ClientID: "mailplane-dlq"}, *limit)
+	if err != nil {
+		return err
+	}
+	return dlq.Format(os.Stdout, entries)
+}

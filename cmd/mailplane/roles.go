@@ -1,0 +1,264 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/api"
+	"github.com/mailplane/mailplane/eventschema"
+	"github.com/mailplane/mailplane/kafka"
+	"github.com/mailplane/mailplane/migrations"
+	"github.com/mailplane/mailplane/producer"
+	"github.com/mailplane/mailplane/projections"
+	"github.com/mailplane/mailplane/sealing"
+	"github.com/mailplane/mailplane/topics"
+)
+
+// roleConfig is what the roles of one process share.
+type roleConfig struct {
+	log             *slog.Logger
+	brokers         []string
+	databaseURL     string
+	httpAddr        string
+	tokens          []string
+	keyring         *sealing.Keyring
+	statePartitions int32
+
+	api       bool // serve the ingest API (else only health and metrics)
+	project   bool // run the projectors
+	applyTops bool // apply the topic catalog first (dev mode)
+}
+
+func schemaValidator() producer.SchemaValidator { return eventschema.Default() }
+
+// runRoles starts the configured roles and blocks until ctx is done or a
+// role fails; then it stops every role and returns the first error.
+func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
+	log := rc.log
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	kcfg := func(role string) kafka.Config {
+		return kafka.Config{Brokers: rc.brokers, ClientID: "mailplane-" + role, Registerer: reg}
+	}
+
+	if rc.databaseURL == "" {
+		return errors.New("no database: set DATABASE_URL (or --database-url)")
+	}
+	pool, err := openDB(ctx, rc.databaseURL, log)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	if rc.applyTops {
+		if err := applyTopics(ctx, rc); err != nil {
+			return err
+		}
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	var once sync.Once
+	var firstErr error
+	fail := func(role string, err error) {
+		if err != nil && !errors.Is(err, context.Canceled) {
+			once.Do(func() { firstErr = fmt.Errorf("%s: %w", role, err) })
+			log.Error("role failed", "role", role, "err", err)
+		}
+		cancel()
+	}
+	start := func(role string, run func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fail(role, run(ctx))
+		}()
+	}
+
+	if rc.project {
+		p, err := projections.New(kcfg("projector-registry"), pool, projections.NewRegistry(),
+			projections.WithLogger(log.With("role", "projector")),
+			projections.WithRegisterer(reg))
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		start("projector registry", p.Run)
+	}
+
+	dbCheck := func(ctx context.Context) error { return pool.Ping(ctx) }
+	if rc.api {
+		kc, err := kafka.NewProducer(kcfg("api"))
+		if err != nil {
+			return err
+		}
+		defer kc.Close()
+		pc := producer.New(kc, producer.WithSealer(rc.keyring), producer.WithSource("mailplane/api"), producer.WithRegisterer(reg))
+		srv, err := api.New(pc,
+			api.WithAddr(rc.httpAddr),
+			api.WithTokens(rc.tokens...),
+			api.WithSealer(rc.keyring),
+			api.WithSchemaValidator(eventschema.Default()),
+			api.WithBrokerCheck(kc),
+			api.WithDatabaseCheck(dbCheck),
+			api.WithRegisterer(reg),
+			api.WithGatherer(reg),
+			api.WithLogger(log.With("role", "api")),
+		)
+		if err != nil {
+			return err
+		}
+		start("api", srv.Run)
+	} else if rc.httpAddr != "" {
+		start("ops http", func(ctx context.Context) error { return serveOps(ctx, rc, reg, dbCheck) })
+	}
+
+	if ready != nil {
+		ready()
+	}
+	wg.Wait()
+	return firstErr
+}
+
+func openDB(ctx context.Context, url string, log *slog.Logger) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("database url: %w", err)
+	}
+	cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	mctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := migrations.Apply(mctx, pool, migrations.WithLogger(log)); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("migrations: %w", err)
+	}
+	return pool, nil
+}
+
+func applyTopics(ctx context.Context, rc *roleConfig) error {
+	kc, err := kgo.NewClient(kgo.SeedBrokers(rc.brokers...), kgo.DialTimeout(5*time.Second))
+	if err != nil {
+		return err
+	}
+	defer kc.Close()
+	tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	rep, err := topics.Apply(tctx, kc, topics.Catalog(topics.Config{StatePartitions: rc.statePartitions}))
+	if err != nil {
+		return fmt.Errorf("topics: %w", err)
+	}
+	if len(rep.Created) > 0 {
+		rc.log.Info("topics created", "topics", rep.Created)
+	}
+	return rep.Err()
+}
+
+// serveOps serves /healthz and /metrics for roles without the API.
+func serveOps(ctx context.Context, rc *roleConfig, reg *prometheus.Registry, dbCheck func(context.Context) error) error {
+	kc, err := kgo.NewClient(kgo.SeedBrokers(rc.brokers...), kgo.DialTimeout(5*time.Second))
+	if err != nil {
+		return err
+	}
+	defer kc.Close()
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		cctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+		defer cancel()
+		res := map[string]string{"broker": "ok", "database": "ok"}
+		status := http.StatusOK
+		if err := kc.Ping(cctx); err != nil {
+			res["broker"], status = err.Error(), http.StatusServiceUnavailable
+		}
+		if err := dbCheck(cctx); err != nil {
+			res["database"], status = err.Error(), http.StatusServiceUnavailable
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		json.NewEncoder(w).Encode(res)
+	})
+	srv := &http.Server{Addr: rc.httpAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ListenAndServe() }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return srv.Shutdown(sctx)
+	}
+}
+
+// commonRoleFlags registers the flags every production role takes.
+func commonRoleFlags(fs *flag.FlagSet) (brokers, dbURL, httpAddr, logLevel, logFormat *string, parts *int) {
+	return cfgBrokers.String(fs), cfgDatabaseURL.String(fs), cfgHTTP.String(fs), cfgLogLevel.String(fs), cfgLogFormat.String(fs), cfgStatePartitions.Int(fs)
+}
+
+func runAPI(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("api", flag.ExitOnError)
+	brokers, dbURL, httpAddr, logLevel, logFormat, parts := commonRoleFlags(fs)
+	tokens := cfgAPITokens.String(fs)
+	sealKeys := cfgSealKeys.String(fs)
+	sealKeyID := cfgSealKeyID.String(fs)
+	fs.Parse(args)
+	if len(splitList(*tokens)) == 0 {
+		return errors.New("no API tokens: set MAILPLANE_API_TOKEN (or --api-token)")
+	}
+	if *sealKeys == "" {
+		return errors.New("no sealing keys: set MAILPLANE_SEAL_KEYS (id:base64 of 32 bytes)")
+	}
+	keyring, err := sealing.ParseKeys(*sealKeys, *sealKeyID)
+	if err != nil {
+		return err
+	}
+	return runRoles(ctx, &roleConfig{
+		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
+		httpAddr: *httpAddr, tokens: splitList(*tokens), keyring: keyring, statePartitions: int32(*parts), api: true,
+	}, nil)
+}
+
+func runProject(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("project", flag.ExitOnError)
+	brokers, dbURL, httpAddr, logLevel, logFormat, parts := commonRoleFlags(fs)
+	fs.Parse(args)
+	return runRoles(ctx, &roleConfig{
+		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
+		httpAddr: *httpAddr, statePartitions: int32(*parts), project: true,
+	}, nil)
+}
+
+func runMigrate(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("migrate", flag.ExitOnError)
+	dbURL := cfgDatabaseURL.String(fs)
+	logLevel, logFormat := cfgLogLevel.String(fs), cfgLogFormat.String(fs)
+	fs.Parse(args)
+	if *dbURL == "" {
+		return errors.New("no database: set DATABASE_URL (or --database-url)")
+	}
+	pool, err := openDB(ctx, *dbURL, newLogger(*logLevel, *logFormat))
+	if err != nil {
+		return err
+	}
+	pool.Close()
+	fmt.Println("migrations applied")
+	return nil
+}
