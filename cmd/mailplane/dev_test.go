@@ -1,0 +1,285 @@
+package main_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/mailplane/mailplane/examples"
+	"github.com/mailplane/mailplane/domain"
+)
+
+// buildBinary builds mailplane once per test binary run.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "mailplane")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+type devProc struct {
+	cmd    *exec.Cmd
+	out    *bytes.Buffer
+	done   chan error
+	http   string
+	broker string
+	dbURL  string
+}
+
+func startDev(t *testing.T, bin, dataDir string, kport, pport, hport int) *devProc {
+	t.Helper()
+	p := &devProc{
+		out:    &bytes.Buffer{},
+		done:   make(chan error, 1),
+		http:   fmt.Sprintf("127.0.0.1:%d", hport),
+		broker: fmt.Sprintf("127.0.0.1:%d", kport),
+		dbURL:  fmt.Sprintf("postgres://postgres@127.0.0.1:%d/mailplane?sslmode=disable", pport),
+	}
+	p.cmd = exec.Command(bin, "dev", "--data-dir", dataDir, "--kafka-port", fmt.Sprint(kport),
+		"--pg-port", fmt.Sprint(pport), "--http", p.http, "--state-partitions", "8")
+	p.cmd.Env = append(os.Environ(), "MAILPLANE_API_TOKEN=test-token", "DATABASE_URL=")
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			p.cmd.Process.Signal(syscall.SIGINT)
+			select {
+			case <-p.done:
+			case <-time.After(30 * time.Second):
+				p.cmd.Process.Kill()
+			}
+		}
+	})
+	waitFor(t, 90*time.Second, "dev mode healthy", func() error {
+		select {
+		case err := <-p.done:
+			p.done <- err
+			t.Fatalf("mailplane dev exited: %v\n%s", err, p.out)
+		default:
+		}
+		resp, err := http.Get("http://" + p.http + "/healthz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Errorf("healthz %d", resp.StatusCode)
+		}
+		return nil
+	})
+	return p
+}
+
+func (p *devProc) stop(t *testing.T) {
+	t.Helper()
+	p.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Fatalf("mailplane dev exit: %v\n%s", err, p.out)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("mailplane dev did not stop on SIGINT\n%s", p.out)
+	}
+}
+
+func examplesBatch(t *testing.T) []byte {
+	t.Helper()
+	var parts []string
+	for _, typ := range domain.EventTypes() {
+		b, err := examples.Event(typ)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parts = append(parts, string(b))
+	}
+	return []byte("[" + strings.Join(parts, ",") + "]")
+}
+
+func post(t *testing.T, addr string, body []byte) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/events", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer test-token")
+	req.Header.Set("Content-Type", "application/cloudevents-batch+json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// registryState summarises the registry tables and the dedupe ledger.
+func registryState(ctx context.Context, url string) (string, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(ctx)
+	var s string
+	err = conn.QueryRow(ctx, `select
+		(select count(*) from mailboxes)::text || '/' ||
+		(select count(*) from orgs)::text || '/' ||
+		(select count(*) from users)::text || '/' ||
+		(select count(*) from workers)::text || '/' ||
+		(select count(*) from applied_events)::text || '/' ||
+		(select coalesce(md5(string_agg(m::text, ',' order by mailbox_id)), '') from mailboxes m)`).Scan(&s)
+	return s, err
+}
+
+// TestDevModeEndToEnd runs the README's path: make run, publish every
+// example over HTTP, see it projected, read it with kcat, stop with Ctrl-C,
+// start again on the same state.
+func TestDevModeEndToEnd(t *testing.T) {
+	t.Parallel()
+	kcat, err := exec.LookPath("kcat")
+	if err != nil {
+		t.Fatal("kcat not found: install it (make deps); analysts' Kafka client is part of what this test checks")
+	}
+	bin := buildBinary(t)
+	// The private Postgres runs as the postgres user, which must be able to
+	// reach the data dir: t.TempDir() is private to root.
+	dataDir, err := os.MkdirTemp("/tmp", "mailplane-devtest-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(dataDir, 0o755)
+	t.Cleanup(func() { os.RemoveAll(dataDir) })
+	kport, pport, hport := freePort(t), freePort(t), freePort(t)
+	ctx := context.Background()
+
+	p := startDev(t, bin, dataDir, kport, pport, hport)
+	if code, body := post(t, p.http, examplesBatch(t)); code != http.StatusAccepted {
+		t.Fatalf("publish examples: %d %s", code, body)
+	}
+	var state string
+	waitFor(t, 30*time.Second, "examples projected", func() error {
+		s, err := registryState(ctx, p.dbURL)
+		if err != nil {
+			return err
+		}
+		if !strings.HasPrefix(s, "1/1/1/1/7/") {
+			return fmt.Errorf("registry %s", s)
+		}
+		state = s
+		return nil
+	})
+
+	// Sealed on the log, never plain.
+	conn, err := pgx.Connect(ctx, p.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keyID string
+	if err := conn.QueryRow(ctx, `select sealed_credentials->>'key_id' from mailboxes`).Scan(&keyID); err != nil || keyID == "" {
+		t.Fatalf("sealed credentials key id %q: %v", keyID, err)
+	}
+	conn.Close(ctx)
+
+	// Analysts read it with kcat, attributes in ce_ headers.
+	out, err := exec.Command(kcat, "-b", p.broker, "-C", "-t", "mailplane.user.events.v1", "-o", "beginning", "-e", "-q", "-J").Output()
+	if err != nil {
+		t.Fatalf("kcat: %v", err)
+	}
+	var msg struct {
+		Key     string   `json:"key"`
+		Payload string   `json:"payload"`
+		Headers []string `json:"headers"`
+	}
+	if err := json.Unmarshal(bytes.TrimSpace(out), &msg); err != nil {
+		t.Fatalf("kcat output %q: %v", out, err)
+	}
+	hdr := map[string]string{}
+	for i := 0; i+1 < len(msg.Headers); i += 2 {
+		hdr[msg.Headers[i]] = msg.Headers[i+1]
+	}
+	if hdr["ce_type"] != domain.TypeUserActive || hdr["ce_specversion"] != "1.0" || !domain.IsUUIDv7(hdr["ce_id"]) ||
+		hdr["ce_subject"] != msg.Key || hdr["content-type"] != "application/json" || !strings.Contains(msg.Payload, `"user_id"`) {
+		t.Fatalf("kcat read key %q headers %v payload %s", msg.Key, hdr, msg.Payload)
+	}
+	out, _ = exec.Command(kcat, "-b", p.broker, "-C", "-t", "mailplane.mailbox.events.v1", "-o", "beginning", "-e", "-q").Output()
+	if bytes.Contains(out, []byte("dev-password")) {
+		t.Fatal("plain-text password readable on the log")
+	}
+
+	p.stop(t)
+	if _, err := registryState(ctx, p.dbURL); err == nil {
+		t.Fatal("postgres still answers after dev mode stopped")
+	}
+
+	// Second start reuses the state; a retried publish changes nothing.
+	p = startDev(t, bin, dataDir, kport, pport, hport)
+	if s, err := registryState(ctx, p.dbURL); err != nil || s != state {
+		t.Fatalf("state after restart %q (%v), want %q", s, err, state)
+	}
+	if code, body := post(t, p.http, examplesBatch(t)); code != http.StatusAccepted {
+		t.Fatalf("republish: %d %s", code, body)
+	}
+	// Wait until the projector has caught up with the republished records
+	// (its offsets reach the end), then the state must be unchanged.
+	waitFor(t, 30*time.Second, "republished events consumed", func() error {
+		conn, err := pgx.Connect(ctx, p.dbURL)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		var n int64
+		if err := conn.QueryRow(ctx, `select coalesce(sum(next_offset),0) from projector_offsets`).Scan(&n); err != nil {
+			return err
+		}
+		if n != 14 {
+			return fmt.Errorf("projector consumed %d of 14 records", n)
+		}
+		return nil
+	})
+	if s, err := registryState(ctx, p.dbURL); err != nil || s != state {
+		t.Fatalf("state after duplicate publish %q (%v), want %q", s, err, state)
+	}
+	p.stop(t)
+}
