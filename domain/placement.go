@@ -1,0 +1,1310 @@
+package domain
+
+// This file holds the placement engine's pure decider: the rules of DESIGN.md
+// section 4 as one deterministic function of (state, input).
+//
+// # Model
+//
+// A PlacementState is the engine's whole memory: sending workers, mailboxes,
+// orgs. Apply takes one input (a domain event with its event time, or a
+// tick), decides, and returns the decisions. Every decision is folded into
+// the state through ApplyDecision, which is the only place the state
+// changes; Apply is "decide, fold each decision as it is made, return them".
+// Because the decisions also record the accepted facts the engine relies on
+// (a worker registered, changed or died, a plan recorded, a band changed or
+// held), folding the decision log alone into a fresh state restores the
+// engine exactly: the decision log is the engine's changelog.
+//
+// Decisions are a pure function of (state, input): no wall clock (the clock
+// is the input's time), no randomness, no map-order dependence (every
+// enumeration is sorted, every tie broken by id).
+//
+// Invariants 3 and 4 of DESIGN.md hold between inputs (at the boundaries of
+// Apply, which the engine writes as one transaction). Inside one Apply a fact
+// may be recorded first and its consequences right after it (a plan change
+// is recorded, then every mailbox of the org moves), so a prefix of one
+// input's decisions can show a mailbox that is about to move.
+//
+// # Rules and the choices made where the design leaves room
+//
+// Tiers. An org's class is free when its plan is free, when no plan was ever
+// recorded, or when it is not paid (subscription ended); dedicated when its
+// plan is dedicated with at least one worker; premium otherwise. Free orgs'
+// mailboxes sit only on shared_free workers; premium and dedicated orgs' only
+// on shared_premium workers or on dedicated workers bound to that org. A
+// heartbeat asking for tier dedicated is ignored (validation refuses it with
+// tier_not_allowed before it reaches the log); a blank tier is shared premium.
+//
+// Dedicated. An org of class dedicated with N workers gets N bound workers:
+// first one of its own released workers that is still draining (re-bound,
+// cancelling the release), else an idle released worker of another org (when
+// a released worker becomes idle it is handed to the longest-waiting org
+// short of dedicated workers before it would revert), else an idle, live,
+// healthy-or-watch shared premium clean worker, promoted. When none is
+// available the org is short: its mailboxes are placed on shared premium
+// (degraded, a pending entry with reason no_dedicated_capacity) and moved to
+// dedicated workers when capacity appears (a new, revived, resumed or
+// recovered worker, a revert, or a tick). A dedicated worker serves exactly
+// one org (one org field per worker, bound only when unbound or released).
+// A worker is released when its org no longer needs it (plan reduced or
+// changed, the least loaded first), when it stops, dies, or changes its own
+// tier; a released worker takes no new mailboxes, its mailboxes move away
+// (they may stay, still sending, while nowhere else fits), and once idle it
+// reverts to its heartbeat tier. Dedicated workers carry no risk-pool
+// semantics (one customer per worker, no cross-tenant contamination): a
+// dedicated org's mailbox of any band may sit on the org's own dedicated
+// workers; band and pool segregation apply on shared workers only,
+// including a dedicated org's degraded mailboxes on shared premium.
+//
+// Risk. band(healthy) = clean, band(watch, throttled) = risky,
+// band(quarantined, blocked) = quarantine. A mailbox sits on a shared worker
+// only when the worker's pool equals its band, both ways. When a band's pool
+// has no eligible worker with headroom, an idle eligible clean worker of the
+// same tier is promoted into the pool; with nothing idle the placement is
+// refused and the mailbox waits in pending (retried on capacity or tick). A
+// pool worker that becomes idle reverts to clean in the same input.
+//
+// Hysteresis. A worse band is adopted at once (a risky mailbox must leave the
+// clean pool now). A better band is adopted only after every score for at
+// least BandDwell (default 1 h, and so at least two consecutive scores) has
+// mapped to a better band than the current one; the band adopted is the
+// worst of those scores' bands. A score mapping to the current band (or
+// worse) cancels a pending recovery. A score hovering on a threshold
+// therefore moves a mailbox at most once (to the worse band) and back only
+// once it has stayed good for the dwell time. The recovery in progress is
+// state, recorded by band_held decisions. The scored event's until field does
+// not affect placement.
+//
+// Weight (thousandths): an OAuth provider (gmail, outlook) weighs 0.05 even
+// with warmup, since it never uses the worker's SMTP egress whatever its
+// volume; otherwise warmup weighs 0.4; otherwise 1.0. Weights and loads are
+// int64 thousandths, so a worker's load is exactly the sum of its mailboxes'
+// weights at all times.
+//
+// Capacity. effective capacity = max(1, floor(base × health × age)) with base
+// 16 (cold_smtp), 400 (oauth_api), 25 (warmup_only); health multiplier
+// healthy 1, watch 0.75, throttled 0.5, quarantined 0.25, blocked 0; age
+// multiplier 0.25 on the first day rising linearly by whole days to 1 after
+// 14 days (0.25 + 0.75 × min(days, 14) / 14), days counted from the worker's
+// first recorded heartbeat to the event time. Capacity is recomputed on the
+// worker's heartbeats and health samples and recorded in the decision.
+//
+// Worker health, from each worker.health_sampled: no sends in the window is
+// healthy (multiplier 1); fewer than HealthMinSends sends leaves the state as
+// it was (too little evidence); otherwise the worst state whose complaint
+// rate or hard-bounce rate threshold is reached (defaults: complaints 0.1 %,
+// 0.3 %, 0.5 %, 1 %; hard bounces 2 %, 5 %, 8 %, 10 % for watch, throttled,
+// quarantined, blocked). Only healthy and watch workers take new mailboxes;
+// worker health alone does not move mailboxes already placed.
+//
+// Placement. Among eligible workers (live, not stopping, not released,
+// healthy or watch) of the right tier and pool with headroom
+// (capacity − load ≥ weight), the lowest utilisation load/capacity wins
+// (exact rational comparison), ties broken by the lower worker id. Shared
+// workers are indexed per (tier, pool, weight class) in heaps ordered by
+// utilisation, so a placement costs O(log workers).
+//
+// Liveness. A worker is live while its recorded heartbeats are no older than
+// LivenessWindow (default 3 × HeartbeatInterval) at the tick's time. A
+// heartbeat that changes nothing is recorded only when SeenRecordInterval
+// (default HeartbeatInterval) has passed since the last recorded one, so the
+// window is measured from a recorded heartbeat. A dead worker's mailboxes
+// are re-placed under the same rules (refused into pending when nothing
+// fits). A stopping heartbeat drains the worker: it takes no new mailboxes
+// and its mailboxes move where they fit (the rest stay and are retried).
+// A heartbeat changing a shared worker's tier moves its mailboxes off at
+// once (refusing those that fit nowhere); older heartbeats are ignored.
+//
+// Migrations. A band change moves the mailbox when its worker's pool no
+// longer matches. A plan change records the plan, releases surplus dedicated
+// workers, binds missing ones, then walks every mailbox of the org in id
+// order: mailboxes that no longer fit move (or are refused into pending),
+// mailboxes that fit but are not where the plan wants them (on a released
+// or stopping worker, or a dedicated org's mailbox on shared premium while
+// its own worker has room) move when a better place exists.
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// RiskPool is a shared worker's risk pool, and a mailbox's risk band (a
+// mailbox's band names the pool it must sit in).
+type RiskPool string
+
+// Risk pools and bands, from best to worst.
+const (
+	RiskClean      RiskPool = "clean"
+	RiskRisky      RiskPool = "risky"
+	RiskQuarantine RiskPool = "quarantine"
+)
+
+// RiskBandFromHealth maps a mailbox health state to its band.
+func RiskBandFromHealth(h HealthState) RiskPool {
+	switch h {
+	case HealthWatch, HealthThrottled:
+		return RiskRisky
+	case HealthQuarantined, HealthBlocked:
+		return RiskQuarantine
+	default:
+		return RiskClean
+	}
+}
+
+func placementPoolIndex(p RiskPool) int {
+	switch p {
+	case RiskRisky:
+		return 1
+	case RiskQuarantine:
+		return 2
+	default:
+		return 0
+	}
+}
+
+// Mailbox weights, in thousandths.
+const (
+	PlacementWeightFull   int64 = 1000
+	PlacementWeightWarmup int64 = 400
+	PlacementWeightOAuth  int64 = 50
+)
+
+// placementClassWeights are the weight classes the shared-worker index keeps
+// a heap for: a worker is in class c's heap when its headroom is at least
+// placementClassWeights[c]. Every mailbox weight is one of them.
+var placementClassWeights = [...]int64{PlacementWeightOAuth, PlacementWeightWarmup, PlacementWeightFull}
+
+const placementClasses = len(placementClassWeights)
+
+func placementClassOf(weight int64) int {
+	for c, w := range placementClassWeights {
+		if weight <= w {
+			return c
+		}
+	}
+	return placementClasses - 1
+}
+
+// PlacementWeight is a mailbox's weight in thousandths. OAuth providers take
+// precedence over warmup (see the package comment).
+func PlacementWeight(p Provider, warmup bool) int64 {
+	switch {
+	case p.IsOAuth():
+		return PlacementWeightOAuth
+	case warmup:
+		return PlacementWeightWarmup
+	default:
+		return PlacementWeightFull
+	}
+}
+
+// PlacementBaseCapacity is an egress kind's base capacity, in mailboxes of
+// weight 1.
+func PlacementBaseCapacity(e Egress) int64 {
+	switch e {
+	case EgressOAuthAPI:
+		return 400
+	case EgressWarmupOnly:
+		return 25
+	default:
+		return 16
+	}
+}
+
+// PlacementHealthPermille is the capacity multiplier of a worker health
+// state, in thousandths.
+func PlacementHealthPermille(h HealthState) int64 {
+	switch h {
+	case HealthWatch:
+		return 750
+	case HealthThrottled:
+		return 500
+	case HealthQuarantined:
+		return 250
+	case HealthBlocked:
+		return 0
+	default:
+		return 1000
+	}
+}
+
+// Age ramp: a new worker starts at PlacementAgeRampStartPermille and reaches
+// full capacity after PlacementAgeRampDays whole days.
+const (
+	PlacementAgeRampDays          = 14
+	PlacementAgeRampStartPermille = 250
+)
+
+// PlacementAgePermille is the age multiplier, in thousandths, of a worker
+// first seen age ago.
+func PlacementAgePermille(age time.Duration) int64 {
+	days := int64(0)
+	if age > 0 {
+		days = int64(age / (24 * time.Hour))
+	}
+	if days > PlacementAgeRampDays {
+		days = PlacementAgeRampDays
+	}
+	return PlacementAgeRampStartPermille + (1000-PlacementAgeRampStartPermille)*days/PlacementAgeRampDays
+}
+
+// PlacementCapacity is a worker's effective capacity in mailboxes of weight
+// 1: floor(base × health × age), at least 1.
+func PlacementCapacity(e Egress, h HealthState, firstSeen, at time.Time) int64 {
+	c := PlacementBaseCapacity(e) * PlacementHealthPermille(h) * PlacementAgePermille(at.Sub(firstSeen)) / 1_000_000
+	if c < 1 {
+		c = 1
+	}
+	return c
+}
+
+// PlacementTakesNew reports whether a worker in health state h takes new
+// mailboxes.
+func PlacementTakesNew(h HealthState) bool { return h == HealthHealthy || h == HealthWatch }
+
+var placementHealthByRank = [...]HealthState{HealthHealthy, HealthWatch, HealthThrottled, HealthQuarantined, HealthBlocked}
+
+// PlacementConfig tunes the decider. Zero fields take their defaults.
+type PlacementConfig struct {
+	// HeartbeatInterval is how often workers heartbeat (default 10 s).
+	HeartbeatInterval time.Duration
+	// LivenessWindow is how long a worker stays live after its last recorded
+	// heartbeat (default 3 × HeartbeatInterval).
+	LivenessWindow time.Duration
+	// SeenRecordInterval: a heartbeat that changes nothing is recorded only
+	// this long after the previous recorded one (default HeartbeatInterval).
+	SeenRecordInterval time.Duration
+	// BandDwell is how long a mailbox's scores must stay better than its band
+	// before the band improves (default 1 h).
+	BandDwell time.Duration
+	// HealthMinSends: a worker sample with fewer sends (but some) leaves the
+	// worker's health state unchanged (default 100).
+	HealthMinSends int64
+	// ComplaintPPM and HardBouncePPM are the rate thresholds, in parts per
+	// million of sends, for watch, throttled, quarantined and blocked.
+	ComplaintPPM  [4]int64
+	HardBouncePPM [4]int64
+}
+
+// DefaultPlacementConfig returns the defaults.
+func DefaultPlacementConfig() PlacementConfig {
+	return PlacementConfig{}.withDefaults()
+}
+
+func (c PlacementConfig) withDefaults() PlacementConfig {
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = 10 * time.Second
+	}
+	if c.LivenessWindow <= 0 {
+		c.LivenessWindow = 3 * c.HeartbeatInterval
+	}
+	if c.SeenRecordInterval <= 0 {
+		c.SeenRecordInterval = c.HeartbeatInterval
+	}
+	if c.BandDwell <= 0 {
+		c.BandDwell = time.Hour
+	}
+	if c.HealthMinSends <= 0 {
+		c.HealthMinSends = 100
+	}
+	if c.ComplaintPPM == [4]int64{} {
+		c.ComplaintPPM = [4]int64{1000, 3000, 5000, 10000}
+	}
+	if c.HardBouncePPM == [4]int64{} {
+		c.HardBouncePPM = [4]int64{20000, 50000, 80000, 100000}
+	}
+	return c
+}
+
+// WorkerHealth returns a worker's health state after a sample, given its
+// state before.
+func (c PlacementConfig) WorkerHealth(prev HealthState, s *WorkerHealthSampled) HealthState {
+	c = c.withDefaults()
+	if s.Sends <= 0 {
+		return HealthHealthy
+	}
+	if s.Sends < c.HealthMinSends {
+		return prev
+	}
+	for i := 3; i >= 0; i-- {
+		if s.Complaints*1_000_000 >= s.Sends*c.ComplaintPPM[i] || s.HardBounces*1_000_000 >= s.Sends*c.HardBouncePPM[i] {
+			return placementHealthByRank[i+1]
+		}
+	}
+	return HealthHealthy
+}
+
+// PlacementInput is one input to the decider: a domain event's data with its
+// event time (ce_time), or a tick when Event is nil. At is the decider's
+// clock for this input.
+type PlacementInput struct {
+	At    time.Time
+	Event Data
+}
+
+// PlacementEventInput makes an input from a domain event.
+func PlacementEventInput(e Event) PlacementInput { return PlacementInput{At: e.Time, Event: e.Data} }
+
+// PlacementTick makes a tick input: liveness expiry and retries of pending
+// placements, drains and dedicated shortfalls.
+func PlacementTick(now time.Time) PlacementInput { return PlacementInput{At: now} }
+
+type placementClass int
+
+const (
+	placementFree placementClass = iota
+	placementPremium
+	placementDedicated
+)
+
+type placementWorker struct {
+	id        string
+	baseTier  Tier // as the worker's heartbeats say
+	tier      Tier // baseTier, or dedicated after promotion
+	egress    Egress
+	address   string
+	pool      RiskPool
+	org       string // dedicated: the bound org, or the releasing one
+	releasing bool   // dedicated and released, draining
+	health    HealthState
+	firstSeen time.Time
+	lastSeen  time.Time
+	live      bool
+	stopping  bool
+	load      int64 // thousandths, the exact sum of its mailboxes' weights
+	capacity  int64 // effective capacity, in mailboxes of weight 1
+	head      *placementMailbox
+	count     int
+	bucket    int
+	pos       [placementClasses]int
+}
+
+type placementMailbox struct {
+	id             string
+	org            *placementOrg
+	weight         int64
+	band           RiskPool
+	candidate      RiskPool // better band being observed, "" when none
+	candidateSince time.Time
+	worker         *placementWorker
+	pendingReason  PlacementReason // when refused (no worker)
+	pendingSince   time.Time
+	wPrev, wNext   *placementMailbox
+	oPrev, oNext   *placementMailbox
+}
+
+type placementOrg struct {
+	id        string
+	plan      Plan
+	dedicated int
+	paid      bool
+	planSince time.Time
+	recorded  bool
+	bound     map[string]*placementWorker
+	head      *placementMailbox
+	count     int
+	shared    int // mailboxes on non-dedicated workers
+}
+
+func (o *placementOrg) class() placementClass {
+	switch {
+	case o == nil || !o.recorded || !o.paid || o.plan == PlanFree:
+		return placementFree
+	case o.plan == PlanDedicated && o.dedicated > 0:
+		return placementDedicated
+	default:
+		return placementPremium
+	}
+}
+
+func (o *placementOrg) shortfall() int {
+	if o.class() != placementDedicated {
+		return 0
+	}
+	return max(0, o.dedicated-len(o.bound))
+}
+
+func placementSharedTier(c placementClass) Tier {
+	if c == placementFree {
+		return TierSharedFree
+	}
+	return TierSharedPremium
+}
+
+// PlacementState is the placement engine's in-memory state. It is not safe
+// for concurrent use; the engine is a single writer.
+type PlacementState struct {
+	cfg       PlacementConfig
+	workers   map[string]*placementWorker
+	mailboxes map[string]*placementMailbox
+	orgs      map[string]*placementOrg
+	// Derived indexes, maintained by the folds.
+	heaps         [6][placementClasses]placementHeap // (tier, pool) × weight class
+	pending       map[string]*placementMailbox       // refused: no worker
+	draining      map[string]*placementWorker        // live, stopping or released, with mailboxes
+	dedicatedOrgs map[string]*placementOrg           // orgs of class dedicated
+	// Decider scratch, reset on every Apply.
+	out              []PlacementDecision
+	capacityAppeared bool
+}
+
+// NewPlacementState returns an empty state.
+func NewPlacementState(cfg PlacementConfig) *PlacementState {
+	s := &PlacementState{
+		cfg:           cfg.withDefaults(),
+		workers:       map[string]*placementWorker{},
+		mailboxes:     map[string]*placementMailbox{},
+		orgs:          map[string]*placementOrg{},
+		pending:       map[string]*placementMailbox{},
+		draining:      map[string]*placementWorker{},
+		dedicatedOrgs: map[string]*placementOrg{},
+	}
+	for b := range s.heaps {
+		for c := range s.heaps[b] {
+			s.heaps[b][c].class = c
+		}
+	}
+	return s
+}
+
+// Config returns the state's configuration, defaults applied.
+func (s *PlacementState) Config() PlacementConfig { return s.cfg }
+
+func placementBucket(t Tier, p RiskPool) int {
+	b := placementPoolIndex(p)
+	if t == TierSharedPremium {
+		b += 3
+	}
+	return b
+}
+
+func (w *placementWorker) eligible() bool {
+	return w.live && !w.stopping && !w.releasing && PlacementTakesNew(w.health)
+}
+
+func (w *placementWorker) headroom() int64 { return w.capacity*1000 - w.load }
+
+// offer is the capacity a worker offers to new mailboxes.
+func (w *placementWorker) offer() int64 {
+	if !w.eligible() {
+		return 0
+	}
+	return w.capacity
+}
+
+// reindex puts w in the heaps it belongs to after a change.
+func (s *PlacementState) reindex(w *placementWorker) {
+	nb := -1
+	if w.tier != TierDedicated && w.eligible() {
+		nb = placementBucket(w.tier, w.pool)
+	}
+	head := w.headroom()
+	for c, cw := range placementClassWeights {
+		want := nb >= 0 && head >= cw
+		if w.pos[c] >= 0 {
+			h := &s.heaps[w.bucket][c]
+			if want && w.bucket == nb {
+				h.fix(w.pos[c])
+				continue
+			}
+			h.remove(w.pos[c])
+		}
+		if want {
+			s.heaps[nb][c].push(w)
+		}
+	}
+	w.bucket = nb
+	if w.live && (w.stopping || w.releasing) && w.count > 0 {
+		s.draining[w.id] = w
+	} else {
+		delete(s.draining, w.id)
+	}
+}
+
+func (s *PlacementState) org(id string) *placementOrg {
+	o := s.orgs[id]
+	if o == nil {
+		o = &placementOrg{id: id, bound: map[string]*placementWorker{}}
+		s.orgs[id] = o
+	}
+	return o
+}
+
+func (s *PlacementState) gcOrg(o *placementOrg) {
+	if o.count == 0 && !o.recorded && len(o.bound) == 0 {
+		delete(s.orgs, o.id)
+	}
+}
+
+func (s *PlacementState) refreshOrgClass(o *placementOrg) {
+	if o.class() == placementDedicated {
+		s.dedicatedOrgs[o.id] = o
+	} else {
+		delete(s.dedicatedOrgs, o.id)
+	}
+}
+
+func (s *PlacementState) attach(m *placementMailbox, w *placementWorker) {
+	m.worker = w
+	m.wPrev, m.wNext = nil, w.head
+	if w.head != nil {
+		w.head.wPrev = m
+	}
+	w.head = m
+	w.count++
+	w.load += m.weight
+	if w.tier != TierDedicated {
+		m.org.shared++
+	}
+	delete(s.pending, m.id)
+	m.pendingReason, m.pendingSince = "", time.Time{}
+	s.reindex(w)
+}
+
+func (s *PlacementState) detach(m *placementMailbox) {
+	w := m.worker
+	if w == nil {
+		return
+	}
+	if m.wPrev != nil {
+		m.wPrev.wNext = m.wNext
+	} else {
+		w.head = m.wNext
+	}
+	if m.wNext != nil {
+		m.wNext.wPrev = m.wPrev
+	}
+	m.wPrev, m.wNext, m.worker = nil, nil, nil
+	w.count--
+	w.load -= m.weight
+	if w.tier != TierDedicated {
+		m.org.shared--
+	}
+	s.reindex(w)
+}
+
+func (s *PlacementState) linkOrg(m *placementMailbox) {
+	o := m.org
+	m.oPrev, m.oNext = nil, o.head
+	if o.head != nil {
+		o.head.oPrev = m
+	}
+	o.head = m
+	o.count++
+}
+
+func (s *PlacementState) unlinkOrg(m *placementMailbox) {
+	o := m.org
+	if m.oPrev != nil {
+		m.oPrev.oNext = m.oNext
+	} else {
+		o.head = m.oNext
+	}
+	if m.oNext != nil {
+		m.oNext.oPrev = m.oPrev
+	}
+	m.oPrev, m.oNext = nil, nil
+	o.count--
+}
+
+// workerMailboxes returns w's mailboxes in id order.
+func (w *placementWorker) mailboxesSorted() []*placementMailbox {
+	out := make([]*placementMailbox, 0, w.count)
+	for m := w.head; m != nil; m = m.wNext {
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b *placementMailbox) int { return strings.Compare(a.id, b.id) })
+	return out
+}
+
+func (o *placementOrg) mailboxesSorted() []*placementMailbox {
+	out := make([]*placementMailbox, 0, o.count)
+	for m := o.head; m != nil; m = m.oNext {
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b *placementMailbox) int { return strings.Compare(a.id, b.id) })
+	return out
+}
+
+// fits reports whether m may sit on w (invariant 3).
+func (s *PlacementState) fits(m *placementMailbox, w *placementWorker) bool {
+	cls := m.org.class()
+	switch w.tier {
+	case TierSharedFree:
+		return cls == placementFree && w.pool == m.band
+	case TierSharedPremium:
+		return cls != placementFree && w.pool == m.band
+	case TierDedicated:
+		return cls != placementFree && w.org == m.org.id
+	}
+	return false
+}
+
+// preferred reports whether m, fitting on w, is where its plan wants it.
+func (s *PlacementState) preferred(m *placementMailbox, w *placementWorker) bool {
+	if !w.live || w.stopping || w.releasing {
+		return false
+	}
+	return m.org.class() != placementDedicated || w.tier == TierDedicated
+}
+
+// ---- Apply: the decider ----
+
+// Apply decides on one input and returns the decisions, each already folded
+// into s. Apply trusts its input to be validated (the engine validates
+// events before they reach the log); events about unknown mailboxes or
+// workers, duplicates and stale heartbeats decide nothing.
+func (s *PlacementState) Apply(in PlacementInput) []PlacementDecision {
+	s.out = nil
+	s.capacityAppeared = false
+	at := in.At.Round(0).UTC()
+	switch e := in.Event.(type) {
+	case nil:
+		s.tick(at)
+	case *MailboxAdded:
+		s.mailboxAdded(e, at)
+	case *MailboxRemoved:
+		s.mailboxRemoved(e, at)
+	case *MailboxHealthScored:
+		s.healthScored(e, at)
+	case *OrgPlanChanged:
+		s.planChanged(e, at)
+	case *WorkerHeartbeat:
+		s.heartbeat(e, at)
+	case *WorkerHealthSampled:
+		s.healthSampled(e, at)
+	}
+	if s.capacityAppeared {
+		s.retry(at)
+	}
+	out := s.out
+	s.out = nil
+	return out
+}
+
+func (s *PlacementState) emit(d PlacementDecision) {
+	if err := s.ApplyDecision(d); err != nil {
+		panic(fmt.Sprintf("placement: decider emitted an inconsistent decision %s: %v", d.EventType(), err))
+	}
+	s.out = append(s.out, d)
+}
+
+func placementMeta(at time.Time, r PlacementReason) PlacementMeta {
+	return PlacementMeta{At: at, Reason: r}
+}
+
+// target is where a mailbox can go.
+type placementTarget struct {
+	worker   *placementWorker
+	promote  bool // promote the idle clean worker into the band's pool first
+	degraded bool // a dedicated org's mailbox on shared premium
+}
+
+// bestDedicated returns o's eligible bound worker with headroom for weight
+// and the lowest utilisation, ties by id.
+func (s *PlacementState) bestDedicated(o *placementOrg, weight int64, exclude *placementWorker) *placementWorker {
+	var best *placementWorker
+	for _, w := range o.bound {
+		if w == exclude || !w.eligible() || w.headroom() < weight {
+			continue
+		}
+		if best == nil || placementLess(w, best) {
+			best = w
+		}
+	}
+	return best
+}
+
+// findShared finds a shared worker of tier in band's pool with headroom for
+// weight, or an idle clean worker of tier to promote into the pool.
+func (s *PlacementState) findShared(tier Tier, band RiskPool, weight int64, exclude *placementWorker) placementTarget {
+	c := placementClassOf(weight)
+	if w := s.heaps[placementBucket(tier, band)][c].best(exclude); w != nil {
+		return placementTarget{worker: w}
+	}
+	if band != RiskClean {
+		if w := s.idleClean(tier, exclude); w != nil {
+			return placementTarget{worker: w, promote: true}
+		}
+	}
+	return placementTarget{}
+}
+
+// idleClean returns the idle eligible clean worker of tier with the lowest
+// id. Idle workers have utilisation 0, the heap minimum, and headroom for
+// every weight.
+func (s *PlacementState) idleClean(tier Tier, exclude *placementWorker) *placementWorker {
+	w := s.heaps[placementBucket(tier, RiskClean)][placementClasses-1].best(exclude)
+	if w == nil || w.count != 0 {
+		return nil
+	}
+	return w
+}
+
+func (s *PlacementState) findTarget(o *placementOrg, weight int64, band RiskPool, exclude *placementWorker) placementTarget {
+	cls := o.class()
+	if cls == placementDedicated {
+		if w := s.bestDedicated(o, weight, exclude); w != nil {
+			return placementTarget{worker: w}
+		}
+		t := s.findShared(TierSharedPremium, band, weight, exclude)
+		t.degraded = true
+		return t
+	}
+	return s.findShared(placementSharedTier(cls), band, weight, exclude)
+}
+
+func (s *PlacementState) promoteToPool(w *placementWorker, band RiskPool, at time.Time) {
+	s.emit(&PlacementWorkerPromoted{
+		PlacementMeta: placementMeta(at, ReasonPoolNeeded),
+		WorkerID:      w.id, FromTier: w.tier, ToTier: w.tier, FromPool: w.pool, ToPool: band,
+	})
+}
+
+// place puts a new or pending mailbox on a worker; on failure it refuses
+// (when refuse) or leaves the mailbox as it is. The mailbox need not exist
+// yet: probe carries its attributes.
+func (s *PlacementState) place(id string, o *placementOrg, weight int64, band RiskPool, reason PlacementReason, refuse bool, at time.Time) bool {
+	if o.shortfall() > 0 {
+		s.ensureDedicated(o, at) // bind before degrading
+	}
+	t := s.findTarget(o, weight, band, nil)
+	if t.worker == nil {
+		if refuse {
+			s.emit(&PlacementRefused{
+				PlacementMeta: placementMeta(at, ReasonNoEligibleWorker),
+				MailboxID:     id, OrgID: o.id, Tier: placementWantedTier(o), Band: band, Weight: weight, Cause: reason,
+			})
+		}
+		return false
+	}
+	if t.promote {
+		s.promoteToPool(t.worker, band, at)
+	}
+	s.emit(&PlacementAssigned{
+		PlacementMeta: placementMeta(at, reason),
+		MailboxID:     id, OrgID: o.id, WorkerID: t.worker.id, Tier: t.worker.tier, Band: band, Weight: weight, Degraded: t.degraded,
+	})
+	return true
+}
+
+func placementWantedTier(o *placementOrg) Tier {
+	if o.class() == placementDedicated {
+		return TierDedicated
+	}
+	return placementSharedTier(o.class())
+}
+
+type placementMove int
+
+const (
+	moveMust    placementMove = iota // the mailbox does not fit: move or refuse
+	moveDrain                        // its worker is draining: move if anything fits
+	moveUpgrade                      // degraded: move only onto its org's dedicated worker
+)
+
+// relocate moves a placed mailbox per mode. fromBand is the band it was
+// placed under (differs from m.band right after a band change).
+func (s *PlacementState) relocate(m *placementMailbox, mode placementMove, fromBand RiskPool, reason PlacementReason, at time.Time) bool {
+	from := m.worker
+	if m.org.shortfall() > 0 {
+		s.ensureDedicated(m.org, at) // bind before degrading
+	}
+	var t placementTarget
+	if mode == moveUpgrade {
+		t.worker = s.bestDedicated(m.org, m.weight, from)
+	} else {
+		t = s.findTarget(m.org, m.weight, m.band, from)
+	}
+	if t.worker == nil {
+		if mode == moveMust {
+			s.emit(&PlacementRefused{
+				PlacementMeta: placementMeta(at, ReasonNoEligibleWorker),
+				MailboxID:     m.id, OrgID: m.org.id, Tier: placementWantedTier(m.org), Band: m.band, Weight: m.weight,
+				FromWorker: from.id, FromBand: fromBand, Cause: reason,
+			})
+			s.afterLeave(from, at)
+		}
+		return false
+	}
+	if t.promote {
+		s.promoteToPool(t.worker, m.band, at)
+	}
+	s.emit(&PlacementMigrated{
+		PlacementMeta: placementMeta(at, reason),
+		MailboxID:     m.id, OrgID: m.org.id, Weight: m.weight,
+		FromWorker: from.id, ToWorker: t.worker.id, FromTier: from.tier, ToTier: t.worker.tier,
+		FromBand: fromBand, ToBand: m.band, Degraded: t.degraded,
+	})
+	s.afterLeave(from, at)
+	return true
+}
+
+// afterLeave reacts to w losing a mailbox: an idle pool worker reverts to
+// clean; an idle released dedicated worker goes to the org waiting longest
+// for one, else reverts to its heartbeat tier.
+func (s *PlacementState) afterLeave(w *placementWorker, at time.Time) {
+	if w == nil || w.count != 0 {
+		return
+	}
+	if w.tier == TierDedicated {
+		if !w.releasing {
+			return
+		}
+		if w.baseTier == TierSharedPremium && w.live && !w.stopping && PlacementTakesNew(w.health) {
+			if o := s.nextShortOrg(); o != nil {
+				s.emit(&PlacementDedicatedBound{PlacementMeta: placementMeta(at, ReasonDedicatedNeeded), WorkerID: w.id, OrgID: o.id})
+				s.capacityAppeared = true
+				return
+			}
+		}
+		s.emit(&PlacementWorkerReverted{
+			PlacementMeta: placementMeta(at, ReasonIdle),
+			WorkerID:      w.id, FromTier: w.tier, ToTier: w.baseTier, FromPool: w.pool, ToPool: RiskClean, OrgID: w.org,
+		})
+		s.capacityAppeared = true
+		return
+	}
+	if w.pool != RiskClean {
+		s.emit(&PlacementWorkerReverted{
+			PlacementMeta: placementMeta(at, ReasonIdle),
+			WorkerID:      w.id, FromTier: w.tier, ToTier: w.tier, FromPool: w.pool, ToPool: RiskClean,
+		})
+		s.capacityAppeared = true
+	}
+}
+
+// shortOrgs returns the orgs short of dedicated workers, longest waiting
+// (earliest plan) first, ties by id.
+func (s *PlacementState) shortOrgs() []*placementOrg {
+	var out []*placementOrg
+	for _, o := range s.dedicatedOrgs {
+		if o.shortfall() > 0 {
+			out = append(out, o)
+		}
+	}
+	slices.SortFunc(out, func(a, b *placementOrg) int {
+		if c := a.planSince.Compare(b.planSince); c != 0 {
+			return c
+		}
+		return strings.Compare(a.id, b.id)
+	})
+	return out
+}
+
+func (s *PlacementState) nextShortOrg() *placementOrg {
+	var best *placementOrg
+	for _, o := range s.dedicatedOrgs {
+		if o.shortfall() == 0 {
+			continue
+		}
+		if best == nil || o.planSince.Before(best.planSince) || (o.planSince.Equal(best.planSince) && o.id < best.id) {
+			best = o
+		}
+	}
+	return best
+}
+
+// ensureDedicated binds workers until o has as many as its plan says, or
+// nothing is left to bind.
+func (s *PlacementState) ensureDedicated(o *placementOrg, at time.Time) {
+	if o == nil {
+		return
+	}
+	for o.shortfall() > 0 {
+		// 1. one of o's own released workers still draining: cancel the release.
+		var own *placementWorker
+		for _, w := range s.draining {
+			if w.tier == TierDedicated && w.releasing && w.org == o.id && w.baseTier == TierSharedPremium &&
+				w.live && !w.stopping && PlacementTakesNew(w.health) && (own == nil || w.id < own.id) {
+				own = w
+			}
+		}
+		if own != nil {
+			s.emit(&PlacementDedicatedBound{PlacementMeta: placementMeta(at, ReasonDedicatedNeeded), WorkerID: own.id, OrgID: o.id})
+			continue
+		}
+		// 2. an idle shared premium worker, promoted. (Idle released workers
+		// never persist: afterLeave hands them out or reverts them.)
+		w := s.idleClean(TierSharedPremium, nil)
+		if w == nil {
+			return
+		}
+		s.emit(&PlacementWorkerPromoted{
+			PlacementMeta: placementMeta(at, ReasonDedicatedNeeded),
+			WorkerID:      w.id, FromTier: w.tier, ToTier: TierDedicated, FromPool: w.pool, ToPool: RiskClean, OrgID: o.id,
+		})
+		s.emit(&PlacementDedicatedBound{PlacementMeta: placementMeta(at, ReasonDedicatedNeeded), WorkerID: w.id, OrgID: o.id})
+	}
+}
+
+// release releases a bound dedicated worker; the caller moves its mailboxes.
+func (s *PlacementState) release(w *placementWorker, reason PlacementReason, at time.Time) {
+	s.emit(&PlacementDedicatedReleased{PlacementMeta: placementMeta(at, reason), WorkerID: w.id, OrgID: w.org})
+}
+
+func (s *PlacementState) drain(w *placementWorker, reason PlacementReason, at time.Time) {
+	for _, m := range w.mailboxesSorted() {
+		if m.worker == w {
+			s.relocate(m, moveDrain, m.band, reason, at)
+		}
+	}
+	s.afterLeave(w, at)
+}
+
+func (s *PlacementState) evacuate(w *placementWorker, reason PlacementReason, at time.Time) {
+	for _, m := range w.mailboxesSorted() {
+		if m.worker == w {
+			s.relocate(m, moveMust, m.band, reason, at)
+		}
+	}
+	s.afterLeave(w, at)
+}
+
+func (s *PlacementState) mailboxAdded(e *MailboxAdded, at time.Time) {
+	if _, ok := s.mailboxes[e.MailboxID]; ok {
+		return // idempotent: the mailbox is already known
+	}
+	o := s.orgs[e.OrgID]
+	if o == nil {
+		o = &placementOrg{id: e.OrgID} // unknown org: free; created by the fold
+	} else {
+		s.ensureDedicated(o, at)
+	}
+	s.place(e.MailboxID, o, PlacementWeight(e.Provider, e.WarmupEnabled), RiskClean, ReasonMailboxAdded, true, at)
+}
+
+func (s *PlacementState) mailboxRemoved(e *MailboxRemoved, at time.Time) {
+	m := s.mailboxes[e.MailboxID]
+	if m == nil {
+		return
+	}
+	from := m.worker
+	d := &PlacementUnassigned{
+		PlacementMeta: placementMeta(at, ReasonMailboxRemoved),
+		MailboxID:     m.id, OrgID: m.org.id, Band: m.band, Weight: m.weight, Detail: e.Reason,
+	}
+	if from != nil {
+		d.WorkerID = from.id
+	}
+	s.emit(d)
+	s.afterLeave(from, at)
+}
+
+func placementWorse(a, b RiskPool) RiskPool {
+	if placementPoolIndex(a) >= placementPoolIndex(b) {
+		return a
+	}
+	return b
+}
+
+func (s *PlacementState) healthScored(e *MailboxHealthScored, at time.Time) {
+	m := s.mailboxes[e.MailboxID]
+	if m == nil {
+		return
+	}
+	mapped := RiskBandFromHealth(e.State)
+	cur := placementPoolIndex(m.band)
+	switch idx := placementPoolIndex(mapped); {
+	case idx > cur:
+		s.changeBand(m, mapped, e, ReasonBandWorsened, at)
+	case idx == cur:
+		if m.candidate != "" {
+			s.emit(&PlacementBandHeld{
+				PlacementMeta: placementMeta(at, ReasonBandRecoveryCancelled),
+				MailboxID:     m.id, Band: m.band, Health: e.State,
+			})
+		}
+	default:
+		switch {
+		case m.candidate == "":
+			s.emit(&PlacementBandHeld{
+				PlacementMeta: placementMeta(at, ReasonBandRecoveryStarted),
+				MailboxID:     m.id, Band: m.band, Candidate: mapped, Since: at, Health: e.State,
+			})
+		case at.Sub(m.candidateSince) >= s.cfg.BandDwell:
+			s.changeBand(m, placementWorse(m.candidate, mapped), e, ReasonBandImproved, at)
+		case placementWorse(m.candidate, mapped) != m.candidate:
+			s.emit(&PlacementBandHeld{
+				PlacementMeta: placementMeta(at, ReasonBandRecoveryUpdated),
+				MailboxID:     m.id, Band: m.band, Candidate: mapped, Since: m.candidateSince, Health: e.State,
+			})
+		}
+	}
+}
+
+func (s *PlacementState) changeBand(m *placementMailbox, to RiskPool, e *MailboxHealthScored, reason PlacementReason, at time.Time) {
+	from := m.band
+	s.emit(&PlacementBandChanged{
+		PlacementMeta: placementMeta(at, reason),
+		MailboxID:     m.id, OrgID: m.org.id, FromBand: from, ToBand: to, Health: e.State, Score: e.Score,
+	})
+	switch w := m.worker; {
+	case w == nil:
+		s.ensureDedicated(m.org, at)
+		s.place(m.id, m.org, m.weight, m.band, ReasonRetry, false, at)
+	case !s.fits(m, w):
+		s.relocate(m, moveMust, from, ReasonBandChanged, at)
+	}
+}
+
+func (s *PlacementState) planChanged(e *OrgPlanChanged, at time.Time) {
+	if o := s.orgs[e.OrgID]; o != nil && o.recorded && o.plan == e.Plan && o.dedicated == e.DedicatedWorkers && o.paid == e.Paid {
+		return // nothing changes
+	}
+	s.emit(&PlacementPlanRecorded{
+		PlacementMeta: placementMeta(at, ReasonPlanChanged),
+		OrgID:         e.OrgID, Plan: e.Plan, DedicatedWorkers: e.DedicatedWorkers, Paid: e.Paid, Source: e.Source,
+	})
+	o := s.orgs[e.OrgID]
+	// Release surplus dedicated workers, least loaded first.
+	keep := 0
+	if o.class() == placementDedicated {
+		keep = o.dedicated
+	}
+	var released []*placementWorker
+	if len(o.bound) > keep {
+		bound := make([]*placementWorker, 0, len(o.bound))
+		for _, w := range o.bound {
+			bound = append(bound, w)
+		}
+		slices.SortFunc(bound, func(a, b *placementWorker) int {
+			if a.load != b.load {
+				if a.load < b.load {
+					return -1
+				}
+				return 1
+			}
+			return strings.Compare(a.id, b.id)
+		})
+		released = bound[:len(bound)-keep]
+		for _, w := range released {
+			s.release(w, ReasonPlanChanged, at)
+		}
+	}
+	s.ensureDedicated(o, at)
+	// Every mailbox of the org, in one ordered sequence.
+	for _, m := range o.mailboxesSorted() {
+		w := m.worker
+		switch {
+		case w == nil:
+			s.place(m.id, o, m.weight, m.band, ReasonPlanChanged, false, at)
+		case !s.fits(m, w):
+			s.relocate(m, moveMust, m.band, ReasonPlanChanged, at)
+		case !s.preferred(m, w):
+			mode := moveDrain
+			if w.live && !w.stopping && !w.releasing {
+				mode = moveUpgrade
+			}
+			s.relocate(m, mode, m.band, ReasonPlanChanged, at)
+		}
+	}
+	for _, w := range released {
+		s.afterLeave(w, at)
+	}
+}
+
+func (s *PlacementState) heartbeat(e *WorkerHeartbeat, at time.Time) {
+	tier := e.EffectiveTier()
+	if !ClientRequestableTier(tier) {
+		return // dedicated is never accepted from a worker
+	}
+	w := s.workers[e.WorkerID]
+	if w == nil {
+		s.emit(&PlacementWorkerRegistered{
+			PlacementMeta: placementMeta(at, ReasonWorkerRegistered),
+			WorkerID:      e.WorkerID, Tier: tier, Egress: e.Egress, Address: e.Address, Stopping: e.Stopping,
+			Capacity: PlacementCapacity(e.Egress, HealthHealthy, at, at),
+		})
+		s.capacityAppeared = s.workers[e.WorkerID].offer() > 0
+		return
+	}
+	if at.Before(w.lastSeen) {
+		return // stale
+	}
+	capacity := PlacementCapacity(e.Egress, w.health, w.firstSeen, at)
+	tierChanged := tier != w.baseTier
+	var reason PlacementReason
+	switch {
+	case !w.live:
+		reason = ReasonWorkerRevived
+	case tierChanged:
+		reason = ReasonWorkerTierChanged
+	case e.Stopping && !w.stopping:
+		reason = ReasonWorkerStopping
+	case !e.Stopping && w.stopping:
+		reason = ReasonWorkerResumed
+	case e.Egress != w.egress || e.Address != w.address:
+		reason = ReasonWorkerChanged
+	case capacity != w.capacity:
+		reason = ReasonCapacityRamp
+	case at.Sub(w.lastSeen) >= s.cfg.SeenRecordInterval:
+		reason = ReasonHeartbeat
+	default:
+		return
+	}
+	before := w.offer()
+	wasStopping := w.stopping
+	s.emit(&PlacementWorkerChanged{
+		PlacementMeta: placementMeta(at, reason),
+		WorkerID:      w.id, Tier: tier, Egress: e.Egress, Address: e.Address, Stopping: e.Stopping, Capacity: capacity,
+	})
+	switch {
+	case w.tier == TierDedicated && !w.releasing && (tierChanged || e.Stopping):
+		org := s.orgs[w.org]
+		r := ReasonWorkerTierChanged
+		if !tierChanged {
+			r = ReasonWorkerStopping
+		}
+		s.release(w, r, at)
+		s.ensureDedicated(org, at)
+		s.drain(w, r, at)
+	case tierChanged:
+		s.evacuate(w, ReasonWorkerTierChanged, at)
+	case e.Stopping && !wasStopping:
+		s.drain(w, ReasonWorkerStopping, at)
+	}
+	if w.offer() > before || (tierChanged && w.offer() > 0) {
+		s.capacityAppeared = true
+	}
+}
+
+func (s *PlacementState) healthSampled(e *WorkerHealthSampled, at time.Time) {
+	w := s.workers[e.WorkerID]
+	if w == nil {
+		return
+	}
+	h := s.cfg.WorkerHealth(w.health, e)
+	capacity := PlacementCapacity(w.egress, h, w.firstSeen, at)
+	if h == w.health && capacity == w.capacity {
+		return
+	}
+	before := w.offer()
+	s.emit(&PlacementWorkerHealthChanged{
+		PlacementMeta: placementMeta(at, ReasonHealthSampled),
+		WorkerID:      w.id, FromHealth: w.health, Health: h, Capacity: capacity,
+		WindowSeconds: e.WindowSeconds, Sends: e.Sends, HardBounces: e.HardBounces, Complaints: e.Complaints,
+	})
+	if w.offer() > before {
+		s.capacityAppeared = true
+	}
+}
+
+func (s *PlacementState) tick(at time.Time) {
+	var dead []*placementWorker
+	for _, w := range s.workers {
+		if w.live && at.Sub(w.lastSeen) > s.cfg.LivenessWindow {
+			dead = append(dead, w)
+		}
+	}
+	slices.SortFunc(dead, func(a, b *placementWorker) int { return strings.Compare(a.id, b.id) })
+	for _, w := range dead {
+		s.emit(&PlacementWorkerDied{PlacementMeta: placementMeta(at, ReasonHeartbeatExpired), WorkerID: w.id, LastSeen: w.lastSeen})
+		if w.tier == TierDedicated && !w.releasing {
+			org := s.orgs[w.org]
+			s.release(w, ReasonWorkerDied, at)
+			s.ensureDedicated(org, at)
+		}
+		s.evacuate(w, ReasonWorkerDied, at)
+	}
+	s.retry(at)
+}
+
+// retry places what waits for capacity: dedicated shortfalls and degraded
+// mailboxes first (moving those frees shared premium room), then refused
+// mailboxes (oldest first), then mailboxes on draining workers; repeated
+// while a round decides something (a drain can free a released worker).
+func (s *PlacementState) retry(at time.Time) {
+	for range 8 {
+		n := len(s.out)
+		for _, o := range s.shortOrgs() {
+			s.ensureDedicated(o, at)
+		}
+		s.upgradeDegraded(at)
+		s.retryPending(at)
+		s.retryDrains(at)
+		if len(s.out) == n {
+			return
+		}
+	}
+}
+
+func (s *PlacementState) upgradeDegraded(at time.Time) {
+	var orgs []*placementOrg
+	for _, o := range s.dedicatedOrgs {
+		if o.shared > 0 && len(o.bound) > 0 {
+			orgs = append(orgs, o)
+		}
+	}
+	slices.SortFunc(orgs, func(a, b *placementOrg) int { return strings.Compare(a.id, b.id) })
+	for _, o := range orgs {
+		if s.bestDedicated(o, placementClassWeights[0], nil) == nil {
+			continue
+		}
+		failed := int64(1 << 62)
+		for _, m := range o.mailboxesSorted() {
+			if m.worker == nil || m.worker.tier == TierDedicated || m.weight >= failed {
+				continue
+			}
+			if !s.relocate(m, moveUpgrade, m.band, ReasonDedicatedAvailable, at) {
+				failed = m.weight
+			}
+		}
+	}
+}
+
+type placementFailKey struct {
+	org    string // dedicated orgs only
+	tier   Tier
+	band   RiskPool
+	weight int64
+}
+
+func (s *PlacementState) retryPending(at time.Time) {
+	if len(s.pending) == 0 {
+		return
+	}
+	ms := make([]*placementMailbox, 0, len(s.pending))
+	for _, m := range s.pending {
+		ms = append(ms, m)
+	}
+	slices.SortFunc(ms, func(a, b *placementMailbox) int {
+		if c := a.pendingSince.Compare(b.pendingSince); c != 0 {
+			return c
+		}
+		return strings.Compare(a.id, b.id)
+	})
+	failed := map[placementFailKey]bool{}
+	for _, m := range ms {
+		if m.worker != nil {
+			continue
+		}
+		k := placementFailKey{tier: placementWantedTier(m.org), band: m.band, weight: m.weight}
+		if k.tier == TierDedicated {
+			k.org = m.org.id
+		}
+		if failed[k] {
+			continue
+		}
+		if !s.place(m.id, m.org, m.weight, m.band, ReasonRetry, false, at) {
+			failed[k] = true
+		}
+	}
+}
+
+func (s *PlacementState) retryDrains(at time.Time) {
+	if len(s.draining) == 0 {
+		return
+	}
+	ws := make([]*placementWorker, 0, len(s.draining))
+	for _, w := range s.draining {
+		ws = append(ws, w)
+	}
+	slices.SortFunc(ws, func(a, b *placementWorker) int { return strings.Compare(a.id, b.id) })
+	for _, w := range ws {
+		if s.draining[w.id] != nil {
+			s.drain(w, ReasonRetry, at)
+		}
+	}
+}

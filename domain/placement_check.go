@@ -1,0 +1,606 @@
+package domain
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// PlacementWorkerView is a worker as the state holds it.
+type PlacementWorkerView struct {
+	ID           string      `json:"worker_id"`
+	BaseTier     Tier        `json:"base_tier"`
+	Tier         Tier        `json:"tier"`
+	Egress       Egress      `json:"egress"`
+	Address      string      `json:"address"`
+	Pool         RiskPool    `json:"pool"`
+	DedicatedOrg string      `json:"dedicated_org,omitempty"`
+	Releasing    bool        `json:"releasing"`
+	Health       HealthState `json:"health"`
+	FirstSeen    time.Time   `json:"first_seen"`
+	LastSeen     time.Time   `json:"last_seen"`
+	Live         bool        `json:"live"`
+	Stopping     bool        `json:"stopping"`
+	Load         int64       `json:"load_milli"`
+	Capacity     int64       `json:"capacity"`
+	Mailboxes    int         `json:"mailboxes"`
+}
+
+// PlacementMailboxView is a mailbox as the state holds it. WorkerID is empty
+// for a refused (pending) mailbox; Degraded marks a dedicated org's mailbox
+// on shared premium (also pending, with reason no_dedicated_capacity).
+type PlacementMailboxView struct {
+	ID             string          `json:"mailbox_id"`
+	OrgID          string          `json:"org_id"`
+	Weight         int64           `json:"weight_milli"`
+	Band           RiskPool        `json:"band"`
+	Candidate      RiskPool        `json:"candidate,omitempty"`
+	CandidateSince time.Time       `json:"candidate_since,omitzero"`
+	WorkerID       string          `json:"worker_id,omitempty"`
+	Degraded       bool            `json:"degraded"`
+	PendingReason  PlacementReason `json:"pending_reason,omitempty"`
+	PendingSince   time.Time       `json:"pending_since,omitzero"`
+}
+
+// PlacementOrgView is an org as the state holds it.
+type PlacementOrgView struct {
+	ID               string    `json:"org_id"`
+	Recorded         bool      `json:"recorded"`
+	Plan             Plan      `json:"plan,omitempty"`
+	DedicatedWorkers int       `json:"dedicated_workers"`
+	Paid             bool      `json:"paid"`
+	PlanSince        time.Time `json:"plan_since,omitzero"`
+	Bound            []string  `json:"bound,omitempty"`
+	Shortfall        int       `json:"shortfall"`
+	Mailboxes        int       `json:"mailboxes"`
+}
+
+// PlacementSnapshot is the whole state, sorted by id: what a projection of
+// the decision log holds, and what NewPlacementStateFromSnapshot restores.
+type PlacementSnapshot struct {
+	Workers   []PlacementWorkerView  `json:"workers"`
+	Mailboxes []PlacementMailboxView `json:"mailboxes"`
+	Orgs      []PlacementOrgView     `json:"orgs"`
+}
+
+func (w *placementWorker) view() PlacementWorkerView {
+	return PlacementWorkerView{
+		ID: w.id, BaseTier: w.baseTier, Tier: w.tier, Egress: w.egress, Address: w.address, Pool: w.pool,
+		DedicatedOrg: w.org, Releasing: w.releasing, Health: w.health, FirstSeen: w.firstSeen, LastSeen: w.lastSeen,
+		Live: w.live, Stopping: w.stopping, Load: w.load, Capacity: w.capacity, Mailboxes: w.count,
+	}
+}
+
+func (m *placementMailbox) view() PlacementMailboxView {
+	v := PlacementMailboxView{
+		ID: m.id, OrgID: m.org.id, Weight: m.weight, Band: m.band, Candidate: m.candidate,
+		CandidateSince: m.candidateSince, PendingReason: m.pendingReason, PendingSince: m.pendingSince,
+	}
+	if m.worker != nil {
+		v.WorkerID = m.worker.id
+		v.Degraded = m.org.class() == placementDedicated && m.worker.tier != TierDedicated
+	}
+	return v
+}
+
+func (o *placementOrg) view() PlacementOrgView {
+	v := PlacementOrgView{
+		ID: o.id, Recorded: o.recorded, Plan: o.plan, DedicatedWorkers: o.dedicated, Paid: o.paid,
+		PlanSince: o.planSince, Shortfall: o.shortfall(), Mailboxes: o.count,
+	}
+	for id := range o.bound {
+		v.Bound = append(v.Bound, id)
+	}
+	slices.Sort(v.Bound)
+	return v
+}
+
+// Snapshot returns the whole state.
+func (s *PlacementState) Snapshot() PlacementSnapshot {
+	var snap PlacementSnapshot
+	for _, w := range s.workers {
+		snap.Workers = append(snap.Workers, w.view())
+	}
+	for _, m := range s.mailboxes {
+		snap.Mailboxes = append(snap.Mailboxes, m.view())
+	}
+	for _, o := range s.orgs {
+		snap.Orgs = append(snap.Orgs, o.view())
+	}
+	slices.SortFunc(snap.Workers, func(a, b PlacementWorkerView) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(snap.Mailboxes, func(a, b PlacementMailboxView) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(snap.Orgs, func(a, b PlacementOrgView) int { return strings.Compare(a.ID, b.ID) })
+	return snap
+}
+
+// Worker returns one worker.
+func (s *PlacementState) Worker(id string) (PlacementWorkerView, bool) {
+	w := s.workers[id]
+	if w == nil {
+		return PlacementWorkerView{}, false
+	}
+	return w.view(), true
+}
+
+// Mailbox returns one mailbox.
+func (s *PlacementState) Mailbox(id string) (PlacementMailboxView, bool) {
+	m := s.mailboxes[id]
+	if m == nil {
+		return PlacementMailboxView{}, false
+	}
+	return m.view(), true
+}
+
+// Org returns one org.
+func (s *PlacementState) Org(id string) (PlacementOrgView, bool) {
+	o := s.orgs[id]
+	if o == nil {
+		return PlacementOrgView{}, false
+	}
+	return o.view(), true
+}
+
+// WorkerMailboxes returns the ids of a worker's mailboxes, sorted.
+func (s *PlacementState) WorkerMailboxes(id string) []string {
+	w := s.workers[id]
+	if w == nil {
+		return nil
+	}
+	var out []string
+	for _, m := range w.mailboxesSorted() {
+		out = append(out, m.id)
+	}
+	return out
+}
+
+// Pending returns the pending placements: refused mailboxes (no worker) and
+// degraded ones (a dedicated org's mailbox on shared premium), by id.
+func (s *PlacementState) Pending() []PlacementMailboxView {
+	var out []PlacementMailboxView
+	for _, m := range s.pending {
+		out = append(out, m.view())
+	}
+	for _, o := range s.dedicatedOrgs {
+		if o.shared == 0 {
+			continue
+		}
+		for m := o.head; m != nil; m = m.oNext {
+			if m.worker != nil && m.worker.tier != TierDedicated {
+				v := m.view()
+				v.PendingReason, v.PendingSince = ReasonNoDedicatedCapacity, o.planSince
+				out = append(out, v)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b PlacementMailboxView) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Counts returns the number of workers, mailboxes and refused mailboxes.
+func (s *PlacementState) Counts() (workers, mailboxes, refused int) {
+	return len(s.workers), len(s.mailboxes), len(s.pending)
+}
+
+// NewPlacementStateFromSnapshot rebuilds a state from a snapshot (e.g. the
+// projection of the decision log at a recorded offset). Loads are recomputed
+// from the mailboxes and must agree with the snapshot's.
+func NewPlacementStateFromSnapshot(cfg PlacementConfig, snap PlacementSnapshot) (*PlacementState, error) {
+	s := NewPlacementState(cfg)
+	for _, v := range snap.Orgs {
+		o := s.org(v.ID)
+		o.recorded, o.plan, o.dedicated, o.paid, o.planSince = v.Recorded, v.Plan, v.DedicatedWorkers, v.Paid, v.PlanSince
+		s.refreshOrgClass(o)
+	}
+	for _, v := range snap.Workers {
+		if s.workers[v.ID] != nil {
+			return nil, fmt.Errorf("worker %s twice", v.ID)
+		}
+		w := &placementWorker{
+			id: v.ID, baseTier: v.BaseTier, tier: v.Tier, egress: v.Egress, address: v.Address, pool: v.Pool,
+			org: v.DedicatedOrg, releasing: v.Releasing, health: v.Health, firstSeen: v.FirstSeen, lastSeen: v.LastSeen,
+			live: v.Live, stopping: v.Stopping, capacity: v.Capacity, bucket: -1,
+		}
+		for c := range w.pos {
+			w.pos[c] = -1
+		}
+		s.workers[w.id] = w
+		if w.tier == TierDedicated && w.org != "" && !w.releasing {
+			s.org(w.org).bound[w.id] = w
+			s.refreshOrgClass(s.orgs[w.org])
+		}
+	}
+	for _, v := range snap.Mailboxes {
+		if s.mailboxes[v.ID] != nil {
+			return nil, fmt.Errorf("mailbox %s twice", v.ID)
+		}
+		m := &placementMailbox{
+			id: v.ID, org: s.org(v.OrgID), weight: v.Weight, band: v.Band, candidate: v.Candidate,
+			candidateSince: v.CandidateSince,
+		}
+		s.mailboxes[m.id] = m
+		s.linkOrg(m)
+		if v.WorkerID == "" {
+			m.pendingReason, m.pendingSince = v.PendingReason, v.PendingSince
+			s.pending[m.id] = m
+			continue
+		}
+		w := s.workers[v.WorkerID]
+		if w == nil {
+			return nil, fmt.Errorf("mailbox %s on unknown worker %s", v.ID, v.WorkerID)
+		}
+		s.attach(m, w)
+	}
+	for _, v := range snap.Workers {
+		w := s.workers[v.ID]
+		if w.load != v.Load {
+			return nil, fmt.Errorf("worker %s: load %d in the snapshot, %d from its mailboxes", v.ID, v.Load, w.load)
+		}
+		s.reindex(w)
+	}
+	return s, nil
+}
+
+// Clone returns a deep copy of s.
+func (s *PlacementState) Clone() *PlacementState {
+	c, err := NewPlacementStateFromSnapshot(s.cfg, s.Snapshot())
+	if err != nil {
+		panic("placement: clone: " + err.Error())
+	}
+	return c
+}
+
+// placementFitsBrute is invariant 3, written independently of the decider.
+func placementFitsBrute(orgClass placementClass, orgID string, band RiskPool, w *placementWorker) error {
+	switch w.tier {
+	case TierSharedFree:
+		if orgClass != placementFree {
+			return fmt.Errorf("a paid org's mailbox on shared_free worker %s", w.id)
+		}
+	case TierSharedPremium:
+		if orgClass == placementFree {
+			return fmt.Errorf("a free org's mailbox on shared_premium worker %s", w.id)
+		}
+	case TierDedicated:
+		if w.org != orgID {
+			return fmt.Errorf("on dedicated worker %s of org %q", w.id, w.org)
+		}
+		if orgClass == placementFree {
+			return fmt.Errorf("a free org's mailbox on dedicated worker %s", w.id)
+		}
+		return nil
+	default:
+		return fmt.Errorf("worker %s has tier %q", w.id, w.tier)
+	}
+	if w.pool != band {
+		return fmt.Errorf("band %s on worker %s of pool %s", band, w.id, w.pool)
+	}
+	return nil
+}
+
+// PlacementInvariants checks a state: invariant 3 (no mailbox on a worker of
+// another tier, another org's dedicated worker or another risk pool),
+// invariant 4 (each worker's load is exactly the sum of its mailboxes'
+// weights), pending mailboxes have no worker, dedicated bindings are one org
+// per worker and at most the plan's count, dead workers carry nothing, idle
+// shared workers are clean, released workers are draining, and the
+// placement index agrees with the workers. It recomputes everything from the
+// mailboxes, in O(state).
+func PlacementInvariants(s *PlacementState) error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	load := map[string]int64{}
+	count := map[string]int{}
+	orgCount := map[string]int{}
+	orgShared := map[string]int{}
+	for id, m := range s.mailboxes {
+		if m.id != id || m.org == nil || s.orgs[m.org.id] != m.org {
+			bad("mailbox %s: broken identity or org link", id)
+			continue
+		}
+		orgCount[m.org.id]++
+		if m.worker == nil {
+			if s.pending[id] != m || m.pendingReason == "" {
+				bad("mailbox %s has no worker but is not pending with a reason", id)
+			}
+			continue
+		}
+		if s.pending[id] != nil || m.pendingReason != "" {
+			bad("mailbox %s is on worker %s and pending", id, m.worker.id)
+		}
+		w := s.workers[m.worker.id]
+		if w != m.worker {
+			bad("mailbox %s on unknown worker %s", id, m.worker.id)
+			continue
+		}
+		if err := placementFitsBrute(m.org.class(), m.org.id, m.band, w); err != nil {
+			bad("invariant 3: mailbox %s (org %s): %v", id, m.org.id, err)
+		}
+		load[w.id] += m.weight
+		count[w.id]++
+		if w.tier != TierDedicated {
+			orgShared[m.org.id]++
+		}
+	}
+	for id, m := range s.pending {
+		if s.mailboxes[id] != m || m.worker != nil {
+			bad("pending %s is not a known mailbox without a worker", id)
+		}
+	}
+	for id, w := range s.workers {
+		if w.load != load[id] {
+			bad("invariant 4: worker %s load %d, its mailboxes weigh %d", id, w.load, load[id])
+		}
+		if w.count != count[id] {
+			bad("worker %s count %d, has %d mailboxes", id, w.count, count[id])
+		}
+		n := 0
+		for m := w.head; m != nil && n <= w.count; m = m.wNext {
+			if m.worker != w {
+				bad("worker %s lists mailbox %s placed elsewhere", id, m.id)
+			}
+			n++
+		}
+		if n != w.count {
+			bad("worker %s lists %d mailboxes, counts %d", id, n, w.count)
+		}
+		if !w.live && w.count > 0 {
+			bad("dead worker %s carries %d mailboxes", id, w.count)
+		}
+		switch w.tier {
+		case TierDedicated:
+			switch {
+			case w.org == "":
+				bad("dedicated worker %s bound to no org", id)
+			case w.releasing:
+				if w.count == 0 {
+					bad("released worker %s is idle and was not reverted", id)
+				}
+				if o := s.orgs[w.org]; o != nil && o.bound[id] != nil {
+					bad("released worker %s still bound to %s", id, w.org)
+				}
+			default:
+				o := s.orgs[w.org]
+				switch {
+				case o == nil || o.bound[id] != w:
+					bad("worker %s names org %s, which does not bind it", id, w.org)
+				case o.class() != placementDedicated:
+					bad("worker %s bound to org %s whose plan is not dedicated", id, w.org)
+				}
+				if !w.live || w.stopping || w.baseTier != TierSharedPremium {
+					bad("bound worker %s is dead, stopping or not premium", id)
+				}
+			}
+			if w.pool != RiskClean {
+				bad("dedicated worker %s in pool %s", id, w.pool)
+			}
+		case TierSharedFree, TierSharedPremium:
+			if w.org != "" || w.releasing {
+				bad("shared worker %s bound to org %q", id, w.org)
+			}
+			if w.tier != w.baseTier {
+				bad("shared worker %s tier %s, heartbeat tier %s", id, w.tier, w.baseTier)
+			}
+			if w.count == 0 && w.pool != RiskClean {
+				bad("idle worker %s in pool %s", id, w.pool)
+			}
+		default:
+			bad("worker %s tier %q", id, w.tier)
+		}
+		if w.capacity < 1 {
+			bad("worker %s capacity %d", id, w.capacity)
+		}
+		// the index
+		nb := -1
+		if w.tier != TierDedicated && w.live && !w.stopping && !w.releasing && PlacementTakesNew(w.health) {
+			nb = placementBucket(w.tier, w.pool)
+		}
+		for c, cw := range placementClassWeights {
+			want := nb >= 0 && w.capacity*1000-w.load >= cw
+			in := w.pos[c] >= 0
+			if want != in {
+				bad("index: worker %s class %d: in heap %v, should be %v", id, c, in, want)
+				continue
+			}
+			if in && (w.bucket != nb || w.pos[c] >= len(s.heaps[nb][c].items) || s.heaps[nb][c].items[w.pos[c]] != w) {
+				bad("index: worker %s class %d at a wrong position", id, c)
+			}
+		}
+		_, dr := s.draining[id]
+		if want := w.live && (w.stopping || w.releasing) && w.count > 0; dr != want {
+			bad("draining set: worker %s in it %v, should be %v", id, dr, want)
+		}
+	}
+	for b := range s.heaps {
+		for c := range s.heaps[b] {
+			h := &s.heaps[b][c]
+			for i, w := range h.items {
+				if i > 0 && placementLess(w, h.items[(i-1)/2]) {
+					bad("index: heap %d/%d out of order at %d", b, c, i)
+				}
+				if s.workers[w.id] != w {
+					bad("index: heap %d/%d holds unknown worker %s", b, c, w.id)
+				}
+			}
+		}
+	}
+	for id, o := range s.orgs {
+		if o.count != orgCount[id] {
+			bad("org %s count %d, has %d mailboxes", id, o.count, orgCount[id])
+		}
+		if o.shared != orgShared[id] {
+			bad("org %s shared count %d, has %d", id, o.shared, orgShared[id])
+		}
+		if len(o.bound) > o.dedicated || (len(o.bound) > 0 && o.class() != placementDedicated) {
+			bad("org %s binds %d workers, plan %s × %d", id, len(o.bound), o.plan, o.dedicated)
+		}
+		for wid, w := range o.bound {
+			if s.workers[wid] != w || w.org != id || w.tier != TierDedicated || w.releasing {
+				bad("org %s binds worker %s, which is not its dedicated worker", id, wid)
+			}
+		}
+		if _, in := s.dedicatedOrgs[id]; in != (o.class() == placementDedicated) {
+			bad("dedicated org set disagrees for %s", id)
+		}
+		if o.count == 0 && !o.recorded && len(o.bound) == 0 {
+			bad("org %s is empty and was not collected", id)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// PlacementRefusalJustified checks, by brute force over before (the state
+// just before d was folded), that a refusal or a degraded placement had no
+// alternative: for a refusal, no eligible worker of the mailbox's tier and
+// pool had headroom, no idle clean worker could be promoted into the pool,
+// and (for a dedicated org) none of its dedicated workers had headroom and
+// none could be bound; for a degraded placement, the dedicated part of that.
+// Other decisions are justified by construction (nil).
+func PlacementRefusalJustified(before *PlacementState, d PlacementDecision) error {
+	var orgID, from string
+	var band RiskPool
+	var weight int64
+	var sharedToo bool
+	switch d := d.(type) {
+	case *PlacementRefused:
+		orgID, band, weight, from, sharedToo = d.OrgID, d.Band, d.Weight, d.FromWorker, true
+	case *PlacementAssigned:
+		if !d.Degraded {
+			return nil
+		}
+		orgID, band, weight = d.OrgID, d.Band, d.Weight
+	case *PlacementMigrated:
+		if !d.Degraded {
+			return nil
+		}
+		orgID, band, weight, from = d.OrgID, d.ToBand, d.Weight, d.FromWorker
+	default:
+		return nil
+	}
+	o := before.orgs[orgID]
+	cls := o.class()
+	if !sharedToo && cls != placementDedicated {
+		return fmt.Errorf("%s: degraded placement for org %s of a non-dedicated plan", d.EventType(), orgID)
+	}
+	eligible := func(w *placementWorker) bool {
+		return w.live && !w.stopping && !w.releasing && (w.health == HealthHealthy || w.health == HealthWatch)
+	}
+	var ids []string
+	for id := range before.workers {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	tier := placementSharedTier(cls)
+	for _, id := range ids {
+		w := before.workers[id]
+		if w.id == from || !eligible(w) {
+			continue
+		}
+		room := w.capacity*1000-w.load >= weight
+		switch {
+		case cls == placementDedicated && w.tier == TierDedicated && w.org == orgID && room:
+			return fmt.Errorf("%s for mailbox %s: own dedicated worker %s had room", d.EventType(), d.AggregateID(), id)
+		case cls == placementDedicated && o.shortfall() > 0 && w.tier == TierSharedPremium && w.count == 0 && w.pool == RiskClean:
+			return fmt.Errorf("%s for mailbox %s: org %s short of dedicated workers while idle worker %s could be promoted", d.EventType(), d.AggregateID(), orgID, id)
+		case !sharedToo || w.tier != tier:
+		case w.pool == band && room:
+			return fmt.Errorf("%s for mailbox %s: worker %s (%s/%s) had room", d.EventType(), d.AggregateID(), id, w.tier, w.pool)
+		case band != RiskClean && w.pool == RiskClean && w.count == 0:
+			return fmt.Errorf("%s for mailbox %s: idle clean worker %s could be promoted into %s", d.EventType(), d.AggregateID(), id, band)
+		}
+	}
+	if cls == placementDedicated && o.shortfall() > 0 {
+		for _, id := range ids {
+			w := before.workers[id]
+			if w.tier == TierDedicated && w.releasing && w.live && !w.stopping && PlacementTakesNew(w.health) &&
+				w.baseTier == TierSharedPremium && (w.count == 0 || w.org == orgID) {
+				return fmt.Errorf("%s for mailbox %s: released worker %s could be bound to org %s", d.EventType(), d.AggregateID(), id, orgID)
+			}
+		}
+	}
+	return nil
+}
+
+// PlacementDecisionJustified checks any decision against before, the state
+// just before it was folded, by brute force over every worker: refusals and
+// degraded placements as PlacementRefusalJustified does; a placement or move
+// went to an eligible worker that fits (invariant 3), has headroom for the
+// weight and has the lowest utilisation among the candidates the rules
+// allow (ties by id); a promotion took the idle eligible clean worker with
+// the lowest id and, to dedicated, for an org short of workers that had no
+// released worker of its own to take back; a binding was for an org short
+// of workers.
+func PlacementDecisionJustified(before *PlacementState, d PlacementDecision) error {
+	if err := PlacementRefusalJustified(before, d); err != nil {
+		return err
+	}
+	switch d := d.(type) {
+	case *PlacementAssigned:
+		return placementTargetJustified(before, d, d.OrgID, d.Band, d.Weight, "", d.WorkerID, d.Degraded)
+	case *PlacementMigrated:
+		return placementTargetJustified(before, d, d.OrgID, d.ToBand, d.Weight, d.FromWorker, d.ToWorker, d.Degraded)
+	case *PlacementWorkerPromoted:
+		w := before.workers[d.WorkerID]
+		if w == nil || w.count != 0 || w.tier == TierDedicated || w.pool != RiskClean || !placementEligibleBrute(w) {
+			return fmt.Errorf("promotion of %s: not an idle eligible clean shared worker", d.WorkerID)
+		}
+		for _, o := range before.workers {
+			if o.tier == w.tier && o.count == 0 && o.pool == RiskClean && placementEligibleBrute(o) && o.id < w.id {
+				return fmt.Errorf("promotion of %s: idle worker %s has a lower id", d.WorkerID, o.id)
+			}
+		}
+		if d.ToTier == TierDedicated {
+			org := before.orgs[d.OrgID]
+			if org.shortfall() == 0 || w.tier != TierSharedPremium {
+				return fmt.Errorf("promotion of %s to dedicated for org %s, which is not short", d.WorkerID, d.OrgID)
+			}
+			for _, o := range before.workers {
+				if o.tier == TierDedicated && o.releasing && o.org == d.OrgID && o.live && !o.stopping && PlacementTakesNew(o.health) && o.baseTier == TierSharedPremium {
+					return fmt.Errorf("promotion of %s: org %s's released worker %s could be taken back", d.WorkerID, d.OrgID, o.id)
+				}
+			}
+		}
+	case *PlacementDedicatedBound:
+		if org := before.orgs[d.OrgID]; org.shortfall() == 0 {
+			return fmt.Errorf("binding %s to org %s, which is not short", d.WorkerID, d.OrgID)
+		}
+	}
+	return nil
+}
+
+func placementEligibleBrute(w *placementWorker) bool {
+	return w.live && !w.stopping && !w.releasing && (w.health == HealthHealthy || w.health == HealthWatch)
+}
+
+func placementTargetJustified(before *PlacementState, d PlacementDecision, orgID string, band RiskPool, weight int64, from, to string, degraded bool) error {
+	w := before.workers[to]
+	if w == nil {
+		return fmt.Errorf("%s for %s: unknown worker %s", d.EventType(), d.AggregateID(), to)
+	}
+	o := before.orgs[orgID]
+	cls := o.class()
+	switch {
+	case !placementEligibleBrute(w):
+		return fmt.Errorf("%s for %s: worker %s is not eligible", d.EventType(), d.AggregateID(), to)
+	case w.capacity*1000-w.load < weight:
+		return fmt.Errorf("%s for %s: worker %s has headroom %d < %d", d.EventType(), d.AggregateID(), to, w.capacity*1000-w.load, weight)
+	case degraded != (cls == placementDedicated && w.tier != TierDedicated):
+		return fmt.Errorf("%s for %s: degraded flag %v wrong", d.EventType(), d.AggregateID(), degraded)
+	}
+	if err := placementFitsBrute(cls, orgID, band, w); err != nil {
+		return fmt.Errorf("%s for %s: %v", d.EventType(), d.AggregateID(), err)
+	}
+	for _, c := range before.workers {
+		if c == w || c.id == from || !placementEligibleBrute(c) || c.capacity*1000-c.load < weight || c.tier != w.tier {
+			continue
+		}
+		if w.tier == TierDedicated && c.org != orgID || w.tier != TierDedicated && c.pool != band {
+			continue
+		}
+		if c.load*w.capacity < w.load*c.capacity || (c.load*w.capacity == w.load*c.capacity && c.id < w.id) {
+			return fmt.Errorf("%s for %s: worker %s (%d/%d) beats %s (%d/%d)", d.EventType(), d.AggregateID(), c.id, c.load, c.capacity, w.id, w.load, w.capacity)
+		}
+	}
+	return nil
+}

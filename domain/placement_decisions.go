@@ -1,0 +1,850 @@
+package domain
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Placement decision types, as carried in ce_type on placement.decisions.
+// Besides decisions proper (assigned, refused, migrated, unassigned,
+// promoted, reverted, bound, released, band changed) the log records the
+// accepted facts the engine relies on (worker registered, changed, health
+// changed, died; plan recorded; band held), so that folding it alone
+// restores the engine.
+const (
+	TypePlacementWorkerRegistered    = "mailplane.placement.worker_registered.v1"
+	TypePlacementWorkerChanged       = "mailplane.placement.worker_changed.v1"
+	TypePlacementWorkerHealthChanged = "mailplane.placement.worker_health_changed.v1"
+	TypePlacementWorkerDied          = "mailplane.placement.worker_died.v1"
+	TypePlacementWorkerPromoted      = "mailplane.placement.worker_promoted.v1"
+	TypePlacementWorkerReverted      = "mailplane.placement.worker_reverted.v1"
+	TypePlacementDedicatedBound      = "mailplane.placement.dedicated_bound.v1"
+	TypePlacementDedicatedReleased   = "mailplane.placement.dedicated_released.v1"
+	TypePlacementPlanRecorded        = "mailplane.placement.plan_recorded.v1"
+	TypePlacementAssigned            = "mailplane.placement.assigned.v1"
+	TypePlacementRefused             = "mailplane.placement.refused.v1"
+	TypePlacementMigrated            = "mailplane.placement.migrated.v1"
+	TypePlacementUnassigned          = "mailplane.placement.unassigned.v1"
+	TypePlacementBandChanged         = "mailplane.placement.band_changed.v1"
+	TypePlacementBandHeld            = "mailplane.placement.band_held.v1"
+)
+
+var placementDecisionRegistry = map[string]func() PlacementDecision{
+	TypePlacementWorkerRegistered:    func() PlacementDecision { return new(PlacementWorkerRegistered) },
+	TypePlacementWorkerChanged:       func() PlacementDecision { return new(PlacementWorkerChanged) },
+	TypePlacementWorkerHealthChanged: func() PlacementDecision { return new(PlacementWorkerHealthChanged) },
+	TypePlacementWorkerDied:          func() PlacementDecision { return new(PlacementWorkerDied) },
+	TypePlacementWorkerPromoted:      func() PlacementDecision { return new(PlacementWorkerPromoted) },
+	TypePlacementWorkerReverted:      func() PlacementDecision { return new(PlacementWorkerReverted) },
+	TypePlacementDedicatedBound:      func() PlacementDecision { return new(PlacementDedicatedBound) },
+	TypePlacementDedicatedReleased:   func() PlacementDecision { return new(PlacementDedicatedReleased) },
+	TypePlacementPlanRecorded:        func() PlacementDecision { return new(PlacementPlanRecorded) },
+	TypePlacementAssigned:            func() PlacementDecision { return new(PlacementAssigned) },
+	TypePlacementRefused:             func() PlacementDecision { return new(PlacementRefused) },
+	TypePlacementMigrated:            func() PlacementDecision { return new(PlacementMigrated) },
+	TypePlacementUnassigned:          func() PlacementDecision { return new(PlacementUnassigned) },
+	TypePlacementBandChanged:         func() PlacementDecision { return new(PlacementBandChanged) },
+	TypePlacementBandHeld:            func() PlacementDecision { return new(PlacementBandHeld) },
+}
+
+// PlacementDecisionTypes returns every placement decision type, sorted.
+func PlacementDecisionTypes() []string {
+	return []string{
+		TypePlacementAssigned, TypePlacementBandChanged, TypePlacementBandHeld,
+		TypePlacementDedicatedBound, TypePlacementDedicatedReleased, TypePlacementMigrated,
+		TypePlacementPlanRecorded, TypePlacementRefused, TypePlacementUnassigned,
+		TypePlacementWorkerChanged, TypePlacementWorkerDied, TypePlacementWorkerHealthChanged,
+		TypePlacementWorkerPromoted, TypePlacementWorkerRegistered, TypePlacementWorkerReverted,
+	}
+}
+
+// NewPlacementDecision returns an empty decision of eventType.
+func NewPlacementDecision(eventType string) (PlacementDecision, bool) {
+	f, ok := placementDecisionRegistry[eventType]
+	if !ok {
+		return nil, false
+	}
+	return f(), true
+}
+
+// DecodePlacementDecision decodes a decision's JSON data. Unknown fields
+// are tolerated (a newer engine may add some); the decision is validated.
+func DecodePlacementDecision(eventType string, raw []byte) (PlacementDecision, error) {
+	d, ok := NewPlacementDecision(eventType)
+	if !ok {
+		return nil, Errorf(CodeUnknownType, "unknown placement decision type %q", eventType)
+	}
+	if err := json.NewDecoder(bytes.NewReader(raw)).Decode(d); err != nil {
+		return nil, Errorf(CodeMalformedJSON, "%s: %v", eventType, err)
+	}
+	if ps := d.Validate(); len(ps) > 0 {
+		return nil, ps.Err()
+	}
+	return d, nil
+}
+
+// PlacementReason says why a decision was made. Reasons are stable codes.
+type PlacementReason string
+
+// Placement reasons.
+const (
+	ReasonMailboxAdded          PlacementReason = "mailbox_added"
+	ReasonMailboxRemoved        PlacementReason = "mailbox_removed"
+	ReasonBandWorsened          PlacementReason = "band_worsened"
+	ReasonBandImproved          PlacementReason = "band_improved"
+	ReasonBandChanged           PlacementReason = "band_changed"
+	ReasonBandRecoveryStarted   PlacementReason = "band_recovery_started"
+	ReasonBandRecoveryUpdated   PlacementReason = "band_recovery_updated"
+	ReasonBandRecoveryCancelled PlacementReason = "band_recovery_cancelled"
+	ReasonWorkerRegistered      PlacementReason = "worker_registered"
+	ReasonHeartbeat             PlacementReason = "heartbeat"
+	ReasonWorkerRevived         PlacementReason = "worker_revived"
+	ReasonWorkerTierChanged     PlacementReason = "worker_tier_changed"
+	ReasonWorkerStopping        PlacementReason = "worker_stopping"
+	ReasonWorkerResumed         PlacementReason = "worker_resumed"
+	ReasonWorkerChanged         PlacementReason = "worker_changed"
+	ReasonCapacityRamp          PlacementReason = "capacity_ramp"
+	ReasonHealthSampled         PlacementReason = "health_sampled"
+	ReasonHeartbeatExpired      PlacementReason = "heartbeat_expired"
+	ReasonWorkerDied            PlacementReason = "worker_died"
+	ReasonPlanChanged           PlacementReason = "plan_changed"
+	ReasonPoolNeeded            PlacementReason = "pool_needed"
+	ReasonDedicatedNeeded       PlacementReason = "dedicated_needed"
+	ReasonDedicatedAvailable    PlacementReason = "dedicated_available"
+	ReasonIdle                  PlacementReason = "idle"
+	ReasonRetry                 PlacementReason = "retry"
+	ReasonNoEligibleWorker      PlacementReason = "no_eligible_worker"
+	ReasonNoDedicatedCapacity   PlacementReason = "no_dedicated_capacity"
+)
+
+var placementReasons = []PlacementReason{
+	ReasonMailboxAdded, ReasonMailboxRemoved, ReasonBandWorsened, ReasonBandImproved, ReasonBandChanged,
+	ReasonBandRecoveryStarted, ReasonBandRecoveryUpdated, ReasonBandRecoveryCancelled,
+	ReasonWorkerRegistered, ReasonHeartbeat, ReasonWorkerRevived, ReasonWorkerTierChanged,
+	ReasonWorkerStopping, ReasonWorkerResumed, ReasonWorkerChanged, ReasonCapacityRamp,
+	ReasonHealthSampled, ReasonHeartbeatExpired, ReasonWorkerDied, ReasonPlanChanged,
+	ReasonPoolNeeded, ReasonDedicatedNeeded, ReasonDedicatedAvailable, ReasonIdle, ReasonRetry,
+	ReasonNoEligibleWorker, ReasonNoDedicatedCapacity,
+}
+
+// PlacementDecision is one decision (or recorded fact) of the placement
+// engine. It is the data of a CloudEvent on placement.decisions.
+type PlacementDecision interface {
+	Data
+	// Meta returns the decision's time and reason.
+	Meta() PlacementMeta
+	apply(s *PlacementState) error
+}
+
+// PlacementMeta is common to every decision: when (the input's time, the
+// decider's clock) and why.
+type PlacementMeta struct {
+	At     time.Time       `json:"at"`
+	Reason PlacementReason `json:"reason"`
+}
+
+// Meta returns m.
+func (m PlacementMeta) Meta() PlacementMeta { return m }
+
+func (m PlacementMeta) validate(ps *Problems) {
+	if m.At.IsZero() {
+		ps.Add("at", CodeRequired, "is required")
+	}
+	checkEnum(ps, "reason", m.Reason, true, placementReasons...)
+}
+
+func checkPool(ps *Problems, field string, p RiskPool, required bool) {
+	checkEnum(ps, field, p, required, RiskClean, RiskRisky, RiskQuarantine)
+}
+
+func checkWeight(ps *Problems, field string, w int64) {
+	for _, cw := range placementClassWeights {
+		if w == cw {
+			return
+		}
+	}
+	ps.Add(field, CodeInvalid, "must be one of %v", placementClassWeights)
+}
+
+func checkOptUUID(ps *Problems, field, v string) {
+	if v != "" {
+		checkUUID(ps, field, v)
+	}
+}
+
+var placementTiers = []Tier{TierSharedFree, TierSharedPremium, TierDedicated}
+var placementEgresses = []Egress{EgressColdSMTP, EgressOAuthAPI, EgressWarmupOnly}
+var placementHealths = []HealthState{HealthHealthy, HealthWatch, HealthThrottled, HealthQuarantined, HealthBlocked}
+
+// ---- worker facts ----
+
+// PlacementWorkerRegistered records a worker's first heartbeat.
+type PlacementWorkerRegistered struct {
+	PlacementMeta
+	WorkerID string `json:"worker_id"`
+	Tier     Tier   `json:"tier"`
+	Egress   Egress `json:"egress"`
+	Address  string `json:"address"`
+	Stopping bool   `json:"stopping"`
+	Capacity int64  `json:"capacity"`
+}
+
+func (*PlacementWorkerRegistered) EventType() string     { return TypePlacementWorkerRegistered }
+func (d *PlacementWorkerRegistered) AggregateID() string { return d.WorkerID }
+
+// Validate checks the decision.
+func (d *PlacementWorkerRegistered) Validate() Problems {
+	var ps Problems
+	d.validate(&ps)
+	checkUUID(&ps, "worker_id", d.WorkerID)
+	checkEnum(&ps, "tier", d.Tier, true, TierSharedFree, TierSharedPremium)
+	checkEnum(&ps, "egress", d.Egress, true, placementEgresses...)
+	checkText(&ps, "address", d.Address, false, 255)
+	checkRange(&ps, "capacity", d.Capacity, 1, 1<<31)
+	return ps
+}
+
+func (d *PlacementWorkerRegistered) apply(s *PlacementState) error {
+	if s.workers[d.WorkerID] != nil {
+		return fmt.Errorf("worker %s already registered", d.WorkerID)
+	}
+	w := &placementWorker{
+		id: d.WorkerID, baseTier: d.Tier, tier: d.Tier, egress: d.Egress, address: d.Address,
+		pool: RiskClean, health: HealthHealthy, firstSeen: d.At, lastSeen: d.At,
+		live: true, stopping: d.Stopping, capacity: d.Capacity, bucket: -1,
+	}
+	for c := range w.pos {
+		w.pos[c] = -1
+	}
+	s.workers[w.id] = w
+	s.reindex(w)
+	return nil
+}
+
+// PlacementWorkerChanged records a heartbeat that changed the worker or
+// renewed its liveness: the heartbeat's attributes (tier as the worker
+// asks; a promoted worker stays dedicated), the capacity recomputed at its
+// time, and live from then.
+type PlacementWorkerChanged struct {
+	PlacementMeta
+	WorkerID string `json:"worker_id"`
+	Tier     Tier   `json:"tier"`
+	Egress   Egress `json:"egress"`
+	Address  string `json:"address"`
+	Stopping bool   `json:"stopping"`
+	Capacity int64  `json:"capacity"`
+}
+
+func (*PlacementWorkerChanged) EventType() string     { return TypePlacementWorkerChanged }
+func (d *PlacementWorkerChanged) AggregateID() string { return d.WorkerID }
+
+// Validate checks the decision.
+func (d *PlacementWorkerChanged) Validate() Problems {
+	var ps Problems
+	d.validate(&ps)
+	checkUUID(&ps, "worker_id", d.WorkerID)
+	checkEnum(&ps, "tier", d.Tier, true, TierSharedFree, TierSharedPremium)
+	checkEnum(&ps, "egress", d.Egress, true, placementEgresses...)
+	checkText(&ps, "address", d.Address, false, 255)
+	checkRange(&ps, "capacity", d.Capacity, 1, 1<<31)
+	return ps
+}
+
+func (d *PlacementWorkerChanged) apply(s *PlacementState) error {
+	w := s.workers[d.WorkerID]
+	if w == nil {
+		return fmt.Errorf("unknown worker %s", d.WorkerID)
+	}
+	w.baseTier = d.Tier
+	if w.tier != TierDedicated {
+		w.tier = d.Tier
+	}
+	w.egress, w.address, w.stopping, w.capacity = d.Egress, d.Address, d.Stopping, d.Capacity
+	w.live, w.lastSeen = true, d.At
+	s.reindex(w)
+	return nil
+}
+
+// PlacementWorkerHealthChanged records a worker's health state from a
+// sample, with the capacity recomputed at the sample's time.
+type PlacementWorkerHealthChanged struct {
+	PlacementMeta
+	WorkerID      string      `json:"worker_id"`
+	FromHealth    HealthState `json:"from_health"`
+	Health        HealthState `json:"health"`
+	Capacity      int64       `json:"capacity"`
+	WindowSeconds int64       `json:"window_seconds"`
+	Sends         int64       `json:"sends"`
+	HardBounces   int64       `json:"hard_bounces"`
+	Complaints    int64       `json:"complaints"`
+}
+
+func (*PlacementWorkerHealthChanged) EventType() string     { return TypePlacementWorkerHealthChanged }
+func (d *PlacementWorkerHealthChanged) AggregateID() string { return d.WorkerID }
+
+// Validate checks the decision.
+func (d *PlacementWorkerHealthChanged) Validate() Problems {
+	var ps Problems
+	d.validate(&ps)
+	checkUUID(&ps, "worker_id", d.WorkerID)
+	checkEnum(&ps, "from_health", d.FromHealth, true, placementHealths...)
+	checkEnum(&ps, "health", d.Health, true, placementHealths...)
+	checkRange(&ps, "capacity", d.Capacity, 1, 1<<31)
+	checkRange(&ps, "window_seconds", d.WindowSeconds, 0, 30*24*3600)
+	checkRange(&ps, "sends", d.Sends, 0, MaxCount)
+	checkRange(&ps, "hard_bounces", d.HardBounces, 0, MaxCount)
+	checkRange(&ps, "complaints", d.Complaints, 0, MaxCount)
+	return ps
+}
+
+func (d *PlacementWorkerHealthChanged) apply(s *PlacementState) error {
+	w := s.workers[d.WorkerID]
+	if w == nil {
+		return fmt.Errorf("unknown worker %s", d.WorkerID)
+	}
+	w.health, w.capacity = d.Health, d.Capacity
+	s.reindex(w)
+	return nil
+}
+
+// PlacementWorkerDied records that a worker's heartbeats stopped.
+type PlacementWorkerDied struct {
+	PlacementMeta
+	WorkerID string    `json:"worker_id"`
+	LastSeen time.Time `json:"last_seen"`
+}
+
+func (*PlacementWorkerDied) EventType() string     { return TypePlacementWorkerDied }
+func (d *PlacementWorkerDied) AggregateID() string { return d.WorkerID }
+
+// Validate checks the decision.
+func (d *PlacementWorkerDied) Validate() Problems {
+	var ps Problems
+	d.validate(&ps)
+	checkUUID(&ps, "worker_id", d.WorkerID)
+	if d.LastSeen.IsZero() {
+		ps.Add("last_seen", CodeRequired, "is required")
+	}
+	return ps
+}
+
+func (d *PlacementWorkerDied) apply(s *PlacementState) error {
+	w := s.workers[d.WorkerID]
+	if w == nil || !w.live {
+		return fmt.Errorf("worker %s unknown or not live", d.WorkerID)
+	}
+	w.live = false
+	s.reindex(w)
+	return nil
+}
+
+// PlacementWorkerPromoted records an idle worker promoted into a risk pool
+// (ToPool) or to dedicated (ToTier, for OrgID; a dedicated_bound follows).
+type PlacementWorkerPromoted struct {
+	PlacementMeta
+	WorkerID string   `json:"worker_id"`
+	FromTier Tier     `json:"from_tier"`
+	ToTier   Tier     `json:"to_tier"`
+	FromPool RiskPool `json:"from_pool"`
+	ToPool   RiskPool `json:"to_pool"`
+	OrgID    string   `json:"org_id,omitempty"`
+}
+
+func (*PlacementWorkerPromoted) EventType() string     { return TypePlacementWorkerPromoted }
+func (d *PlacementWorkerPromoted) AggregateID() string { return d.WorkerID }
+
+// Validate checks the decision.
+func (d *PlacementWorkerPromoted) Validate() Problems {
+	var ps Problems
+	d.validate(&ps)
+	checkUUID(&ps, "worker_id", d.WorkerID)
+	checkEnum(&ps, "from_tier", d.FromTier, true, placementTiers...)
+	checkEnum(&ps, "to_tier", d.ToTier, true, placementTiers...)
+	checkPool(&ps, "from_pool", d.FromPool, true)
+	checkPool(&ps, "to_pool", d.ToPool, true)
+	checkOptUUID(&ps, "org_id", d.OrgID)
+	return ps
+}
+
+func (d *PlacementWorkerPromoted) apply(s *PlacementState) error {
+	w := s.workers[d.WorkerID]
+	switch {
+	case w == nil:
+		return fmt.Errorf("unknown worker %s", d.WorkerID)
+	case w.count != 0:
+		return fmt.Errorf("worker %s is not idle", d.WorkerID)
+	case w.tier != d.FromTier || w.pool != d.FromPool || w.tier == TierDedicated:
+		return fmt.Errorf("worker %s is %s/%s, not %s/%s", d.WorkerID, w.tier, w.pool, d.FromTier, d.FromPool)
+	case d.ToTier != w.tier && (d.ToTier != TierDedicated || w.tier != TierSharedPremium || d.ToPool != RiskClean):
+		return fmt.Errorf("worker %s: cannot promote %s to %s", d.WorkerID, w.tier, d.ToTier)
+	}
+	w.tier, w.pool = d.ToTier, d.ToPool
+	s.reindex(w)
+	return nil
+}
+
+// PlacementWorkerReverted records an idle worker returning to the clean
+// pool, or a released dedicated worker returning to its heartbeat tier.
+type PlacementWorkerReverted struct {
+	PlacementMeta
+	WorkerID string   `json:"worker_id"`
+	FromTier Tier     `json:"from_tier"`
+	ToTier   Tier     `json:"to_tier"`
+	FromPool RiskPool `json:"from_pool"`
+	ToPool   RiskPool `json:"to_pool"`
+	OrgID    string   `json:"org_id,omitempty"`
+}
+
+func (*PlacementWorkerReverted) EventType() string     { return TypePlacementWorkerReverted }
+func (d *PlacementWorkerReverted) AggregateID() string { return d.WorkerID }
+
+// Validate checks the decision.
+func (d *PlacementWorkerReverted) Validate() Problems {
+	var ps Problems
+	d.validate(&ps)
+	checkUUID(&ps, "worker_id", d.WorkerID)
+	checkEnum(&ps, "from_tier", d.FromTier, true, placementTiers...)
+	checkEnum(&ps, "to_tier", d.ToTier, true, TierSharedFree, TierSharedPremium)
+	checkPool(&ps, "from_pool", d.FromPool, true)
+	checkPool(&ps, "to_pool", d.ToPool, true)
+	checkOptUUID(&ps, "org_id", d.OrgID)
+	return ps
+}
+
+func (d *PlacementWorkerReverted) apply(s *PlacementState) error {
+	w := s.workers[d.WorkerID]
+	switch {
+	case w == nil:
+		return fmt.Errorf("unknown worker %s", d.WorkerID)
+	case w.count != 0:
+		return fmt.Errorf("worker %s is not idle", d.WorkerID)
+	case w.tier != d.FromTier || w.pool != d.FromPool:
+		return fmt.Errorf("worker %s is %s/%s, not %s/%s", d.WorkerID, w.tier, w.pool, d.FromTier, d.FromPool)
+	case w.tier == TierDedicated && (!w.releasing || d.ToTier != w.baseTier):
+		return fmt.Errorf("worker %s: a dedicated worker reverts to its heartbeat tier once released", d.WorkerID)
+	case w.tier != TierDedicated && d.ToTier != w.tier:
+		return fmt.Errorf("worker %s: a shared worker keeps its tier", d.WorkerID)
+	case d.ToPool != RiskClean:
+		return fmt.Errorf("worker %s: reverts to clean only", d.WorkerID)
+	}
+	w.tier, w.pool, w.org, w.releasing = d.ToTier, RiskClean, "", false
+	s.reindex(w)
+	return nil
+}
+
+// PlacementDedicatedBound binds a dedicated worker to an org.
+type PlacementDedicatedBound struct {
+	PlacementMeta
+	WorkerID string `json:"worker_id"`
+	OrgID    string `json:"org_id"`
+}
+
+func (*PlacementDedicatedBound) EventType() string     { return TypePlacementDedicatedBound }
+func (d *PlacementDedicatedBound) AggregateID() string { return d.WorkerID }
+
+// Validate checks the decision.
+func (d *PlacementDedicatedBound) Validate() Problems {
+	var ps Problems
+	d.validate(&ps)
+	checkUUID(&ps, "worker_id", d.WorkerID)
+	checkUUID(&ps, "org_id", d.OrgID)
+	return ps
+}
+
+func (d *PlacementDedicatedBound) apply(s *PlacementState) error {
+	w := s.workers[d.WorkerID]
+	switch {
+	case w == nil || w.tier != TierDedicated:
+		return fmt.Errorf("worker %s is not dedicated", d.WorkerID)
+	case w.org != "" && !w.releasing:
+		return fmt.Errorf("worker %s is bound to org %s", d.WorkerID, w.org)
+	case w.releasing && w.count > 0 && w.org != d.OrgID:
+		return fmt.Errorf("worker %s still carries org %s's mailboxes", d.WorkerID, w.org)
+	}
+	o := s.org(d.OrgID)
+	w.org, w.releasing = d.OrgID, false
+	o.bound[w.id] = w
+	s.reindex(w)
+	return nil
+}
+
+// PlacementDedicatedReleased releases a dedicated worker from its org; its
+// mailboxes move away and, once idle, it reverts.
+type PlacementDedicatedReleased struct {
+	PlacementMeta
+	WorkerID string `json:"worker_id"`
+	OrgID    string `json:"org_id"`
+}
+
+func (*PlacementDedicatedReleased) EventType() string     { return TypePlacementDedicatedReleased }
+func (d *PlacementDedicatedReleased) AggregateID() string { return d.WorkerID }
+
+// Validate checks the decision.
+func (d *PlacementDedicatedReleased) Validate() Problems {
+	var ps Problems
+	d.validate(&ps)
+	checkUUID(&ps, "worker_id", d.WorkerID)
+	checkUUID(&ps, "org_id", d.OrgID)
+	return ps
+}
+
+func (d *PlacementDedicatedReleased) apply(s *PlacementState) error {
+	w := s.workers[d.WorkerID]
+	if w == nil || w.tier != TierDedicated || w.releasing || w.org != d.OrgID {
+		return fmt.Errorf("worker %s is not bound to org %s", d.WorkerID, d.OrgID)
+	}
+	w.releasing = true
+	if o := s.orgs[d.OrgID]; o != nil {
+		delete(o.bound, w.id)
+	}
+	s.reindex(w)
+	return nil
+}
+
+// ---- org facts ----
+
+// PlacementPlanRecorded records an org's plan as the engine uses it.
+type PlacementPlanRecorded struct {
+	PlacementMeta
+	OrgID            string `json:"org_id"`
+	Plan             Plan   `json:"plan"`
+	DedicatedWorkers int    `json:"dedicated_workers"`
+	Paid             bool   `json:"paid"`
+	Source           string `json:"source"`
+}
+
+func (*PlacementPlanRecorded) EventType() string     { return TypePlacementPlanRecorded }
+func (d *PlacementPlanRecorded) AggregateID() string { return d.OrgID }
+
+// Validate checks the decision.
+func (d *PlacementPlanRecorded) Validate() Problems {
+	var ps Problems
+	d.validate(&ps)
+	checkUUID(&ps, "org_id", d.OrgID)
+	checkEnum(&ps, "plan", d.Plan, true, PlanFree, PlanPremium, PlanDedicated)
+	checkRange(&ps, "dedicated_workers", int64(d.DedicatedWorkers), 0, MaxDedicatedWorkers)
+	checkText(&ps, "source", d.Source, false, 200)
+	return ps
+}
+
+func (d *PlacementPlanRecorded) apply(s *PlacementState) error {
+	o := s.org(d.OrgID)
+	o.plan, o.dedicated, o.paid, o.planSince, o.recorded = d.Plan, d.DedicatedWorkers, d.Paid, d.At, true
+	s.refreshOrgClass(o)
+	return nil
+}
+
+// ---- mailbox decisions ----
+
+// PlacementAssigned places a new or pending mailbox on a worker. Degraded
+// marks a dedicated org's mailbox placed on shared premium for want of
+// dedicated capacity.
+type PlacementAssigned struct {
+	PlacementMeta
+	MailboxID string   `json:"mailbox_id"`
+	OrgID     string   `json:"org_id"`
+	WorkerID  string   `json:"worker_id"`
+	Tier      Tier     `json:"tier"`
+	Band      RiskPool `json:"band"`
+	Weight    int64    `json:"weight_milli"`
+	Degraded  bool     `json:"degraded"`
+}
+
+func (*PlacementAssigned) EventType() string     { return TypePlacementAssigned }
+func (d *PlacementAssigned) AggregateID() string { return d.MailboxID }
+
+// Validate checks the decision.
+func (d *PlacementAssigned) Validate() Problems {
+	var ps Problems
+	d.validate(&ps)
+	checkUUID(&ps, "mailbox_id", d.MailboxID)
+	checkUUID(&ps, "org_id", d.OrgID)
+	checkUUID(&ps, "worker_id", d.WorkerID)
+	checkEnum(&ps, "tier", d.Tier, true, placementTiers...)
+	checkPool(&ps, "band", d.Band, true)
+	checkWeight(&ps, "weight_milli", d.Weight)
+	return ps
+}
+
+// mailboxFor returns the mailbox a decision names, creating it when it is
+// new; it checks the decision agrees with what is known.
+func (s *PlacementState) mailboxFor(id, orgID string, weight int64, band RiskPool) (*placementMailbox, error) {
+	m := s.mailboxes[id]
+	if m != nil {
+		if m.org.id != orgID || m.weight != weight || m.band != band {
+			return nil, fmt.Errorf("mailbox %s is org %s weight %d band %s, not %s %d %s", id, m.org.id, m.weight, m.band, orgID, weight, band)
+		}
+		return m, nil
+	}
+	m = &placementMailbox{id: id, org: s.org(orgID), weight: weight, band: band}
+	s.mailboxes[id] = m
+	s.linkOrg(m)
+	return m, nil
+}
+
+func (d *PlacementAssigned) apply(s *PlacementState) error {
+	w := s.workers[d.WorkerID]
+	if w == nil {
+		return fmt.Errorf("unknown worker %s", d.WorkerID)
+	}
+	if m := s.mailboxes[d.MailboxID]; m != nil && m.worker != nil {
+		return fmt.Errorf("mailbox %s is already on worker %s", d.MailboxID, m.worker.id)
+	}
+	m, err := s.mailboxFor(d.MailboxID, d.OrgID, d.Weight, d.Band)
+	if err != nil {
+		return err
+	}
+	s.attach(m, w)
+	return nil
+}
+
+// PlacementRefused says no eligible worker exists for a mailbox: it waits in
+// pending (without a worker) and is retried when capacity appears. When the
+// mailbox had to leave a worker (FromWorker), it left it. Cause is what
+// asked for the placement.
+type PlacementRefused struct {
+	PlacementMeta
+	MailboxID  string          `json:"mailbox_id"`
+	OrgID      string          `json:"org_id"`
+	Tier       Tier            `json:"tier"`
+	Band       RiskPool        `json:"band"`
+	Weight     int64           `json:"weight_milli"`
+	FromWorker string          `json:"from_worker,omitempty"`
+	FromBand   RiskPool        `json:"from_band,omitempty"`
+	Cause      PlacementReason `json:"cause"`
+}
+
+func (*PlacementRefused) EventType() string     { return TypePlacementRefused }
+func (d *PlacementRefused) AggregateID() string { return d.MailboxID }
+
+// Validate checks the decision.
+func (d *PlacementRefused) Validate() Problems {
+	var ps Problems
+	d.validate(&ps)
+	checkUUID(&ps, "mailbox_id", d.MailboxID)
+	checkUUID(&ps, "org_id", d.OrgID)
+	checkEnum(&ps, "tier", d.Tier, true, placementTiers...)
+	checkPool(&ps, "band", d.Band, true)
+	checkWeight(&ps, "weight_milli", d.Weight)
+	checkOptUUID(&ps, "from_worker", d.FromWorker)
+	checkPool(&ps, "from_band", d.FromBand, d.FromWorker != "")
+	checkEnum(&ps, "cause", d.Cause, true, placementReasons...)
+	return ps
+}
+
+func (d *PlacementRefused) apply(s *PlacementState) error {
+	m := s.mailboxes[d.MailboxID]
+	if m != nil {
+		from := ""
+		if m.worker != nil {
+			from = m.worker.id
+		}
+		if from != d.FromWorker {
+			return fmt.Errorf("mailbox %s is on %q, not %q", d.MailboxID, from, d.FromWorker)
+		}
+	} else if d.FromWorker != "" {
+		return fmt.Errorf("unknown mailbox %s", d.MailboxID)
+	}
+	m, err := s.mailboxFor(d.MailboxID, d.OrgID, d.Weight, d.Band)
+	if err != nil {
+		return err
+	}
+	s.detach(m)
+	if s.pending[m.id] == nil {
+		m.pendingSince = d.At
+	}
+	m.pendingReason = d.Reason
+	s.pending[m.id] = m
+	return nil
+}
+
+// PlacementMigrated moves a mailbox between workers.
+type PlacementMigrated struct {
+	PlacementMeta
+	MailboxID  string   `json:"mailbox_id"`
+	OrgID      string   `json:"org_id"`
+	Weight     int64    `json:"weight_milli"`
+	FromWorker string   `json:"from_worker"`
+	ToWorker   string   `json:"to_worker"`
+	FromTier   Tier     `json:"from_tier"`
+	ToTier     Tier     `json:"to_tier"`
+	FromBand   RiskPool `json:"from_band"`
+	ToBand     RiskPool `json:"to_band"`
+	Degraded   bool     `json:"degraded"`
+}
+
+func (*PlacementMigrated) EventType() string     { return TypePlacementMigrated }
+func (d *PlacementMigrated) AggregateID() string { return d.MailboxID }
+
+// Validate checks the decision.
+func (d *PlacementMigrated) Validate() Problems {
+	var ps Problems
+	d.validate(&ps)
+	checkUUID(&ps, "mailbox_id", d.MailboxID)
+	checkUUID(&ps, "org_id", d.OrgID)
+	checkWeight(&ps, "weight_milli", d.Weight)
+	checkUUID(&ps, "from_worker", d.FromWorker)
+	checkUUID(&ps, "to_worker", d.ToWorker)
+	checkEnum(&ps, "from_tier", d.FromTier, true, placementTiers...)
+	checkEnum(&ps, "to_tier", d.ToTier, true, placementTiers...)
+	checkPool(&ps, "from_band", d.FromBand, true)
+	checkPool(&ps, "to_band", d.ToBand, true)
+	if d.FromWorker == d.ToWorker && d.FromWorker != "" {
+		ps.Add("to_worker", CodeInvalid, "must differ from from_worker")
+	}
+	return ps
+}
+
+func (d *PlacementMigrated) apply(s *PlacementState) error {
+	m := s.mailboxes[d.MailboxID]
+	to := s.workers[d.ToWorker]
+	switch {
+	case m == nil || m.worker == nil || m.worker.id != d.FromWorker:
+		return fmt.Errorf("mailbox %s is not on worker %s", d.MailboxID, d.FromWorker)
+	case to == nil:
+		return fmt.Errorf("unknown worker %s", d.ToWorker)
+	case m.org.id != d.OrgID || m.weight != d.Weight || m.band != d.ToBand:
+		return fmt.Errorf("mailbox %s does not match the migration", d.MailboxID)
+	}
+	s.detach(m)
+	s.attach(m, to)
+	return nil
+}
+
+// PlacementUnassigned removes a mailbox: it leaves its worker (named, so the
+// worker learns of it) and the state; its load is freed at once.
+type PlacementUnassigned struct {
+	PlacementMeta
+	MailboxID string   `json:"mailbox_id"`
+	OrgID     string   `json:"org_id"`
+	WorkerID  string   `json:"worker_id,omitempty"`
+	Band      RiskPool `json:"band"`
+	Weight    int64    `json:"weight_milli"`
+	Detail    string   `json:"detail,omitempty"`
+}
+
+func (*PlacementUnassigned) EventType() string     { return TypePlacementUnassigned }
+func (d *PlacementUnassigned) AggregateID() string { return d.MailboxID }
+
+// Validate checks the decision.
+func (d *PlacementUnassigned) Validate() Problems {
+	var ps Problems
+	d.validate(&ps)
+	checkUUID(&ps, "mailbox_id", d.MailboxID)
+	checkUUID(&ps, "org_id", d.OrgID)
+	checkOptUUID(&ps, "worker_id", d.WorkerID)
+	checkPool(&ps, "band", d.Band, true)
+	checkWeight(&ps, "weight_milli", d.Weight)
+	checkText(&ps, "detail", d.Detail, false, 500)
+	return ps
+}
+
+func (d *PlacementUnassigned) apply(s *PlacementState) error {
+	m := s.mailboxes[d.MailboxID]
+	if m == nil {
+		return fmt.Errorf("unknown mailbox %s", d.MailboxID)
+	}
+	from := ""
+	if m.worker != nil {
+		from = m.worker.id
+	}
+	if from != d.WorkerID || m.org.id != d.OrgID || m.weight != d.Weight {
+		return fmt.Errorf("mailbox %s does not match the removal", d.MailboxID)
+	}
+	s.detach(m)
+	s.unlinkOrg(m)
+	delete(s.pending, m.id)
+	delete(s.mailboxes, m.id)
+	s.gcOrg(m.org)
+	return nil
+}
+
+// PlacementBandChanged changes a mailbox's risk band.
+type PlacementBandChanged struct {
+	PlacementMeta
+	MailboxID string      `json:"mailbox_id"`
+	OrgID     string      `json:"org_id"`
+	FromBand  RiskPool    `json:"from_band"`
+	ToBand    RiskPool    `json:"to_band"`
+	Health    HealthState `json:"health"`
+	Score     float64     `json:"score"`
+}
+
+func (*PlacementBandChanged) EventType() string     { return TypePlacementBandChanged }
+func (d *PlacementBandChanged) AggregateID() string { return d.MailboxID }
+
+// Validate checks the decision.
+func (d *PlacementBandChanged) Validate() Problems {
+	var ps Problems
+	d.validate(&ps)
+	checkUUID(&ps, "mailbox_id", d.MailboxID)
+	checkUUID(&ps, "org_id", d.OrgID)
+	checkPool(&ps, "from_band", d.FromBand, true)
+	checkPool(&ps, "to_band", d.ToBand, true)
+	checkEnum(&ps, "health", d.Health, true, placementHealths...)
+	if d.FromBand == d.ToBand && d.FromBand != "" {
+		ps.Add("to_band", CodeInvalid, "must differ from from_band")
+	}
+	return ps
+}
+
+func (d *PlacementBandChanged) apply(s *PlacementState) error {
+	m := s.mailboxes[d.MailboxID]
+	if m == nil || m.band != d.FromBand {
+		return fmt.Errorf("mailbox %s unknown or not in band %s", d.MailboxID, d.FromBand)
+	}
+	m.band, m.candidate, m.candidateSince = d.ToBand, "", time.Time{}
+	return nil
+}
+
+// PlacementBandHeld records the hysteresis state of a mailbox whose scores
+// are better than its band: the better band being observed (Candidate, the
+// worst of the better scores' bands) since when, or none (recovery
+// cancelled). The band itself does not change.
+type PlacementBandHeld struct {
+	PlacementMeta
+	MailboxID string      `json:"mailbox_id"`
+	Band      RiskPool    `json:"band"`
+	Candidate RiskPool    `json:"candidate,omitempty"`
+	Since     time.Time   `json:"since,omitzero"`
+	Health    HealthState `json:"health"`
+}
+
+func (*PlacementBandHeld) EventType() string     { return TypePlacementBandHeld }
+func (d *PlacementBandHeld) AggregateID() string { return d.MailboxID }
+
+// Validate checks the decision.
+func (d *PlacementBandHeld) Validate() Problems {
+	var ps Problems
+	d.validate(&ps)
+	checkUUID(&ps, "mailbox_id", d.MailboxID)
+	checkPool(&ps, "band", d.Band, true)
+	checkPool(&ps, "candidate", d.Candidate, false)
+	checkEnum(&ps, "health", d.Health, true, placementHealths...)
+	if d.Candidate != "" && d.Since.IsZero() {
+		ps.Add("since", CodeRequired, "is required with a candidate")
+	}
+	return ps
+}
+
+func (d *PlacementBandHeld) apply(s *PlacementState) error {
+	m := s.mailboxes[d.MailboxID]
+	if m == nil || m.band != d.Band {
+		return fmt.Errorf("mailbox %s unknown or not in band %s", d.MailboxID, d.Band)
+	}
+	if d.Candidate == "" {
+		m.candidate, m.candidateSince = "", time.Time{}
+	} else {
+		m.candidate, m.candidateSince = d.Candidate, d.Since
+	}
+	return nil
+}
+
+// ApplyDecision folds one decision into s: the only place the state
+// changes. A decision inconsistent with the state is refused with an error
+// and changes nothing.
+func (s *PlacementState) ApplyDecision(d PlacementDecision) error {
+	return d.apply(s)
+}
