@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/kafka"
 )
 
@@ -51,6 +52,22 @@ type config struct {
 	pollWait    time.Duration
 	commitEvery time.Duration
 	kgoOpts     []kgo.Opt
+	committed   func(topic string, partition int32, events []domain.Event)
+	syncCommit  bool
+}
+
+// WithSynchronousCommit makes every batch wait for its WAL flush. The
+// default does not: a batch's rows and offsets commit or vanish together,
+// so a commit lost to a Postgres crash is simply projected again from the
+// log, and nothing is lost or applied twice either way.
+func WithSynchronousCommit() Option { return func(c *config) { c.syncCommit = true } }
+
+// WithCommitted calls fn after each batch's transaction commits, on the
+// partition's goroutine, with the events newly applied (duplicates
+// excluded). fn must be quick; benchmarks use it to time publish to
+// projected.
+func WithCommitted(fn func(topic string, partition int32, events []domain.Event)) Option {
+	return func(c *config) { c.committed = fn }
 }
 
 // WithLogger sets the logger. Default: discard.
