@@ -164,17 +164,19 @@ func (c *Client) Publish(ctx context.Context, events ...domain.Event) ([]Receipt
 // ProduceRecords produces records prepared by Prepare for events.
 func (c *Client) ProduceRecords(ctx context.Context, events []domain.Event, recs []*kgo.Record) ([]Receipt, error) {
 	start := time.Now()
+	// kgo fills each record in place; results arrive in completion order,
+	// so receipts are read from the records, not from the results.
+	for _, r := range recs {
+		r.Offset = -1
+	}
 	res := c.kc.ProduceSync(ctx, recs...)
 	if c.latency != nil {
 		c.latency.Observe(time.Since(start).Seconds())
 	}
-	out := make([]Receipt, len(res))
-	var firstErr error
-	for i, r := range res {
-		if r.Err != nil && firstErr == nil {
-			firstErr = r.Err
-		}
-		out[i] = Receipt{ID: events[i].ID, Type: events[i].Type, Topic: r.Record.Topic, Partition: r.Record.Partition, Offset: r.Record.Offset}
+	firstErr := res.FirstErr()
+	out := make([]Receipt, len(recs))
+	for i, r := range recs {
+		out[i] = Receipt{ID: events[i].ID, Type: events[i].Type, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}
 	}
 	if firstErr != nil {
 		return out, &domain.Error{Code: domain.CodeUnavailable, Message: fmt.Sprintf("produce: %v", firstErr)}

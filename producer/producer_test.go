@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -146,6 +147,32 @@ func TestPublishBatchIsAllOrNothing(t *testing.T) {
 	for topic, n := range ends {
 		if n != 0 {
 			t.Errorf("%s has %d records after a refused batch", topic, n)
+		}
+	}
+}
+
+// Receipts name the right event even though kgo completes a batch's
+// records in any order across partitions.
+func TestPublishReceiptsMatchEvents(t *testing.T) {
+	t.Parallel()
+	kc, brokers := newBroker(t)
+	c := producer.New(kc)
+	var evs []domain.Event
+	for i := range 200 {
+		evs = append(evs, c.NewEvent(&domain.UserActive{UserID: fmt.Sprintf("0190a5b2-0000-7000-8000-%012x", i), Source: domain.ActivityLogin}))
+	}
+	rs, err := c.Publish(context.Background(), evs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := map[string]string{}
+	for _, r := range rs {
+		at[fmt.Sprintf("%d/%d", r.Partition, r.Offset)] = r.ID
+	}
+	for _, rec := range consumeAll(t, brokers, topics.UserEvents, len(evs)) {
+		id, _ := topics.Header(rec, topics.HeaderID)
+		if got := at[fmt.Sprintf("%d/%d", rec.Partition, rec.Offset)]; got != id {
+			t.Fatalf("receipt at %d/%d names %s, the record there is %s", rec.Partition, rec.Offset, got, id)
 		}
 	}
 }

@@ -1,0 +1,213 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+
+	"github.com/mailplane/mailplane/domain"
+)
+
+// CodeMethodNotAllowed is the stable code of a 405 response. The domain
+// package has no code for it because it is purely an HTTP concern.
+const CodeMethodNotAllowed domain.Code = "method_not_allowed"
+
+// ErrorInfo is the "error" member of every error response.
+type ErrorInfo struct {
+	Code    domain.Code `json:"code"`
+	Message string      `json:"message"`
+}
+
+// Problem is one thing wrong with one event of a request. Index is the
+// event's position in the request (0 for structured and binary mode), ID
+// its id when one could be read, Field a path such as "data.imap.port" or,
+// in binary mode, a header name such as "ce-type" ("" means the whole
+// event).
+type Problem struct {
+	Index   int         `json:"index"`
+	ID      string      `json:"id,omitempty"`
+	Field   string      `json:"field"`
+	Code    domain.Code `json:"code"`
+	Message string      `json:"message"`
+}
+
+// ErrorResponse is the body of every non-2xx response. Problems is set on
+// validation failures (400), Events and Failed on produce failures (503):
+// Events lists what landed, Failed what did not (or is not known to have).
+type ErrorResponse struct {
+	Error    ErrorInfo `json:"error"`
+	Problems []Problem `json:"problems,omitempty"`
+	Events   []Receipt `json:"events,omitempty"`
+	Failed   []Failed  `json:"failed,omitempty"`
+}
+
+// Receipt says where one accepted event landed.
+type Receipt struct {
+	Index     int    `json:"index"`
+	ID        string `json:"id"`
+	Type      string `json:"type"`
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	Offset    int64  `json:"offset"`
+}
+
+// Failed names an event that was valid but is not known to have landed.
+type Failed struct {
+	Index int    `json:"index"`
+	ID    string `json:"id"`
+	Type  string `json:"type"`
+}
+
+// AcceptedResponse is the body of a 202 from POST /v1/events: one receipt
+// per event, in request order.
+type AcceptedResponse struct {
+	Events []Receipt `json:"events"`
+}
+
+// WriteJSON writes v as the JSON body of a response with status.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"error":{"code":"internal","message":"response could not be encoded"}}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// WriteError writes {"error":{"code":code,"message":message}} with status.
+// message must never carry request content that may be secret.
+func WriteError(w http.ResponseWriter, status int, code domain.Code, message string) {
+	WriteJSON(w, status, ErrorResponse{Error: ErrorInfo{Code: code, Message: message}})
+}
+
+// StatusOf maps a stable code to its HTTP status.
+func StatusOf(code domain.Code) int {
+	switch code {
+	case domain.CodeUnauthorized:
+		return http.StatusUnauthorized
+	case domain.CodeNotFound:
+		return http.StatusNotFound
+	case domain.CodeConflict:
+		return http.StatusConflict
+	case domain.CodeTooLarge:
+		return http.StatusRequestEntityTooLarge
+	case domain.CodeUnsupportedMediaType:
+		return http.StatusUnsupportedMediaType
+	case CodeMethodNotAllowed:
+		return http.StatusMethodNotAllowed
+	case domain.CodeUnavailable:
+		return http.StatusServiceUnavailable
+	case domain.CodeInternal, "":
+		return http.StatusInternalServerError
+	}
+	return http.StatusBadRequest
+}
+
+// WriteDomainError writes err with the status of its code. Foreign errors
+// (code internal) get a generic message, so internal details never reach
+// a client; domain errors keep their message and problems (at index 0).
+func WriteDomainError(w http.ResponseWriter, err error) {
+	code := domain.ErrorCode(err)
+	var de *domain.Error
+	if !errors.As(err, &de) || code == domain.CodeInternal {
+		WriteError(w, http.StatusInternalServerError, domain.CodeInternal, "internal error")
+		return
+	}
+	resp := ErrorResponse{Error: ErrorInfo{Code: code, Message: de.Message}}
+	for _, p := range de.Problems {
+		resp.Problems = append(resp.Problems, Problem{Field: p.Field, Code: p.Code, Message: p.Message})
+	}
+	WriteJSON(w, StatusOf(code), resp)
+}
+
+// ReadBody reads a request body of at most limit bytes (http.MaxBytesReader).
+// Errors are *domain.Error: too_large past the limit, malformed_json for an
+// interrupted body. Routes added with WithRoute use it for the same limits
+// and codes as /v1/events.
+func ReadBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if r.ContentLength > limit {
+		return nil, domain.Errorf(domain.CodeTooLarge, "request body is larger than %d bytes", limit)
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, domain.Errorf(domain.CodeTooLarge, "request body is larger than %d bytes", limit)
+		}
+		return nil, domain.Errorf(domain.CodeMalformedJSON, "request body could not be read")
+	}
+	return body, nil
+}
+
+// DecodeJSON reads a JSON object body of at most limit bytes into v,
+// strictly: unknown fields and trailing data are refused. It checks the
+// content type (application/json) too. Errors are *domain.Error suitable
+// for WriteDomainError.
+func DecodeJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
+	if mt, ok := mediaType(r.Header.Get("Content-Type")); !ok || mt != "application/json" {
+		return domain.Errorf(domain.CodeUnsupportedMediaType, "Content-Type must be application/json")
+	}
+	body, err := ReadBody(w, r, limit)
+	if err != nil {
+		return err
+	}
+	defer clear(body)
+	if len(bytes.TrimSpace(body)) == 0 {
+		return domain.Errorf(domain.CodeMalformedJSON, "request body is empty")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var ute *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &ute):
+			return &domain.Error{Code: domain.CodeInvalid, Message: "invalid request", Problems: domain.Problems{{
+				Field: ute.Field, Code: domain.CodeInvalidType, Message: "must be " + ute.Type.String(),
+			}}}
+		case strings.HasPrefix(err.Error(), "json: unknown field "):
+			name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+			return &domain.Error{Code: domain.CodeInvalid, Message: "invalid request", Problems: domain.Problems{{
+				Field: name, Code: domain.CodeUnknownField, Message: "unknown field",
+			}}}
+		}
+		return domain.Errorf(domain.CodeMalformedJSON, "request body is not valid JSON")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return domain.Errorf(domain.CodeMalformedJSON, "trailing data after the JSON object")
+	}
+	return nil
+}
+
+// mediaType returns the lower-case media type of a Content-Type value and
+// whether it is well-formed with no charset other than UTF-8.
+func mediaType(ct string) (string, bool) {
+	if ct == "" {
+		return "", false
+	}
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return "", false
+	}
+	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+		return mt, false
+	}
+	return mt, true
+}
+
+// summary renders a count with a noun, for messages.
+func summary(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}

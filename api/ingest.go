@@ -1,0 +1,532 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/producer"
+)
+
+// Content types of POST /v1/events.
+const (
+	ContentTypeStructured = "application/cloudevents+json"
+	ContentTypeBatch      = "application/cloudevents-batch+json"
+	ContentTypeBinary     = "application/json"
+)
+
+type contentMode int
+
+const (
+	modeStructured contentMode = iota + 1
+	modeBatch
+	modeBinary
+)
+
+// item is one event of a request on its way through ingestion.
+type item struct {
+	ev       domain.Event
+	rec      *kgo.Record
+	problems domain.Problems
+	id       string // as read, for problems and duplicate detection
+	typ      string // metric label: a domain event type or "unknown"
+}
+
+// handleEvents is POST /v1/events.
+func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
+	var mode contentMode
+	mt, ok := mediaType(r.Header.Get("Content-Type"))
+	if ok {
+		switch mt {
+		case ContentTypeStructured:
+			mode = modeStructured
+		case ContentTypeBatch:
+			mode = modeBatch
+		case ContentTypeBinary:
+			mode = modeBinary
+		}
+	}
+	if mode == 0 {
+		s.rejectRequest(w, domain.CodeUnsupportedMediaType, fmt.Sprintf(
+			"Content-Type must be %s, %s or %s (binary mode with ce-* headers), charset utf-8 if any",
+			ContentTypeStructured, ContentTypeBatch, ContentTypeBinary))
+		return
+	}
+	body, err := ReadBody(w, r, s.cfg.maxBody)
+	if err != nil {
+		var de *domain.Error
+		_ = errors.As(err, &de)
+		s.rejectRequest(w, domain.ErrorCode(err), de.Message)
+		return
+	}
+	// The body may hold plain credentials: wipe it once done (best effort;
+	// decoded strings are copies the garbage collector reclaims).
+	defer clear(body)
+
+	now := s.cfg.now()
+	var items []item
+	switch mode {
+	case modeStructured:
+		if len(bytes.TrimSpace(body)) == 0 {
+			s.rejectRequest(w, domain.CodeMalformedJSON, "request body is empty; expected a CloudEvent JSON object")
+			return
+		}
+		items = []item{s.parseStructured(body, now)}
+	case modeBatch:
+		var reqErr *domain.Error
+		items, reqErr = s.parseBatch(body, now)
+		if reqErr != nil {
+			s.rejectRequest(w, reqErr.Code, reqErr.Message)
+			return
+		}
+	case modeBinary:
+		items = []item{s.parseBinary(r.Header, body, now)}
+	}
+
+	s.finish(w, r, items)
+}
+
+// finish checks duplicates, prepares (encodes, schema-validates) and, when
+// every event is valid, produces; it writes the response.
+func (s *Server) finish(w http.ResponseWriter, r *http.Request, items []item) {
+	markDuplicates(items)
+	if err := s.prepare(items); err != nil {
+		s.log.Error("ingest: preparing events failed", "events", len(items), "err", err)
+		s.metrics.rejected.WithLabelValues(typeUnknown, string(domain.CodeInternal)).Inc()
+		WriteError(w, http.StatusInternalServerError, domain.CodeInternal, "internal error; nothing was produced")
+		return
+	}
+	if problems := s.collectProblems(items); len(problems) > 0 {
+		s.rejectEvents(w, items, problems)
+		return
+	}
+	s.produce(w, r, items)
+}
+
+// rejectRequest refuses a request as a whole (no event could be told
+// apart); it counts once, with type unknown.
+func (s *Server) rejectRequest(w http.ResponseWriter, code domain.Code, msg string) {
+	s.metrics.rejected.WithLabelValues(typeUnknown, string(code)).Inc()
+	WriteError(w, StatusOf(code), code, msg)
+}
+
+func (s *Server) parseStructured(raw []byte, now time.Time) item {
+	ev, ps := domain.ParseStructured(raw, now, s.seal)
+	if len(ps) == 0 {
+		return item{ev: ev, id: ev.ID, typ: ev.Type}
+	}
+	it := item{problems: s.dropSealable(ps)}
+	it.id, it.typ = peek(raw)
+	return it
+}
+
+// dropSealable drops plaintext_secret problems when this server seals and
+// the event has other problems: when data does not decode, the domain still
+// validates what did, which flags the plain credentials the server would
+// have sealed, and that would only mislead the client.
+func (s *Server) dropSealable(ps domain.Problems) domain.Problems {
+	if s.seal == nil || len(ps) < 2 || !ps.Has(domain.CodePlaintextSecret) {
+		return ps
+	}
+	out := ps[:0:0]
+	for _, p := range ps {
+		if p.Code != domain.CodePlaintextSecret {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// peek reads the id and type of an event that did not parse, for problem
+// reports and metric labels. Only well-formed, bounded strings are kept.
+func peek(raw []byte) (id, typ string) {
+	var p struct {
+		ID   any `json:"id"`
+		Type any `json:"type"`
+	}
+	_ = json.Unmarshal(raw, &p)
+	id, _ = p.ID.(string)
+	if len(id) > 64 || !utf8.ValidString(id) {
+		id = ""
+	}
+	t, _ := p.Type.(string)
+	return id, typeLabel(t)
+}
+
+func typeLabel(t string) string {
+	if _, ok := domain.AggregateOf(t); ok {
+		return t
+	}
+	return typeUnknown
+}
+
+// parseBatch decodes a JSON array of structured CloudEvents, streaming so
+// that an oversized batch is refused without decoding it whole.
+func (s *Server) parseBatch(body []byte, now time.Time) ([]item, *domain.Error) {
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 {
+		return nil, domain.Errorf(domain.CodeMalformedJSON, "request body is empty; expected a JSON array of CloudEvents")
+	}
+	if trimmed[0] != '[' {
+		return nil, domain.Errorf(domain.CodeMalformedJSON, "a batch must be a JSON array of CloudEvents")
+	}
+	dec := json.NewDecoder(bytes.NewReader(trimmed))
+	if _, err := dec.Token(); err != nil {
+		return nil, domain.Errorf(domain.CodeMalformedJSON, "a batch must be a JSON array of CloudEvents")
+	}
+	var raws []json.RawMessage
+	for dec.More() {
+		if len(raws) == s.cfg.maxBatch {
+			return nil, domain.Errorf(domain.CodeTooLarge, "a batch holds at most %d events", s.cfg.maxBatch)
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, domain.Errorf(domain.CodeMalformedJSON, "batch element %d is not valid JSON", len(raws))
+		}
+		raws = append(raws, raw)
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, domain.Errorf(domain.CodeMalformedJSON, "the batch array is not closed properly")
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, domain.Errorf(domain.CodeMalformedJSON, "trailing data after the batch array")
+	}
+	if len(raws) == 0 {
+		return nil, domain.Errorf(domain.CodeInvalid, "the batch is empty")
+	}
+	items := make([]item, len(raws))
+	for i, raw := range raws {
+		items[i] = s.parseStructured(raw, now)
+		clear(raw)
+	}
+	return items, nil
+}
+
+// Binary mode: CloudEvents attributes in ce-* headers (percent-encoded per
+// the HTTP binding), the data in the body.
+var binaryHeaders = []struct{ header, attr string }{
+	{"Ce-Specversion", "specversion"},
+	{"Ce-Id", "id"},
+	{"Ce-Type", "type"},
+	{"Ce-Source", "source"},
+	{"Ce-Time", "time"},
+	{"Ce-Subject", "subject"},
+}
+
+func (s *Server) parseBinary(h http.Header, body []byte, now time.Time) item {
+	var ps domain.Problems
+	var unknown []string
+	for k := range h {
+		if len(k) > 3 && strings.EqualFold(k[:3], "ce-") && !slices.ContainsFunc(binaryHeaders, func(b struct{ header, attr string }) bool {
+			return strings.EqualFold(b.header, k)
+		}) {
+			unknown = append(unknown, strings.ToLower(k))
+		}
+	}
+	slices.Sort(unknown)
+	for _, k := range unknown {
+		ps.Add(k, domain.CodeUnknownField, "unknown CloudEvents attribute (extensions are not accepted)")
+	}
+	vals := map[string]string{}
+	for _, b := range binaryHeaders {
+		vs := h.Values(b.header)
+		if len(vs) == 0 {
+			continue
+		}
+		name := strings.ToLower(b.header)
+		if len(vs) > 1 {
+			ps.Add(name, domain.CodeMalformedHeader, "header %s must be given once", name)
+			continue
+		}
+		v, err := url.PathUnescape(vs[0])
+		if err != nil || !utf8.ValidString(v) {
+			ps.Add(name, domain.CodeMalformedHeader, "header %s is not valid percent-encoded UTF-8", name)
+			continue
+		}
+		vals[b.attr] = v
+	}
+	a := domain.Attributes{
+		SpecVersion: vals["specversion"], ID: vals["id"], Type: vals["type"],
+		Source: vals["source"], Time: vals["time"], Subject: vals["subject"],
+	}
+	ev, eps := domain.FromAttributes(a, body, now, s.seal, nil)
+	eps = s.dropSealable(eps)
+	// Name envelope problems after the headers the client sent.
+	for _, p := range eps {
+		for _, b := range binaryHeaders {
+			if p.Field != b.attr {
+				continue
+			}
+			p.Field = strings.ToLower(b.header)
+			if p.Code == domain.CodeRequired {
+				if slices.ContainsFunc(ps, func(q domain.Problem) bool { return q.Field == p.Field }) {
+					p.Field = "" // already reported as malformed
+				} else {
+					p.Code = domain.CodeMissingHeader
+					p.Message = "header " + p.Field + " is missing"
+				}
+			}
+		}
+		if p.Field != "" || p.Code != domain.CodeRequired {
+			ps = append(ps, p)
+		}
+	}
+	id, typ := a.ID, typeLabel(a.Type)
+	if len(id) > 64 {
+		id = ""
+	}
+	if len(ps) > 0 {
+		return item{problems: ps, id: id, typ: typ}
+	}
+	return item{ev: ev, id: ev.ID, typ: ev.Type}
+}
+
+// markDuplicates refuses a second event with an id already in the request.
+func markDuplicates(items []item) {
+	if len(items) < 2 {
+		return
+	}
+	first := make(map[string]int, len(items))
+	for i := range items {
+		id := items[i].id
+		if id == "" {
+			continue
+		}
+		if j, ok := first[id]; ok {
+			items[i].problems = append(items[i].problems, domain.Problem{
+				Field: "id", Code: domain.CodeConflict,
+				Message: fmt.Sprintf("duplicate event id: event %d has the same id", j),
+			})
+			continue
+		}
+		first[id] = i
+	}
+}
+
+// prepare encodes every valid event (Prepare re-validates it) and runs the
+// schema validator on the data exactly as it will be produced. Events with
+// problems are skipped, but every valid event is checked, so the client
+// learns of every problem in one round trip. The error is for failures
+// that are not the client's (e.g. sealing failed).
+func (s *Server) prepare(items []item) error {
+	for i := range items {
+		it := &items[i]
+		if len(it.problems) > 0 {
+			if it.problems.Has(domain.CodeInternal) {
+				return errors.New("sealing credentials failed")
+			}
+			continue
+		}
+		recs, err := s.prod.Prepare([]domain.Event{it.ev})
+		var be *producer.BatchError
+		switch {
+		case errors.As(err, &be):
+			for _, ep := range be.Events {
+				it.problems = append(it.problems, ep.Problems...)
+			}
+			continue
+		case err != nil:
+			return err
+		case len(recs) != 1 || recs[0] == nil:
+			return errors.New("producer prepared no record")
+		}
+		it.rec = recs[0]
+		if s.cfg.schema != nil {
+			for _, p := range s.cfg.schema.Validate(it.ev.Type, it.rec.Value) {
+				if p.Field != "data" && !strings.HasPrefix(p.Field, "data.") {
+					p.Field = strings.TrimPrefix(strings.TrimPrefix(p.Field, "/"), ".")
+					if p.Field == "" {
+						p.Field = "data"
+					} else {
+						p.Field = "data." + strings.ReplaceAll(p.Field, "/", ".")
+					}
+				}
+				if p.Code == "" {
+					p.Code = domain.CodeSchema
+				}
+				it.problems = append(it.problems, p)
+			}
+			if len(it.problems) > 0 {
+				it.rec = nil
+			}
+		}
+	}
+	return nil
+}
+
+// quoted matches quoted fragments of encoding/json messages, which can
+// carry pieces of the input (a character of a password, say).
+var quoted = regexp.MustCompile(`\s*('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")`)
+
+func (s *Server) collectProblems(items []item) []Problem {
+	var out []Problem
+	for i, it := range items {
+		for _, p := range it.problems {
+			msg := p.Message
+			if p.Code == domain.CodeMalformedJSON {
+				msg = quoted.ReplaceAllString(msg, "")
+			}
+			out = append(out, Problem{Index: i, ID: it.id, Field: p.Field, Code: p.Code, Message: msg})
+		}
+	}
+	return out
+}
+
+// topCode is the request's code: malformed_json or conflict when every
+// problem is one, else invalid (the problems carry the specific codes).
+func topCode(problems []Problem) domain.Code {
+	for _, c := range []domain.Code{domain.CodeMalformedJSON, domain.CodeConflict} {
+		if !slices.ContainsFunc(problems, func(p Problem) bool { return p.Code != c }) {
+			return c
+		}
+	}
+	return domain.CodeInvalid
+}
+
+// eventCode is an invalid event's code for metrics: its problems' common
+// code, else invalid.
+func eventCode(ps domain.Problems) domain.Code {
+	if len(ps) == 0 {
+		return domain.CodeInvalid
+	}
+	c := ps[0].Code
+	for _, p := range ps[1:] {
+		if p.Code != c {
+			return domain.CodeInvalid
+		}
+	}
+	return c
+}
+
+func (s *Server) rejectEvents(w http.ResponseWriter, items []item, problems []Problem) {
+	bad := 0
+	codes := map[domain.Code]int{}
+	for _, it := range items {
+		if len(it.problems) == 0 {
+			continue
+		}
+		bad++
+		c := eventCode(it.problems)
+		codes[c]++
+		s.metrics.rejected.WithLabelValues(it.typ, string(c)).Inc()
+	}
+	code := topCode(problems)
+	msg := fmt.Sprintf("%s of %d %s invalid; nothing was produced", summary(bad, "event"), len(items), isAre(bad))
+	if len(items) == 1 {
+		msg = "the event is invalid; nothing was produced"
+	}
+	s.log.Debug("ingest: events rejected", "events", len(items), "invalid", bad, "codes", codes)
+	WriteJSON(w, http.StatusBadRequest, ErrorResponse{
+		Error:    ErrorInfo{Code: code, Message: msg},
+		Problems: problems,
+	})
+}
+
+func isAre(n int) string {
+	if n == 1 {
+		return "is"
+	}
+	return "are"
+}
+
+// produce sends every record and waits for acks=all. Producing is detached
+// from the client's cancellation: once started, the request is carried
+// through (bounded by the produce timeout), so a disconnecting client does
+// not cut a batch short.
+func (s *Server) produce(w http.ResponseWriter, r *http.Request, items []item) {
+	events := make([]domain.Event, len(items))
+	recs := make([]*kgo.Record, len(items))
+	for i := range items {
+		events[i] = items[i].ev
+		recs[i] = items[i].rec
+		// Offsets stay -1 unless the broker acknowledges the record, so a
+		// failed produce tells which events landed.
+		recs[i].Offset = -1
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.cfg.produceTimeout)
+	defer cancel()
+	_, err := s.prod.ProduceRecords(ctx, events, recs)
+
+	// Where each event landed is read from its own record, which the
+	// client fills in when the broker acknowledges it: the receipts of
+	// producer.Client.ProduceRecords come in completion order, not in the
+	// order of events (kgo.ProduceSync), so they cannot be zipped with
+	// events.
+	var landed []Receipt
+	var failed []Failed
+	for i, it := range items {
+		rec := recs[i]
+		if rec.Offset >= 0 {
+			landed = append(landed, Receipt{Index: i, ID: it.ev.ID, Type: it.ev.Type, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset})
+			s.metrics.accepted.WithLabelValues(it.ev.Type).Inc()
+			continue
+		}
+		failed = append(failed, Failed{Index: i, ID: it.ev.ID, Type: it.ev.Type})
+		s.metrics.rejected.WithLabelValues(it.ev.Type, string(domain.CodeUnavailable)).Inc()
+	}
+	if err == nil && len(failed) == 0 {
+		WriteJSON(w, http.StatusAccepted, AcceptedResponse{Events: landed})
+		return
+	}
+	if err == nil {
+		err = errors.New("producer reported success, but some records carry no offset")
+	}
+	s.log.Warn("ingest: produce failed", "events", len(items), "landed", len(landed), "err", err)
+	w.Header().Set("Retry-After", "1")
+	WriteJSON(w, http.StatusServiceUnavailable, ErrorResponse{
+		Error: ErrorInfo{Code: domain.CodeUnavailable, Message: fmt.Sprintf(
+			"the log did not acknowledge %s of %d; events lists those that landed; retrying with the same event ids is safe",
+			summary(len(failed), "event"), len(items))},
+		Events: landed,
+		Failed: failed,
+	})
+}
+
+// Publish runs typed events through the pipeline of POST /v1/events
+// (sealing, Go and schema validation, duplicate ids, all-or-nothing
+// produce, metrics) and writes the same responses: 202 AcceptedResponse,
+// 400 with problems, 503 with what landed. Routes that turn their own
+// requests into events (worker heartbeats, billing webhooks) call it from
+// handlers mounted with Handle. Events without a subject get their
+// aggregate id; without an id, a new UUIDv7; without a time, the clock's.
+func (s *Server) Publish(w http.ResponseWriter, r *http.Request, events ...domain.Event) {
+	if len(events) == 0 {
+		s.rejectRequest(w, domain.CodeInvalid, "no events")
+		return
+	}
+	items := make([]item, len(events))
+	for i, ev := range events {
+		if ev.ID == "" {
+			ev.ID = producer.NewEventID()
+		}
+		if ev.Time.IsZero() {
+			ev.Time = s.cfg.now().UTC()
+		}
+		if ev.Subject == "" && ev.Data != nil {
+			ev.Subject = ev.Data.AggregateID()
+		}
+		it := item{id: ev.ID, typ: typeLabel(ev.Type)}
+		if ps := domain.SealData(ev.Data, s.seal); len(ps) > 0 {
+			it.problems = ps.Prefixed("data")
+		} else if ps := ev.Validate(); len(ps) > 0 {
+			it.problems = ps
+		} else {
+			it.ev = ev
+		}
+		items[i] = it
+	}
+	s.finish(w, r, items)
+}

@@ -1,0 +1,413 @@
+// Package api is mailplane's HTTP API: CloudEvents ingestion over HTTP
+// (POST /v1/events, structured, batch and binary content modes), health
+// (GET /healthz) and metrics (GET /metrics). Every event of a request is
+// parsed, sealed and validated before anything is produced, and a request
+// is all-or-nothing: one invalid event rejects the request and nothing
+// reaches the log. Errors carry stable codes (see domain.Code).
+//
+// The server is composable: later routes are mounted with WithRoute or
+// Server.Handle and share its bearer-token auth, metrics, logging and JSON
+// error helpers (WriteError, WriteJSON, WriteDomainError, DecodeJSON).
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/producer"
+)
+
+// Limits and defaults.
+const (
+	DefaultAddr           = ":8080"
+	DefaultMaxBodyBytes   = 1 << 20 // 1 MiB
+	DefaultMaxBatch       = 1000
+	DefaultProduceTimeout = 15 * time.Second
+	DefaultHealthTimeout  = 2 * time.Second
+)
+
+// Producer validates, encodes and produces events; *producer.Client is one
+// (built on a kgo client with kafka.ProducerOptions: idempotent, acks=all).
+type Producer interface {
+	// Prepare seals, validates and encodes events, all or nothing; invalid
+	// events are reported as a *producer.BatchError.
+	Prepare(events []domain.Event) ([]*kgo.Record, error)
+	// ProduceRecords produces prepared records and waits for their acks.
+	ProduceRecords(ctx context.Context, events []domain.Event, recs []*kgo.Record) ([]producer.Receipt, error)
+}
+
+// SchemaValidator checks an event's data (the sealed JSON exactly as it
+// will be produced) against the JSON Schema of its type. Field paths in
+// the problems are relative to the data object (a "data." prefix is added
+// when missing).
+type SchemaValidator interface {
+	Validate(eventType string, data []byte) domain.Problems
+}
+
+// Pinger reports whether the broker is reachable; *kgo.Client is one.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// Timeouts bound the HTTP server. Zero fields take the defaults.
+type Timeouts struct {
+	ReadHeader     time.Duration // default 5s
+	Read           time.Duration // default 30s
+	Write          time.Duration // default 30s (above the produce timeout)
+	Idle           time.Duration // default 120s
+	Shutdown       time.Duration // grace period for in-flight requests, default 20s
+	MaxHeaderBytes int           // default 64 KiB
+}
+
+func (t Timeouts) withDefaults() Timeouts {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&t.ReadHeader, 5*time.Second)
+	def(&t.Read, 30*time.Second)
+	def(&t.Write, 30*time.Second)
+	def(&t.Idle, 120*time.Second)
+	def(&t.Shutdown, 20*time.Second)
+	if t.MaxHeaderBytes <= 0 {
+		t.MaxHeaderBytes = 64 << 10
+	}
+	return t
+}
+
+type route struct {
+	pattern string
+	handler http.Handler
+	auth    bool
+}
+
+type config struct {
+	addr           string
+	tokens         []string
+	sealer         producer.Sealer
+	schema         SchemaValidator
+	broker         Pinger
+	database       func(context.Context) error
+	reg            prometheus.Registerer
+	gatherer       prometheus.Gatherer
+	logger         *slog.Logger
+	now            func() time.Time
+	routes         []route
+	maxBody        int64
+	maxBatch       int
+	timeouts       Timeouts
+	produceTimeout time.Duration
+	healthTimeout  time.Duration
+}
+
+// Option configures a Server.
+type Option func(*config)
+
+// WithAddr sets the listen address of Run (default ":8080").
+func WithAddr(addr string) Option { return func(c *config) { c.addr = addr } }
+
+// WithTokens adds accepted bearer tokens; at least one is required. Every
+// token is compared in constant time on every request.
+func WithTokens(tokens ...string) Option {
+	return func(c *config) { c.tokens = append(c.tokens, tokens...) }
+}
+
+// WithSealer seals plain mailbox credentials at ingest. Without one,
+// events carrying plain credentials are refused (plaintext_secret).
+func WithSealer(s producer.Sealer) Option { return func(c *config) { c.sealer = s } }
+
+// WithSchemaValidator adds JSON Schema validation of every event's data,
+// after Go validation and sealing.
+func WithSchemaValidator(v SchemaValidator) Option { return func(c *config) { c.schema = v } }
+
+// WithBrokerCheck sets the broker health check (a *kgo.Client).
+func WithBrokerCheck(p Pinger) Option { return func(c *config) { c.broker = p } }
+
+// WithDatabaseCheck sets the database health check (e.g. pgxpool.Pool.Ping).
+func WithDatabaseCheck(check func(ctx context.Context) error) Option {
+	return func(c *config) { c.database = check }
+}
+
+// WithRegisterer registers the server's metrics on reg. When reg is also a
+// prometheus.Gatherer and WithGatherer is not given, /metrics serves it.
+func WithRegisterer(reg prometheus.Registerer) Option { return func(c *config) { c.reg = reg } }
+
+// WithGatherer sets what GET /metrics serves.
+func WithGatherer(g prometheus.Gatherer) Option { return func(c *config) { c.gatherer = g } }
+
+// WithLogger sets the logger (default: discard). Request bodies, tokens
+// and secrets are never logged.
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithClock sets the clock giving events without a time their time.
+func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
+
+// WithRoute mounts an extra handler on a net/http ServeMux pattern such as
+// "POST /v1/workers/heartbeat" or "GET /v1/workers/{id}/assignments". With
+// authRequired the bearer-token check runs first. Patterns with a method
+// get JSON 405 responses for other methods on the same path.
+func WithRoute(pattern string, h http.Handler, authRequired bool) Option {
+	return func(c *config) { c.routes = append(c.routes, route{pattern, h, authRequired}) }
+}
+
+// WithMaxBodyBytes bounds request bodies (default 1 MiB).
+func WithMaxBodyBytes(n int64) Option { return func(c *config) { c.maxBody = n } }
+
+// WithMaxBatch bounds the events of one batch (default 1000).
+func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
+
+// WithTimeouts sets the HTTP server's timeouts.
+func WithTimeouts(t Timeouts) Option { return func(c *config) { c.timeouts = t } }
+
+// WithProduceTimeout bounds how long a request waits for acks (default
+// 15s). Producing is not cancelled when the client goes away: once a
+// request is accepted for producing, it is carried through.
+func WithProduceTimeout(d time.Duration) Option { return func(c *config) { c.produceTimeout = d } }
+
+// WithHealthTimeout bounds each health check (default 2s).
+func WithHealthTimeout(d time.Duration) Option { return func(c *config) { c.healthTimeout = d } }
+
+// Server is mailplane's HTTP API server.
+type Server struct {
+	cfg     config
+	log     *slog.Logger
+	prod    Producer
+	seal    domain.SealFunc
+	tokens  [][sha256.Size]byte
+	metrics *metrics
+	mux     *http.ServeMux
+	handler http.Handler
+	srv     *http.Server
+
+	mu      sync.Mutex
+	methods map[string]map[string]bool // path → methods with a handler
+	plain   map[string]bool            // paths mounted without a method
+}
+
+// New builds a server producing through p.
+func New(p Producer, opts ...Option) (*Server, error) {
+	c := config{
+		addr:           DefaultAddr,
+		maxBody:        DefaultMaxBodyBytes,
+		maxBatch:       DefaultMaxBatch,
+		produceTimeout: DefaultProduceTimeout,
+		healthTimeout:  DefaultHealthTimeout,
+		now:            time.Now,
+	}
+	for _, o := range opts {
+		o(&c)
+	}
+	if p == nil {
+		return nil, errors.New("api: a producer is required")
+	}
+	if len(c.tokens) == 0 {
+		return nil, errors.New("api: at least one API token is required")
+	}
+	if c.maxBody <= 0 || c.maxBatch <= 0 || c.produceTimeout <= 0 || c.healthTimeout <= 0 {
+		return nil, errors.New("api: limits and timeouts must be positive")
+	}
+	if c.logger == nil {
+		c.logger = slog.New(slog.DiscardHandler)
+	}
+	if c.reg == nil {
+		r := prometheus.NewRegistry()
+		c.reg = r
+		if c.gatherer == nil {
+			c.gatherer = r
+		}
+	}
+	if c.gatherer == nil {
+		if g, ok := c.reg.(prometheus.Gatherer); ok {
+			c.gatherer = g
+		}
+	}
+	c.timeouts = c.timeouts.withDefaults()
+
+	s := &Server{
+		cfg:     c,
+		log:     c.logger,
+		prod:    p,
+		mux:     http.NewServeMux(),
+		methods: map[string]map[string]bool{},
+		plain:   map[string]bool{},
+	}
+	for i, t := range c.tokens {
+		if t == "" || strings.ContainsAny(t, " \t\r\n") {
+			return nil, fmt.Errorf("api: token %d is empty or contains white space", i)
+		}
+		s.tokens = append(s.tokens, sha256.Sum256([]byte(t)))
+	}
+	if c.sealer != nil {
+		s.seal = c.sealer.Seal
+	}
+	m, err := newMetrics(c.reg)
+	if err != nil {
+		return nil, err
+	}
+	s.metrics = m
+
+	builtin := []route{
+		{"POST /v1/events", http.HandlerFunc(s.handleEvents), true},
+		{"GET /healthz", http.HandlerFunc(s.handleHealth), false},
+	}
+	if c.gatherer != nil {
+		builtin = append(builtin, route{"GET /metrics", s.metricsHandler(), false})
+	}
+	for _, r := range append(builtin, c.routes...) {
+		if err := s.Handle(r.pattern, r.handler, r.auth); err != nil {
+			return nil, err
+		}
+	}
+	if !s.plain["/"] && s.methods["/"] == nil {
+		s.mux.Handle("/", s.instrument("unmatched", http.HandlerFunc(notFound)))
+	}
+	s.handler = s.recoverer(s.mux)
+	s.srv = &http.Server{
+		Addr:              c.addr,
+		Handler:           s.handler,
+		ReadHeaderTimeout: c.timeouts.ReadHeader,
+		ReadTimeout:       c.timeouts.Read,
+		WriteTimeout:      c.timeouts.Write,
+		IdleTimeout:       c.timeouts.Idle,
+		MaxHeaderBytes:    c.timeouts.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(c.logger.Handler(), slog.LevelWarn),
+		// Requests are not cancelled by Run's context: in-flight requests
+		// finish during the shutdown grace period.
+		BaseContext: func(net.Listener) context.Context { return context.Background() },
+	}
+	return s, nil
+}
+
+// Handle mounts h on pattern, like WithRoute. Call it before serving.
+// It returns an error when the pattern is invalid or conflicts with one
+// already mounted.
+func (s *Server) Handle(pattern string, h http.Handler, authRequired bool) (err error) {
+	if h == nil {
+		return fmt.Errorf("api: nil handler for %q", pattern)
+	}
+	method, path := splitPattern(pattern)
+	if authRequired {
+		h = s.requireAuth(h)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("api: route %q: %v", pattern, r)
+		}
+	}()
+	if method == "" {
+		if s.methods[path] != nil {
+			return fmt.Errorf("api: route %q: path already has method routes", pattern)
+		}
+		s.mux.Handle(pattern, s.instrument(pattern, h))
+		s.plain[path] = true
+		return nil
+	}
+	if s.plain[path] {
+		return fmt.Errorf("api: route %q: path already has a route for every method", pattern)
+	}
+	s.mux.Handle(pattern, s.instrument(pattern, h))
+	ms := s.methods[path]
+	if ms == nil {
+		ms = map[string]bool{}
+		s.methods[path] = ms
+		s.mux.Handle(path, s.instrument(path, s.methodNotAllowed(path)))
+	}
+	ms[method] = true
+	if method == http.MethodGet {
+		ms[http.MethodHead] = true
+	}
+	return nil
+}
+
+// splitPattern splits a ServeMux pattern into its method and the rest.
+func splitPattern(p string) (method, rest string) {
+	p = strings.TrimSpace(p)
+	if i := strings.IndexAny(p, " \t"); i >= 0 && !strings.Contains(p[:i], "/") {
+		return p[:i], strings.TrimSpace(p[i:])
+	}
+	return "", p
+}
+
+// Handler returns the server's root handler (for tests and embedding).
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// HTTPServer returns the underlying *http.Server (timeouts, address).
+func (s *Server) HTTPServer() *http.Server { return s.srv }
+
+// Run listens on the configured address and serves until ctx is done,
+// then shuts down gracefully (in-flight requests get the shutdown grace
+// period). It returns nil after a clean shutdown.
+func (s *Server) Run(ctx context.Context) error {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", s.cfg.addr)
+	if err != nil {
+		return fmt.Errorf("api: listen: %w", err)
+	}
+	return s.Serve(ctx, ln)
+}
+
+// Serve serves on ln until ctx is done, then shuts down gracefully. Serve
+// may be called once.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	s.log.Info("api listening", "addr", ln.Addr().String())
+	errc := make(chan error, 1)
+	go func() { errc <- s.srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return fmt.Errorf("api: serve: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.timeouts.Shutdown)
+	defer cancel()
+	err := s.srv.Shutdown(sctx)
+	if err != nil {
+		s.log.Warn("api shutdown grace period over; closing connections", "err", err)
+		_ = s.srv.Close()
+	}
+	if serr := <-errc; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
+		return fmt.Errorf("api: serve: %w", serr)
+	}
+	s.log.Info("api stopped")
+	if err != nil {
+		return fmt.Errorf("api: shutdown: %w", err)
+	}
+	return nil
+}
+
+func notFound(w http.ResponseWriter, _ *http.Request) {
+	WriteError(w, http.StatusNotFound, domain.CodeNotFound, "no such route")
+}
+
+func (s *Server) methodNotAllowed(path string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		s.mu.Lock()
+		allow := make([]string, 0, len(s.methods[path]))
+		for m := range s.methods[path] {
+			allow = append(allow, m)
+		}
+		s.mu.Unlock()
+		slices.Sort(allow)
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		WriteError(w, http.StatusMethodNotAllowed, CodeMethodNotAllowed,
+			"method not allowed; allowed: "+strings.Join(allow, ", "))
+	})
+}
