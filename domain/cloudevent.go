@@ -178,42 +178,54 @@ type structured struct {
 // validation are all returned together. Plain credentials in mailbox.added
 // data are kept for the caller to seal; Validate reports them if it does not.
 func ParseStructured(raw []byte, now time.Time, seal SealFunc) (Event, Problems) {
-	var s structured
-	var ps Problems
-	// encoding/json matches names case-insensitively; CloudEvents
-	// attribute names are exact.
+	// One pass into raw members: attribute names are matched exactly
+	// (encoding/json would match struct fields case-insensitively), and the
+	// data member is handed on undecoded.
 	var top map[string]json.RawMessage
-	if json.Unmarshal(raw, &top) == nil {
-		for k := range top {
-			if !structuredAttrs[k] {
-				ps.Add(k, CodeUnknownField, "unknown CloudEvents attribute (extensions are not accepted)")
-			}
-		}
-		if len(ps) > 0 {
-			return Event{}, ps
-		}
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&s); err != nil {
+	if err := json.Unmarshal(raw, &top); err != nil {
 		var ute *json.UnmarshalTypeError
-		if errors.As(err, &ute) && ute.Field != "" {
-			return Event{}, Problems{jsonProblem("", err)}.trimDot()
+		if errors.As(err, &ute) {
+			return Event{}, Problems{{Code: CodeInvalidType, Message: "a CloudEvent must be a JSON object, not " + ute.Value}}
 		}
-		p := jsonProblem("", err)
-		if p.Code == CodeUnknownField {
-			p.Field = strings.TrimPrefix(p.Field, ".")
-			p.Message = "unknown CloudEvents attribute (extensions are not accepted)"
+		return Event{}, Problems{jsonProblem("", err)}
+	}
+	var ps Problems
+	for k := range top {
+		if !structuredAttrs[k] {
+			ps.Add(k, CodeUnknownField, "unknown CloudEvents attribute (extensions are not accepted)")
 		}
-		return Event{}, Problems{p}
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return Event{}, Problems{{Code: CodeMalformedJSON, Message: "trailing data after the JSON object"}}
+	if len(ps) > 0 {
+		return Event{}, ps
 	}
-	return FromAttributes(Attributes{
-		SpecVersion: s.SpecVersion, ID: s.ID, Type: s.Type, Source: s.Source,
-		Time: s.Time, Subject: s.Subject, DataContentType: s.DataContentType,
-	}, s.Data, now, seal, &ps)
+	attr := func(name string) string {
+		m, ok := top[name]
+		if !ok {
+			return ""
+		}
+		var v string
+		if err := json.Unmarshal(m, &v); err != nil {
+			p := jsonProblem("", err)
+			p.Field = name
+			if p.Code == CodeInvalidType {
+				p.Message = "must be a string"
+			}
+			ps = append(ps, p)
+		}
+		return v
+	}
+	a := Attributes{
+		SpecVersion: attr("specversion"), ID: attr("id"), Type: attr("type"), Source: attr("source"),
+		Time: attr("time"), Subject: attr("subject"), DataContentType: attr("datacontenttype"),
+	}
+	if len(ps) > 0 {
+		return Event{}, ps
+	}
+	var data []byte
+	if d, ok := top["data"]; ok && !bytes.Equal(bytes.TrimSpace(d), []byte("null")) {
+		data = d
+	}
+	return FromAttributes(a, data, now, seal, &ps)
 }
 
 func (ps Problems) trimDot() Problems {

@@ -130,7 +130,12 @@ func (c *Client) Prepare(events []domain.Event) ([]*kgo.Record, error) {
 			be.add(i, ps)
 			continue
 		}
-		r, err := topics.Encode(*e)
+		// Validated just above; EncodeTo skips Encode's second validation.
+		topic, err := topics.ForType(e.Type)
+		var r *kgo.Record
+		if err == nil {
+			r, err = topics.EncodeTo(topic, *e)
+		}
 		if err != nil {
 			be.add(i, domain.Problems{{Code: domain.ErrorCode(err), Message: err.Error()}})
 			continue
