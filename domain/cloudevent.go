@@ -228,13 +228,6 @@ func ParseStructured(raw []byte, now time.Time, seal SealFunc) (Event, Problems)
 	return FromAttributes(a, data, now, seal, &ps)
 }
 
-func (ps Problems) trimDot() Problems {
-	for i := range ps {
-		ps[i].Field = strings.TrimPrefix(ps[i].Field, ".")
-	}
-	return ps
-}
-
 // Attributes are CloudEvents context attributes as received, before checks.
 type Attributes struct {
 	SpecVersion     string

@@ -28,7 +28,7 @@ func TestDefaultCompilesEveryType(t *testing.T) {
 	if got, want := v.Types(), slices.Sorted(slices.Values(domain.EventTypes())); !slices.Equal(got, want) {
 		t.Errorf("types %v, want %v", got, want)
 	}
-	if eventschema.Default() != eventschema.Default() {
+	if first, second := eventschema.Default(), eventschema.Default(); first != second {
 		t.Error("Default compiles more than once")
 	}
 }

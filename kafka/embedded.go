@@ -2,7 +2,6 @@ package kafka
 
 import (
 	"fmt"
-	"log/slog"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 )
@@ -20,7 +19,6 @@ type embeddedConfig struct {
 	dataDir string
 	sync    bool
 	extra   []kfake.Opt
-	logger  *slog.Logger
 }
 
 // WithPort makes the broker listen on 127.0.0.1:port (0 picks a free port).

@@ -18,8 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/mailplane/mailplane/examples"
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/examples"
 )
 
 // buildBinary builds mailplane once per test binary run.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/eventschema"
 	"github.com/mailplane/mailplane/kafka"
 	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/sealing"
@@ -98,9 +99,7 @@ func runPublish(ctx context.Context, args []string) error {
 	if keyring != nil {
 		opts = append(opts, producer.WithSealer(keyring))
 	}
-	if v := schemaValidator(); v != nil {
-		opts = append(opts, producer.WithSchema(v))
-	}
+	opts = append(opts, producer.WithSchema(eventschema.Default()))
 	rs, err := producer.New(kc, opts...).Publish(ctx, ev)
 	if err != nil {
 		var be *producer.BatchError

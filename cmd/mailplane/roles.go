@@ -42,8 +42,6 @@ type roleConfig struct {
 	applyTops bool // apply the topic catalog first (dev mode)
 }
 
-func schemaValidator() producer.SchemaValidator { return eventschema.Default() }
-
 // runRoles starts the configured roles and blocks until ctx is done or a
 // role fails; then it stops every role and returns the first error.
 func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
