@@ -1,0 +1,192 @@
+package workerapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/topics"
+)
+
+// DefaultProjector is the name under which the placement projection's
+// projector records its decision-log position in projector_offsets.
+const DefaultProjector = "placement"
+
+// TxBeginner begins transactions; *pgxpool.Pool and *pgx.Conn are ones.
+type TxBeginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// PGStore is the AssignmentStore of the Postgres placement projection. It
+// reads, in one read-only repeatable-read transaction (one snapshot):
+//
+//   - projector_offsets: the placement projector's next offset on the
+//     decision log (partition 0), which is the token of every answer;
+//   - placement_assignment_retention: retained_from, the lowest decision
+//     offset whose changes are still kept;
+//   - placement_assignments: one row per placed mailbox;
+//   - placement_assignment_changes: per worker, the mailboxes added to and
+//     removed from it, by decision offset.
+//
+// The projector writes all four in the transaction of each batch, so one
+// snapshot is always consistent. The tables' proposed shape is in
+// testdata/proposed_placement_assignments.sql.
+type PGStore struct {
+	db        TxBeginner
+	projector string
+	topic     string
+}
+
+// PGOption configures a PGStore.
+type PGOption func(*PGStore)
+
+// WithProjector names the projector whose decision-log offset is the
+// projection's position (default DefaultProjector).
+func WithProjector(name string) PGOption { return func(s *PGStore) { s.projector = name } }
+
+// NewPGStore returns a store reading the placement projection through db
+// (whose connections' search_path selects the projection's schema).
+func NewPGStore(db TxBeginner, opts ...PGOption) *PGStore {
+	s := &PGStore{db: db, projector: DefaultProjector, topic: topics.PlacementDecisions}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+const (
+	sqlPosition = `
+SELECT
+  COALESCE((SELECT next_offset FROM projector_offsets
+            WHERE projector = $1 AND topic = $2 AND partition = 0), 0),
+  COALESCE((SELECT retained_from FROM placement_assignment_retention), 0)`
+
+	sqlFull = `
+SELECT mailbox_id::text, org_id::text, band, weight_milli, assigned_at
+FROM placement_assignments
+WHERE worker_id = $1::uuid
+ORDER BY mailbox_id`
+
+	// For each mailbox with a change on the worker since the token: the
+	// first change tells whether it was on the worker at the token ("removed"
+	// first: it was), the current row whether it is now. On now: added
+	// (upsert, with current details); gone now but there then: removed;
+	// added and removed again in between: nothing.
+	sqlChanges = `
+WITH c AS (
+  SELECT mailbox_id,
+         (array_agg(change ORDER BY decision_offset))[1] AS first_change
+  FROM placement_assignment_changes
+  WHERE worker_id = $1::uuid AND decision_offset >= $2 AND decision_offset < $3
+  GROUP BY mailbox_id
+)
+SELECT c.mailbox_id::text, c.first_change,
+       a.mailbox_id IS NOT NULL, a.org_id::text, a.band, a.weight_milli, a.assigned_at
+FROM c
+LEFT JOIN placement_assignments a ON a.mailbox_id = c.mailbox_id AND a.worker_id = $1::uuid
+ORDER BY c.mailbox_id`
+)
+
+// Assignments implements AssignmentStore.
+func (s *PGStore) Assignments(ctx context.Context, workerID string, since Token) (res Result, err error) {
+	tx, err := s.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return Result{}, fmt.Errorf("workerapi: begin: %w", err)
+	}
+	defer func() {
+		if rerr := tx.Rollback(ctx); rerr != nil && !errors.Is(rerr, pgx.ErrTxClosed) && err == nil {
+			err = fmt.Errorf("workerapi: end read: %w", rerr)
+		}
+	}()
+
+	var next, retainedFrom int64
+	if err := tx.QueryRow(ctx, sqlPosition, s.projector, s.topic).Scan(&next, &retainedFrom); err != nil {
+		return Result{}, fmt.Errorf("workerapi: read projection position: %w", err)
+	}
+	res.Token = TokenAt(next)
+
+	if since.IsZero() {
+		res.Full = true
+		rows, _ := tx.Query(ctx, sqlFull, workerID)
+		res.Mailboxes, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Assignment, error) {
+			var a Assignment
+			err := row.Scan(&a.MailboxID, &a.OrgID, &a.Band, &a.WeightMilli, &a.AssignedAt)
+			a.AssignedAt = a.AssignedAt.UTC()
+			return a, err
+		})
+		if err != nil {
+			return Result{}, fmt.Errorf("workerapi: read assignments: %w", err)
+		}
+		return res, nil
+	}
+
+	// A token below the retention horizon may have lost changes; one ahead
+	// of the projection comes from another history (a restored database,
+	// another cluster). Either way only a full resync is right.
+	if since.Offset() < retainedFrom || since.Offset() > next {
+		return Result{}, ErrTokenExpired
+	}
+	rows, _ := tx.Query(ctx, sqlChanges, workerID, since.Offset(), next)
+	var (
+		mailbox, first string
+		present        bool
+		orgID, band    *string
+		weight         *int64
+		at             *time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&mailbox, &first, &present, &orgID, &band, &weight, &at}, func() error {
+		switch {
+		case present:
+			res.Added = append(res.Added, Assignment{
+				MailboxID: mailbox, OrgID: *orgID, Band: domain.RiskPool(*band), WeightMilli: *weight,
+				AssignedAt: at.UTC(),
+			})
+		case first == "removed":
+			res.Removed = append(res.Removed, mailbox)
+		}
+		return nil
+	})
+	if err != nil {
+		return Result{}, fmt.Errorf("workerapi: read assignment changes: %w", err)
+	}
+	return res, nil
+}
+
+// Execer runs statements; pgx.Tx, *pgx.Conn and *pgxpool.Pool are ones.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// PruneChanges deletes the assignment changes below decision offset before
+// and raises the retention horizon to it, so tokens older than before are
+// answered with 410 expired (full resync) rather than with a partial list.
+// Run it in one transaction (db a pgx.Tx, or a pool: the statement is
+// one). The horizon never moves down. It returns the rows deleted.
+//
+// A rebuilt projection (mailplane replay) keeps every change; compare it
+// with the live one above the live horizon, or prune it to the same horizon
+// before verifying.
+func PruneChanges(ctx context.Context, db Execer, before int64) (int64, error) {
+	if before < 0 {
+		return 0, fmt.Errorf("workerapi: prune below %d: negative offset", before)
+	}
+	tag, err := db.Exec(ctx, `
+WITH horizon AS (
+  INSERT INTO placement_assignment_retention (singleton, retained_from) VALUES (true, $1)
+  ON CONFLICT (singleton) DO UPDATE
+    SET retained_from = GREATEST(placement_assignment_retention.retained_from, EXCLUDED.retained_from)
+  RETURNING retained_from
+)
+DELETE FROM placement_assignment_changes
+WHERE decision_offset < (SELECT retained_from FROM horizon)`, before)
+	if err != nil {
+		return 0, fmt.Errorf("workerapi: prune assignment changes: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
