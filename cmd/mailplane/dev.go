@@ -86,7 +86,12 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	}
 
+	bc, err := billingConfig()
+	if err != nil {
+		return err
+	}
 	roles := &roleConfig{
+		billing:         bc,
 		api:             true,
 		project:         true,
 		applyTops:       true,

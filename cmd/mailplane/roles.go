@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/api"
+	"github.com/mailplane/mailplane/billing"
 	"github.com/mailplane/mailplane/eventschema"
 	"github.com/mailplane/mailplane/kafka"
 	"github.com/mailplane/mailplane/migrations"
@@ -25,6 +27,7 @@ import (
 	"github.com/mailplane/mailplane/projections"
 	"github.com/mailplane/mailplane/sealing"
 	"github.com/mailplane/mailplane/topics"
+	"github.com/mailplane/mailplane/workerapi"
 )
 
 // roleConfig is what the roles of one process share.
@@ -36,6 +39,8 @@ type roleConfig struct {
 	tokens          []string
 	keyring         *sealing.Keyring
 	statePartitions int32
+
+	billing *billing.Config // mount the Stripe webhook when set
 
 	api       bool // serve the ingest API (else only health and metrics)
 	project   bool // run the projectors
@@ -119,6 +124,14 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 		)
 		if err != nil {
 			return err
+		}
+		if err := workerapi.Register(srv, workerapi.WithLogger(log.With("role", "api"))); err != nil {
+			return err
+		}
+		if rc.billing != nil {
+			if err := billing.Register(srv, *rc.billing, billing.WithLogger(log.With("role", "billing"))); err != nil {
+				return err
+			}
 		}
 		start("api", srv.Run)
 	} else if rc.httpAddr != "" {
@@ -228,7 +241,11 @@ func runAPI(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	return runRoles(ctx, &roleConfig{
+	bc, err := billingConfig()
+	if err != nil {
+		return err
+	}
+	return runRoles(ctx, &roleConfig{billing: bc,
 		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
 		httpAddr: *httpAddr, tokens: splitList(*tokens), keyring: keyring, statePartitions: int32(*parts), api: true,
 	}, nil)
@@ -259,4 +276,17 @@ func runMigrate(ctx context.Context, args []string) error {
 	pool.Close()
 	fmt.Println("migrations applied")
 	return nil
+}
+
+// billingConfig reads the Stripe webhook configuration; nil when no
+// webhook secret is configured (the route is then not mounted).
+func billingConfig() (*billing.Config, error) {
+	if os.Getenv("MAILPLANE_STRIPE_WEBHOOK_SECRETS") == "" {
+		return nil, nil
+	}
+	cfg, err := billing.ConfigFromEnv(os.Getenv)
+	if err != nil {
+		return nil, fmt.Errorf("billing webhook: %w", err)
+	}
+	return &cfg, nil
 }
