@@ -93,6 +93,7 @@ func runDev(ctx context.Context, args []string) error {
 	roles := &roleConfig{
 		billing:         bc,
 		api:             true,
+		engine:          true,
 		project:         true,
 		applyTops:       true,
 		log:             log,

@@ -24,6 +24,7 @@ Run:
   dev              everything embedded (broker, Postgres, API, projectors); what 'make run' runs
   api              the ingest API role
   project          the projector role (Postgres projections of the log)
+  engine           the placement engine (one active, others standby)
 
 Operate:
   topics apply     create missing topics, report drift (exit 1 on drift)
@@ -52,6 +53,8 @@ func main() {
 		err = runDev(ctx, args)
 	case "api":
 		err = runAPI(ctx, args)
+	case "engine":
+		err = runEngine(ctx, args)
 	case "project":
 		err = runProject(ctx, args)
 	case "topics":

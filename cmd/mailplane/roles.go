@@ -23,6 +23,7 @@ import (
 	"github.com/mailplane/mailplane/eventschema"
 	"github.com/mailplane/mailplane/kafka"
 	"github.com/mailplane/mailplane/migrations"
+	"github.com/mailplane/mailplane/placement"
 	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/projections"
 	"github.com/mailplane/mailplane/sealing"
@@ -43,6 +44,7 @@ type roleConfig struct {
 	billing *billing.Config // mount the Stripe webhook when set
 
 	api       bool // serve the ingest API (else only health and metrics)
+	engine    bool // run the placement engine (active or standby)
 	project   bool // run the projectors
 	applyTops bool // apply the topic catalog first (dev mode)
 }
@@ -101,6 +103,16 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 		}
 		defer p.Close()
 		start("projector registry", p.Run)
+	}
+
+	if rc.engine {
+		eng, err := placement.New(kcfg("placement-engine"),
+			placement.WithLogger(log.With("role", "engine")),
+			placement.WithRegisterer(reg))
+		if err != nil {
+			return err
+		}
+		start("placement engine", eng.Run)
 	}
 
 	dbCheck := func(ctx context.Context) error { return pool.Ping(ctx) }
@@ -289,4 +301,14 @@ func billingConfig() (*billing.Config, error) {
 		return nil, fmt.Errorf("billing webhook: %w", err)
 	}
 	return &cfg, nil
+}
+
+func runEngine(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("engine", flag.ExitOnError)
+	brokers, dbURL, httpAddr, logLevel, logFormat, parts := commonRoleFlags(fs)
+	fs.Parse(args)
+	return runRoles(ctx, &roleConfig{
+		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
+		httpAddr: *httpAddr, statePartitions: int32(*parts), engine: true,
+	}, nil)
 }
