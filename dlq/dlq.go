@@ -263,7 +263,11 @@ func List(ctx context.Context, cfg kafka.Config, limit int) ([]Entry, error) {
 	}
 	// A plain client: the producer options carry the shared timeouts and
 	// metrics hooks, and a client that never produces is just a client.
-	cl, err := kgo.NewClient(kafka.ProducerOptions(cfg)...)
+	// read_committed, so dead letters of aborted transactions (the
+	// placement engine writes them inside its transactions) are not shown;
+	// control records are kept so a transaction marker at the end of the
+	// log still counts as reaching it.
+	cl, err := kgo.NewClient(kafka.ProducerOptions(cfg, kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())...)
 	if err != nil {
 		return nil, fmt.Errorf("dlq: client: %w", err)
 	}
@@ -277,7 +281,8 @@ func List(ctx context.Context, cfg kafka.Config, limit int) ([]Entry, error) {
 	if err := starts.Error(); err != nil {
 		return nil, fmt.Errorf("dlq: list start offsets: %w", err)
 	}
-	ends, err := adm.ListEndOffsets(ctx, topics.DLQ)
+	// The last stable offset: what read_committed can reach.
+	ends, err := adm.ListCommittedOffsets(ctx, topics.DLQ)
 	if err != nil {
 		return nil, fmt.Errorf("dlq: list end offsets: %w", err)
 	}
@@ -324,7 +329,9 @@ func List(ctx context.Context, cfg kafka.Config, limit int) ([]Entry, error) {
 				if !ok || r.Offset >= end {
 					return
 				}
-				out = append(out, Parse(r))
+				if !r.Attrs.IsControl() {
+					out = append(out, Parse(r))
+				}
 				if r.Offset >= end-1 {
 					delete(remaining, r.Partition)
 				}

@@ -12,6 +12,7 @@ import (
 	"github.com/mailplane/mailplane/dlq"
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/kafka"
+	"github.com/mailplane/mailplane/kafkatest"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -204,5 +205,41 @@ func TestListNoBroker(t *testing.T) {
 	}
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("List took %s", d)
+	}
+}
+
+// Dead letters written in transactions: an aborted one is not listed, and a
+// transaction marker at the end of the log does not stall the listing.
+func TestListTransactional(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Brokers(t, 4)
+	cfg := kafka.Config{Brokers: brokers, ClientID: "dlq-txn-test"}
+	cl, err := kafka.NewProducer(cfg, kgo.TransactionalID("dlq-test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	write := func(commit bool, consumer string) {
+		if err := cl.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		r := dlq.NewRecord(source(`{}`), dlq.Failure{Consumer: consumer, Code: domain.CodeMalformedJSON, Err: "bad", Attempts: 1})
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.EndTransaction(ctx, kgo.TransactionEndTry(commit)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(true, "kept")
+	write(false, "aborted")
+	entries, err := dlq.List(ctx, cfg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 1 || entries[0].Consumer != "kept" {
+		t.Fatalf("entries %+v, want only the committed dead letter", entries)
 	}
 }
