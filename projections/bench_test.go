@@ -35,7 +35,7 @@ func BenchmarkProjection(b *testing.B) {
 	var mu sync.Mutex
 	applied, batches := 0, 0
 	done := make(chan struct{})
-	p, _ := e.projector(pool, projections.NewRegistry(), projections.WithCommitted(func(_ string, _ int32, events []domain.Event) {
+	p, _ := e.projector(pool, projections.NewRegistry(), projections.WithCommitted(func(events []domain.Event) {
 		mu.Lock()
 		applied += len(events)
 		batches++
@@ -103,7 +103,7 @@ func BenchmarkPublishToProjected(b *testing.B) {
 	lat := make([]time.Duration, 0, b.N)
 	done := make(chan struct{})
 	seen := 0
-	p, _ := e.projector(e.db.Pool, projections.NewRegistry(), projections.WithCommitted(func(_ string, _ int32, events []domain.Event) {
+	p, _ := e.projector(e.db.Pool, projections.NewRegistry(), projections.WithCommitted(func(events []domain.Event) {
 		now := time.Now()
 		mu.Lock()
 		defer mu.Unlock()

@@ -21,18 +21,9 @@ func isPgDataError(err error) bool {
 	return strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "23") || pe.Code == "P0001"
 }
 
-// errFenced says the partition's offset row changed under this member:
-// another member (or an operator) moved it. The batch is rolled back and
-// re-examined against the new offset.
-var errFenced = errors.New("projector offset moved under this member")
-
-// errStopping says the partition is being stopped (revoked, lost, or the
-// projector is shutting down).
-var errStopping = errors.New("partition stopping")
-
-// reseekError asks for the partition to be read again from offset, which
-// Postgres says is next although the member had read further: someone
-// rewound the projector.
-type reseekError struct{ offset int64 }
-
-func (e *reseekError) Error() string { return "projector offset rewound; reseeking" }
+// isUniqueViolation reports whether err is Postgres refusing a duplicate
+// key (23505).
+func isUniqueViolation(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23505"
+}

@@ -1,12 +1,14 @@
 // Package projections runs projectors: consumers that turn the event log
 // into Postgres tables. A Projector consumes its projection's topics in a
-// consumer group, one goroutine per assigned partition, and applies each
-// batch of records to Postgres in one transaction that also records the
-// event ids it applied and the partition's next offset. Postgres, not the
+// consumer group. Its poll loop applies the records of each poll, across all
+// the partitions it owns, in one transaction (a backlog in consecutive
+// transactions of at most a batch), which also records the event ids it
+// applied and moves every touched partition's next offset. Postgres, not the
 // group's committed offsets, says where a partition resumes, so a crash at
 // any point neither loses nor double-applies an event. Records that cannot be
 // decoded, or whose apply keeps failing, go to the DLQ and the partition
-// keeps moving.
+// keeps moving; a partition that cannot be applied for now is retried on its
+// own and holds up no other.
 //
 // A projection is the part that knows tables: it implements Projection.
 // Registry is the first one.
@@ -29,19 +31,23 @@ type Projection interface {
 	Name() string
 	// Topics are the topics the projection consumes.
 	Topics() []string
-	// Apply applies events to tx. The events come from one partition, in
-	// log order, and none has been applied before. Apply must be a function
-	// of the events and the rows alone (no wall clock, no randomness), so
-	// replaying the log reproduces the rows; it must not commit or roll back
-	// tx. It may be called again with the same events in a new transaction
-	// when an attempt fails.
+	// Apply applies events to tx. None has been applied before. They may
+	// come from several partitions, grouped by partition, each partition's
+	// in log order; a key lives in one partition, so each key's events are
+	// in log order. The projector has locked the offset rows of those
+	// partitions in tx already, so no other projector transaction writes
+	// the same keys until tx ends. Apply must be a function of the events
+	// and the rows alone (no wall clock, no randomness), so replaying the
+	// log reproduces the rows; it must not commit or roll back tx. It may
+	// be called again with the same events in a new transaction when an
+	// attempt fails.
 	//
 	// An error marked Permanent, a *domain.Error (other than unavailable or
 	// internal), or a Postgres data or constraint error says the events
 	// themselves cannot be applied: the projector isolates the record at
 	// fault and sends it to the DLQ. Any other error is taken to be
-	// transient (a database restart, a deadlock) and the batch is retried
-	// until it succeeds.
+	// transient (a database restart, a deadlock): the events' partitions
+	// are retried, each alone, until they succeed.
 	Apply(ctx context.Context, tx pgx.Tx, events []domain.Event) error
 }
 

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -35,7 +37,13 @@ type RetryPolicy struct {
 var DefaultRetryPolicy = RetryPolicy{Attempts: 3, Backoff: 100 * time.Millisecond, MaxBackoff: 10 * time.Second}
 
 // DefaultBatchSize is the most records applied in one transaction.
-const DefaultBatchSize = 1000
+const DefaultBatchSize = 4000
+
+// fetchMaxBytes sizes fetches to batches of batch records, taking a domain
+// event to be about 128 bytes compressed.
+func fetchMaxBytes(batch int) int32 {
+	return int32(min(max(batch, 512)*128, 50<<20))
+}
 
 // Option configures a Projector.
 type Option func(*config)
@@ -52,21 +60,21 @@ type config struct {
 	pollWait    time.Duration
 	commitEvery time.Duration
 	kgoOpts     []kgo.Opt
-	committed   func(topic string, partition int32, events []domain.Event)
+	committed   func(events []domain.Event)
 	syncCommit  bool
 }
 
-// WithSynchronousCommit makes every batch wait for its WAL flush. The
-// default does not: a batch's rows and offsets commit or vanish together,
-// so a commit lost to a Postgres crash is simply projected again from the
-// log, and nothing is lost or applied twice either way.
+// WithSynchronousCommit makes every transaction wait for its WAL flush. The
+// default does not: a transaction's rows and offsets commit or vanish
+// together, so a commit lost to a Postgres crash is simply projected again
+// from the log, and nothing is lost or applied twice either way.
 func WithSynchronousCommit() Option { return func(c *config) { c.syncCommit = true } }
 
-// WithCommitted calls fn after each batch's transaction commits, on the
-// partition's goroutine, with the events newly applied (duplicates
-// excluded). fn must be quick; benchmarks use it to time publish to
-// projected.
-func WithCommitted(fn func(topic string, partition int32, events []domain.Event)) Option {
+// WithCommitted calls fn after each transaction commits, on the poll loop,
+// with the events it newly applied (duplicates excluded), partition by
+// partition in log order. fn must be quick; benchmarks use it to time
+// publish to projected.
+func WithCommitted(fn func(events []domain.Event)) Option {
 	return func(c *config) { c.committed = fn }
 }
 
@@ -77,7 +85,8 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // sharing a registerer share the series, labelled by projector.
 func WithRegisterer(reg prometheus.Registerer) Option { return func(c *config) { c.reg = reg } }
 
-// WithBatchSize sets the most records applied in one transaction.
+// WithBatchSize sets the most records applied in one transaction, which is
+// also the most records one poll takes from the client.
 func WithBatchSize(n int) Option { return func(c *config) { c.batchSize = n } }
 
 // WithRetry sets the retry policy; zero fields keep their defaults.
@@ -93,12 +102,13 @@ func WithClock(now func() time.Time) Option { return func(c *config) { c.now = n
 // Topics are always the projection's.
 func WithGroup(g kafka.GroupConfig) Option { return func(c *config) { c.group = g } }
 
-// WithRevokeGrace sets how long a revoked partition's in-flight transaction
-// may run on before it is canceled. Default 5s.
+// WithRevokeGrace sets how long a transaction in flight may run on once a
+// rebalance waits for it or Run is stopped, before it is canceled (and its
+// records applied later, by whoever owns them then). Default 5s.
 func WithRevokeGrace(d time.Duration) Option { return func(c *config) { c.revokeGrace = d } }
 
-// WithTxTimeout bounds one batch's transaction, Apply included. A
-// transaction that runs out is rolled back and retried. Default 60s.
+// WithTxTimeout bounds one transaction, Apply included. A transaction that
+// runs out is rolled back and retried. Default 60s.
 func WithTxTimeout(d time.Duration) Option { return func(c *config) { c.txTimeout = d } }
 
 // WithKgoOptions adds franz-go options to the consumer (tests use it for
@@ -195,9 +205,10 @@ func New(kcfg kafka.Config, pool *pgxpool.Pool, proj Projection, opts ...Option)
 // ErrClosed is returned by Run after Close.
 var ErrClosed = errors.New("projections: projector closed")
 
-// Run consumes and applies until ctx is done, then stops its partitions,
-// leaves the group and returns nil. It returns an error only if it could not
-// start. A projector runs once at a time.
+// Run consumes and applies until ctx is done, then finishes the transaction
+// in flight (within the revoke grace), leaves the group and returns nil. It
+// returns an error only if it could not start. A projector runs once at a
+// time.
 func (p *Projector) Run(ctx context.Context) error {
 	p.mu.Lock()
 	switch {
@@ -220,7 +231,12 @@ func (p *Projector) Run(ctx context.Context) error {
 		close(done)
 	}()
 
-	s := &session{p: p, ctx: ctx, parts: map[topicPartition]*partition{}}
+	s := &session{
+		p:         p,
+		parts:     map[topicPartition]*partition{},
+		committed: map[topicPartition]int64{},
+		yieldC:    make(chan struct{}, 1),
+	}
 	dlqCl, err := kafka.NewProducer(p.kcfg)
 	if err != nil {
 		return fmt.Errorf("projections: DLQ producer: %w", err)
@@ -229,10 +245,11 @@ func (p *Projector) Run(ctx context.Context) error {
 	s.dlq = dlqCl
 
 	opts := kafka.ConsumerOptions(p.kcfg, p.cfg.group,
-		// Polls and rebalance callbacks take turns, so the poll loop hands
-		// records only to partitions it owns and may call SetOffsets
-		// safely (the franz-go goroutine-per-partition pattern).
+		// Polls and rebalance callbacks take turns: the poll loop applies
+		// what it polled before it allows a rebalance, so a revoke never
+		// finds a transaction in flight, and SetOffsets is safe.
 		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsCallbackBlocked(s.callbackBlocked),
 		kgo.OnPartitionsAssigned(s.assigned),
 		kgo.OnPartitionsRevoked(s.revoked),
 		kgo.OnPartitionsLost(s.lost),
@@ -240,6 +257,14 @@ func (p *Projector) Run(ctx context.Context) error {
 		// committed offsets are only there for lag dashboards.
 		kgo.AdjustFetchOffsetsFn(s.adjustOffsets),
 		kgo.WithLogger(kgoLogger{p.log}),
+		kgo.WithHooks(decodeHook{}),
+		// About a batch per fetch. The client fetches again only once a
+		// fetch is drained, and decodeHook decodes a whole fetch before
+		// any of it can be polled: a fetch the size of a transaction is
+		// decoded while the transaction before it runs, where a large one
+		// (the default is 50 MiB) would leave Postgres idle while it is
+		// decoded.
+		kgo.FetchMaxBytes(fetchMaxBytes(p.cfg.batchSize)),
 	)
 	opts = append(opts, p.cfg.kgoOpts...)
 	cl, err := kgo.NewClient(opts...)
@@ -253,7 +278,6 @@ func (p *Projector) Run(ctx context.Context) error {
 
 	s.shutdown()
 	cl.CloseAllowingRebalance()
-	s.wg.Wait()
 	for _, t := range p.cfg.group.Topics {
 		p.m.lag.DeleteLabelValues(p.name, t)
 	}
@@ -285,49 +309,77 @@ type topicPartition struct {
 // session is one Run: the clients and the partitions currently owned.
 type session struct {
 	p   *Projector
-	ctx context.Context
 	cl  *kgo.Client
 	dlq *kgo.Client
-	wg  sync.WaitGroup
 
-	mu         sync.Mutex
-	parts      map[topicPartition]*partition
-	closing    bool
-	pollCancel context.CancelFunc
+	// mu guards the partitions. The poll loop holds it from the end of a
+	// poll to AllowRebalance; the group callbacks and adjustOffsets take
+	// it too (see yieldLock). BlockRebalanceOnPoll already keeps the
+	// callbacks out of that stretch; the lock covers what it does not
+	// (adjustOffsets, and a poll that returned nothing).
+	mu      sync.Mutex
+	parts   map[topicPartition]*partition
+	order   []*partition // parts sorted by topic and partition: batch order
+	closing bool
+
+	// The group waits for the poll loop: a callback at the poll gate
+	// (blocked), or a callback or adjustOffsets for mu (waiting counts
+	// them). The loop then ends its round after the transaction in
+	// flight; yieldC wakes the round's watcher, which cancels that
+	// transaction if it outlasts the revoke grace.
+	blocked atomic.Bool
+	waiting atomic.Int32
+	yieldC  chan struct{}
+
 	lastCommit time.Time // poll loop only
 
 	commitMu  sync.Mutex
 	committed map[topicPartition]int64 // last offsets committed to Kafka
 }
 
-func (s *session) lookup(tp topicPartition) *partition {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.parts[tp]
+// callbackBlocked is the OnPartitionsCallbackBlocked hook: a callback
+// waits at the poll gate for a round that polled records.
+func (s *session) callbackBlocked(context.Context, *kgo.Client) {
+	s.blocked.Store(true)
+	s.wakeWatcher()
 }
 
-// wake ends the current poll early, so housekeeping (resume, reseek) runs
-// without waiting for records or the poll timeout.
-func (s *session) wake() {
+// yieldLock takes mu for the group. A round that polled nothing holds mu
+// but not the poll gate, so the group asks it to yield here too.
+func (s *session) yieldLock() {
+	s.waiting.Add(1)
+	s.wakeWatcher()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.pollCancel != nil {
-		s.pollCancel()
+	s.waiting.Add(-1)
+}
+
+func (s *session) wakeWatcher() {
+	select {
+	case s.yieldC <- struct{}{}:
+	default:
 	}
 }
 
+// groupWaits reports whether the group waits for the poll loop.
+func (s *session) groupWaits() bool { return s.blocked.Load() || s.waiting.Load() > 0 }
+
+// poll is the projector's loop: poll, apply what came in (with what earlier
+// rounds left), then allow a rebalance. One goroutine does it all, so the
+// records of one poll, across partitions, share a transaction.
 func (s *session) poll(ctx context.Context) {
-	maxPoll := s.p.cfg.batchSize * 4
 	for ctx.Err() == nil {
-		pctx, cancel := context.WithTimeout(ctx, s.p.cfg.pollWait)
-		s.mu.Lock()
-		s.pollCancel = cancel
-		s.mu.Unlock()
-		fs := s.cl.PollRecords(pctx, maxPoll)
-		s.mu.Lock()
-		s.pollCancel = nil
-		s.mu.Unlock()
-		cancel()
+		// A callback blocked at the poll gate ran after the last round
+		// (and one still blocked will say so again); one waiting for mu
+		// may still wait.
+		s.blocked.Store(false)
+		select {
+		case <-s.yieldC:
+		default:
+		}
+		if s.waiting.Load() > 0 {
+			s.wakeWatcher()
+		}
+		fs := s.pollRecords(ctx)
 		if fs.IsClientClosed() {
 			s.cl.AllowRebalance()
 			return
@@ -338,95 +390,148 @@ func (s *session) poll(ctx context.Context) {
 			}
 			s.p.log.Warn("fetch error", "topic", topic, "partition", partition, "err", err)
 		})
-		var pause map[string][]int32
-		touched := map[string]bool{}
-		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
-			if len(fp.Records) == 0 {
-				return
-			}
-			pt := s.lookup(topicPartition{fp.Topic, fp.Partition})
-			if pt == nil {
-				// Not ours (any more): BlockRebalanceOnPoll makes this
-				// unexpected, and the records will be read by the owner.
-				return
-			}
-			touched[fp.Topic] = true
-			if pt.enqueue(fp.Records, fp.HighWatermark, maxPoll) {
-				if pause == nil {
-					pause = map[string][]int32{}
-				}
-				pause[fp.Topic] = append(pause[fp.Topic], fp.Partition)
-			}
-		})
-		for t := range touched {
-			s.updateLag(t)
+
+		s.mu.Lock()
+		s.accept(fs)
+		rctx, cancel := s.roundContext(ctx)
+		s.drain(ctx, rctx)
+		cancel()
+		s.housekeeping()
+		var commit map[topicPartition]int64
+		if time.Since(s.lastCommit) >= s.p.cfg.commitEvery {
+			s.lastCommit = time.Now()
+			commit = s.positions(s.order)
 		}
-		if pause != nil {
-			// Backpressure: a partition whose applier is behind (say the
-			// database is down) stops being fetched, instead of blocking
-			// this loop and with it every other partition and rebalances.
-			s.cl.PauseFetchPartitions(pause)
-			s.p.log.Debug("paused fetching of partitions whose applier is behind", "paused", pause)
+		s.mu.Unlock()
+
+		if commit != nil {
+			s.commitKafka(ctx, s.cl, commit)
 		}
-		s.housekeeping(ctx)
 		s.cl.AllowRebalance()
 	}
 }
 
-// housekeeping runs in the poll loop between a poll and AllowRebalance, the
-// one place where no rebalance callback can run concurrently.
-func (s *session) housekeeping(ctx context.Context) {
+// pollRecords polls at most a batch. It waits for records up to the poll
+// wait, less when a failing partition's retry falls due sooner, and not at
+// all when records are already waiting to be applied.
+func (s *session) pollRecords(ctx context.Context) kgo.Fetches {
 	s.mu.Lock()
-	parts := make([]*partition, 0, len(s.parts))
-	for _, pt := range s.parts {
-		parts = append(parts, pt)
-	}
+	wait := s.pollWait(time.Now())
 	s.mu.Unlock()
+	if wait <= 0 {
+		// A nil context takes what the client has buffered and returns
+		// (a canceled one would return nothing).
+		//lint:ignore SA1012 kgo documents a nil context as "do not wait"
+		return s.cl.PollRecords(nil, s.p.cfg.batchSize)
+	}
+	pctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	return s.cl.PollRecords(pctx, s.p.cfg.batchSize)
+}
 
-	var resume map[string][]int32
-	for _, pt := range parts {
-		if off, ok := pt.pendingReseek(); ok {
-			s.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{pt.topic: {pt.id: {Epoch: -1, Offset: off}}})
-			pt.reseeked(off)
-			s.p.log.Warn("partition reseeked to its Postgres offset", "topic", pt.topic, "partition", pt.id, "offset", off)
+func (s *session) pollWait(now time.Time) time.Duration {
+	wait := s.p.cfg.pollWait
+	for _, pt := range s.order {
+		if len(pt.queue) == 0 {
+			continue
 		}
-		if pt.shouldResume(s.p.cfg.batchSize * 2) {
-			if resume == nil {
-				resume = map[string][]int32{}
-			}
-			resume[pt.topic] = append(resume[pt.topic], pt.id)
+		if !pt.failing() {
+			return 0
 		}
+		wait = min(wait, pt.retryAt.Sub(now))
+	}
+	return wait
+}
+
+// roundContext returns the context of a round's transactions. It is not
+// canceled with ctx, so that the transaction in flight when Run is stopped
+// or a rebalance waits can commit; but it is canceled the revoke grace
+// after either, so that a stuck database holds neither up for long.
+func (s *session) roundContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-s.yieldC:
+		case <-rctx.Done():
+			return
+		}
+		t := time.NewTimer(s.p.cfg.revokeGrace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-rctx.Done():
+		}
+	}()
+	return rctx, cancel
+}
+
+// housekeeping runs in the poll loop after a round: it pauses fetching of
+// partitions whose records pile up (they are failing: a healthy partition's
+// queue is emptied every round), resumes them once they drained, and
+// updates the lag gauges.
+func (s *session) housekeeping() {
+	// A batch queued is all a partition needs to resume at full speed
+	// once it recovers.
+	pauseAt, resumeBelow := s.p.cfg.batchSize, max(s.p.cfg.batchSize/2, 1)
+	var pause, resume map[string][]int32
+	add := func(m *map[string][]int32, pt *partition) {
+		if *m == nil {
+			*m = map[string][]int32{}
+		}
+		(*m)[pt.topic] = append((*m)[pt.topic], pt.id)
+	}
+	for _, pt := range s.order {
+		switch {
+		case !pt.paused && len(pt.queue) >= pauseAt:
+			pt.paused = true
+			add(&pause, pt)
+		case pt.paused && len(pt.queue) < resumeBelow:
+			pt.paused = false
+			add(&resume, pt)
+		}
+	}
+	if pause != nil {
+		// Backpressure: a partition that cannot be applied (say its rows
+		// are locked, or the database is down) stops being fetched
+		// instead of growing without bound; the others flow on.
+		s.cl.PauseFetchPartitions(pause)
+		s.p.log.Debug("paused fetching of partitions that are behind", "paused", pause)
 	}
 	if resume != nil {
 		s.cl.ResumeFetchPartitions(resume)
 		s.p.log.Debug("resumed fetching", "resumed", resume)
 	}
-	if time.Since(s.lastCommit) >= s.p.cfg.commitEvery {
-		s.lastCommit = time.Now()
-		s.commitKafka(ctx, s.cl, parts)
-	}
+	s.updateLag()
 }
 
-// commitKafka commits the Postgres offsets of parts to the group, for lag
-// visibility in Kafka tools only: nothing reads them back.
-func (s *session) commitKafka(ctx context.Context, cl *kgo.Client, parts []*partition) {
+// positions returns the Postgres offsets of parts.
+func (s *session) positions(parts []*partition) map[topicPartition]int64 {
+	out := make(map[topicPartition]int64, len(parts))
+	for _, pt := range parts {
+		if pt.next >= 0 {
+			out[topicPartition{pt.topic, pt.id}] = pt.next
+		}
+	}
+	return out
+}
+
+// commitKafka commits Postgres offsets to the group, for lag visibility in
+// Kafka tools only: nothing reads them back.
+func (s *session) commitKafka(ctx context.Context, cl *kgo.Client, positions map[topicPartition]int64) {
 	// The poll loop, a revoke callback and shutdown may all commit.
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
 	offs := map[string]map[int32]kgo.EpochOffset{}
-	if s.committed == nil {
-		s.committed = map[topicPartition]int64{}
-	}
-	for _, pt := range parts {
-		next := pt.position.Load()
-		tp := topicPartition{pt.topic, pt.id}
-		if next < 0 || s.committed[tp] == next {
+	for tp, next := range positions {
+		if s.committed[tp] == next {
 			continue
 		}
-		if offs[pt.topic] == nil {
-			offs[pt.topic] = map[int32]kgo.EpochOffset{}
+		if offs[tp.topic] == nil {
+			offs[tp.topic] = map[int32]kgo.EpochOffset{}
 		}
-		offs[pt.topic][pt.id] = kgo.EpochOffset{Epoch: -1, Offset: next}
+		offs[tp.topic][tp.partition] = kgo.EpochOffset{Epoch: -1, Offset: next}
 		s.committed[tp] = next
 	}
 	if len(offs) == 0 {
@@ -443,10 +548,10 @@ func (s *session) commitKafka(ctx context.Context, cl *kgo.Client, parts []*part
 	}
 }
 
-// assigned starts a goroutine per newly assigned partition. Their start
-// offsets arrive in adjustOffsets, which franz-go calls next.
+// assigned adds the newly assigned partitions. Their offsets arrive in
+// adjustOffsets, which franz-go calls next, before it fetches them.
 func (s *session) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
-	s.mu.Lock()
+	s.yieldLock()
 	defer s.mu.Unlock()
 	if s.closing {
 		return
@@ -458,17 +563,29 @@ func (s *session) assigned(_ context.Context, _ *kgo.Client, assigned map[string
 			if _, ok := s.parts[tp]; ok {
 				continue
 			}
-			pt := newPartition(s, topic, id)
-			s.parts[tp] = pt
-			s.wg.Add(1)
-			go func() {
-				defer s.wg.Done()
-				pt.run()
-			}()
+			s.parts[tp] = newPartition(topic, id, s.p.cfg.retry.Backoff)
 			n++
 		}
 	}
+	s.reorder()
 	s.p.log.Info("partitions assigned", "count", n, "assigned", assigned)
+}
+
+// reorder rebuilds the batch order after the partitions changed.
+func (s *session) reorder() {
+	s.order = s.order[:0]
+	for _, pt := range s.parts {
+		s.order = append(s.order, pt)
+	}
+	slices.SortFunc(s.order, func(a, b *partition) int {
+		if a.topic != b.topic {
+			if a.topic < b.topic {
+				return -1
+			}
+			return 1
+		}
+		return int(a.id) - int(b.id)
+	})
 }
 
 const selectOffsetsSQL = `SELECT topic, partition, next_offset FROM projector_offsets WHERE projector = $1 AND topic = ANY($2)`
@@ -502,17 +619,15 @@ func (s *session) adjustOffsets(ctx context.Context, offsets map[string]map[int3
 		s.p.log.Error("reading projector offsets; the group will retry", "err", err)
 		return nil, fmt.Errorf("read projector offsets: %w", err)
 	}
+	s.yieldLock()
+	defer s.mu.Unlock()
 	for t, parts := range offsets {
 		for id := range parts {
 			tp := topicPartition{t, id}
-			next, ok := pg[tp]
-			if ok {
-				parts[id] = kgo.NewOffset().At(next)
-			} else {
-				parts[id] = kgo.NewOffset().AtStart()
-			}
-			if pt := s.lookup(tp); pt != nil {
-				pt.setStart(next)
+			next := pg[tp] // no row: 0, the start of the log
+			parts[id] = kgo.NewOffset().At(next)
+			if pt := s.parts[tp]; pt != nil {
+				pt.restart(next, s.p.cfg.retry.Backoff)
 			}
 		}
 	}
@@ -520,97 +635,73 @@ func (s *session) adjustOffsets(ctx context.Context, offsets map[string]map[int3
 }
 
 func (s *session) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
-	parts := s.drop(cl, revoked)
-	if len(parts) == 0 {
+	positions := s.drop(cl, revoked)
+	if len(positions) == 0 {
 		return
 	}
 	s.p.log.Info("partitions revoked", "revoked", revoked)
 	// The group still knows us: record where Postgres got to, for lag
 	// dashboards.
-	s.commitKafka(ctx, cl, parts)
+	s.commitKafka(ctx, cl, positions)
 }
 
 func (s *session) lost(_ context.Context, cl *kgo.Client, lost map[string][]int32) {
-	if parts := s.drop(cl, lost); len(parts) > 0 {
+	if positions := s.drop(cl, lost); len(positions) > 0 {
 		s.p.log.Warn("partitions lost", "lost", lost)
 	}
 }
 
-// drop stops the partitions in m and waits for their goroutines. It uses
-// the callback's client: a callback may run before Run has stored its own.
-func (s *session) drop(cl *kgo.Client, m map[string][]int32) []*partition {
-	s.mu.Lock()
+// drop forgets the partitions in m, with the records queued for them, and
+// returns their positions. Nothing of theirs is in flight: the poll loop
+// applies only while it blocks rebalances. It uses the callback's client: a
+// callback may run before Run has stored its own.
+func (s *session) drop(cl *kgo.Client, m map[string][]int32) map[topicPartition]int64 {
+	s.yieldLock()
 	var parts []*partition
-	topics := map[string]bool{}
 	for topic, ids := range m {
 		for _, id := range ids {
 			tp := topicPartition{topic, id}
 			if pt, ok := s.parts[tp]; ok {
 				parts = append(parts, pt)
 				delete(s.parts, tp)
-				topics[topic] = true
 			}
 		}
 	}
+	positions := s.positions(parts)
+	if len(parts) > 0 {
+		s.reorder()
+		s.updateLag()
+	}
 	s.mu.Unlock()
-	s.stopAll(parts)
 	// Paused partitions stay paused until resumed, even across
 	// reassignment: resume them so that, if this member gets them back,
 	// they are fetched.
 	cl.ResumeFetchPartitions(m)
-	for t := range topics {
-		s.updateLag(t)
-	}
-	return parts
+	return positions
 }
 
-// stopAll asks parts to stop, lets an in-flight transaction finish within
-// the revoke grace, then cancels what is left and waits.
-func (s *session) stopAll(parts []*partition) {
-	for _, pt := range parts {
-		close(pt.stop)
-	}
-	grace := time.NewTimer(s.p.cfg.revokeGrace)
-	defer grace.Stop()
-	for _, pt := range parts {
-		select {
-		case <-pt.done:
-		case <-grace.C:
-			for _, q := range parts {
-				q.cancel()
-			}
-			<-pt.done
-		}
-	}
-	for _, pt := range parts {
-		pt.cancel()
-	}
-}
-
-// shutdown stops every partition at the end of Run; the group is left
-// afterwards by closing the client.
+// shutdown forgets every partition at the end of Run, after recording
+// their positions in Kafka; the group is left afterwards by closing the
+// client.
 func (s *session) shutdown() {
 	s.mu.Lock()
 	s.closing = true
-	parts := make([]*partition, 0, len(s.parts))
-	for _, pt := range s.parts {
-		parts = append(parts, pt)
-	}
-	s.parts = map[topicPartition]*partition{}
+	positions := s.positions(s.order)
+	s.parts, s.order = map[topicPartition]*partition{}, nil
 	s.mu.Unlock()
-	s.stopAll(parts)
-	s.commitKafka(s.ctx, s.cl, parts)
+	s.commitKafka(context.Background(), s.cl, positions)
 }
 
-// updateLag sets the topic's lag gauge to the sum of its owned partitions'.
-func (s *session) updateLag(topic string) {
-	s.mu.Lock()
-	var sum int64
-	for tp, pt := range s.parts {
-		if tp.topic == topic {
-			sum += pt.lag.Load()
+// updateLag sets every topic's lag gauge to the sum of its owned
+// partitions'. Called with mu held.
+func (s *session) updateLag() {
+	for _, t := range s.p.cfg.group.Topics {
+		var sum int64
+		for _, pt := range s.order {
+			if pt.topic == t {
+				sum += pt.lag()
+			}
 		}
+		s.p.m.lag.WithLabelValues(s.p.name, t).Set(float64(sum))
 	}
-	s.mu.Unlock()
-	s.p.m.lag.WithLabelValues(s.p.name, topic).Set(float64(sum))
 }

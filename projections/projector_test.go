@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -678,6 +679,9 @@ func TestRegistryStagingAcrossTransactions(t *testing.T) {
 	defer conn.Release()
 	g := newGen(11, 3)
 	reg := projections.NewRegistry()
+	// New keys go straight into the tables; the keys exist from here on, so
+	// the next batches go through the staging tables.
+	must(t, pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return reg.Apply(ctx, tx, g.events(50)) }))
 	tx, err := conn.Begin(ctx)
 	must(t, err)
 	must(t, reg.Apply(ctx, tx, g.events(50)))
@@ -693,4 +697,173 @@ func TestRegistryStagingAcrossTransactions(t *testing.T) {
 	if leftover != 0 {
 		t.Fatalf("%d rows left in staging after commit", leftover)
 	}
+}
+
+// TestOneTransactionPerPoll projects a backlog spread over the partitions
+// of every domain topic: the records of a poll, across partitions, share a
+// transaction, which moves every partition's offset.
+func TestOneTransactionPerPoll(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	recs := e.produce(newGen(12, 200).events(1000)...)
+	parts := map[tp]bool{}
+	for _, r := range recs {
+		parts[tp{r.Topic, r.Partition}] = true
+	}
+	var txs atomic.Int32
+	p, _ := e.projector(e.db.Pool, projections.NewRegistry(),
+		projections.WithCommitted(func([]domain.Event) { txs.Add(1) }))
+	start(t, p)
+	waitCaughtUp(t, e.kcfg, e.db.Pool, projections.RegistryName, domainTopics, catchUp)
+	if n := txs.Load(); n > 4 {
+		t.Fatalf("%d transactions for %d records over %d partitions", n, len(recs), len(parts))
+	}
+	if len(parts) < 20 {
+		t.Fatalf("the records landed on only %d partitions", len(parts))
+	}
+}
+
+// TestApplyFailureAcrossPartitions has the projection reject one event of a
+// batch spanning many partitions: only that event goes to the DLQ, every
+// other one is applied, and each mailbox ends on its last event.
+func TestApplyFailureAcrossPartitions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	g := newGen(13, 60)
+	var events []domain.Event
+	for i := range 300 {
+		events = append(events, g.event(&domain.MailboxHealthScored{MailboxID: g.mailboxes[i%60], State: domain.HealthWatch, Score: float64(i) / 10, Reason: "r"}))
+	}
+	bad := events[137]
+	recs := e.produce(events...)
+
+	f := &failing{Registry: projections.NewRegistry(), bad: map[string]bool{bad.ID: true}}
+	p, _ := e.projector(e.db.Pool, f, projections.WithRetry(projections.RetryPolicy{Attempts: 3, Backoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}))
+	start(t, p)
+	waitCaughtUp(t, e.kcfg, e.db.Pool, projections.RegistryName, domainTopics, catchUp)
+
+	if n := count(t, e.db.Pool, `SELECT count(*) FROM applied_events`); n != len(events)-1 {
+		t.Fatalf("applied %d, want %d", n, len(events)-1)
+	}
+	for i, id := range g.mailboxes {
+		var score float64
+		must(t, e.db.Pool.QueryRow(t.Context(), `SELECT health_score FROM mailboxes WHERE mailbox_id = $1`, id).Scan(&score))
+		if want := float64(240+i) / 10; score != want {
+			t.Errorf("mailbox %d: score %v, want its last event's %v", i, score, want)
+		}
+	}
+	entries, err := dlq.List(t.Context(), e.kcfg, 0)
+	must(t, err)
+	if len(entries) != 1 || entries[0].SourceOffset != recs[137].Offset || entries[0].SourcePartition != recs[137].Partition || entries[0].Attempts != 3 {
+		t.Fatalf("dead letters: %+v", entries)
+	}
+}
+
+// TestLockedRowHoldsUpOnlyItsPartition has another session hold a row the
+// projector must update: the transaction gives up on the lock, and the
+// other partitions are applied while that one waits.
+func TestLockedRowHoldsUpOnlyItsPartition(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	g := newGen(14, 40)
+	health := func(id string, score float64) domain.Event {
+		return g.event(&domain.MailboxHealthScored{MailboxID: id, State: domain.HealthHealthy, Score: score, Reason: "ok"})
+	}
+	locked := g.mailboxes[0]
+	probe := e.produce(health(locked, 1))[0]
+	var others []string
+	for _, id := range g.mailboxes[1:] {
+		if r := e.produce(health(id, 1))[0]; r.Partition != probe.Partition {
+			others = append(others, id)
+		}
+	}
+	p, _ := e.projector(e.db.Pool, projections.NewRegistry(),
+		projections.WithRetry(projections.RetryPolicy{Backoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}))
+	start(t, p)
+	waitCaughtUp(t, e.kcfg, e.db.Pool, projections.RegistryName, domainTopics, catchUp)
+
+	// An operator's open transaction holds the row.
+	ctx := t.Context()
+	conn, err := e.db.Pool.Acquire(ctx)
+	must(t, err)
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	must(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM mailboxes WHERE mailbox_id = $1 FOR UPDATE`, locked)
+	must(t, err)
+
+	e.produce(health(locked, 2))
+	for _, id := range others {
+		e.produce(health(id, 2))
+	}
+	waitFor(t, 20*time.Second, "the other partitions to be applied", func() (bool, error) {
+		return count(t, e.db.Pool, `SELECT count(*) FROM mailboxes WHERE health_score = 2`) == len(others), nil
+	})
+	if n := count(t, e.db.Pool, `SELECT count(*) FROM mailboxes WHERE mailbox_id = $1 AND health_score = 2`, locked); n != 0 {
+		t.Fatal("the locked row was updated under its lock")
+	}
+	must(t, tx.Rollback(ctx))
+	waitCaughtUp(t, e.kcfg, e.db.Pool, projections.RegistryName, domainTopics, catchUp)
+	if n := count(t, e.db.Pool, `SELECT count(*) FROM mailboxes WHERE mailbox_id = $1 AND health_score = 2`, locked); n != 1 {
+		t.Fatal("the locked row was not updated once free")
+	}
+}
+
+// hanging hangs, as a stuck database would, every Apply touching mailbox,
+// until its context ends.
+type hanging struct {
+	*projections.Registry
+	mailbox string
+	entered chan struct{}
+	once    sync.Once
+}
+
+func (h *hanging) Apply(ctx context.Context, tx pgx.Tx, events []domain.Event) error {
+	for _, ev := range events {
+		if ev.Subject == h.mailbox {
+			h.once.Do(func() { close(h.entered) })
+			<-ctx.Done()
+			return ctx.Err()
+		}
+	}
+	return h.Registry.Apply(ctx, tx, events)
+}
+
+// TestHungApplyDoesNotBlockRebalance hangs a member's transaction: a second
+// member joining still gets its share of the partitions (the transaction is
+// canceled after the revoke grace), and stopping the hung member is quick.
+func TestHungApplyDoesNotBlockRebalance(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	g := newGen(15, 40)
+	health := func(id string) domain.Event {
+		return g.event(&domain.MailboxHealthScored{MailboxID: id, State: domain.HealthHealthy, Score: 1, Reason: "ok"})
+	}
+	h := &hanging{Registry: projections.NewRegistry(), mailbox: g.mailboxes[0], entered: make(chan struct{})}
+	p1, _ := e.projector(e.db.Pool, h, projections.WithRevokeGrace(200*time.Millisecond), projections.WithTxTimeout(10*time.Minute),
+		projections.WithRetry(projections.RetryPolicy{Backoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond}))
+	stop1 := start(t, p1)
+	e.produce(health(h.mailbox))
+	select {
+	case <-h.entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the hanging Apply was never called")
+	}
+
+	p2, reg2 := e.projector(e.db.Pool, projections.NewRegistry())
+	start(t, p2)
+	for _, id := range g.mailboxes[1:] {
+		e.produce(health(id))
+	}
+	waitFor(t, 30*time.Second, "the second member to apply events", func() (bool, error) {
+		return counter(t, reg2, "mailplane_projector_records_applied_total", "projector", "registry") > 0, nil
+	})
+
+	began := time.Now()
+	stop1()
+	if d := time.Since(began); d > 10*time.Second {
+		t.Fatalf("stopping the hung member took %s", d)
+	}
+	waitCaughtUp(t, e.kcfg, e.db.Pool, projections.RegistryName, domainTopics, catchUp)
 }
