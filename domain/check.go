@@ -90,3 +90,86 @@ func checkRange(ps *Problems, field string, v, min, max int64) {
 		ps.Add(field, CodeOutOfRange, "must be between %d and %d", min, max)
 	}
 }
+
+// Hand-written equivalents of the patterns above, which run on every event
+// decoded; TestPatternChecksMatchRegexps keeps each equal to its pattern.
+
+// isHost matches hostPattern.
+func isHost(s string) bool {
+	if s == "" || !isAlnum(s[0]) || !isAlnum(s[len(s)-1]) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !isAlnum(c) && c != '.' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// isAddress matches addressPattern: local@domain.tld, no spaces, one @.
+func isAddress(s string) bool {
+	at := -1
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '@':
+			if at >= 0 {
+				return false
+			}
+			at = i
+		case isRegexpSpace(c):
+			return false
+		}
+	}
+	if at <= 0 {
+		return false
+	}
+	domain := s[at+1:]
+	// [^@\s]+\.[^@\s]+ : some dot with a character on each side.
+	for i := 1; i < len(domain)-1; i++ {
+		if domain[i] == '.' {
+			return true
+		}
+	}
+	return false
+}
+
+// isRegexpSpace is \s in Go's regexp syntax: [\t\n\f\r ] (no \v).
+func isRegexpSpace(c byte) bool {
+	return c == ' ' || c == '\t' || c == '\n' || c == '\f' || c == '\r'
+}
+
+// isBase64 matches base64Pattern.
+func isBase64(s string) bool {
+	n := len(s)
+	for n > 0 && s[n-1] == '=' && len(s)-n < 2 {
+		n--
+	}
+	if n == 0 {
+		return false
+	}
+	for i := 0; i < n; i++ {
+		c := s[i]
+		if !isAlnum(c) && c != '+' && c != '/' {
+			return false
+		}
+	}
+	return true
+}
+
+// isKeyID matches keyIDPattern.
+func isKeyID(s string) bool {
+	if len(s) < 1 || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !isAlnum(c) && c != '.' && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+func isAlnum(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
+}

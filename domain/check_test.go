@@ -33,3 +33,44 @@ func TestUUIDChecksMatchPatterns(t *testing.T) {
 		}
 	}
 }
+
+func TestPatternChecksMatchRegexps(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(11, 13))
+	const alphabet = "ab09AZ.-_@+/= \t\n\v\f\r\u00e9xyz"
+	seeds := []string{
+		"imap.example.com", "a", "-a", "a-", "a..b", "127.0.0.1", "ada@example.com", "a@b.c", "a@b.", "@b.c",
+		"a@@b.c", "a b@c.d", "AAAA", "AA==", "A===", "==", "", "k1", "dev-1.key_2", "x@y.z\u00e9",
+	}
+	check := func(s string) {
+		if isHost(s) != hostPattern.MatchString(s) {
+			t.Fatalf("isHost(%q) = %v, pattern %v", s, isHost(s), hostPattern.MatchString(s))
+		}
+		if isAddress(s) != addressPattern.MatchString(s) {
+			t.Fatalf("isAddress(%q) = %v, pattern %v", s, isAddress(s), addressPattern.MatchString(s))
+		}
+		if isBase64(s) != base64Pattern.MatchString(s) {
+			t.Fatalf("isBase64(%q) = %v, pattern %v", s, isBase64(s), base64Pattern.MatchString(s))
+		}
+		if isKeyID(s) != keyIDPattern.MatchString(s) {
+			t.Fatalf("isKeyID(%q) = %v, pattern %v", s, isKeyID(s), keyIDPattern.MatchString(s))
+		}
+	}
+	for _, s := range seeds {
+		check(s)
+	}
+	runes := []rune(alphabet)
+	for i := 0; i < 300000; i++ {
+		n := rng.IntN(12)
+		b := make([]rune, n)
+		for j := range b {
+			b[j] = runes[rng.IntN(len(runes))]
+		}
+		check(string(b))
+	}
+	long := make([]byte, 70)
+	for i := range long {
+		long[i] = 'k'
+	}
+	check(string(long))
+}

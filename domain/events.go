@@ -143,7 +143,7 @@ type IMAPEndpoint struct {
 // Validate checks the endpoint.
 func (e IMAPEndpoint) Validate() Problems {
 	var ps Problems
-	if checkText(&ps, "host", e.Host, true, 253) && !hostPattern.MatchString(e.Host) {
+	if checkText(&ps, "host", e.Host, true, 253) && !isHost(e.Host) {
 		ps.Add("host", CodeInvalid, "must be a host name or IP address")
 	}
 	checkRange(&ps, "port", int64(e.Port), 1, 65535)
@@ -176,14 +176,14 @@ func (s SealedSecret) Validate() Problems {
 	var ps Problems
 	if s.KeyID == "" {
 		ps.Add("key_id", CodeRequired, "is required")
-	} else if !keyIDPattern.MatchString(s.KeyID) {
+	} else if !isKeyID(s.KeyID) {
 		ps.Add("key_id", CodeInvalid, "must be 1-64 of [A-Za-z0-9._-]")
 	}
 	checkEnum(&ps, "alg", s.Alg, true, SealAlg)
-	if checkText(&ps, "nonce", s.Nonce, true, 64) && !base64Pattern.MatchString(s.Nonce) {
+	if checkText(&ps, "nonce", s.Nonce, true, 64) && !isBase64(s.Nonce) {
 		ps.Add("nonce", CodeInvalid, "must be standard base64")
 	}
-	if checkText(&ps, "ciphertext", s.Ciphertext, true, 8192) && !base64Pattern.MatchString(s.Ciphertext) {
+	if checkText(&ps, "ciphertext", s.Ciphertext, true, 8192) && !isBase64(s.Ciphertext) {
 		ps.Add("ciphertext", CodeInvalid, "must be standard base64")
 	}
 	return ps
@@ -219,7 +219,7 @@ func (m *MailboxAdded) Validate() Problems {
 	checkUUID(&ps, "mailbox_id", m.MailboxID)
 	checkUUID(&ps, "org_id", m.OrgID)
 	checkUUID(&ps, "user_id", m.UserID)
-	if checkText(&ps, "address", m.Address, true, 254) && !addressPattern.MatchString(m.Address) {
+	if checkText(&ps, "address", m.Address, true, 254) && !isAddress(m.Address) {
 		ps.Add("address", CodeInvalid, "must be an email address")
 	}
 	checkEnum(&ps, "provider", m.Provider, true, ProviderSMTPIMAP, ProviderGmail, ProviderOutlook)
