@@ -8,7 +8,7 @@ BENCHTIME ?= 3s
 
 .PHONY: help
 help: ## show this help
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: run
 run: ## run mailplane on its embedded defaults (mailplane dev)
@@ -33,12 +33,18 @@ race: ## the tests under the race detector
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 .PHONY: bench
-bench: ## the benchmarks recorded in BENCHMARKS.md
-	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./api/ ./producer/ ./projections/
+bench: ## the benchmarks recorded in BENCHMARKS.md (a few minutes; loopback only)
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./producer/ ./api/
+	$(GO) test -run '^$$' -bench 'Projection$$' -benchtime 100000x ./projections/
+	$(GO) test -run '^$$' -bench 'PublishToProjected' -benchtime 20000x ./projections/
+	$(GO) test -run '^$$' -bench 'Placement' -benchtime 2s ./domain/
+	$(GO) test -run '^$$' -bench 'EngineLatency' -benchtime 10000x ./placement/
+	$(GO) test -run '^$$' -bench 'EngineThroughput|EngineRestore' -benchtime 100000x ./placement/
 
 .PHONY: fuzz
-fuzz: ## fuzz the record decoder for a minute
+fuzz: ## fuzz the record decoder and the schema/Go agreement, a minute each
 	$(GO) test ./topics -run '^$$' -fuzz FuzzDecode -fuzztime 60s
+	$(GO) test ./domain -run '^$$' -fuzz FuzzSchemaAgreement -fuzztime 60s
 
 .PHONY: lint
 lint: ## go vet and staticcheck
