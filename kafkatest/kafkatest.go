@@ -55,9 +55,12 @@ func Brokers(t testing.TB, statePartitions int32) []string {
 	return brokers
 }
 
-// Fake starts an in-process kfake cluster for t, closed at cleanup.
+// Fake starts an in-process kfake cluster for t, closed at cleanup. Group
+// sessions may be as short as 100 ms (kfake's default minimum is 6 s), so
+// tests of rebalances and failover run fast; opts can override it.
 func Fake(t testing.TB, opts ...kfake.Opt) *kfake.Cluster {
 	t.Helper()
+	opts = append([]kfake.Opt{kfake.GroupMinSessionTimeout(100 * time.Millisecond)}, opts...)
 	emb, err := kafka.StartEmbedded(kafka.WithKfakeOptions(opts...))
 	if err != nil {
 		t.Fatal(err)

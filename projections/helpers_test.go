@@ -14,11 +14,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/kafka"
+	"github.com/mailplane/mailplane/kafkatest"
 	"github.com/mailplane/mailplane/migrations"
 	"github.com/mailplane/mailplane/pgtest"
 	"github.com/mailplane/mailplane/producer"
@@ -36,32 +36,11 @@ func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: level}))
 }
 
-// broker starts an embedded broker on a free port with the catalog's
-// domain and DLQ topics. Short group sessions keep restarts quick.
+// broker is an in-process kfake broker (short group sessions keep restarts
+// quick), or the real one in MAILPLANE_TEST_BROKERS, with the catalog.
 func broker(t testing.TB) kafka.Config {
 	t.Helper()
-	emb, err := kafka.StartEmbedded(kafka.WithPort(0), kafka.WithKfakeOptions(kfake.GroupMinSessionTimeout(100*time.Millisecond)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emb.Close)
-	cfg := kafka.Config{Brokers: emb.Addrs(), ClientID: "projections-test"}
-	cl, err := kafka.NewProducer(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	var specs []topics.Spec
-	for _, name := range append(topics.DomainTopics(), topics.DLQ) {
-		s, _ := topics.Lookup(topics.Config{}, name)
-		specs = append(specs, s)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if _, err := topics.Apply(ctx, cl, specs); err != nil {
-		t.Fatal(err)
-	}
-	return cfg
+	return kafka.Config{Brokers: kafkatest.Brokers(t, 4), ClientID: "projections-test"}
 }
 
 // env is one test's broker, schema and producer.
