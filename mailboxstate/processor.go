@@ -1,0 +1,344 @@
+package mailboxstate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/dlq"
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/kafka"
+	"github.com/mailplane/mailplane/topics"
+)
+
+// Defaults of the processor's identity. One processor runs per deployment:
+// a second one started with the same transactional id fences the first
+// (its next commit fails and its Run returns ErrFenced). To run several at
+// once, give each its own WithTransactionalID and the same group.
+const (
+	DefaultGroup           = "mailplane-mailbox-state"
+	DefaultTransactionalID = "mailplane-mailbox-state"
+	// ConsumerName names the processor in dead letters.
+	ConsumerName = "mailbox-state"
+)
+
+// ErrFenced is returned by Run when another processor took over the
+// transactional id.
+var ErrFenced = errors.New("mailboxstate: fenced by another processor with the same transactional id")
+
+// Option configures a Processor.
+type Option func(*config)
+
+type config struct {
+	logger   *slog.Logger
+	reg      prometheus.Registerer
+	group    kafka.GroupConfig
+	txnID    string
+	maxBatch int
+	kgoOpts  []kgo.Opt
+	backoff  time.Duration
+}
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithRegisterer registers the processor's metrics on reg.
+func WithRegisterer(reg prometheus.Registerer) Option { return func(c *config) { c.reg = reg } }
+
+// WithGroup tunes group membership (name, session, heartbeat). Topics are
+// always the mailbox events.
+func WithGroup(g kafka.GroupConfig) Option { return func(c *config) { c.group = g } }
+
+// WithTransactionalID sets the transactional id (default
+// DefaultTransactionalID). It must be stable across restarts of one
+// processor instance: that is what fences a zombie predecessor.
+func WithTransactionalID(id string) Option { return func(c *config) { c.txnID = id } }
+
+// WithMaxBatch bounds the records folded in one transaction (default 2000).
+func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
+
+// WithKgoOptions adds franz-go options (tests use it for group timings).
+func WithKgoOptions(opts ...kgo.Opt) Option {
+	return func(c *config) { c.kgoOpts = append(c.kgoOpts, opts...) }
+}
+
+// Processor folds mailbox domain events into mailbox.state.
+type Processor struct {
+	kcfg kafka.Config
+	cfg  config
+	log  *slog.Logger
+	m    *metrics
+}
+
+// New returns a processor reading and writing through the brokers in kcfg.
+// It connects to nothing until Run.
+func New(kcfg kafka.Config, opts ...Option) (*Processor, error) {
+	cfg := config{maxBatch: 2000, txnID: DefaultTransactionalID, backoff: 500 * time.Millisecond}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if len(kcfg.Brokers) == 0 {
+		return nil, errors.New("mailboxstate: no brokers")
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.reg == nil {
+		cfg.reg = prometheus.NewRegistry()
+	}
+	if cfg.group.Group == "" {
+		cfg.group.Group = DefaultGroup
+	}
+	cfg.group.Topics = []string{topics.MailboxEvents}
+	if cfg.txnID == "" {
+		cfg.txnID = DefaultTransactionalID
+	}
+	if cfg.maxBatch <= 0 {
+		cfg.maxBatch = 2000
+	}
+	if kcfg.ClientID == "" {
+		kcfg.ClientID = "mailplane-mailbox-state"
+	}
+	return &Processor{kcfg: kcfg, cfg: cfg, log: cfg.logger.With("role", "mailbox-state"), m: newMetrics(cfg.reg)}, nil
+}
+
+// Run folds until ctx is done and returns nil then. A transaction that
+// fails is aborted and its input read again; a session whose producer
+// state is lost is rebuilt after a pause. Run returns an error only when it
+// cannot start or when it was fenced (ErrFenced).
+func (p *Processor) Run(ctx context.Context) error {
+	attempt := 0
+	for ctx.Err() == nil {
+		progressed, err := p.session(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, ErrFenced):
+			return err
+		case err != nil:
+			if progressed {
+				attempt = 0
+			}
+			attempt++
+			d := min(p.cfg.backoff<<min(attempt-1, 6), 30*time.Second)
+			d = d/2 + rand.N(d/2+1)
+			p.log.Warn("transaction session failed; starting a new one", "err", err, "in", d)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(d):
+			}
+		}
+	}
+	return nil
+}
+
+// options are the session's client options: a group consumer reading
+// committed records only, and a transactional producer placing records by
+// the murmur2 hash of their key (so mailbox.state partitions agree with any
+// Kafka client and with sync.tier).
+func (p *Processor) options() []kgo.Opt {
+	opts := kafka.ConsumerOptions(p.kcfg, p.cfg.group,
+		kgo.TransactionalID(p.cfg.txnID),
+		kgo.TransactionTimeout(30*time.Second),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+		kgo.ProducerLinger(0),
+		kgo.ProduceRequestTimeout(10*time.Second),
+		kgo.WithLogger(kgoLogger{p.log}),
+	)
+	return append(opts, p.cfg.kgoOpts...)
+}
+
+// session runs one GroupTransactSession until ctx is done or it fails.
+// progressed reports whether any transaction committed.
+func (p *Processor) session(ctx context.Context) (progressed bool, err error) {
+	sess, err := kgo.NewGroupTransactSession(p.options()...)
+	if err != nil {
+		return false, fmt.Errorf("mailboxstate: client: %w", err)
+	}
+	defer func() {
+		// Leaving the group can wait on the coordinator; never for ever.
+		done := make(chan struct{})
+		go func() { sess.Close(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			p.log.Warn("closing the transactional client took over 15s; abandoning it")
+		}
+	}()
+	p.log.Info("mailbox state processor started", "group", p.cfg.group.Group, "transactional_id", p.cfg.txnID)
+	for {
+		fs := sess.PollRecords(ctx, p.cfg.maxBatch)
+		if fs.IsClientClosed() || ctx.Err() != nil {
+			return progressed, nil
+		}
+		fs.EachError(func(t string, part int32, err error) {
+			if !errors.Is(err, context.Canceled) {
+				p.log.Warn("fetch error", "topic", t, "partition", part, "err", err)
+			}
+		})
+		recs := fs.Records()
+		if len(recs) == 0 {
+			continue
+		}
+		committed, err := p.transact(ctx, sess, recs)
+		if err != nil {
+			if isFenced(err) {
+				return progressed, fmt.Errorf("%w: %v", ErrFenced, err)
+			}
+			return progressed, err
+		}
+		if committed {
+			progressed = true
+		}
+	}
+}
+
+func isFenced(err error) bool {
+	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed)
+}
+
+// transact folds recs and produces the result in one transaction with the
+// input offsets. On any failure the transaction is aborted and the session
+// rewinds to the last committed offsets, so the batch is folded again.
+func (p *Processor) transact(ctx context.Context, sess *kgo.GroupTransactSession, recs []*kgo.Record) (bool, error) {
+	if err := sess.Begin(); err != nil {
+		return false, fmt.Errorf("begin transaction: %w", err)
+	}
+	out := make([]*kgo.Record, 0, len(recs))
+	var counts outcomeCounts
+	for _, r := range recs {
+		o, kind := p.fold(r)
+		counts[kind]++
+		if o != nil {
+			out = append(out, o)
+		}
+	}
+	try := kgo.TryCommit
+	if len(out) > 0 {
+		if err := sess.ProduceSync(ctx, out...).FirstErr(); err != nil {
+			if ctx.Err() != nil {
+				return false, nil
+			}
+			p.log.Warn("producing the folded batch failed; aborting the transaction", "err", err)
+			try = kgo.TryAbort
+		}
+	}
+	committed, err := sess.End(ctx, try)
+	if err != nil {
+		p.m.transactions.WithLabelValues("failed").Inc()
+		if ctx.Err() != nil {
+			return false, nil
+		}
+		return false, fmt.Errorf("end transaction: %w", err)
+	}
+	if !committed {
+		p.m.transactions.WithLabelValues("aborted").Inc()
+		p.log.Info("transaction aborted (rebalance or produce failure); the batch will be folded again", "records", len(recs))
+		return false, nil
+	}
+	p.m.transactions.WithLabelValues("committed").Inc()
+	for k, n := range counts {
+		if n > 0 {
+			p.m.records.WithLabelValues(outcome(k).String()).Add(float64(n))
+		}
+	}
+	return true, nil
+}
+
+type outcome int
+
+const (
+	outcomeUpserted outcome = iota
+	outcomeTombstoned
+	outcomeIgnored
+	outcomeDeadLettered
+	numOutcomes
+)
+
+type outcomeCounts [numOutcomes]int
+
+func (o outcome) String() string {
+	return [...]string{"upserted", "tombstoned", "ignored", "dead_lettered"}[o]
+}
+
+// fold maps one mailbox event record to its mailbox.state record: the
+// mailbox's state for mailbox.added, a tombstone for mailbox.removed, and
+// nothing for the other types (sync needs none of them). Events are applied
+// in log order, as the registry projection applies them. A record that does
+// not decode goes to the DLQ, in the same transaction.
+func (p *Processor) fold(r *kgo.Record) (*kgo.Record, outcome) {
+	e, err := topics.Decode(r)
+	if err != nil {
+		p.log.Warn("mailbox event sent to the DLQ", "partition", r.Partition, "offset", r.Offset, "code", domain.ErrorCode(err), "err", err)
+		return dlq.NewRecord(r, dlq.Failure{Consumer: ConsumerName, Code: domain.ErrorCode(err), Err: err.Error(), Attempts: 1}), outcomeDeadLettered
+	}
+	switch d := e.Data.(type) {
+	case *domain.MailboxAdded:
+		out, err := Record(FromAdded(e, d), e.Time)
+		if err != nil {
+			return dlq.NewRecord(r, dlq.Failure{Consumer: ConsumerName, Code: domain.CodeInternal, Err: err.Error(), Attempts: 1}), outcomeDeadLettered
+		}
+		return out, outcomeUpserted
+	case *domain.MailboxRemoved:
+		return Tombstone(d.MailboxID, e.ID, e.Time), outcomeTombstoned
+	}
+	return nil, outcomeIgnored
+}
+
+type metrics struct {
+	records      *prometheus.CounterVec
+	transactions *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		records: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mailplane_mailbox_state_records_total",
+			Help: "Mailbox events folded into mailbox.state, by outcome (upserted, tombstoned, ignored, dead_lettered); committed transactions only.",
+		}, []string{"outcome"}),
+		transactions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mailplane_mailbox_state_transactions_total",
+			Help: "Transactions of the mailbox.state processor, by outcome (committed, aborted, failed).",
+		}, []string{"outcome"}),
+	}
+	m.records = register(reg, m.records)
+	m.transactions = register(reg, m.transactions)
+	return m
+}
+
+// register registers c, or returns the collector already registered under
+// its name, so two processors on one registry share their series.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+		panic(err)
+	}
+	return c
+}
+
+// kgoLogger passes franz-go's warnings and errors to slog.
+type kgoLogger struct{ l *slog.Logger }
+
+func (k kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
+
+func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	sl := slog.LevelWarn
+	if level == kgo.LogLevelError {
+		sl = slog.LevelError
+	}
+	k.l.Log(context.Background(), sl, "kafka: "+msg, keyvals...)
+}

@@ -1,0 +1,100 @@
+package mailsync
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics of a worker. Gauges move by deltas, so workers sharing a
+// registerer (several in one process) add up. No mailbox or user id is ever
+// a label.
+type metrics struct {
+	partitionsOwned  prometheus.Gauge
+	runners          *prometheus.GaugeVec
+	fencedWrites     prometheus.Counter
+	watchdogStops    prometheus.Counter
+	rebalances       *prometheus.CounterVec
+	rebalanceSeconds *prometheus.HistogramVec
+	promotionSeconds prometheus.Histogram
+	tierChanges      *prometheus.CounterVec
+	runnerFailures   prometheus.Counter
+	badRecords       prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		partitionsOwned: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mailplane_sync_partitions_owned",
+			Help: "mailbox.state partitions this worker owns (assigned and holding a current epoch).",
+		}),
+		runners: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "mailplane_sync_runners",
+			Help: "Mailbox runners running, by tier.",
+		}, []string{"tier"}),
+		fencedWrites: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mailplane_sync_fenced_writes_total",
+			Help: "Writes refused because their epoch was no longer the partition's (runner writes and tier records).",
+		}),
+		watchdogStops: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mailplane_sync_watchdog_stops_total",
+			Help: "Times the watchdog stopped every runner because no group request had been answered for the session timeout minus the margin.",
+		}),
+		rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mailplane_sync_rebalances_total",
+			Help: "Rebalance callbacks that changed this worker's partitions, by event (assigned, revoked, lost).",
+		}, []string{"event"}),
+		rebalanceSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "mailplane_sync_rebalance_seconds",
+			Help:    "assigned: per partition, from its assignment until its runners were started; revoked, lost: per callback, until every runner of the partitions had stopped.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}, []string{"event"}),
+		promotionSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "mailplane_sync_promotion_seconds",
+			Help:    "From a user.active event's time to its user's running mailboxes being told they are hot.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+		}),
+		tierChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mailplane_sync_tier_changes_total",
+			Help: "Tier changes decided by this worker, by new tier.",
+		}, []string{"tier"}),
+		runnerFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mailplane_sync_runner_failures_total",
+			Help: "Runner runs that ended with an error (each is restarted after a backoff).",
+		}),
+		badRecords: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mailplane_sync_bad_records_total",
+			Help: "mailbox.state, sync.tier or user records that did not decode and were skipped.",
+		}),
+	}
+	m.partitionsOwned = register(reg, m.partitionsOwned)
+	m.runners = register(reg, m.runners)
+	m.fencedWrites = register(reg, m.fencedWrites)
+	m.watchdogStops = register(reg, m.watchdogStops)
+	m.rebalances = register(reg, m.rebalances)
+	m.rebalanceSeconds = register(reg, m.rebalanceSeconds)
+	m.promotionSeconds = register(reg, m.promotionSeconds)
+	m.tierChanges = register(reg, m.tierChanges)
+	m.runnerFailures = register(reg, m.runnerFailures)
+	m.badRecords = register(reg, m.badRecords)
+	for _, t := range allTiers {
+		m.runners.WithLabelValues(string(t))
+		m.tierChanges.WithLabelValues(string(t))
+	}
+	return m
+}
+
+// register registers c, or returns the collector of the same name already
+// registered, so that workers on one registerer share series.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+		panic(err)
+	}
+	return c
+}

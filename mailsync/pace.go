@@ -1,0 +1,81 @@
+package mailsync
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+)
+
+// hostPacer paces connection setup per IMAP host with a token bucket per
+// host: a worker that is handed thousands of mailboxes on one provider at
+// once (an assignment, a failover) ramps its connections up instead of
+// opening them all in the same second.
+type hostPacer struct {
+	rate  float64 // tokens per second; <= 0: no pacing
+	burst float64
+
+	mu      sync.Mutex
+	buckets map[string]*bucket
+	now     func() time.Time
+}
+
+type bucket struct {
+	tokens float64
+	last   time.Time
+}
+
+func newHostPacer(rate float64, burst int) *hostPacer {
+	return &hostPacer{rate: rate, burst: float64(max(burst, 1)), buckets: map[string]*bucket{}, now: time.Now}
+}
+
+// wait takes a token of host's bucket, waiting for it if needed. Tokens are
+// reserved in call order, so waiters are served first come, first served.
+func (p *hostPacer) wait(ctx context.Context, host string) error {
+	if p.rate <= 0 {
+		return ctx.Err()
+	}
+	host = strings.ToLower(host)
+	p.mu.Lock()
+	now := p.now()
+	b := p.buckets[host]
+	if b == nil {
+		if len(p.buckets) > 10000 {
+			p.pruneLocked(now)
+		}
+		b = &bucket{tokens: p.burst, last: now}
+		p.buckets[host] = b
+	}
+	b.tokens = min(p.burst, b.tokens+now.Sub(b.last).Seconds()*p.rate)
+	b.last = now
+	b.tokens--
+	var d time.Duration
+	if b.tokens < 0 {
+		d = time.Duration(-b.tokens / p.rate * float64(time.Second))
+	}
+	p.mu.Unlock()
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		// Give the reservation back.
+		p.mu.Lock()
+		b.tokens = min(p.burst, b.tokens+1)
+		p.mu.Unlock()
+		return ctx.Err()
+	}
+}
+
+// pruneLocked drops full buckets: they carry no state.
+func (p *hostPacer) pruneLocked(now time.Time) {
+	for h, b := range p.buckets {
+		if b.tokens+now.Sub(b.last).Seconds()*p.rate >= p.burst {
+			delete(p.buckets, h)
+		}
+	}
+}

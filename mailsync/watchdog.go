@@ -1,0 +1,154 @@
+package mailsync
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// watchdog tracks when the group coordinator last answered this member.
+//
+// franz-go keeps a member's partitions assigned while its heartbeats go
+// unanswered (each is retried for as long as the client's retry timeout),
+// so the member can run its partitions for seconds after the coordinator
+// expired its session and gave them to another (DESIGN.md section 10). The
+// watchdog does not wait for franz-go: it sees every answered Heartbeat,
+// JoinGroup and SyncGroup through a broker hook, and counts an answer from
+// when its request was written, the latest moment the coordinator can have
+// renewed the session from. If SessionTimeout - WatchdogMargin passes with
+// no answer, every runner stops.
+//
+// The hook sees that an answer arrived, not its error code. An answer with
+// an error still proves the coordinator was reachable; errors that mean
+// "you are out" make franz-go call OnPartitionsLost, which stops the
+// runners too. Resuming after a stop is stricter: it needs two heartbeats
+// sent after the stop to be answered while the partition is still
+// assigned. A heartbeat answered with an error ends the group session, and
+// franz-go revokes or loses partitions before any heartbeat of the next
+// session, so the second answer is proof enough.
+type watchdog struct {
+	mu          sync.Mutex
+	lastContact time.Time
+	heartbeats  [8]time.Time // send times of the latest answered heartbeats
+	next        int
+	tripped     bool
+	trippedAt   time.Time
+}
+
+// OnBrokerE2E implements kgo.HookBrokerE2E.
+func (d *watchdog) OnBrokerE2E(_ kgo.BrokerMetadata, key int16, e2e kgo.BrokerE2E) {
+	if e2e.Err() != nil {
+		return
+	}
+	k := kmsg.Key(key)
+	if k != kmsg.Heartbeat && k != kmsg.JoinGroup && k != kmsg.SyncGroup {
+		return
+	}
+	sent := time.Now().Add(-e2e.DurationE2E())
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if sent.After(d.lastContact) {
+		d.lastContact = sent
+	}
+	if k == kmsg.Heartbeat {
+		d.heartbeats[d.next] = sent
+		d.next = (d.next + 1) % len(d.heartbeats)
+	}
+}
+
+// silentFor returns how long ago the last answered request was sent.
+func (d *watchdog) silentFor(now time.Time) time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.lastContact.IsZero() {
+		return 0
+	}
+	return now.Sub(d.lastContact)
+}
+
+// confirmedSince reports whether at least two heartbeats sent after t were
+// answered.
+func (d *watchdog) confirmedSince(t time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, s := range d.heartbeats {
+		if s.After(t) {
+			n++
+		}
+	}
+	return n >= 2
+}
+
+func (d *watchdog) isTripped() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.tripped
+}
+
+func (d *watchdog) trip(now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.tripped, d.trippedAt = true, now
+}
+
+// untripIfConfirmed clears the trip once the group answered twice since.
+func (d *watchdog) untripIfConfirmed() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.tripped {
+		return false
+	}
+	n := 0
+	for _, s := range d.heartbeats {
+		if s.After(d.trippedAt) {
+			n++
+		}
+	}
+	if n < 2 {
+		return false
+	}
+	d.tripped = false
+	return true
+}
+
+// watchdogLoop checks the coordinator's silence every tenth of a heartbeat
+// interval (at least every 50ms).
+func (w *Worker) watchdogLoop(ctx context.Context) {
+	if w.cfg.WatchdogMargin < 0 {
+		return
+	}
+	limit := w.cfg.SessionTimeout - w.cfg.WatchdogMargin
+	t := time.NewTicker(min(max(w.cfg.HeartbeatInterval/10, 10*time.Millisecond), 50*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		if w.wd.untripIfConfirmed() {
+			w.log.Info("watchdog: the group coordinator answers again; partitions resume once confirmed")
+			w.wake()
+		}
+		silent := w.wd.silentFor(now)
+		if silent <= limit || w.wd.isTripped() {
+			continue
+		}
+		w.mu.Lock()
+		active := w.activeLocked()
+		w.mu.Unlock()
+		if !active {
+			continue
+		}
+		w.wd.trip(now)
+		w.m.watchdogStops.Inc()
+		w.log.Warn("watchdog: no group request answered in time; stopping every runner", "silent_for", silent, "limit", limit)
+		n := w.suspendAll(SuspendedWatchdog)
+		w.log.Warn("watchdog: runners stopped", "runners", n, "took", time.Since(now))
+	}
+}
