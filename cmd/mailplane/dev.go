@@ -28,6 +28,8 @@ func runDev(ctx context.Context, args []string) error {
 	sealKeys := cfgSealKeys.String(fs)
 	sealKeyID := cfgSealKeyID.String(fs)
 	parts := cfgStatePartitions.Int(fs)
+	sf := registerSyncFlags(fs)
+	syncWorkers := cfgSyncWorkers.Int(fs)
 	logLevel := cfgLogLevel.String(fs)
 	logFormat := cfgLogFormat.String(fs)
 	fs.Parse(args)
@@ -86,6 +88,10 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	}
 
+	syncCfg := sf.config()
+	if syncCfg.WorkerID == "" {
+		syncCfg.WorkerID = "dev-sync"
+	}
 	bc, err := billingConfig()
 	if err != nil {
 		return err
@@ -94,6 +100,9 @@ func runDev(ctx context.Context, args []string) error {
 		billing:         bc,
 		api:             true,
 		engine:          true,
+		stateProc:       true,
+		syncWorkers:     *syncWorkers,
+		syncConfig:      syncCfg,
 		project:         true,
 		applyTops:       true,
 		log:             log,
@@ -109,7 +118,8 @@ func runDev(ctx context.Context, args []string) error {
 mailplane dev is running
   broker     %s (embedded kfake, data in %s)
   postgres   %s
-  api        http://%s  (POST /v1/events, GET /healthz, GET /metrics)
+  api        http://%s  (POST /v1/events, POST /v1/workers/heartbeat, GET /healthz, GET /metrics)
+  roles      placement engine, registry projector, mailbox.state processor, %d sync worker(s)
   api token  %s%s
   seal key   %s (in %s)
 
@@ -119,7 +129,7 @@ mailplane dev is running
   query:     psql '%s' -c 'select * from mailboxes'
 
 Ctrl-C stops everything.
-`, strings.Join(brokers, ","), filepath.Join(dir, "kafka"), url, *httpAddr, tokenList[0], generated,
+`, strings.Join(brokers, ","), filepath.Join(dir, "kafka"), url, *httpAddr, *syncWorkers, tokenList[0], generated,
 			keyring.ActiveKeyID(), filepath.Join(dir, "seal.key"),
 			*httpAddr, filepath.Join(dir, "api.token"), strings.Join(brokers, ","), url)
 	})

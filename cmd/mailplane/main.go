@@ -21,10 +21,12 @@ const usage = `mailplane — control plane for fleets of email mailboxes
 Usage: mailplane <command> [flags]
 
 Run:
-  dev              everything embedded (broker, Postgres, API, projectors); what 'make run' runs
+  dev              everything embedded (broker, Postgres, API, engine, projectors, sync); what 'make run' runs
   api              the ingest API role
   project          the projector role (Postgres projections of the log)
   engine           the placement engine (one active, others standby)
+  sync             a sync worker (owns mailbox.state partitions; --state adds the processor)
+  state            the mailbox.state processor (folds mailbox events for sync)
 
 Operate:
   topics apply     create missing topics, report drift (exit 1 on drift)
@@ -55,6 +57,10 @@ func main() {
 		err = runAPI(ctx, args)
 	case "engine":
 		err = runEngine(ctx, args)
+	case "sync":
+		err = runSync(ctx, args)
+	case "state":
+		err = runState(ctx, args)
 	case "project":
 		err = runProject(ctx, args)
 	case "topics":

@@ -22,6 +22,8 @@ import (
 	"github.com/mailplane/mailplane/billing"
 	"github.com/mailplane/mailplane/eventschema"
 	"github.com/mailplane/mailplane/kafka"
+	"github.com/mailplane/mailplane/mailboxstate"
+	"github.com/mailplane/mailplane/mailsync"
 	"github.com/mailplane/mailplane/migrations"
 	"github.com/mailplane/mailplane/placement"
 	"github.com/mailplane/mailplane/producer"
@@ -45,8 +47,13 @@ type roleConfig struct {
 
 	api       bool // serve the ingest API (else only health and metrics)
 	engine    bool // run the placement engine (active or standby)
-	project   bool // run the projectors
-	applyTops bool // apply the topic catalog first (dev mode)
+	stateProc bool // run the mailbox.state processor
+	// syncWorkers sync workers run in the process (dev mode runs several
+	// to show partitions moving between them).
+	syncWorkers int
+	syncConfig  mailsync.Config
+	project     bool // run the projectors
+	applyTops   bool // apply the topic catalog first (dev mode)
 }
 
 // runRoles starts the configured roles and blocks until ctx is done or a
@@ -113,6 +120,27 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 			return err
 		}
 		start("placement engine", eng.Run)
+	}
+
+	if rc.stateProc {
+		proc, err := mailboxstate.New(kcfg("mailbox-state"),
+			mailboxstate.WithLogger(log.With("role", "mailbox-state")), mailboxstate.WithRegisterer(reg))
+		if err != nil {
+			return err
+		}
+		start("mailbox.state processor", proc.Run)
+	}
+	for i := range rc.syncWorkers {
+		cfg := rc.syncConfig
+		cfg.WorkerID = syncWorkerID(cfg.WorkerID, i, rc.syncWorkers)
+		cfg.Logger, cfg.Registerer = log.With("role", "sync", "worker", i+1), reg
+		// The IMAP runner arrives with the IMAP issue; until then workers
+		// run the recording runner, which shows ownership at work.
+		w, err := mailsync.New(kcfg(fmt.Sprintf("sync-%d", i+1)), pool, &mailsync.RecordingRunner{Beat: 30 * time.Second}, cfg)
+		if err != nil {
+			return err
+		}
+		start(fmt.Sprintf("sync worker %d", i+1), w.Run)
 	}
 
 	dbCheck := func(ctx context.Context) error { return pool.Ping(ctx) }

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/mailplane/mailplane/kafka"
+	"github.com/mailplane/mailplane/mailsync"
+)
+
+// Sync worker settings. The tier knobs keep the names operators of the
+// predecessor know (POLL_WARM, ...).
+var (
+	cfgSyncWorkerID  = register(setting{"sync-worker-id", "MAILPLANE_SYNC_WORKER_ID", "", "sync worker identity, unique per running worker (default host-pid-random)"})
+	cfgSyncSession   = register(setting{"sync-session-timeout", "MAILPLANE_SYNC_SESSION_TIMEOUT", "6s", "sync group session timeout: failover time after a worker dies"})
+	cfgSyncHeartbeat = register(setting{"sync-heartbeat-interval", "MAILPLANE_SYNC_HEARTBEAT_INTERVAL", "500ms", "sync group heartbeat interval"})
+	cfgPollWarm      = register(setting{"poll-warm", "POLL_WARM", "2m", "poll interval of warm mailboxes (and of hot mailboxes' special-use folders)"})
+	cfgPollCold      = register(setting{"poll-cold", "POLL_COLD", "30m", "poll interval of cold mailboxes"})
+	cfgSessionGrace  = register(setting{"tier-session-grace", "TIER_SESSION_GRACE", "15m", "a user.active within this long keeps the user's mailboxes hot"})
+	cfgHotActivity   = register(setting{"tier-hot-activity", "TIER_HOT_ACTIVITY", "2h", "mail newer than this keeps a mailbox hot"})
+	cfgColdAfter     = register(setting{"tier-cold-after", "TIER_COLD_AFTER", "168h", "a mailbox with no mail, session or registration for this long is cold"})
+	cfgHotBudget     = register(setting{"hot-budget-per-worker", "HOT_BUDGET_PER_WORKER", "2000", "most hot mailboxes per sync worker; the least recently active session-less ones are demoted"})
+	cfgSyncWorkers   = register(setting{"sync-workers", "MAILPLANE_SYNC_WORKERS", "2", "dev mode: sync workers run in the process"})
+)
+
+type syncFlags struct {
+	workerID                                                      *string
+	session, heartbeat, warm, cold, grace, hotActivity, coldAfter *time.Duration
+	budget                                                        *int
+}
+
+func registerSyncFlags(fs *flag.FlagSet) *syncFlags {
+	return &syncFlags{
+		workerID: cfgSyncWorkerID.String(fs), session: cfgSyncSession.Duration(fs), heartbeat: cfgSyncHeartbeat.Duration(fs),
+		warm: cfgPollWarm.Duration(fs), cold: cfgPollCold.Duration(fs), grace: cfgSessionGrace.Duration(fs),
+		hotActivity: cfgHotActivity.Duration(fs), coldAfter: cfgColdAfter.Duration(fs), budget: cfgHotBudget.Int(fs),
+	}
+}
+
+func (f *syncFlags) config() mailsync.Config {
+	c := mailsync.DefaultConfig()
+	c.WorkerID = *f.workerID
+	c.SessionTimeout, c.HeartbeatInterval = *f.session, *f.heartbeat
+	c.PollWarm, c.PollCold = *f.warm, *f.cold
+	c.TierSessionGrace, c.TierHotActivity, c.TierColdAfter = *f.grace, *f.hotActivity, *f.coldAfter
+	c.HotBudgetPerWorker = *f.budget
+	return c
+}
+
+// runSync runs one sync worker; with --state it also runs the
+// mailbox.state processor (one per deployment).
+func runSync(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("sync", flag.ExitOnError)
+	brokers, dbURL, httpAddr, logLevel, logFormat, parts := commonRoleFlags(fs)
+	sf := registerSyncFlags(fs)
+	state := fs.Bool("state", false, "also run the mailbox.state processor (exactly one per deployment is active)")
+	fs.Parse(args)
+	return runRoles(ctx, &roleConfig{
+		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
+		httpAddr: *httpAddr, statePartitions: int32(*parts), syncWorkers: 1, syncConfig: sf.config(), stateProc: *state,
+	}, nil)
+}
+
+func runState(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("state", flag.ExitOnError)
+	brokers, dbURL, httpAddr, logLevel, logFormat, parts := commonRoleFlags(fs)
+	fs.Parse(args)
+	return runRoles(ctx, &roleConfig{
+		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
+		httpAddr: *httpAddr, statePartitions: int32(*parts), stateProc: true,
+	}, nil)
+}
+
+func syncWorkerID(base string, i, n int) string {
+	if base == "" || n == 1 {
+		return base
+	}
+	return fmt.Sprintf("%s-%d", base, i+1)
+}
