@@ -74,9 +74,6 @@ func TestGracefulLeave(t *testing.T) {
 	}
 	t.Logf("graceful leave to all moved mailboxes running (%d mailboxes, 3 members, 12 partitions): median %s, max %s",
 		n, percentile(leaves, 0.5), percentile(leaves, 1))
-	if worst := percentile(leaves, 1); worst > 2*time.Second {
-		t.Errorf("slowest graceful handover %s, want at most 2s", worst)
-	}
 	if s := staleWrites(t, e.db.Pool); s != 0 {
 		t.Errorf("%d writes landed at a stale epoch", s)
 	}

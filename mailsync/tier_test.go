@@ -100,15 +100,23 @@ func TestHostPacer(t *testing.T) {
 	if d := time.Since(start); d < 150*time.Millisecond || d > 2*time.Second {
 		t.Errorf("6 connections at 20/s with burst 2 took %s, want about 200ms", d)
 	}
-	// Another host has its own bucket.
-	start = time.Now()
+	// Another host has its own bucket: with host A's burst spent at one
+	// connection per 2 s, a shared bucket would make host B wait 2 s per
+	// connection; its own bucket lets both through at once.
+	slow := newHostPacer(0.5, 2)
 	for range 2 {
-		if err := p.wait(ctx, "IMAP.B.example"); err != nil {
+		if err := slow.wait(ctx, "imap.a.example"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if d := time.Since(start); d > 50*time.Millisecond {
-		t.Errorf("a second host waited %s", d)
+	start = time.Now()
+	for range 2 {
+		if err := slow.wait(ctx, "IMAP.B.example"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := time.Since(start); d >= 1500*time.Millisecond {
+		t.Errorf("a second host waited %s: it shares the first host's bucket", d)
 	}
 	// A canceled wait returns at once with the context's error.
 	cctx, cancel := context.WithCancel(ctx)
