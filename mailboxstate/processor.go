@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -44,6 +46,7 @@ type config struct {
 	maxBatch int
 	kgoOpts  []kgo.Opt
 	backoff  time.Duration
+	window   time.Duration
 }
 
 // WithLogger sets the logger (default: discard).
@@ -64,12 +67,25 @@ func WithTransactionalID(id string) Option { return func(c *config) { c.txnID = 
 // WithMaxBatch bounds the records folded in one transaction (default 2000).
 func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
 
+// WithDedupeWindow sets how long, in log time, the processor remembers the
+// id of an event it applied (default DefaultDedupeWindow, 7 days): a copy of
+// an event produced within the window of the original is skipped, a later
+// one is folded again. Memory grows with the mailbox.added and
+// mailbox.removed events of one window (see dedupe.go). The window must stay
+// well under the retention of topics.MailboxStateDedupe (30 days).
+func WithDedupeWindow(d time.Duration) Option { return func(c *config) { c.window = d } }
+
 // WithKgoOptions adds franz-go options (tests use it for group timings).
+// They must not replace the partitioner or the partition revoked/lost
+// callbacks: the dedupe state depends on them.
 func WithKgoOptions(opts ...kgo.Opt) Option {
 	return func(c *config) { c.kgoOpts = append(c.kgoOpts, opts...) }
 }
 
-// Processor folds mailbox domain events into mailbox.state.
+// Processor folds mailbox domain events into mailbox.state, exactly once
+// per event id within its dedupe window: each transaction carries the
+// mailbox.state records, the ids it applied (topics.MailboxStateDedupe) and
+// the input offsets, and a record whose id was already applied is skipped.
 type Processor struct {
 	kcfg kafka.Config
 	cfg  config
@@ -80,7 +96,7 @@ type Processor struct {
 // New returns a processor reading and writing through the brokers in kcfg.
 // It connects to nothing until Run.
 func New(kcfg kafka.Config, opts ...Option) (*Processor, error) {
-	cfg := config{maxBatch: 2000, txnID: DefaultTransactionalID, backoff: 500 * time.Millisecond}
+	cfg := config{maxBatch: 2000, txnID: DefaultTransactionalID, backoff: 500 * time.Millisecond, window: DefaultDedupeWindow}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -102,6 +118,9 @@ func New(kcfg kafka.Config, opts ...Option) (*Processor, error) {
 	}
 	if cfg.maxBatch <= 0 {
 		cfg.maxBatch = 2000
+	}
+	if cfg.window <= 0 {
+		cfg.window = DefaultDedupeWindow
 	}
 	if kcfg.ClientID == "" {
 		kcfg.ClientID = "mailplane-mailbox-state"
@@ -143,13 +162,17 @@ func (p *Processor) Run(ctx context.Context) error {
 // options are the session's client options: a group consumer reading
 // committed records only, and a transactional producer placing records by
 // the murmur2 hash of their key (so mailbox.state partitions agree with any
-// Kafka client and with sync.tier).
-func (p *Processor) options() []kgo.Opt {
+// Kafka client and with sync.tier), except the dedupe changelog's, which go
+// to the partition of the input they come from. Revoked and lost partitions
+// lose their dedupe state in st.
+func (p *Processor) options(st *sessionState) []kgo.Opt {
 	opts := kafka.ConsumerOptions(p.kcfg, p.cfg.group,
 		kgo.TransactionalID(p.cfg.txnID),
 		kgo.TransactionTimeout(30*time.Second),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+		kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}),
+		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { st.forget(m) }),
+		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { st.forget(m) }),
 		kgo.ProducerLinger(0),
 		kgo.ProduceRequestTimeout(10*time.Second),
 		kgo.WithLogger(kgoLogger{p.log}),
@@ -157,10 +180,80 @@ func (p *Processor) options() []kgo.Opt {
 	return append(opts, p.cfg.kgoOpts...)
 }
 
+// partitioner places changelog records on the partition they name and every
+// other record by its key.
+type partitioner struct{ keyed kgo.Partitioner }
+
+func (p partitioner) ForTopic(t string) kgo.TopicPartitioner {
+	if t == topics.MailboxStateDedupe {
+		return samePartition{}
+	}
+	return p.keyed.ForTopic(t)
+}
+
+type samePartition struct{}
+
+func (samePartition) RequiresConsistency(*kgo.Record) bool { return true }
+func (samePartition) Partition(r *kgo.Record, _ int) int   { return int(r.Partition) }
+
+// sessionState is the dedupe state of one transactional session: the
+// applied ids of the input partitions folded since they were assigned.
+// parts belongs to the poll loop; the group callbacks only mark partitions
+// stale, and the loop drops them before its next transaction.
+type sessionState struct {
+	parts map[int32]*applied
+	// reported is what this session added to the dedupe ids gauge (shared
+	// by the processors on one registry).
+	reported int
+
+	mu    sync.Mutex
+	stale map[int32]bool
+}
+
+func newSessionState() *sessionState {
+	return &sessionState{parts: map[int32]*applied{}, stale: map[int32]bool{}}
+}
+
+// forget marks revoked or lost partitions: another member may fold them
+// next, so what this session knows of them will be out of date.
+func (s *sessionState) forget(m map[string][]int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, part := range m[topics.MailboxEvents] {
+		s.stale[part] = true
+	}
+}
+
+func (s *sessionState) dropStale() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for part := range s.stale {
+		delete(s.parts, part)
+	}
+	clear(s.stale)
+}
+
+// report brings g up to date with the ids the session remembers.
+func (s *sessionState) report(g prometheus.Gauge) {
+	n := 0
+	for _, a := range s.parts {
+		n += len(a.ids)
+	}
+	g.Add(float64(n - s.reported))
+	s.reported = n
+}
+
 // session runs one GroupTransactSession until ctx is done or it fails.
 // progressed reports whether any transaction committed.
 func (p *Processor) session(ctx context.Context) (progressed bool, err error) {
-	sess, err := kgo.NewGroupTransactSession(p.options()...)
+	// A new session starts knowing nothing: it restores each partition's
+	// dedupe state from the changelog when it first folds that partition.
+	st := newSessionState()
+	defer func() {
+		clear(st.parts)
+		st.report(p.m.dedupeIDs)
+	}()
+	sess, err := kgo.NewGroupTransactSession(p.options(st)...)
 	if err != nil {
 		return false, fmt.Errorf("mailboxstate: client: %w", err)
 	}
@@ -189,7 +282,7 @@ func (p *Processor) session(ctx context.Context) (progressed bool, err error) {
 		if len(recs) == 0 {
 			continue
 		}
-		committed, err := p.transact(ctx, sess, recs)
+		committed, err := p.transact(ctx, sess, st, recs)
 		if err != nil {
 			if isFenced(err) {
 				return progressed, fmt.Errorf("%w: %v", ErrFenced, err)
@@ -207,19 +300,63 @@ func isFenced(err error) bool {
 }
 
 // transact folds recs and produces the result in one transaction with the
-// input offsets. On any failure the transaction is aborted and the session
-// rewinds to the last committed offsets, so the batch is folded again.
-func (p *Processor) transact(ctx context.Context, sess *kgo.GroupTransactSession, recs []*kgo.Record) (bool, error) {
+// input offsets and the ids it applied. On any failure the transaction is
+// aborted and the session rewinds to the last committed offsets, so the
+// batch is folded again; the dedupe state of the batch's partitions, which
+// the fold changed, is dropped and restored from the changelog.
+func (p *Processor) transact(ctx context.Context, sess *kgo.GroupTransactSession, st *sessionState, recs []*kgo.Record) (committed bool, err error) {
+	st.dropStale()
+	// Where each partition of the batch resumes: its first record.
+	first := map[int32]int64{}
+	last := map[int32]int64{}
+	for _, r := range recs {
+		if _, ok := first[r.Partition]; !ok {
+			first[r.Partition] = r.Offset
+		}
+		last[r.Partition] = r.Offset
+	}
+	need := map[int32]int64{}
+	for part, off := range first {
+		if _, ok := st.parts[part]; !ok {
+			need[part] = off
+		}
+	}
+	if len(need) > 0 {
+		restored, err := p.restore(ctx, need)
+		if err != nil {
+			if ctx.Err() != nil {
+				return false, nil
+			}
+			return false, fmt.Errorf("restore dedupe state: %w", err)
+		}
+		p.m.restores.Add(float64(len(restored)))
+		for part, a := range restored {
+			st.parts[part] = a
+		}
+	}
+	defer func() {
+		if !committed {
+			for part := range first {
+				delete(st.parts, part)
+			}
+		}
+		st.report(p.m.dedupeIDs)
+	}()
+
 	if err := sess.Begin(); err != nil {
 		return false, fmt.Errorf("begin transaction: %w", err)
 	}
-	out := make([]*kgo.Record, 0, len(recs))
+	out := make([]*kgo.Record, 0, 2*len(recs))
 	var counts outcomeCounts
 	for _, r := range recs {
-		o, kind := p.fold(r)
+		var kind outcome
+		out, kind = p.fold(r, st.parts[r.Partition], out)
 		counts[kind]++
-		if o != nil {
-			out = append(out, o)
+	}
+	window, every := p.cfg.window.Milliseconds(), max(p.cfg.window.Milliseconds()/16, 1)
+	for _, part := range keys(first) {
+		for _, id := range st.parts[part].sweep(window, every) {
+			out = append(out, changelogTombstone(p.cfg.group.Group, part, id, last[part]))
 		}
 	}
 	try := kgo.TryCommit
@@ -232,7 +369,7 @@ func (p *Processor) transact(ctx context.Context, sess *kgo.GroupTransactSession
 			try = kgo.TryAbort
 		}
 	}
-	committed, err := sess.End(ctx, try)
+	committed, err = sess.End(ctx, try)
 	if err != nil {
 		p.m.transactions.WithLabelValues("failed").Inc()
 		if ctx.Err() != nil {
@@ -261,57 +398,91 @@ const (
 	outcomeTombstoned
 	outcomeIgnored
 	outcomeDeadLettered
+	outcomeDuplicate
 	numOutcomes
 )
 
 type outcomeCounts [numOutcomes]int
 
 func (o outcome) String() string {
-	return [...]string{"upserted", "tombstoned", "ignored", "dead_lettered"}[o]
+	return [...]string{"upserted", "tombstoned", "ignored", "dead_lettered", "duplicate"}[o]
 }
 
-// fold maps one mailbox event record to its mailbox.state record: the
-// mailbox's state for mailbox.added, a tombstone for mailbox.removed, and
-// nothing for the other types (sync needs none of them). Events are applied
-// in log order, as the registry projection applies them. A record that does
-// not decode goes to the DLQ, in the same transaction.
-func (p *Processor) fold(r *kgo.Record) (*kgo.Record, outcome) {
+// fold maps one mailbox event record to its mailbox.state record, appended
+// to out: the mailbox's state for mailbox.added, a tombstone for
+// mailbox.removed, and nothing for the other types (sync needs none of
+// them). Events are applied in log order, as the registry projection applies
+// them, and at most once per event id within the dedupe window: a
+// mailbox.added or mailbox.removed whose id a applied already is skipped,
+// and one applied is remembered in a and in the changelog record appended
+// with it. A record that does not decode goes to the DLQ, in the same
+// transaction.
+func (p *Processor) fold(r *kgo.Record, a *applied, out []*kgo.Record) ([]*kgo.Record, outcome) {
+	deadLetter := func(code domain.Code, msg string) ([]*kgo.Record, outcome) {
+		return append(out, dlq.NewRecord(r, dlq.Failure{Consumer: ConsumerName, Code: code, Err: msg, Attempts: 1})), outcomeDeadLettered
+	}
 	e, err := topics.Decode(r)
 	if err != nil {
 		p.log.Warn("mailbox event sent to the DLQ", "partition", r.Partition, "offset", r.Offset, "code", domain.ErrorCode(err), "err", err)
-		return dlq.NewRecord(r, dlq.Failure{Consumer: ConsumerName, Code: domain.ErrorCode(err), Err: err.Error(), Attempts: 1}), outcomeDeadLettered
+		return deadLetter(domain.ErrorCode(err), err.Error())
 	}
+	var state *kgo.Record
+	var kind outcome
 	switch d := e.Data.(type) {
 	case *domain.MailboxAdded:
-		out, err := Record(FromAdded(e, d), e.Time)
+		state, err = Record(FromAdded(e, d), e.Time)
 		if err != nil {
-			return dlq.NewRecord(r, dlq.Failure{Consumer: ConsumerName, Code: domain.CodeInternal, Err: err.Error(), Attempts: 1}), outcomeDeadLettered
+			return deadLetter(domain.CodeInternal, err.Error())
 		}
-		return out, outcomeUpserted
+		kind = outcomeUpserted
 	case *domain.MailboxRemoved:
-		return Tombstone(d.MailboxID, e.ID, e.Time), outcomeTombstoned
+		state, kind = Tombstone(d.MailboxID, e.ID, e.Time), outcomeTombstoned
+	default:
+		return out, outcomeIgnored
 	}
-	return nil, outcomeIgnored
+	id, err := uuid.Parse(e.ID) // a UUIDv7: Decode validated it
+	if err != nil {
+		return deadLetter(domain.CodeInternal, fmt.Sprintf("event id %q: %v", e.ID, err))
+	}
+	ts := r.Timestamp.UnixMilli()
+	if a.seen(id, ts, p.cfg.window.Milliseconds()) {
+		p.log.Debug("duplicate mailbox event skipped", "partition", r.Partition, "offset", r.Offset, "id", e.ID, "type", e.Type, "mailbox_id", e.Subject)
+		return out, outcomeDuplicate
+	}
+	a.add(id, ts)
+	return append(out, state, changelogRecord(p.cfg.group.Group, id, e, r)), kind
 }
 
 type metrics struct {
 	records      *prometheus.CounterVec
 	transactions *prometheus.CounterVec
+	dedupeIDs    prometheus.Gauge
+	restores     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		records: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mailplane_mailbox_state_records_total",
-			Help: "Mailbox events folded into mailbox.state, by outcome (upserted, tombstoned, ignored, dead_lettered); committed transactions only.",
+			Help: "Mailbox events folded into mailbox.state, by outcome (upserted, tombstoned, ignored, dead_lettered, duplicate: an event id already applied); committed transactions only.",
 		}, []string{"outcome"}),
 		transactions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mailplane_mailbox_state_transactions_total",
 			Help: "Transactions of the mailbox.state processor, by outcome (committed, aborted, failed).",
 		}, []string{"outcome"}),
+		dedupeIDs: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mailplane_mailbox_state_dedupe_ids",
+			Help: "Event ids the mailbox.state processor remembers to recognise duplicates (its dedupe window).",
+		}),
+		restores: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mailplane_mailbox_state_dedupe_restores_total",
+			Help: "Input partitions whose dedupe state was restored from the changelog (assignment, restart, aborted transaction).",
+		}),
 	}
 	m.records = register(reg, m.records)
 	m.transactions = register(reg, m.transactions)
+	m.dedupeIDs = register(reg, m.dedupeIDs)
+	m.restores = register(reg, m.restores)
 	return m
 }
 

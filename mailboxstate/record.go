@@ -2,8 +2,12 @@
 // per live mailbox, keyed by mailbox id, holding what a sync worker needs to
 // run it, and a tombstone when the mailbox is removed. Its Processor folds
 // the mailbox domain events into that topic exactly once (a Kafka
-// transaction per batch, input offsets committed in the same transaction);
-// its record codec is shared by the processor and the sync workers.
+// transaction per batch, input offsets committed in the same transaction),
+// and once per event id: a copy of an event produced again with the same
+// ce_id within the dedupe window (default 7 days of log time) is skipped,
+// through a changelog of applied ids written in the same transactions (see
+// dedupe.go for the design and its bounds). Its record codec is shared by
+// the processor and the sync workers.
 //
 // mailbox.state is derived: replaying the mailbox events into a fresh topic
 // (with any partition count) rebuilds it. Records are placed by the

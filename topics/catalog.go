@@ -18,6 +18,11 @@ const (
 	WorkerEvents       = "mailplane.worker.events.v1"
 	PlacementDecisions = "mailplane.placement.decisions.v1"
 	MailboxState       = "mailplane.mailbox.state.v1"
+	// MailboxStateDedupe is the changelog of the mailbox.state processor's
+	// de-duplication: the ids of the mailbox events it applied within its
+	// window, partition p holding those read from mailbox.events partition
+	// p. Internal to the processor; nobody else reads or writes it.
+	MailboxStateDedupe = "mailplane.mailbox.state-dedupe.v1"
 	SyncTier           = "mailplane.sync.tier.v1"
 	SyncAudit          = "mailplane.sync.audit.v1"
 	DLQ                = "mailplane.dlq.v1"
@@ -27,6 +32,8 @@ const (
 const (
 	CleanupDelete  = "delete"
 	CleanupCompact = "compact"
+	// CleanupCompactDelete compacts and also deletes by retention.
+	CleanupCompactDelete = "compact,delete"
 )
 
 // Spec describes one topic.
@@ -58,6 +65,10 @@ type Config struct {
 // DefaultStatePartitions is the default partition count of mailbox.state.
 const DefaultStatePartitions = 256
 
+// MailboxEventsPartitions is the partition count of mailbox.events, and of
+// mailbox.state-dedupe, which mirrors it partition for partition.
+const MailboxEventsPartitions = 16
+
 const (
 	forever = -1
 	week    = 7 * 24 * 3600 * 1000
@@ -71,12 +82,18 @@ func Catalog(cfg Config) []Spec {
 		sp = DefaultStatePartitions
 	}
 	return []Spec{
-		{MailboxEvents, 16, forever, CleanupDelete, "mailbox domain events (source of truth), keyed by mailbox id"},
+		{MailboxEvents, MailboxEventsPartitions, forever, CleanupDelete, "mailbox domain events (source of truth), keyed by mailbox id"},
 		{OrgEvents, 4, forever, CleanupDelete, "org domain events (source of truth), keyed by org id"},
 		{UserEvents, 16, forever, CleanupDelete, "user domain events (source of truth), keyed by user id"},
 		{WorkerEvents, 8, forever, CleanupDelete, "worker domain events (source of truth), keyed by worker id"},
 		{PlacementDecisions, 1, forever, CleanupDelete, "placement decision log and audit; total order; written only by the engine"},
 		{MailboxState, sp, forever, CleanupCompact, "one record per live mailbox for sync; tombstone on removal"},
+		// The processor tombstones each id once it leaves its window
+		// (default 7 days), so compaction keeps the topic at one window of
+		// ids; retention is the backstop for ids nobody tombstones (a
+		// retired group). It must exceed the window plus the processor's
+		// longest lag: ids of events folded more than a month ago are gone.
+		{MailboxStateDedupe, MailboxEventsPartitions, month, CleanupCompactDelete, "event ids applied by the mailbox.state processor within its dedupe window, partition p for mailbox.events partition p; internal"},
 		{SyncTier, sp, forever, CleanupCompact, "sync tier per mailbox, co-partitioned with mailbox.state"},
 		{SyncAudit, 8, month, CleanupDelete, "sync ownership and tier changes, sync failures"},
 		{DLQ, 1, forever, CleanupDelete, "dead letters with source topic, partition, offset, consumer, error, attempts"},
