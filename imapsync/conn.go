@@ -1,0 +1,237 @@
+package imapsync
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/emersion/go-imap/v2"
+	"github.com/emersion/go-imap/v2/imapclient"
+
+	"github.com/mailplane/mailplane/domain"
+)
+
+// deadlineConn owns the deadlines of an IMAP connection. go-imap sets its
+// own (30 s per response, none while waiting for the next one, which never
+// notices a black-holed peer); its calls are ignored here, and the runner
+// arms a deadline before every command instead (arm), a longer one for an
+// IDLE.
+type deadlineConn struct {
+	net.Conn
+}
+
+func (c *deadlineConn) SetDeadline(time.Time) error      { return nil }
+func (c *deadlineConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *deadlineConn) SetWriteDeadline(time.Time) error { return nil }
+
+// arm sets the read and write deadline d from now.
+func (c *deadlineConn) arm(d time.Duration) { _ = c.Conn.SetDeadline(time.Now().Add(d)) }
+
+// conn is one IMAP connection of a mailbox run.
+type conn struct {
+	c       *imapclient.Client
+	raw     *deadlineConn
+	cmdTO   time.Duration
+	stop    func() bool // unregisters the close on ctx
+	closing sync.Once
+	idling  bool // an IDLE may be running: no other command can be sent
+	// notify is signalled (never blocking) on unilateral EXISTS, EXPUNGE
+	// and FETCH: something changed in the selected folder.
+	notify chan struct{}
+}
+
+func (c *conn) arm()                    { c.raw.arm(c.cmdTO) }
+func (c *conn) armFor(d time.Duration)  { c.raw.arm(d) }
+func (c *conn) caps() imap.CapSet       { return c.c.Caps() }
+func (c *conn) closed() <-chan struct{} { return c.c.Closed() }
+func (c *conn) has(cp imap.Cap) bool    { return c.c.Caps().Has(cp) }
+func (c *conn) signal() {
+	select {
+	case c.notify <- struct{}{}:
+	default:
+	}
+}
+func (c *conn) drain() {
+	select {
+	case <-c.notify:
+	default:
+	}
+}
+func (c *conn) client() *imapclient.Client { return c.c }
+
+// close logs out politely (bounded, and not while an IDLE holds the
+// client) and closes the socket.
+func (c *conn) close() {
+	c.closing.Do(func() {
+		live := c.stop == nil || c.stop() // false: ctx closed the socket already
+		if live && !c.idling && c.c != nil && c.c.State() != imap.ConnStateLogout {
+			d := min(c.cmdTO, 2*time.Second)
+			c.raw.arm(d)
+			done := make(chan struct{})
+			go func() {
+				_ = c.c.Logout().Wait()
+				close(done)
+			}()
+			t := time.NewTimer(d)
+			select {
+			case <-done:
+			case <-t.C:
+			}
+			t.Stop()
+		}
+		_ = c.raw.Conn.Close()
+		if c.c != nil {
+			_ = c.c.Close()
+		}
+	})
+}
+
+// dial connects, secures and logs in. Every step runs under a deadline;
+// ctx being done closes the socket, which ends any step at once.
+func (m *mailboxRun) dial(ctx context.Context) (*conn, error) {
+	if err := m.job.PaceConnect(ctx); err != nil {
+		return nil, err
+	}
+	ep := m.job.Mailbox.IMAP
+	addr := net.JoinHostPort(ep.Host, strconv.Itoa(ep.Port))
+	dctx, cancel := context.WithTimeout(ctx, m.r.cfg.DialTimeout)
+	rawNet, err := m.r.cfg.Dial(dctx, "tcp", addr)
+	cancel()
+	if err != nil {
+		return nil, &Error{Kind: KindNetwork, Op: "dial", Err: err}
+	}
+	m.r.metrics.connects.WithLabelValues(string(m.tier)).Inc()
+	raw := &deadlineConn{Conn: rawNet}
+	c := &conn{raw: raw, cmdTO: m.r.cfg.CommandTimeout, notify: make(chan struct{}, 1)}
+	c.stop = context.AfterFunc(ctx, func() { _ = raw.Conn.Close() })
+	ok := false
+	defer func() {
+		if !ok {
+			c.stop()
+			_ = raw.Conn.Close()
+		}
+	}()
+
+	opts := &imapclient.Options{
+		UnilateralDataHandler: &imapclient.UnilateralDataHandler{
+			Expunge: func(uint32) { c.signal() },
+			Mailbox: func(d *imapclient.UnilateralDataMailbox) {
+				if d.NumMessages != nil {
+					c.signal()
+				}
+			},
+			Fetch: func(*imapclient.FetchMessageData) { c.signal() },
+		},
+		WordDecoder: wordDecoder,
+	}
+	tlsCfg := &tls.Config{ServerName: ep.Host, RootCAs: m.r.cfg.RootCAs, MinVersion: tls.VersionTLS12}
+	c.arm()
+	switch ep.TLS {
+	case domain.TLSNone:
+		c.c = imapclient.New(raw, opts)
+		if err := c.c.WaitGreeting(); err != nil {
+			return nil, classify("greeting", err, ctx)
+		}
+	case domain.TLSStartTLS:
+		opts.TLSConfig = tlsCfg
+		c.c, err = imapclient.NewStartTLS(raw, opts)
+		if err != nil {
+			return nil, classify("starttls", err, ctx)
+		}
+	default: // implicit, and anything not explicitly none
+		tlsCfg.NextProtos = []string{"imap"}
+		tc := tls.Client(raw, tlsCfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			return nil, classify("tls", err, ctx)
+		}
+		c.c = imapclient.New(tc, opts)
+		if err := c.c.WaitGreeting(); err != nil {
+			return nil, classify("greeting", err, ctx)
+		}
+	}
+	if err := m.login(ctx, c); err != nil {
+		return nil, err
+	}
+	ok = true
+	return c, nil
+}
+
+// login unseals the credentials, logs in and wipes them.
+func (m *mailboxRun) login(ctx context.Context, c *conn) error {
+	if c.c.State() == imap.ConnStateAuthenticated {
+		return nil // PREAUTH (never over STARTTLS: imapclient refuses it)
+	}
+	sec, err := m.r.unseal(m.job.Mailbox)
+	if err != nil {
+		return err
+	}
+	defer sec.wipe()
+	c.arm()
+	err = c.c.Login(m.job.Mailbox.IMAP.Username, sec.password()).Wait()
+	if err != nil {
+		var ie *imap.Error
+		if errors.As(err, &ie) {
+			// The server's words, never ours: the password is not in them.
+			return &Error{Kind: KindAuth, Op: "login", Code: string(ie.Code), Reason: ie.Text, Err: err}
+		}
+		return classify("login", err, ctx)
+	}
+	// Refresh capabilities after login (servers add some).
+	if _, err := m.caps(c); err != nil {
+		return classify("capability", err, ctx)
+	}
+	return nil
+}
+
+func (m *mailboxRun) caps(c *conn) (imap.CapSet, error) {
+	c.arm()
+	return c.c.Capability().Wait()
+}
+
+// classify turns a dial, TLS or protocol error into an *Error.
+func classify(op string, err error, ctx context.Context) error {
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return err
+	}
+	var (
+		certErr  *tls.CertificateVerificationError
+		unknown  x509.UnknownAuthorityError
+		hostErr  x509.HostnameError
+		invalid  x509.CertificateInvalidError
+		recErr   tls.RecordHeaderError
+		alertErr tls.AlertError
+	)
+	switch {
+	case errors.As(err, &certErr), errors.As(err, &unknown), errors.As(err, &hostErr), errors.As(err, &invalid), errors.As(err, &recErr), errors.As(err, &alertErr):
+		return &Error{Kind: KindTLS, Op: op, Reason: err.Error(), Err: err}
+	}
+	var ie *imap.Error
+	if errors.As(err, &ie) {
+		return &Error{Kind: KindProtocol, Op: op, Code: string(ie.Code), Reason: ie.Text, Err: err}
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return &Error{Kind: KindTimeout, Op: op, Err: err}
+	}
+	return &Error{Kind: KindNetwork, Op: op, Err: err}
+}
+
+func wrapf(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}

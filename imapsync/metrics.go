@@ -1,0 +1,33 @@
+package imapsync
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	open     *prometheus.GaugeVec
+	connects *prometheus.CounterVec
+	failures *prometheus.CounterVec
+	idles    prometheus.Counter
+	messages *prometheus.CounterVec
+	resets   prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		open: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "mailplane_imap_connections_open",
+			Help: "IMAP connections open (logged in), by tier."}, []string{"tier"}),
+		connects: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mailplane_imap_connects_total",
+			Help: "TCP connections opened to IMAP servers, by tier."}, []string{"tier"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mailplane_imap_failures_total",
+			Help: "Failed sync attempts, by kind (auth, credentials, tls, network, timeout, protocol)."}, []string{"kind"}),
+		idles: prometheus.NewCounter(prometheus.CounterOpts{Name: "mailplane_imap_idle_starts_total",
+			Help: "IDLE commands issued (starts and restarts)."}),
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mailplane_imap_messages_synced_total",
+			Help: "Message rows written, by folder role."}, []string{"role"}),
+		resets: prometheus.NewCounter(prometheus.CounterOpts{Name: "mailplane_imap_uidvalidity_resets_total",
+			Help: "Folders resynced after a UIDVALIDITY change."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.open, m.connects, m.failures, m.idles, m.messages, m.resets)
+	}
+	return m
+}

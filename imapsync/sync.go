@@ -1,0 +1,223 @@
+package imapsync
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/emersion/go-imap/v2"
+	"github.com/emersion/go-imap/v2/imapclient"
+)
+
+// message is one message's metadata as stored.
+type message struct {
+	uid          uint32
+	internalDate time.Time
+	messageID    string
+	from         string
+	subject      string
+	size         int64
+	flags        string // sorted, space-separated
+	modseq       uint64
+}
+
+// cursor is a folder's sync position.
+type cursor struct {
+	folder      string
+	role        string
+	uidValidity uint32
+	lastUID     uint32
+	modseq      uint64
+}
+
+// flagUpdate is a changed flag set.
+type flagUpdate struct {
+	uid    uint32
+	flags  string
+	modseq uint64
+}
+
+// syncFolder selects f (read-only), checks UIDVALIDITY, fetches messages
+// above the cursor and flag changes, and writes them with the cursor.
+func (m *mailboxRun) syncFolder(ctx context.Context, c *conn, f folder) error {
+	condstore := c.has(imap.CapCondStore)
+	c.arm()
+	sel, err := c.c.Select(f.name, &imap.SelectOptions{ReadOnly: true, CondStore: condstore}).Wait()
+	if err != nil {
+		return classify("select "+f.name, err, ctx)
+	}
+	cur, known := m.cursor(f.name)
+	if known && cur.uidValidity != sel.UIDValidity {
+		m.log.Info("uidvalidity changed: folder resynced", "folder", f.name, "from", cur.uidValidity, "to", sel.UIDValidity)
+		cur = cursor{folder: f.name, role: f.role, uidValidity: sel.UIDValidity}
+		if err := m.resetFolder(ctx, cur); err != nil {
+			return err
+		}
+	} else if !known {
+		cur = cursor{folder: f.name, role: f.role, uidValidity: sel.UIDValidity}
+	}
+	cur.role = f.role
+	prevLast := cur.lastUID
+
+	// New messages, in batches, each written with the cursor it reaches.
+	if sel.NumMessages > 0 && (sel.UIDNext == 0 || uint32(sel.UIDNext) > cur.lastUID+1) {
+		if err := m.fetchNew(ctx, c, f, &cur); err != nil {
+			return err
+		}
+	}
+
+	// Flag changes of messages already stored.
+	var updates []flagUpdate
+	switch {
+	case condstore && sel.HighestModSeq > 0:
+		if prevLast > 0 && cur.modseq > 0 && sel.HighestModSeq > cur.modseq {
+			updates, err = m.fetchFlags(ctx, c, f, uidRange(1, prevLast), &imap.FetchOptions{UID: true, Flags: true, ModSeq: true, ChangedSince: cur.modseq}, prevLast)
+			if err != nil {
+				return err
+			}
+		}
+		cur.modseq = sel.HighestModSeq
+	case prevLast > 0 && sel.NumMessages > 0:
+		from := uint32(1)
+		if w := uint32(m.r.cfg.FlagWindow); sel.NumMessages > w {
+			from = sel.NumMessages - w + 1
+		}
+		var ss imap.SeqSet
+		ss.AddRange(from, sel.NumMessages)
+		updates, err = m.fetchFlags(ctx, c, f, ss, &imap.FetchOptions{UID: true, Flags: true}, prevLast)
+		if err != nil {
+			return err
+		}
+		cur.modseq = 0
+	}
+	return m.writeFlags(ctx, cur, updates)
+}
+
+func uidRange(from, to uint32) imap.UIDSet {
+	var s imap.UIDSet
+	s.AddRange(imap.UID(from), imap.UID(to))
+	return s
+}
+
+func (m *mailboxRun) fetchNew(ctx context.Context, c *conn, f folder, cur *cursor) error {
+	opts := &imap.FetchOptions{UID: true, Flags: true, InternalDate: true, RFC822Size: true, Envelope: true,
+		ModSeq: c.has(imap.CapCondStore)}
+	var set imap.UIDSet
+	set.AddRange(imap.UID(cur.lastUID+1), 0) // lastUID+1:*
+	c.arm()
+	cmd := c.c.Fetch(set, opts)
+	batch := make([]message, 0, m.r.cfg.FetchBatch)
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		err := m.writeMessages(ctx, *cur, batch)
+		batch = batch[:0]
+		c.arm()
+		return err
+	}
+	for {
+		md := cmd.Next()
+		if md == nil {
+			break
+		}
+		buf, err := md.Collect()
+		c.arm()
+		if err != nil {
+			_ = cmd.Close()
+			return classify("fetch "+f.name, err, ctx)
+		}
+		// n:* always returns the last message, even below n.
+		if uint32(buf.UID) <= cur.lastUID {
+			continue
+		}
+		batch = append(batch, toMessage(buf))
+		cur.lastUID = max(cur.lastUID, uint32(buf.UID))
+		if len(batch) >= m.r.cfg.FetchBatch {
+			if err := flush(); err != nil {
+				_ = cmd.Close()
+				return err
+			}
+		}
+	}
+	if err := cmd.Close(); err != nil {
+		return classify("fetch "+f.name, err, ctx)
+	}
+	return flush()
+}
+
+// fetchFlags returns the flags of the fetched messages at or below upTo.
+func (m *mailboxRun) fetchFlags(ctx context.Context, c *conn, f folder, set imap.NumSet, opts *imap.FetchOptions, upTo uint32) ([]flagUpdate, error) {
+	c.arm()
+	cmd := c.c.Fetch(set, opts)
+	var out []flagUpdate
+	for {
+		md := cmd.Next()
+		if md == nil {
+			break
+		}
+		buf, err := md.Collect()
+		c.arm()
+		if err != nil {
+			_ = cmd.Close()
+			return nil, classify("fetch flags "+f.name, err, ctx)
+		}
+		if buf.UID == 0 || uint32(buf.UID) > upTo {
+			continue
+		}
+		out = append(out, flagUpdate{uid: uint32(buf.UID), flags: flagString(buf.Flags), modseq: buf.ModSeq})
+	}
+	if err := cmd.Close(); err != nil {
+		return nil, classify("fetch flags "+f.name, err, ctx)
+	}
+	return out, nil
+}
+
+func toMessage(b *imapclient.FetchMessageBuffer) message {
+	msg := message{uid: uint32(b.UID), internalDate: b.InternalDate, size: b.RFC822Size,
+		flags: flagString(b.Flags), modseq: b.ModSeq}
+	if e := b.Envelope; e != nil {
+		msg.messageID = clean(e.MessageID, 998)
+		msg.subject = clean(e.Subject, 998)
+		if len(e.From) > 0 {
+			a := e.From[0]
+			addr := a.Addr()
+			if a.Name != "" {
+				addr = a.Name + " <" + addr + ">"
+			}
+			msg.from = clean(addr, 998)
+		}
+	}
+	if msg.internalDate.IsZero() {
+		msg.internalDate = time.Unix(0, 0).UTC()
+	}
+	return msg
+}
+
+func flagString(flags []imap.Flag) string {
+	s := make([]string, 0, len(flags))
+	for _, f := range flags {
+		// \Recent is per session (and gone in IMAP4rev2): not stored.
+		if f == "" || strings.EqualFold(string(f), `\Recent`) || strings.ContainsAny(string(f), " \x00") {
+			continue
+		}
+		s = append(s, string(f))
+	}
+	slices.Sort(s)
+	return strings.Join(slices.Compact(s), " ")
+}
+
+// clean makes header text storable: valid UTF-8, no NUL, bounded.
+func clean(s string, n int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "")
+	if len(s) > n {
+		s = s[:n]
+		for !utf8.ValidString(s) {
+			s = s[:len(s)-1]
+		}
+	}
+	return s
+}
