@@ -48,17 +48,28 @@ type target struct {
 	existing     string   // which of the keys in $1 have rows
 	merge        string   // stage into table
 	columns      []string // the key first
+	types        []colType
+	// COPY statements into table and stage.
+	copyTable, copyStage string
+}
+
+func newTarget(table, stage, create, existing, merge string, columns []string, types []colType) *target {
+	if len(types) != len(columns) {
+		panic("registry: " + table + ": a type per column")
+	}
+	return &target{table, stage, create, existing, merge, columns, types,
+		copySQL(table, columns), copySQL(stage, columns)}
 }
 
 var (
-	mailboxesTarget = &target{"mailboxes", "registry_stage_mailboxes", stageMailboxes,
-		`SELECT mailbox_id FROM mailboxes WHERE mailbox_id = ANY($1)`, mergeMailboxesSQL, mailboxColumns}
-	orgsTarget = &target{"orgs", "registry_stage_orgs", stageOrgs,
-		`SELECT org_id FROM orgs WHERE org_id = ANY($1)`, mergeOrgsSQL, orgColumns}
-	usersTarget = &target{"users", "registry_stage_users", stageUsers,
-		`SELECT user_id FROM users WHERE user_id = ANY($1)`, mergeUsersSQL, userColumns}
-	workersTarget = &target{"workers", "registry_stage_workers", stageWorkers,
-		`SELECT worker_id FROM workers WHERE worker_id = ANY($1)`, mergeWorkersSQL, workerColumns}
+	mailboxesTarget = newTarget("mailboxes", "registry_stage_mailboxes", stageMailboxes,
+		`SELECT mailbox_id FROM mailboxes WHERE mailbox_id = ANY($1)`, mergeMailboxesSQL, mailboxColumns, mailboxTypes)
+	orgsTarget = newTarget("orgs", "registry_stage_orgs", stageOrgs,
+		`SELECT org_id FROM orgs WHERE org_id = ANY($1)`, mergeOrgsSQL, orgColumns, orgTypes)
+	usersTarget = newTarget("users", "registry_stage_users", stageUsers,
+		`SELECT user_id FROM users WHERE user_id = ANY($1)`, mergeUsersSQL, userColumns, userTypes)
+	workersTarget = newTarget("workers", "registry_stage_workers", stageWorkers,
+		`SELECT worker_id FROM workers WHERE worker_id = ANY($1)`, mergeWorkersSQL, workerColumns, workerTypes)
 )
 
 var mailboxColumns = []string{
@@ -264,7 +275,7 @@ func writeRows(ctx context.Context, tx pgx.Tx, ws []*write) error {
 	}
 	for _, w := range ws {
 		if len(w.fresh) > 0 {
-			if _, err := tx.CopyFrom(ctx, pgx.Identifier{w.t.table}, w.t.columns, pgx.CopyFromRows(w.fresh)); err != nil {
+			if err := copyRows(ctx, tx, w.t.copyTable, w.t.types, w.fresh); err != nil {
 				if isUniqueViolation(err) {
 					// A key inserted under us after all (say a topic's
 					// partitions were added and the key moved): not the
@@ -276,7 +287,7 @@ func writeRows(ctx context.Context, tx pgx.Tx, ws []*write) error {
 			}
 		}
 		if len(w.stale) > 0 {
-			if _, err := tx.CopyFrom(ctx, pgx.Identifier{w.t.stage}, w.t.columns, pgx.CopyFromRows(w.stale)); err != nil {
+			if err := copyRows(ctx, tx, w.t.copyStage, w.t.types, w.stale); err != nil {
 				return fmt.Errorf("registry: copy into %s: %w", w.t.stage, err)
 			}
 		}
@@ -348,7 +359,7 @@ func mailboxRows(cs []*mailboxChange) ([][]any, error) {
 			}
 			var sealed []byte
 			if a.SealedCredentials != nil {
-				if sealed, err = json.Marshal(a.SealedCredentials); err != nil {
+				if sealed, err = sealedJSON(a.SealedCredentials); err != nil {
 					return nil, fmt.Errorf("registry: marshal sealed credentials: %w", err)
 				}
 			}
@@ -417,4 +428,36 @@ func workerRows(cs []*workerChange) ([][]any, error) {
 		rows = append(rows, row)
 	}
 	return rows, nil
+}
+
+// sealedJSON is json.Marshal(s), byte for byte, written directly when no
+// field needs escaping (Validate allows only such fields), which it does
+// for every mailbox row.
+func sealedJSON(s *domain.SealedSecret) ([]byte, error) {
+	if !plainJSON(s.KeyID) || !plainJSON(s.Alg) || !plainJSON(s.Nonce) || !plainJSON(s.Ciphertext) {
+		return json.Marshal(s)
+	}
+	b := make([]byte, 0, len(`{"key_id":"","alg":"","nonce":"","ciphertext":""}`)+
+		len(s.KeyID)+len(s.Alg)+len(s.Nonce)+len(s.Ciphertext))
+	b = append(b, `{"key_id":"`...)
+	b = append(b, s.KeyID...)
+	b = append(b, `","alg":"`...)
+	b = append(b, s.Alg...)
+	b = append(b, `","nonce":"`...)
+	b = append(b, s.Nonce...)
+	b = append(b, `","ciphertext":"`...)
+	b = append(b, s.Ciphertext...)
+	b = append(b, `"}`...)
+	return b, nil
+}
+
+// plainJSON reports whether encoding/json writes s between quotes as it is.
+func plainJSON(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c >= 0x7f, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
 }

@@ -79,45 +79,68 @@ func Header(r *kgo.Record, key string) (string, bool) {
 // Decode never panics. Data decoding is lenient about unknown fields so that
 // old consumers read what newer producers write.
 func Decode(r *kgo.Record) (domain.Event, error) {
+	// One pass over the headers; the first of a name counts, as in Header.
+	var (
+		spec, id, typ, source, ts, subject, ct []byte
+		seen                                   uint8
+	)
+	for _, h := range r.Headers {
+		var dst *[]byte
+		var bit uint8
+		switch h.Key {
+		case HeaderSpecVersion:
+			dst, bit = &spec, 1<<0
+		case HeaderID:
+			dst, bit = &id, 1<<1
+		case HeaderType:
+			dst, bit = &typ, 1<<2
+		case HeaderSource:
+			dst, bit = &source, 1<<3
+		case HeaderTime:
+			dst, bit = &ts, 1<<4
+		case HeaderSubject:
+			dst, bit = &subject, 1<<5
+		case HeaderContentType:
+			dst, bit = &ct, 1<<6
+		default:
+			continue
+		}
+		if seen&bit == 0 {
+			seen |= bit
+			*dst = h.Value
+		}
+	}
 	var ps domain.Problems
-	get := func(key string, required bool) string {
-		v, ok := Header(r, key)
-		if !ok && required {
+	for i, key := range []string{HeaderSpecVersion, HeaderID, HeaderType, HeaderSource, HeaderTime} {
+		if seen&(1<<i) == 0 {
 			ps.Add(key, domain.CodeMissingHeader, "header %s is missing", key)
 		}
-		return v
 	}
-	spec := get(HeaderSpecVersion, true)
-	id := get(HeaderID, true)
-	typ := get(HeaderType, true)
-	source := get(HeaderSource, true)
-	ts := get(HeaderTime, true)
-	subject := get(HeaderSubject, false)
-	ct := get(HeaderContentType, false)
 	if len(ps) > 0 {
 		return domain.Event{}, ps.Err()
 	}
-	if spec != domain.SpecVersion {
+	if string(spec) != domain.SpecVersion {
 		ps.Add(HeaderSpecVersion, domain.CodeMalformedHeader, "unsupported specversion %q", spec)
 	}
-	if ct != "" && ct != ContentTypeJSON {
+	if len(ct) > 0 && string(ct) != ContentTypeJSON {
 		ps.Add(HeaderContentType, domain.CodeMalformedHeader, "content-type must be %s", ContentTypeJSON)
 	}
-	t, err := time.Parse(time.RFC3339Nano, ts)
+	t, err := time.Parse(time.RFC3339Nano, string(ts))
 	if err != nil {
 		ps.Add(HeaderTime, domain.CodeMalformedHeader, "ce_time is not RFC 3339")
 	}
-	if _, ok := domain.AggregateOf(typ); !ok {
+	if _, ok := domain.AggregateOf(string(typ)); !ok {
 		ps.Add(HeaderType, domain.CodeUnknownType, "unknown event type %q", typ)
 	}
 	if len(ps) > 0 {
 		return domain.Event{}, ps.Err()
 	}
-	data, dps := domain.DecodeData(typ, r.Value, false)
+	data, dps := domain.DecodeData(string(typ), r.Value, false)
 	if len(dps) > 0 {
 		return domain.Event{}, dps.Err()
 	}
-	e := domain.Event{ID: id, Type: typ, Source: source, Time: t.UTC(), Subject: subject, Data: data}
+	// data.EventType() is typ (DecodeData made data for it), as a constant.
+	e := domain.Event{ID: string(id), Type: data.EventType(), Source: string(source), Time: t.UTC(), Subject: string(subject), Data: data}
 	if ps := e.Validate(); len(ps) > 0 {
 		if ps.Has(domain.CodePlaintextSecret) {
 			return domain.Event{}, &domain.Error{Code: domain.CodePlaintextSecret, Message: "record carries a plain-text secret", Problems: ps}

@@ -1,0 +1,26 @@
+package projections
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/mailplane/mailplane/domain"
+)
+
+func TestSealedJSONIsJSONMarshal(t *testing.T) {
+	for _, s := range []domain.SealedSecret{
+		{KeyID: "k1", Alg: domain.SealAlg, Nonce: "AAAAAAAAAAAAAAAA", Ciphertext: "c2VhbGVk+/=="},
+		{},
+		{KeyID: `a"b`, Alg: `\`, Nonce: "<>&", Ciphertext: "\u2028é\x01\x7f"},
+		{KeyID: "k.1_-", Alg: "x y", Nonce: "~", Ciphertext: "{}"},
+	} {
+		got, err := sealedJSON(&s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := json.Marshal(&s)
+		if string(got) != string(want) {
+			t.Errorf("sealedJSON(%+v) = %s, want %s", s, got, want)
+		}
+	}
+}
