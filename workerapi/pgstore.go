@@ -35,8 +35,9 @@ type TxBeginner interface {
 //     removed from it, by decision offset.
 //
 // The projector writes all four in the transaction of each batch, so one
-// snapshot is always consistent. The tables' proposed shape is in
-// testdata/proposed_placement_assignments.sql.
+// snapshot is always consistent. The tables are migration
+// 0005_placement's (placement_assignments is a view of
+// placement_mailboxes).
 type PGStore struct {
 	db        TxBeginner
 	projector string

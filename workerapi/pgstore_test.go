@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"os"
 	"slices"
 	"testing"
 	"time"
@@ -20,12 +19,8 @@ import (
 	"github.com/mailplane/mailplane/workerapi"
 )
 
-// proposedMigration is the DDL of the placement assignment tables this
-// package reads. It is applied in tests only; see the file's header.
-const proposedMigration = "testdata/proposed_placement_assignments.sql"
-
-// newDB returns a private schema with mailplane's migrations and the
-// proposed assignment tables.
+// newDB returns a private schema with mailplane's migrations, which hold
+// the placement projection's tables this package reads (0005_placement).
 func newDB(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	db := pgtest.New(t)
@@ -33,13 +28,6 @@ func newDB(t testing.TB) *pgxpool.Pool {
 	defer cancel()
 	if err := migrations.Apply(ctx, db.Pool); err != nil {
 		t.Fatal(err)
-	}
-	ddl, err := os.ReadFile(proposedMigration)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Pool.Exec(ctx, string(ddl)); err != nil {
-		t.Fatalf("proposed migration: %v", err)
 	}
 	return db.Pool
 }
@@ -179,7 +167,7 @@ func assertResult(t testing.TB, name string, got workerapi.Result, err error, fu
 	}
 }
 
-// TestPGStore runs a fixed history of decisions through the proposed
+// TestPGStore runs a fixed history of decisions through the placement
 // tables and checks full lists, net changes since tokens, the retention
 // horizon and tokens from another history.
 func TestPGStore(t *testing.T) {

@@ -97,21 +97,26 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	}
 	roles := &roleConfig{
-		billing:         bc,
-		api:             true,
-		engine:          true,
-		stateProc:       true,
-		syncWorkers:     *syncWorkers,
-		syncConfig:      syncCfg,
-		project:         true,
-		applyTops:       true,
-		log:             log,
-		brokers:         brokers,
-		databaseURL:     url,
-		httpAddr:        *httpAddr,
-		tokens:          tokenList,
-		keyring:         keyring,
-		statePartitions: int32(*parts),
+		billing:     bc,
+		api:         true,
+		engine:      true,
+		stateProc:   true,
+		syncWorkers: *syncWorkers,
+		syncConfig:  syncCfg,
+		// Dev mode has no IMAP server yet: the recording runner shows
+		// ownership at work unless --sync-runner imap is given.
+		syncRunner:       devRunner(fs, *sf.runner),
+		imapCAFile:       *sf.caFile,
+		imapDisableAfter: *sf.disableAfter,
+		project:          true,
+		applyTops:        true,
+		log:              log,
+		brokers:          brokers,
+		databaseURL:      url,
+		httpAddr:         *httpAddr,
+		tokens:           tokenList,
+		keyring:          keyring,
+		statePartitions:  int32(*parts),
 	}
 	return runRoles(ctx, roles, func() {
 		fmt.Fprintf(os.Stderr, `
@@ -168,3 +173,13 @@ func splitList(s string) []string {
 }
 
 var _ = slog.Default
+
+// devRunner is record unless the sync runner was set explicitly.
+func devRunner(fs *flag.FlagSet, v string) string {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "sync-runner" })
+	if set || os.Getenv("MAILPLANE_SYNC_RUNNER") != "" {
+		return v
+	}
+	return "record"
+}

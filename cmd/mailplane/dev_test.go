@@ -270,7 +270,7 @@ func TestDevModeEndToEnd(t *testing.T) {
 		}
 		defer conn.Close(ctx)
 		var n int64
-		if err := conn.QueryRow(ctx, `select coalesce(sum(next_offset),0) from projector_offsets`).Scan(&n); err != nil {
+		if err := conn.QueryRow(ctx, `select coalesce(sum(next_offset),0) from projector_offsets where projector = 'registry'`).Scan(&n); err != nil {
 			return err
 		}
 		if n != 14 {

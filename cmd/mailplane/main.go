@@ -34,6 +34,8 @@ Operate:
   migrate          apply database migrations
   publish TYPE     publish one event (data as --data JSON or on stdin)
   dlq list         show dead letters
+  replay placement rebuild the placement projection into a fresh schema (--verify, --swap)
+  placement show   workers by tier and pool, pending placements (--mailbox ID: its decisions)
   help config      the configuration reference (flags and environment)
   newid            print a new event id (UUIDv7)
   version          print the version
@@ -71,6 +73,10 @@ func main() {
 		err = runPublish(ctx, args)
 	case "dlq":
 		err = runDLQ(ctx, args)
+	case "replay":
+		err = runReplay(ctx, args)
+	case "placement":
+		err = runPlacement(ctx, args)
 	case "help", "-h", "--help":
 		if len(args) > 0 && args[0] == "config" {
 			printConfig(os.Stdout)

@@ -50,10 +50,15 @@ type roleConfig struct {
 	stateProc bool // run the mailbox.state processor
 	// syncWorkers sync workers run in the process (dev mode runs several
 	// to show partitions moving between them).
-	syncWorkers int
-	syncConfig  mailsync.Config
-	project     bool // run the projectors
-	applyTops   bool // apply the topic catalog first (dev mode)
+	syncWorkers      int
+	syncConfig       mailsync.Config
+	syncRunner       string // imap or record
+	imapCAFile       string
+	imapDisableAfter time.Duration
+
+	reg       *prometheus.Registry // set by runRoles
+	project   bool                 // run the projectors
+	applyTops bool                 // apply the topic catalog first (dev mode)
 }
 
 // runRoles starts the configured roles and blocks until ctx is done or a
@@ -61,6 +66,7 @@ type roleConfig struct {
 func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 	log := rc.log
 	reg := prometheus.NewRegistry()
+	rc.reg = reg
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	kcfg := func(role string) kafka.Config {
 		return kafka.Config{Brokers: rc.brokers, ClientID: "mailplane-" + role, Registerer: reg}
@@ -110,12 +116,25 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 		}
 		defer p.Close()
 		start("projector registry", p.Run)
+
+		// The placement projection reads the decision log with offsets,
+		// so it has its own runner (see projections.Placement).
+		pp, err := projections.NewPlacementProjector(kcfg("projector-placement"), pool,
+			projections.WithPlacementLogger(log.With("role", "projector")),
+			projections.WithPlacementRegisterer(reg))
+		if err != nil {
+			return err
+		}
+		start("projector placement", pp.Run)
 	}
 
 	if rc.engine {
 		eng, err := placement.New(kcfg("placement-engine"),
 			placement.WithLogger(log.With("role", "engine")),
-			placement.WithRegisterer(reg))
+			placement.WithRegisterer(reg),
+			// Restore from the placement projection and read only the
+			// decision log's tail.
+			placement.WithSnapshotter(projections.NewPlacementSnapshotter(pool)))
 		if err != nil {
 			return err
 		}
@@ -130,13 +149,22 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 		}
 		start("mailbox.state processor", proc.Run)
 	}
+	var runner mailsync.Runner
+	if rc.syncWorkers > 0 {
+		audit, err := kafka.NewProducer(kcfg("sync-audit"))
+		if err != nil {
+			return err
+		}
+		defer audit.Close()
+		if runner, err = newRunner(rc, audit, log.With("role", "sync")); err != nil {
+			return err
+		}
+	}
 	for i := range rc.syncWorkers {
 		cfg := rc.syncConfig
 		cfg.WorkerID = syncWorkerID(cfg.WorkerID, i, rc.syncWorkers)
 		cfg.Logger, cfg.Registerer = log.With("role", "sync", "worker", i+1), reg
-		// The IMAP runner arrives with the IMAP issue; until then workers
-		// run the recording runner, which shows ownership at work.
-		w, err := mailsync.New(kcfg(fmt.Sprintf("sync-%d", i+1)), pool, &mailsync.RecordingRunner{Beat: 30 * time.Second}, cfg)
+		w, err := mailsync.New(kcfg(fmt.Sprintf("sync-%d", i+1)), pool, runner, cfg)
 		if err != nil {
 			return err
 		}
@@ -165,7 +193,8 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 		if err != nil {
 			return err
 		}
-		if err := workerapi.Register(srv, workerapi.WithLogger(log.With("role", "api"))); err != nil {
+		if err := workerapi.Register(srv, workerapi.WithLogger(log.With("role", "api")),
+			workerapi.WithAssignmentStore(workerapi.NewPGStore(pool))); err != nil {
 			return err
 		}
 		if rc.billing != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/mailplane/mailplane/kafka"
 	"github.com/mailplane/mailplane/mailsync"
+	"github.com/mailplane/mailplane/sealing"
 )
 
 // Sync worker settings. The tier knobs keep the names operators of the
@@ -29,6 +30,8 @@ type syncFlags struct {
 	workerID                                                      *string
 	session, heartbeat, warm, cold, grace, hotActivity, coldAfter *time.Duration
 	budget                                                        *int
+	runner, caFile                                                *string
+	disableAfter                                                  *time.Duration
 }
 
 func registerSyncFlags(fs *flag.FlagSet) *syncFlags {
@@ -36,6 +39,7 @@ func registerSyncFlags(fs *flag.FlagSet) *syncFlags {
 		workerID: cfgSyncWorkerID.String(fs), session: cfgSyncSession.Duration(fs), heartbeat: cfgSyncHeartbeat.Duration(fs),
 		warm: cfgPollWarm.Duration(fs), cold: cfgPollCold.Duration(fs), grace: cfgSessionGrace.Duration(fs),
 		hotActivity: cfgHotActivity.Duration(fs), coldAfter: cfgColdAfter.Duration(fs), budget: cfgHotBudget.Int(fs),
+		runner: cfgSyncRunner.String(fs), caFile: cfgIMAPCAFile.String(fs), disableAfter: cfgIMAPDisableAfter.Duration(fs),
 	}
 }
 
@@ -56,10 +60,19 @@ func runSync(ctx context.Context, args []string) error {
 	brokers, dbURL, httpAddr, logLevel, logFormat, parts := commonRoleFlags(fs)
 	sf := registerSyncFlags(fs)
 	state := fs.Bool("state", false, "also run the mailbox.state processor (exactly one per deployment is active)")
+	sealKeys, sealKeyID := cfgSealKeys.String(fs), cfgSealKeyID.String(fs)
 	fs.Parse(args)
+	var keyring *sealing.Keyring
+	if *sealKeys != "" {
+		var err error
+		if keyring, err = sealing.ParseKeys(*sealKeys, *sealKeyID); err != nil {
+			return err
+		}
+	}
 	return runRoles(ctx, &roleConfig{
 		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
 		httpAddr: *httpAddr, statePartitions: int32(*parts), syncWorkers: 1, syncConfig: sf.config(), stateProc: *state,
+		keyring: keyring, syncRunner: *sf.runner, imapCAFile: *sf.caFile, imapDisableAfter: *sf.disableAfter,
 	}, nil)
 }
 

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/imapsync"
+	"github.com/mailplane/mailplane/mailsync"
+	"github.com/mailplane/mailplane/producer"
+	"github.com/mailplane/mailplane/topics"
+)
+
+var (
+	cfgIMAPCAFile       = register(setting{"imap-ca-file", "IMAP_CA_FILE", "", "PEM bundle of extra CAs trusted for IMAP servers (private servers); the system pool is always trusted"})
+	cfgIMAPDisableAfter = register(setting{"imap-auth-disable-after", "IMAP_AUTH_DISABLE_AFTER", "24h", "a mailbox whose IMAP login keeps failing this long is reported for disabling"})
+	cfgSyncRunner       = register(setting{"sync-runner", "MAILPLANE_SYNC_RUNNER", "imap", "what sync workers run per mailbox: imap, or record (logs what it is told; dev mode's default)"})
+)
+
+// auditReporter sends IMAP failures to sync.audit and logs disable
+// requests. Messages carry the server's reason, never a secret.
+type auditReporter struct {
+	kc    *kgo.Client
+	log   *slog.Logger
+	owner string
+}
+
+func (r *auditReporter) SyncFailed(ctx context.Context, f imapsync.Failure) {
+	rec, err := topics.EncodeTo(topics.SyncAudit, domain.Event{
+		ID: producer.NewEventID(), Type: mailsync.TypeSyncFailed, Source: "mailplane/sync/" + r.owner,
+		Time: f.At.UTC(), Subject: f.MailboxID,
+		Data: &mailsync.SyncFailed{MailboxID: f.MailboxID, Partition: f.Partition, Epoch: f.Epoch, Owner: r.owner,
+			Error: truncate(f.Err.Error(), 500), Attempt: max(f.Consecutive, 1), At: f.At.UTC()},
+	})
+	if err != nil {
+		r.log.Error("encode sync.failed", "err", err)
+		return
+	}
+	// Best effort, never blocking the runner: the failure is also in logs
+	// and metrics.
+	r.kc.TryProduce(ctx, rec, func(_ *kgo.Record, err error) {
+		if err != nil {
+			r.log.Warn("produce sync.failed", "err", err)
+		}
+	})
+}
+
+func (r *auditReporter) DisableRequested(_ context.Context, d imapsync.DisableRequest) {
+	// No mailbox-disable domain event exists yet (it arrives with the
+	// health loop); until then the request is logged for an operator.
+	r.log.Warn("IMAP authentication keeps failing; disable the mailbox", "mailbox", d.MailboxID,
+		"failing_since", d.AuthFailingSince, "reason", d.Reason)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// newRunner returns the runner sync workers run per mailbox.
+func newRunner(rc *roleConfig, kc *kgo.Client, log *slog.Logger) (mailsync.Runner, error) {
+	switch rc.syncRunner {
+	case "record", "":
+		return &mailsync.RecordingRunner{Beat: 30 * time.Second}, nil
+	case "imap":
+	default:
+		return nil, fmt.Errorf("sync runner %q: want imap or record", rc.syncRunner)
+	}
+	if rc.keyring == nil {
+		return nil, fmt.Errorf("the IMAP runner needs the sealing keys (MAILPLANE_SEAL_KEYS) to open mailbox credentials")
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	if rc.imapCAFile != "" {
+		pem, err := os.ReadFile(rc.imapCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("IMAP CA file: %w", err)
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("IMAP CA file %s holds no PEM certificate", rc.imapCAFile)
+		}
+	}
+	return imapsync.New(imapsync.Config{
+		Keyring: rc.keyring, RootCAs: pool, Logger: log, Registerer: rc.reg,
+		Reporter:     &auditReporter{kc: kc, log: log, owner: rc.syncConfig.WorkerID},
+		DisableAfter: rc.imapDisableAfter,
+	})
+}

@@ -1,0 +1,490 @@
+package projections
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/topics"
+)
+
+// Placement is the placement projection: the decision log
+// (topics.PlacementDecisions, one partition) folded into the tables of
+// migration 0005_placement — placement_workers, placement_orgs,
+// placement_mailboxes (with the views placement_assignments,
+// placement_pending, placement_mailbox_status,
+// placement_dedicated_bindings, placement_org_classes and
+// placement_pool_summary), placement_assignment_changes,
+// placement_history — and placement_checkpoint, the decision-log offset
+// the rows stand at.
+//
+// Unlike Registry it is not a Projection run by Projector: its rows need
+// each decision's log offset (change tokens, the checkpoint the engine
+// restores from, history), which Projection.Apply does not give, and the
+// runtime's decoder (topics.Decode) knows domain events, not decisions. It
+// has its own runner, PlacementProjector, with the same guarantees: rows,
+// checkpoint and the projector_offsets row written in one transaction;
+// batches applied with set-based SQL (COPY, COPY into staging tables and
+// one UPDATE per table, unnest upserts); the fold a function of the log
+// alone, so a replay reproduces the rows (PlacementBuilder, or
+// ApplyDecisions over placement.ReadDecisions in batches of any size).
+type Placement struct{}
+
+// NewPlacement returns the placement projection.
+func NewPlacement() *Placement { return &Placement{} }
+
+// PlacementName is the placement projection's name: its projector_offsets
+// rows and its runner's client id use it, and workerapi.DefaultProjector
+// reads its position under it.
+const PlacementName = "placement"
+
+// Name returns PlacementName.
+func (*Placement) Name() string { return PlacementName }
+
+// Topics returns the decision log.
+func (*Placement) Topics() []string { return []string{topics.PlacementDecisions} }
+
+// PlacementRecord is one decision with its decision-log offset.
+type PlacementRecord struct {
+	Offset   int64
+	Decision topics.Decision
+}
+
+// ApplyDecisions folds recs (in log order, offsets increasing, every one at
+// or above the checkpoint) into the rows in tx and moves
+// placement_checkpoint to next (past the last record, and past any
+// transaction markers after it), and the projection's projector_offsets
+// row (projector "placement") with it. recs may be empty: the checkpoint then
+// only moves. It does not check where the checkpoint was; callers that
+// may race lock it first (LockPlacementCheckpoint). It must not be called
+// twice with the same decisions.
+func (p *Placement) ApplyDecisions(ctx context.Context, tx pgx.Tx, recs []PlacementRecord, next int64) error {
+	lastID := ""
+	if len(recs) > 0 {
+		if last := recs[len(recs)-1].Offset; next <= last {
+			return fmt.Errorf("placement: next offset %d is not past the last decision's %d", next, last)
+		}
+		f := newPlFold()
+		if err := f.load(ctx, tx, recs); err != nil {
+			return err
+		}
+		prev := int64(-1)
+		for _, r := range recs {
+			if r.Offset <= prev {
+				return fmt.Errorf("placement: offsets out of order: %d after %d", r.Offset, prev)
+			}
+			prev = r.Offset
+			if r.Decision.Data == nil {
+				return Permanent(domain.CodeRequired, fmt.Errorf("placement: decision at offset %d has no data", r.Offset))
+			}
+			if err := f.apply(r.Offset, r.Decision.ID, r.Decision.Data); err != nil {
+				return err
+			}
+		}
+		if err := f.write(ctx, tx); err != nil {
+			return err
+		}
+		lastID = f.lastID
+	}
+	return setPlacementCheckpoint(ctx, tx, next, lastID)
+}
+
+const (
+	readCheckpointSQL = `SELECT next_offset, last_decision_id::text FROM placement_checkpoint`
+	lockCheckpointSQL = `SELECT next_offset FROM placement_checkpoint FOR UPDATE`
+	// The row exists from the first batch on; a first batch inserts it,
+	// and two first batches racing collide on the key (one fails).
+	setCheckpointSQL = `INSERT INTO placement_checkpoint (singleton, next_offset, last_decision_id)
+VALUES (true, $1, $2::uuid)
+ON CONFLICT (singleton) DO UPDATE SET next_offset = EXCLUDED.next_offset,
+    last_decision_id = COALESCE(EXCLUDED.last_decision_id, placement_checkpoint.last_decision_id)`
+	setOffsetsSQL = `INSERT INTO projector_offsets (projector, topic, partition, next_offset, updated_at)
+VALUES ($1, $2, 0, $3, now())
+ON CONFLICT (projector, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at`
+)
+
+// PlacementCheckpoint is where the placement projection stands.
+type PlacementCheckpoint struct {
+	// NextOffset is the first decision-log offset not folded into the rows.
+	NextOffset int64
+	// LastDecisionID is the ce_id of the last decision folded, "" if none.
+	LastDecisionID string
+}
+
+// ReadPlacementCheckpoint reads the checkpoint (offset 0 when the
+// projection is empty).
+func ReadPlacementCheckpoint(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (PlacementCheckpoint, error) {
+	var c PlacementCheckpoint
+	var id *string
+	err := q.QueryRow(ctx, readCheckpointSQL).Scan(&c.NextOffset, &id)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return PlacementCheckpoint{}, nil
+	case err != nil:
+		return PlacementCheckpoint{}, fmt.Errorf("placement: read checkpoint: %w", err)
+	}
+	if id != nil {
+		c.LastDecisionID = *id
+	}
+	return c, nil
+}
+
+// LockPlacementCheckpoint locks the checkpoint row in tx and returns its
+// offset (0 when there is no row yet: nothing to lock, and the first
+// batch's insert is what two racing writers collide on).
+func LockPlacementCheckpoint(ctx context.Context, tx pgx.Tx) (int64, error) {
+	var next int64
+	err := tx.QueryRow(ctx, lockCheckpointSQL).Scan(&next)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("placement: lock checkpoint: %w", err)
+	}
+	return next, nil
+}
+
+// setPlacementCheckpoint moves placement_checkpoint and, with it, the
+// projection's projector_offsets row: the position the worker API hands
+// out as change token and lag dashboards read.
+func setPlacementCheckpoint(ctx context.Context, tx pgx.Tx, next int64, lastID string) error {
+	var id any
+	if lastID != "" {
+		id = lastID
+	}
+	b := &pgx.Batch{}
+	b.Queue(setCheckpointSQL, next, id)
+	b.Queue(setOffsetsSQL, PlacementName, topics.PlacementDecisions, next)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("placement: set checkpoint: %w", err)
+	}
+	return nil
+}
+
+// ---- loading the rows a batch names ----
+
+const (
+	loadWorkersSQL = `SELECT worker_id, base_tier, tier, egress, address, pool, dedicated_org, releasing, health,
+    first_seen_ns, last_seen_ns, live, stopping, load_milli, capacity, mailboxes, decision_offset
+FROM placement_workers WHERE worker_id = ANY($1)`
+	loadMailboxesSQL = `SELECT mailbox_id, org_id, worker_id, band, weight_milli, candidate, candidate_since_ns,
+    pending_reason, pending_since_ns, assigned_at, decision_offset
+FROM placement_mailboxes WHERE mailbox_id = ANY($1)`
+)
+
+func (f *plFold) load(ctx context.Context, tx pgx.Tx, recs []PlacementRecord) error {
+	wset := map[plKey]struct{}{}
+	mset := map[plKey]struct{}{}
+	var perr error
+	add := func(set map[plKey]struct{}, field string) func(string) {
+		return func(s string) {
+			k, err := plID(field, s)
+			if err != nil {
+				if perr == nil {
+					perr = err
+				}
+				return
+			}
+			set[k] = struct{}{}
+		}
+	}
+	for _, r := range recs {
+		if r.Decision.Data != nil {
+			plTouched(r.Decision.Data, add(wset, "worker_id"), add(mset, "mailbox_id"))
+		}
+	}
+	if perr != nil {
+		return perr
+	}
+	wids := make([][16]byte, 0, len(wset))
+	for k := range wset {
+		wids = append(wids, k)
+	}
+	mids := make([][16]byte, 0, len(mset))
+	for k := range mset {
+		mids = append(mids, k)
+	}
+	b := &pgx.Batch{}
+	b.Queue(loadWorkersSQL, wids)
+	b.Queue(loadMailboxesSQL, mids)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+
+	rows, err := br.Query()
+	if err != nil {
+		return fmt.Errorf("placement: load workers: %w", err)
+	}
+	var (
+		w   plWorker
+		org pgtype.UUID
+	)
+	_, err = pgx.ForEachRow(rows, []any{&w.id, &w.baseTier, &w.tier, &w.egress, &w.address, &w.pool, &org, &w.releasing, &w.health,
+		&w.firstSeen, &w.lastSeen, &w.live, &w.stopping, &w.load, &w.capacity, &w.count, &w.offset}, func() error {
+		row := w
+		row.org, row.hasOrg = org.Bytes, org.Valid
+		row.inDB, row.seen = true, true
+		f.workers[row.id] = &row
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("placement: load workers: %w", err)
+	}
+
+	rows, err = br.Query()
+	if err != nil {
+		return fmt.Errorf("placement: load mailboxes: %w", err)
+	}
+	var (
+		m                       plMailbox
+		worker                  pgtype.UUID
+		candidate, pending      *string
+		candSince, pendingSince *int64
+		assignedAt              *time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&m.id, &m.org, &worker, &m.band, &m.weight, &candidate, &candSince,
+		&pending, &pendingSince, &assignedAt, &m.offset}, func() error {
+		row := m
+		row.worker, row.hasWorker = worker.Bytes, worker.Valid
+		if candidate != nil && candSince != nil {
+			row.candidate, row.candidateSince = *candidate, *candSince
+		}
+		if pending != nil && pendingSince != nil {
+			row.pendingReason, row.pendingSince = *pending, *pendingSince
+		}
+		if assignedAt != nil {
+			row.assignedAt = assignedAt.UTC()
+		}
+		row.present, row.inDB = true, true
+		f.mailboxes[row.id] = &row
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("placement: load mailboxes: %w", err)
+	}
+	return br.Close()
+}
+
+// ---- writing the fold back ----
+
+var (
+	plWorkerColumns = []string{"worker_id", "base_tier", "tier", "egress", "address", "pool", "dedicated_org", "releasing", "health",
+		"first_seen_ns", "last_seen_ns", "live", "stopping", "load_milli", "capacity", "mailboxes", "decision_offset"}
+	plMailboxColumns = []string{"mailbox_id", "org_id", "worker_id", "band", "weight_milli", "candidate", "candidate_since_ns",
+		"pending_reason", "pending_since_ns", "assigned_at", "decision_offset"}
+	plHistoryColumns = []string{"mailbox_id", "decision_offset", "decision_id", "type", "reason", "at",
+		"from_worker", "to_worker", "from_band", "to_band", "cause", "detail", "health"}
+	plChangeColumns = []string{"worker_id", "decision_offset", "mailbox_id", "change"}
+)
+
+// Staging tables for rows that exist already, created once per session
+// and emptied at every commit. LIKE copies the column types (generated
+// columns come over as plain ones, never written).
+const (
+	plStageWorkers   = `CREATE TEMP TABLE IF NOT EXISTS placement_stage_workers (LIKE placement_workers) ON COMMIT DELETE ROWS`
+	plStageMailboxes = `CREATE TEMP TABLE IF NOT EXISTS placement_stage_mailboxes (LIKE placement_mailboxes) ON COMMIT DELETE ROWS`
+)
+
+func plSetList(cols []string) string {
+	var b strings.Builder
+	for i, c := range cols[1:] {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(c + " = s." + c)
+	}
+	return b.String()
+}
+
+var (
+	plMergeWorkersSQL = `UPDATE placement_workers AS t SET ` + plSetList(plWorkerColumns) +
+		` FROM placement_stage_workers AS s WHERE t.worker_id = s.worker_id`
+	plMergeMailboxesSQL = `UPDATE placement_mailboxes AS t SET ` + plSetList(plMailboxColumns) +
+		` FROM placement_stage_mailboxes AS s WHERE t.mailbox_id = s.mailbox_id`
+)
+
+const (
+	plDeleteMailboxesSQL = `DELETE FROM placement_mailboxes WHERE mailbox_id = ANY($1)`
+	plUpsertOrgsSQL      = `INSERT INTO placement_orgs (org_id, plan, dedicated_workers, paid, source, plan_since_ns, decision_offset)
+SELECT * FROM unnest($1::uuid[], $2::text[], $3::int4[], $4::bool[], $5::text[], $6::int8[], $7::int8[])
+ON CONFLICT (org_id) DO UPDATE SET plan = EXCLUDED.plan, dedicated_workers = EXCLUDED.dedicated_workers,
+    paid = EXCLUDED.paid, source = EXCLUDED.source, plan_since_ns = EXCLUDED.plan_since_ns,
+    decision_offset = EXCLUDED.decision_offset`
+)
+
+func nullUUID(k plKey, ok bool) any {
+	if !ok {
+		return nil
+	}
+	return pgtype.UUID{Bytes: k, Valid: true}
+}
+
+func nullText(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+func (w *plWorker) row() []any {
+	return []any{pgtype.UUID{Bytes: w.id, Valid: true}, w.baseTier, w.tier, w.egress, w.address, w.pool, nullUUID(w.org, w.hasOrg),
+		w.releasing, w.health, w.firstSeen, w.lastSeen, w.live, w.stopping, w.load, w.capacity, int32(w.count), w.offset}
+}
+
+func (m *plMailbox) row() []any {
+	var candSince, pendingSince, assignedAt any
+	if m.candidate != "" {
+		candSince = m.candidateSince
+	}
+	if m.pendingReason != "" {
+		pendingSince = m.pendingSince
+	}
+	if m.hasWorker {
+		assignedAt = m.assignedAt
+	}
+	return []any{pgtype.UUID{Bytes: m.id, Valid: true}, pgtype.UUID{Bytes: m.org, Valid: true}, nullUUID(m.worker, m.hasWorker),
+		m.band, m.weight, nullText(m.candidate), candSince, nullText(m.pendingReason), pendingSince, assignedAt, m.offset}
+}
+
+// write writes the fold's rows: new rows COPYed straight into their
+// tables, changed ones COPYed into staging tables and merged with one
+// UPDATE each, removed mailboxes deleted, plans upserted, history and
+// assignment changes COPYed.
+func (f *plFold) write(ctx context.Context, tx pgx.Tx) error {
+	var freshW, staleW, freshM, staleM [][]any
+	for _, w := range f.workers {
+		switch {
+		case !w.dirty:
+		case w.inDB:
+			staleW = append(staleW, w.row())
+		default:
+			freshW = append(freshW, w.row())
+		}
+	}
+	var gone [][16]byte
+	for _, m := range f.mailboxes {
+		switch {
+		case !m.dirty:
+		case !m.present:
+			if m.inDB {
+				gone = append(gone, m.id)
+			}
+		case m.inDB:
+			staleM = append(staleM, m.row())
+		default:
+			freshM = append(freshM, m.row())
+		}
+	}
+
+	var stages []string
+	if len(staleW) > 0 {
+		stages = append(stages, plStageWorkers)
+	}
+	if len(staleM) > 0 {
+		stages = append(stages, plStageMailboxes)
+	}
+	if len(stages) > 0 {
+		if _, err := tx.Exec(ctx, strings.Join(stages, ";\n")); err != nil {
+			return fmt.Errorf("placement: staging tables: %w", err)
+		}
+	}
+	copies := []struct {
+		table string
+		cols  []string
+		rows  [][]any
+	}{
+		{"placement_workers", plWorkerColumns, freshW},
+		{"placement_stage_workers", plWorkerColumns, staleW},
+		{"placement_mailboxes", plMailboxColumns, freshM},
+		{"placement_stage_mailboxes", plMailboxColumns, staleM},
+	}
+	for _, c := range copies {
+		if len(c.rows) == 0 {
+			continue
+		}
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{c.table}, c.cols, pgx.CopyFromRows(c.rows)); err != nil {
+			return fmt.Errorf("placement: copy into %s: %w", c.table, err)
+		}
+	}
+	if len(f.history) > 0 {
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"placement_history"}, plHistoryColumns, &plHistorySource{rows: f.history, i: -1}); err != nil {
+			return fmt.Errorf("placement: copy into placement_history: %w", err)
+		}
+	}
+	if len(f.changes) > 0 {
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"placement_assignment_changes"}, plChangeColumns, &plChangeSource{rows: f.changes, i: -1}); err != nil {
+			return fmt.Errorf("placement: copy into placement_assignment_changes: %w", err)
+		}
+	}
+
+	b := &pgx.Batch{}
+	if len(staleW) > 0 {
+		b.Queue(plMergeWorkersSQL)
+	}
+	if len(staleM) > 0 {
+		b.Queue(plMergeMailboxesSQL)
+	}
+	if len(gone) > 0 {
+		b.Queue(plDeleteMailboxesSQL, gone)
+	}
+	if len(f.orgs) > 0 {
+		n := len(f.orgs)
+		ids, plans, ded, paid, src, since, offs := make([][16]byte, 0, n), make([]string, 0, n), make([]int32, 0, n),
+			make([]bool, 0, n), make([]string, 0, n), make([]int64, 0, n), make([]int64, 0, n)
+		for _, o := range f.orgs {
+			ids, plans, ded = append(ids, o.id), append(plans, o.plan), append(ded, o.dedicated)
+			paid, src, since, offs = append(paid, o.paid), append(src, o.source), append(since, o.since), append(offs, o.offset)
+		}
+		b.Queue(plUpsertOrgsSQL, ids, plans, ded, paid, src, since, offs)
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("placement: merge: %w", err)
+	}
+	return nil
+}
+
+// plHistorySource streams history rows to COPY without building [][]any.
+type plHistorySource struct {
+	rows []plHistory
+	i    int
+	buf  [13]any
+}
+
+func (s *plHistorySource) Next() bool { s.i++; return s.i < len(s.rows) }
+func (s *plHistorySource) Err() error { return nil }
+func (s *plHistorySource) Values() ([]any, error) {
+	h := &s.rows[s.i]
+	s.buf = [13]any{pgtype.UUID{Bytes: h.mailbox, Valid: true}, h.offset, pgtype.UUID{Bytes: h.id, Valid: true}, h.typ, h.reason, h.at,
+		nullUUID(h.from, h.hasFrom), nullUUID(h.to, h.hasTo), nullText(h.fromBand), nullText(h.toBand),
+		nullText(h.cause), nullText(h.detail), nullText(h.health)}
+	return s.buf[:], nil
+}
+
+// plChangeSource streams assignment changes to COPY.
+type plChangeSource struct {
+	rows []plChange
+	i    int
+	buf  [4]any
+}
+
+func (s *plChangeSource) Next() bool { s.i++; return s.i < len(s.rows) }
+func (s *plChangeSource) Err() error { return nil }
+func (s *plChangeSource) Values() ([]any, error) {
+	c := &s.rows[s.i]
+	kind := "removed"
+	if c.added {
+		kind = "added"
+	}
+	s.buf = [4]any{pgtype.UUID{Bytes: c.worker, Valid: true}, c.offset, pgtype.UUID{Bytes: c.mailbox, Valid: true}, kind}
+	return s.buf[:], nil
+}
