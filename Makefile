@@ -40,6 +40,8 @@ bench: ## the benchmarks recorded in BENCHMARKS.md (a few minutes; loopback only
 	$(GO) test -run '^$$' -bench 'Placement' -benchtime 2s ./domain/
 	$(GO) test -run '^$$' -bench 'EngineLatency' -benchtime 10000x ./placement/
 	$(GO) test -run '^$$' -bench 'EngineThroughput|EngineRestore' -benchtime 100000x ./placement/
+	$(GO) test -run '^$$' -bench 'ReplayPlacement' -benchtime 1000000x ./replay/
+	$(GO) test -run '^$$' -bench 'EventToProjectedRow' -benchtime 10000x ./replay/
 
 .PHONY: fuzz
 fuzz: ## fuzz the record decoder and the schema/Go agreement, a minute each

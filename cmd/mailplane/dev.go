@@ -124,7 +124,7 @@ mailplane dev is running
   broker     %s (embedded kfake, data in %s)
   postgres   %s
   api        http://%s  (POST /v1/events, POST /v1/workers/heartbeat, GET /healthz, GET /metrics)
-  roles      placement engine, registry projector, mailbox.state processor, %d sync worker(s)
+  roles      placement engine, registry and placement projectors, mailbox.state processor, %d sync worker(s)
   api token  %s%s
   seal key   %s (in %s)
 

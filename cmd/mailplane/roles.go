@@ -126,6 +126,9 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 			return err
 		}
 		start("projector placement", pp.Run)
+		start("assignment change pruning", func(ctx context.Context) error {
+			return pruneAssignmentChanges(ctx, pool, log.With("role", "projector"))
+		})
 	}
 
 	if rc.engine {
@@ -368,4 +371,37 @@ func runEngine(ctx context.Context, args []string) error {
 		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
 		httpAddr: *httpAddr, statePartitions: int32(*parts), engine: true,
 	}, nil)
+}
+
+// assignmentChangesRetained is how many of the newest decision-log offsets
+// keep their per-worker assignment changes. A worker whose change token is
+// older gets 410 expired and resyncs in full, which is cheap; the bound
+// keeps the changes table from growing with the log.
+const assignmentChangesRetained = 5_000_000
+
+// pruneAssignmentChanges prunes old assignment changes hourly (and once at
+// start) until ctx is done.
+func pruneAssignmentChanges(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
+	t := time.NewTicker(time.Hour)
+	defer t.Stop()
+	for {
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		cp, err := projections.ReadPlacementCheckpoint(qctx, pool)
+		if err == nil && cp.NextOffset > assignmentChangesRetained {
+			var n int64
+			n, err = workerapi.PruneChanges(qctx, pool, cp.NextOffset-assignmentChangesRetained)
+			if err == nil && n > 0 {
+				log.Info("pruned assignment changes", "rows", n, "below_offset", cp.NextOffset-assignmentChangesRetained)
+			}
+		}
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			log.Warn("pruning assignment changes failed; retrying in an hour", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
 }
