@@ -46,11 +46,9 @@ type conn struct {
 	notify chan struct{}
 }
 
-func (c *conn) arm()                    { c.raw.arm(c.cmdTO) }
-func (c *conn) armFor(d time.Duration)  { c.raw.arm(d) }
-func (c *conn) caps() imap.CapSet       { return c.c.Caps() }
-func (c *conn) closed() <-chan struct{} { return c.c.Closed() }
-func (c *conn) has(cp imap.Cap) bool    { return c.c.Caps().Has(cp) }
+func (c *conn) arm()                   { c.raw.arm(c.cmdTO) }
+func (c *conn) armFor(d time.Duration) { c.raw.arm(d) }
+func (c *conn) has(cp imap.Cap) bool   { return c.c.Caps().Has(cp) }
 func (c *conn) signal() {
 	select {
 	case c.notify <- struct{}{}:
@@ -63,7 +61,6 @@ func (c *conn) drain() {
 	default:
 	}
 }
-func (c *conn) client() *imapclient.Client { return c.c }
 
 // close logs out politely (bounded, and not while an IDLE holds the
 // client) and closes the socket.

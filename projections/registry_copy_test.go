@@ -30,7 +30,7 @@ func TestEncodeCopyIsPgxCopy(t *testing.T) {
 		{int32(2), nil, "", false, int32(-1), int64(math.MinInt64), math.Inf(-1),
 			time.Date(1969, 12, 31, 23, 59, 59, 999999999, time.UTC), []byte(`"s"`)},
 		{int32(3), pgtype.UUID{}, nil, nil, nil, nil, nil, nil, nil},
-		{int32(4), nil, "x", nil, int32(0), int64(0), -0.0, time.Date(1, 1, 1, 0, 0, 0, 1000, time.UTC), []byte(`null`)},
+		{int32(4), nil, "x", nil, int32(0), int64(0), math.Copysign(0, -1), time.Date(1, 1, 1, 0, 0, 0, 1000, time.UTC), []byte(`null`)},
 	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {

@@ -33,7 +33,7 @@ schema (default <live>_placement_<unix time>), with progress on stderr.
 // runReplay is `mailplane replay placement`.
 func runReplay(ctx context.Context, args []string) error {
 	if len(args) == 0 || args[0] != "placement" {
-		return errors.New(replayUsage)
+		return errors.New(strings.TrimSpace(replayUsage))
 	}
 	fs := flag.NewFlagSet("replay placement", flag.ExitOnError)
 	fs.Usage = func() { fmt.Fprintln(fs.Output(), replayUsage); fs.PrintDefaults() }
@@ -96,10 +96,9 @@ func runReplay(ctx context.Context, args []string) error {
 // progressBar draws replay progress on a terminal (one line, redrawn), or
 // a line every few seconds elsewhere.
 type progressBar struct {
-	w     io.Writer
-	tty   bool
-	last  time.Time
-	drawn bool
+	w    io.Writer
+	tty  bool
+	last time.Time
 }
 
 func newProgressBar(f *os.File) *progressBar {
@@ -151,7 +150,7 @@ its history of decisions.`
 // runPlacement is `mailplane placement show`.
 func runPlacement(ctx context.Context, args []string) error {
 	if len(args) == 0 || args[0] != "show" {
-		return errors.New(placementUsage)
+		return errors.New(strings.TrimSpace(placementUsage))
 	}
 	fs := flag.NewFlagSet("placement show", flag.ExitOnError)
 	fs.Usage = func() { fmt.Fprintln(fs.Output(), placementUsage); fs.PrintDefaults() }
