@@ -34,9 +34,9 @@ import (
 const EnvBrokers = "MAILPLANE_TEST_BROKERS"
 
 var (
-	realMu     sync.Mutex
-	holderMu   sync.Mutex
-	holder     string // name of the test holding realMu
+	realMu   sync.Mutex
+	holderMu sync.Mutex
+	holder   string // name of the test holding realMu
 )
 
 // Brokers returns bootstrap brokers for t with the topic catalog applied
