@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -56,18 +57,24 @@ func childSession() time.Duration {
 	return 2 * time.Second
 }
 
-// TestProcessHelper is a sync worker process for TestProcesses: a worker
+// processHelper is a sync worker process for TestProcesses: a worker
 // with the recording runner (a beat row every 250ms per mailbox), until
 // SIGTERM or SIGKILL.
-func TestProcessHelper(t *testing.T) {
-	if os.Getenv(envHelper) != "1" {
-		t.Skip("run by TestProcesses as a child process")
+// TestMain runs this test binary as the child process of TestProcesses when
+// the environment asks for it, instead of running tests.
+func TestMain(m *testing.M) {
+	if os.Getenv(envHelper) == "1" {
+		processHelper()
 	}
+	os.Exit(m.Run())
+}
+
+func processHelper() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	pool, err := pgxpool.New(ctx, os.Getenv(envDB))
 	if err != nil {
-		t.Fatal(err)
+		log.Fatal(err)
 	}
 	defer pool.Close()
 	id := os.Getenv(envID)
@@ -86,7 +93,7 @@ func TestProcessHelper(t *testing.T) {
 	}
 	w, err := mailsync.New(kafka.Config{Brokers: kafka.ParseBrokers(os.Getenv(envBrokers)), ClientID: "sync-" + id}, pool, rec, cfg)
 	if err != nil {
-		t.Fatal(err)
+		log.Fatal(err)
 	}
 	path := os.Getenv(envStatus)
 	go func() {
@@ -102,8 +109,9 @@ func TestProcessHelper(t *testing.T) {
 	}()
 	fmt.Println(helperUp)
 	if err := w.Run(ctx); err != nil {
-		t.Fatal(err)
+		log.Fatal(err)
 	}
+	os.Exit(0)
 }
 
 // childLogger logs warnings to stderr, which the parent captures (a
@@ -153,7 +161,7 @@ type fleet struct {
 
 func (fl *fleet) start(id string) *proc {
 	fl.t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestProcessHelper$", "-test.count=1", "-test.timeout=10m")
+	cmd := exec.Command(os.Args[0], "-test.count=1", "-test.timeout=10m")
 	p := &proc{id: id, cmd: cmd, out: &syncBuffer{}, status: filepath.Join(fl.dir, id+".json")}
 	cmd.Env = append(os.Environ(),
 		envHelper+"=1",

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -36,18 +37,25 @@ const (
 	envSlow    = "MAILPLANE_PLACEMENT_CHILD_SLOW_COMMIT"
 )
 
-// TestChildEngine is not a test: it is the child process body. It runs an
+// childEngine is not a test: it is the child process body. It runs an
 // engine until SIGTERM or until its stdin closes (the parent died), and
 // reports on stdout, one event per line:
 //
 //	active <unix ns>
 //	standby <unix ns>
 //	commit <unix ns> <decisions> <inputs>
-func TestChildEngine(t *testing.T) {
-	name := os.Getenv(envChild)
-	if name == "" {
-		t.Skip("child process body; run by the fencing tests")
+//
+// TestMain runs this test binary as the child process of the fencing tests when
+// the environment asks for it, instead of running tests.
+func TestMain(m *testing.M) {
+	if os.Getenv(envChild) != "" {
+		childEngine()
 	}
+	os.Exit(m.Run())
+}
+
+func childEngine() {
+	name := os.Getenv(envChild)
 	session, _ := time.ParseDuration(os.Getenv(envSession))
 	hb, _ := time.ParseDuration(os.Getenv(envHB))
 	var outMu sync.Mutex
@@ -67,7 +75,7 @@ func TestChildEngine(t *testing.T) {
 		WithCommitted(func(c Commit) { say("commit %d %d %d", c.At.UnixNano(), c.Decisions, len(c.Inputs)) }),
 	)
 	if err != nil {
-		t.Fatal(err)
+		log.Fatal(err)
 	}
 	if slow, err := time.ParseDuration(os.Getenv(envSlow)); err == nil {
 		// Hold every transaction open (its records written) for a while,
@@ -95,8 +103,9 @@ func TestChildEngine(t *testing.T) {
 		}
 	}()
 	if err := e.Run(ctx); err != nil {
-		t.Fatal(err)
+		log.Fatal(err)
 	}
+	os.Exit(0)
 }
 
 // child is an engine process.
@@ -120,7 +129,7 @@ type childCommit struct {
 
 func spawn(t *testing.T, b testBroker, name string, env ...string) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestChildEngine$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.count=1")
 	cmd.Env = append(append(os.Environ(), env...),
 		envChild+"="+name, envBrokers+"="+strings.Join(b.brokers, ","),
 		envSession+"="+b.session.String(), envHB+"="+b.hb.String())

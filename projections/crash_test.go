@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -42,31 +43,38 @@ const crashReady = "crash-helper: ready"
 // waiting out its session.
 var crashGroup = kafka.GroupConfig{SessionTimeout: 2 * time.Second, HeartbeatInterval: 200 * time.Millisecond, InstanceID: "crash-child"}
 
-// TestCrashHelper is the child process of TestCrash: a projector, as a
+// crashHelper is the child process of TestCrash: a projector, as a
 // small main would run it, until SIGTERM or SIGKILL.
-func TestCrashHelper(t *testing.T) {
-	if os.Getenv(envCrashHelper) != "1" {
-		t.Skip("run by TestCrash as a child process")
+// TestMain runs this test binary as the child process of TestCrash when
+// the environment asks for it, instead of running tests.
+func TestMain(m *testing.M) {
+	if os.Getenv(envCrashHelper) == "1" {
+		crashHelper()
 	}
+	os.Exit(m.Run())
+}
+
+func crashHelper() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	// The parent waits for this line before it may SIGTERM us.
 	fmt.Println(crashReady)
 	pool, err := pgxpool.New(ctx, os.Getenv(envCrashDB))
 	if err != nil {
-		t.Fatal(err)
+		log.Fatal(err)
 	}
 	defer pool.Close()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	p, err := projections.New(kafka.Config{Brokers: kafka.ParseBrokers(os.Getenv(envCrashBrokers)), ClientID: "crash-child"},
 		pool, projections.NewRegistry(),
-		projections.WithLogger(log), projections.WithGroup(crashGroup), projections.WithBatchSize(200))
+		projections.WithLogger(logger), projections.WithGroup(crashGroup), projections.WithBatchSize(200))
 	if err != nil {
-		t.Fatal(err)
+		log.Fatal(err)
 	}
 	if err := p.Run(ctx); err != nil {
-		t.Fatal(err)
+		log.Fatal(err)
 	}
+	os.Exit(0)
 }
 
 // TestCrash produces events while a child projector is SIGKILLed at 20
@@ -209,7 +217,7 @@ func (c *child) waitReady(t *testing.T) {
 
 func startChild(t *testing.T, kcfg kafka.Config, url string) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashHelper$", "-test.count=1", "-test.timeout=10m")
+	cmd := exec.Command(os.Args[0], "-test.count=1", "-test.timeout=10m")
 	cmd.Env = append(os.Environ(),
 		envCrashHelper+"=1",
 		envCrashBrokers+"="+strings.Join(kcfg.Brokers, ","),
