@@ -1,15 +1,10 @@
 package domain_test
 
 import (
-	"bufio"
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io/fs"
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -248,52 +243,18 @@ func derivedDescribedAndBounded(t *testing.T, typ, path string, node map[string]
 
 // ---- released baselines (schemas/derived/baseline) ----
 
-func derivedBaselineNames(t *testing.T) []string {
-	t.Helper()
-	names, err := filepath.Glob(filepath.Join(derivedBaselineDir, "*.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, n := range names {
-		names[i] = filepath.Base(n)
-	}
-	return names
-}
-
 // TestDerivedSchemaCompatibleWithBaseline fails CI on a breaking change to
 // a released derived schema (see schemas/README.md).
 func TestDerivedSchemaCompatibleWithBaseline(t *testing.T) {
 	t.Parallel()
-	names := derivedBaselineNames(t)
-	if len(names) == 0 {
-		t.Fatal("no derived baselines")
-	}
-	for _, name := range names {
-		old, err := os.ReadFile(filepath.Join(derivedBaselineDir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cur, err := fs.ReadFile(derived.Files(), name)
-		if err != nil {
-			t.Errorf("%s: released schema has no current version (a released type is never removed): %v", name, err)
-			continue
-		}
-		changes, err := eventschema.BreakingChanges(old, cur)
-		if err != nil {
-			t.Errorf("%s: %v", name, err)
-			continue
-		}
-		for _, c := range changes {
-			t.Errorf("%s: breaking change to a released schema: %s (make a new versioned type instead)", name, c)
-		}
-	}
+	checkCompatibleWithBaseline(t, derivedBaselineDir, derived.Files())
 }
 
 // TestDerivedSchemaEveryTypeHasBaseline makes releasing a derived type
 // include its baseline.
 func TestDerivedSchemaEveryTypeHasBaseline(t *testing.T) {
 	t.Parallel()
-	names := derivedBaselineNames(t)
+	names := baselineNames(t, derivedBaselineDir)
 	for _, typ := range derived.Types() {
 		if !slices.Contains(names, derived.FileName(typ)) {
 			t.Errorf("%s has no baseline: copy domain/schemas/derived/%s to %s and add its line to SHA256SUMS", typ, derived.FileName(typ), derivedBaselineDir)
@@ -305,42 +266,7 @@ func TestDerivedSchemaEveryTypeHasBaseline(t *testing.T) {
 // its SHA256SUMS.
 func TestDerivedSchemaBaselinesUnedited(t *testing.T) {
 	t.Parallel()
-	sums, err := os.ReadFile(filepath.Join(derivedBaselineDir, "SHA256SUMS"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	listed := map[string]string{}
-	sc := bufio.NewScanner(bytes.NewReader(sums))
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" {
-			continue
-		}
-		sum, name, ok := strings.Cut(line, "  ")
-		if !ok {
-			t.Fatalf("SHA256SUMS: malformed line %q", line)
-		}
-		listed[name] = sum
-	}
-	names := derivedBaselineNames(t)
-	for _, name := range names {
-		b, err := os.ReadFile(filepath.Join(derivedBaselineDir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		h := sha256.Sum256(b)
-		switch want, ok := listed[name]; {
-		case !ok:
-			t.Errorf("%s is not in SHA256SUMS", name)
-		case want != hex.EncodeToString(h[:]):
-			t.Errorf("%s was edited: released baselines are never edited; a breaking change is a new versioned type", name)
-		}
-	}
-	for name := range listed {
-		if !slices.Contains(names, name) {
-			t.Errorf("%s is in SHA256SUMS but was removed: released baselines are never removed", name)
-		}
-	}
+	checkBaselinesUnedited(t, derivedBaselineDir)
 }
 
 // TestDerivedBaselineCheckCatchesBreaks guards the check itself on a derived
