@@ -285,31 +285,7 @@ func (e *env) assertNothingProduced() {
 // fetch reads the record at topic/partition/offset.
 func (e *env) fetch(topic string, partition int32, offset int64) *kgo.Record {
 	e.t.Helper()
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(e.brokers...),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {partition: kgo.NewOffset().At(offset)}}),
-	)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			e.t.Fatalf("fetch %s/%d@%d: %v", topic, partition, offset, err)
-		}
-		var got *kgo.Record
-		fs.EachRecord(func(r *kgo.Record) {
-			if got == nil && r.Offset == offset {
-				got = r
-			}
-		})
-		if got != nil {
-			return got
-		}
-	}
+	return kafkatest.Fetch(e.t, e.brokers, topic, partition, offset)
 }
 
 func (e *env) metricsText() string {

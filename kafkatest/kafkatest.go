@@ -123,3 +123,33 @@ func resetTopics(t testing.TB, brokers []string) {
 		}
 	}
 }
+
+// Fetch reads the record at topic/partition/offset, failing t after 10 s.
+func Fetch(t testing.TB, brokers []string, topic string, partition int32, offset int64) *kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(brokers...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {partition: kgo.NewOffset().At(offset)}}),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("fetch %s/%d@%d: %v", topic, partition, offset, err)
+		}
+		var got *kgo.Record
+		fs.EachRecord(func(r *kgo.Record) {
+			if got == nil && r.Offset == offset {
+				got = r
+			}
+		})
+		if got != nil {
+			return got
+		}
+	}
+}
