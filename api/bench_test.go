@@ -24,7 +24,8 @@ const benchBatch = 500
 func benchEvents() []map[string]any {
 	evs := make([]map[string]any, benchBatch)
 	for i := range evs {
-		evs[i] = allTypes()[i%7]
+		all := allTypes()
+		evs[i] = all[i%len(all)]
 	}
 	return evs
 }

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -242,13 +243,23 @@ func (e *env) postBatch(evs ...map[string]any) (*http.Response, []byte) {
 	return e.do(req{ct: ContentTypeBatch, body: mustJSON(e.t, evs)})
 }
 
-// watermarks returns the high watermark of every partition of every
-// domain topic.
+// eventTopics are the topics the server produces to: the domain topics and
+// the observations topic (warmup_observed), which is not one of them.
+func eventTopics() []string {
+	ts := topics.DomainTopics()
+	if !slices.Contains(ts, topics.MailboxObservations) {
+		ts = append(ts, topics.MailboxObservations)
+	}
+	return ts
+}
+
+// watermarks returns the high watermark of every partition of every topic
+// the server produces to.
 func (e *env) watermarks() map[string]map[int32]int64 {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	los, err := e.adm.ListEndOffsets(ctx, topics.DomainTopics()...)
+	los, err := e.adm.ListEndOffsets(ctx, eventTopics()...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -262,14 +273,14 @@ func (e *env) watermarks() map[string]map[int32]int64 {
 		}
 		out[o.Topic][o.Partition] = o.Offset
 	})
-	if len(out) != len(topics.DomainTopics()) {
-		e.t.Fatalf("end offsets of %d topics, want %d", len(out), len(topics.DomainTopics()))
+	if len(out) != len(eventTopics()) {
+		e.t.Fatalf("end offsets of %d topics, want %d", len(out), len(eventTopics()))
 	}
 	return out
 }
 
-// assertNothingProduced checks that no domain topic grew since the env
-// started.
+// assertNothingProduced checks that no topic the server produces to grew
+// since the env started.
 func (e *env) assertNothingProduced() {
 	e.t.Helper()
 	now := e.watermarks()
@@ -362,6 +373,23 @@ func healthScored() map[string]any {
 	})
 }
 
+func mailboxDisabled() map[string]any {
+	id := newUUID()
+	return envelope(domain.TypeMailboxDisabled, id, map[string]any{
+		"mailbox_id": id, "cause": "auth_failing", "reason": "AUTHENTICATIONFAILED Invalid credentials",
+		"failing_since": "2026-04-30T12:00:00Z",
+	})
+}
+
+// warmupObserved is about the sending mailbox; the recipient is another.
+func warmupObserved() map[string]any {
+	id := newUUID()
+	return envelope(domain.TypeWarmupObserved, id, map[string]any{
+		"mailbox_id": id, "warmup_id": "wu-" + id[:8] + ".1", "placement": "junk",
+		"landed_at": "2026-05-01T11:59:58.5Z", "source": "imap_sync", "recipient_mailbox_id": newUUID(),
+	})
+}
+
 func planChanged() map[string]any {
 	id := newUUID()
 	return envelope(domain.TypeOrgPlanChanged, id, map[string]any{
@@ -388,9 +416,11 @@ func healthSampled() map[string]any {
 	})
 }
 
+// allTypes returns one valid event of every type.
 func allTypes() []map[string]any {
 	return []map[string]any{
-		mailboxAdded(), mailboxRemoved(), healthScored(), planChanged(), userActive(), heartbeat(), healthSampled(),
+		mailboxAdded(), mailboxRemoved(), healthScored(), mailboxDisabled(), warmupObserved(),
+		planChanged(), userActive(), heartbeat(), healthSampled(),
 	}
 }
 

@@ -204,6 +204,18 @@ func TestIngestRejects(t *testing.T) {
 		{rc("data missing", 400, domain.CodeInvalid, p(0, "data", domain.CodeRequired)), structured(without(userActive(), "data"))},
 		{rc("heartbeat egress missing", 400, domain.CodeInvalid, p(0, "data.egress", domain.CodeRequired)).exactly(),
 			structured(without(heartbeat(), "data.egress"))},
+		{rc("bad disable cause", 400, domain.CodeInvalid, p(0, "data.cause", domain.CodeInvalid)).exactly(),
+			structured(with(mailboxDisabled(), "data.cause", "expired"))},
+		{rc("failing_since not RFC 3339", 400, domain.CodeInvalid, p(0, "data.failing_since", domain.CodeInvalid)).exactly(),
+			structured(with(mailboxDisabled(), "data.failing_since", "yesterday"))},
+		{rc("warmup_id not a token", 400, domain.CodeInvalid, p(0, "data.warmup_id", domain.CodeInvalid)).exactly(),
+			structured(with(warmupObserved(), "data.warmup_id", "<wu-1@example.com>"))},
+		{rc("landed_at missing", 400, domain.CodeInvalid, p(0, "data.landed_at", domain.CodeRequired)).exactly(),
+			structured(without(warmupObserved(), "data.landed_at"))},
+		{rc("bad batch with an observation", 400, domain.CodeInvalid, p(1, "data.placement", domain.CodeInvalid)).exactly(),
+			func(t testing.TB) req {
+				return req{ct: ContentTypeBatch, body: mustJSON(t, []map[string]any{warmupObserved(), with(warmupObserved(), "data.placement", "spam")})}
+			}},
 		{rc("several problems in one event", 400, domain.CodeInvalid,
 			p(0, "id", domain.CodeInvalid), p(0, "source", domain.CodeRequired), p(0, "data.source", domain.CodeInvalid)),
 			structured(with(with(without(userActive(), "source"), "id", "nope"), "data.source", "carrier pigeon"))},

@@ -180,6 +180,7 @@ func TestIngestBatch(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{opts: []Option{WithClock(func() time.Time { return fixedNow })}})
 	evs := allTypes()
+	same := len(evs)
 	// Three events about one mailbox keep their order on one partition.
 	first := healthScored()
 	mbID := first["subject"].(string)
@@ -207,10 +208,38 @@ func TestIngestBatch(t *testing.T) {
 		}
 		e.checkLanded(rc, e.expectEvent(raws[i]))
 	}
-	a, b, c := ar.Events[7], ar.Events[8], ar.Events[9]
+	a, b, c := ar.Events[same], ar.Events[same+1], ar.Events[same+2]
 	if a.Partition != b.Partition || b.Partition != c.Partition || !(a.Offset < b.Offset && b.Offset < c.Offset) {
 		t.Errorf("same-key events out of order: %+v %+v %+v", a, b, c)
 	}
+}
+
+// TestIngestWarmupObservedTopic: observations go to their own topic, keyed
+// by the sending mailbox, not to mailbox.events; mailbox.disabled goes to
+// mailbox.events with the mailbox's other events.
+func TestIngestWarmupObservedTopic(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{opts: []Option{WithClock(func() time.Time { return fixedNow })}})
+	obs, dis := warmupObserved(), mailboxDisabled()
+	resp, body := e.postBatch(obs, dis)
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	ar := decodeAccepted(t, body)
+	if len(ar.Events) != 2 {
+		t.Fatalf("receipts %+v", ar.Events)
+	}
+	if got := ar.Events[0].Topic; got != topics.MailboxObservations {
+		t.Errorf("warmup_observed landed on %s, want %s", got, topics.MailboxObservations)
+	}
+	if got := ar.Events[1].Topic; got != topics.MailboxEvents {
+		t.Errorf("mailbox.disabled landed on %s, want %s", got, topics.MailboxEvents)
+	}
+	rec := e.checkLanded(ar.Events[0], e.expectEvent(mustJSON(t, obs)))
+	if sender := obs["data"].(map[string]any)["mailbox_id"].(string); string(rec.Key) != sender {
+		t.Errorf("observation keyed %q, want the sender %s", rec.Key, sender)
+	}
+	e.checkLanded(ar.Events[1], e.expectEvent(mustJSON(t, dis)))
 }
 
 func TestIngestBinary(t *testing.T) {

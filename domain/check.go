@@ -158,8 +158,11 @@ func isBase64(s string) bool {
 }
 
 // isKeyID matches keyIDPattern.
-func isKeyID(s string) bool {
-	if len(s) < 1 || len(s) > 64 {
+func isKeyID(s string) bool { return isToken(s, 64) }
+
+// isToken matches [A-Za-z0-9._-]{1,max}.
+func isToken(s string, max int) bool {
+	if len(s) < 1 || len(s) > max {
 		return false
 	}
 	for i := 0; i < len(s); i++ {

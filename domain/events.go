@@ -12,6 +12,8 @@ const (
 	TypeMailboxAdded        = "mailplane.mailbox.added.v1"
 	TypeMailboxRemoved      = "mailplane.mailbox.removed.v1"
 	TypeMailboxHealthScored = "mailplane.mailbox.health_scored.v1"
+	TypeMailboxDisabled     = "mailplane.mailbox.disabled.v1"
+	TypeWarmupObserved      = "mailplane.mailbox.warmup_observed.v1"
 	TypeOrgPlanChanged      = "mailplane.org.plan_changed.v1"
 	TypeUserActive          = "mailplane.user.active.v1"
 	TypeWorkerHeartbeat     = "mailplane.worker.heartbeat.v1"
@@ -49,6 +51,8 @@ var registry = map[string]typeInfo{
 	TypeMailboxAdded:        {AggregateMailbox, func() Data { return new(MailboxAdded) }},
 	TypeMailboxRemoved:      {AggregateMailbox, func() Data { return new(MailboxRemoved) }},
 	TypeMailboxHealthScored: {AggregateMailbox, func() Data { return new(MailboxHealthScored) }},
+	TypeMailboxDisabled:     {AggregateMailbox, func() Data { return new(MailboxDisabled) }},
+	TypeWarmupObserved:      {AggregateMailbox, func() Data { return new(WarmupObserved) }},
 	TypeOrgPlanChanged:      {AggregateOrg, func() Data { return new(OrgPlanChanged) }},
 	TypeUserActive:          {AggregateUser, func() Data { return new(UserActive) }},
 	TypeWorkerHeartbeat:     {AggregateWorker, func() Data { return new(WorkerHeartbeat) }},
@@ -58,8 +62,8 @@ var registry = map[string]typeInfo{
 // EventTypes returns every domain event type, sorted.
 func EventTypes() []string {
 	return []string{
-		TypeMailboxAdded, TypeMailboxHealthScored, TypeMailboxRemoved,
-		TypeOrgPlanChanged, TypeUserActive, TypeWorkerHealthSampled, TypeWorkerHeartbeat,
+		TypeMailboxAdded, TypeMailboxDisabled, TypeMailboxHealthScored, TypeMailboxRemoved,
+		TypeWarmupObserved, TypeOrgPlanChanged, TypeUserActive, TypeWorkerHealthSampled, TypeWorkerHeartbeat,
 	}
 }
 
@@ -282,6 +286,106 @@ func (m *MailboxRemoved) Validate() Problems {
 	var ps Problems
 	checkUUID(&ps, "mailbox_id", m.MailboxID)
 	checkText(&ps, "reason", m.Reason, true, 500)
+	return ps
+}
+
+// DisableCause says why a mailbox was disabled.
+type DisableCause string
+
+// Disable causes.
+const (
+	// DisableAuthFailing: the IMAP server refused the mailbox's credentials
+	// for longer than the configured period.
+	DisableAuthFailing DisableCause = "auth_failing"
+	// DisableOperator: an operator disabled it.
+	DisableOperator DisableCause = "operator"
+)
+
+// MailboxDisabled stops a mailbox's sync until it is added again (a new
+// mailbox.added, e.g. with new credentials, enables it). Placement is not
+// affected.
+type MailboxDisabled struct {
+	MailboxID string       `json:"mailbox_id"`
+	Cause     DisableCause `json:"cause"`
+	// Reason is for humans: the server's last refusal, never a secret.
+	Reason string `json:"reason"`
+	// FailingSince is when authentication started failing (auth_failing).
+	FailingSince *time.Time `json:"failing_since,omitempty"`
+}
+
+func (*MailboxDisabled) EventType() string     { return TypeMailboxDisabled }
+func (m *MailboxDisabled) AggregateID() string { return m.MailboxID }
+
+// Validate checks the event.
+func (m *MailboxDisabled) Validate() Problems {
+	var ps Problems
+	checkUUID(&ps, "mailbox_id", m.MailboxID)
+	checkEnum(&ps, "cause", m.Cause, true, DisableAuthFailing, DisableOperator)
+	checkText(&ps, "reason", m.Reason, true, 500)
+	return ps
+}
+
+// WarmupPlacement is where a warmup message landed at its recipient.
+type WarmupPlacement string
+
+// Warmup placements.
+const (
+	PlacedInbox WarmupPlacement = "inbox"
+	PlacedJunk  WarmupPlacement = "junk"
+)
+
+// ObservationSource is who observed a warmup placement.
+type ObservationSource string
+
+// Observation sources.
+const (
+	// ObservedBySync: a sync runner found the message in a recipient
+	// mailbox's INBOX or Junk folder.
+	ObservedBySync ObservationSource = "imap_sync"
+	// ObservedByReport: a producer reported it (a delivery or seed-list
+	// report).
+	ObservedByReport ObservationSource = "delivery_report"
+)
+
+// MaxWarmupIDLen bounds a warmup message's id.
+const MaxWarmupIDLen = 128
+
+// WarmupObserved records where one warmup message sent by a mailbox landed.
+// Its aggregate is the sending mailbox, whose health it is evidence of; it
+// travels on its own topic (topics.MailboxObservations), not with the
+// mailbox's lifecycle events.
+type WarmupObserved struct {
+	// MailboxID is the sender of the warmup message.
+	MailboxID string `json:"mailbox_id"`
+	// WarmupID identifies the message (from its warmup header): 1-128 of
+	// [A-Za-z0-9._-]. One message is counted once.
+	WarmupID  string          `json:"warmup_id"`
+	Placement WarmupPlacement `json:"placement"`
+	// LandedAt is when the message arrived (the recipient's INTERNALDATE).
+	LandedAt time.Time         `json:"landed_at"`
+	Source   ObservationSource `json:"source"`
+	// RecipientMailboxID is the mailbox it was found in, when known.
+	RecipientMailboxID string `json:"recipient_mailbox_id,omitempty"`
+}
+
+func (*WarmupObserved) EventType() string     { return TypeWarmupObserved }
+func (w *WarmupObserved) AggregateID() string { return w.MailboxID }
+
+// Validate checks the event.
+func (w *WarmupObserved) Validate() Problems {
+	var ps Problems
+	checkUUID(&ps, "mailbox_id", w.MailboxID)
+	if checkText(&ps, "warmup_id", w.WarmupID, true, MaxWarmupIDLen) && !isToken(w.WarmupID, MaxWarmupIDLen) {
+		ps.Add("warmup_id", CodeInvalid, "must be 1-128 of [A-Za-z0-9._-]")
+	}
+	checkEnum(&ps, "placement", w.Placement, true, PlacedInbox, PlacedJunk)
+	if w.LandedAt.IsZero() {
+		ps.Add("landed_at", CodeRequired, "is required")
+	}
+	checkEnum(&ps, "source", w.Source, true, ObservedBySync, ObservedByReport)
+	if w.RecipientMailboxID != "" {
+		checkUUID(&ps, "recipient_mailbox_id", w.RecipientMailboxID)
+	}
 	return ps
 }
 

@@ -29,6 +29,10 @@ func decodeFast(d Data, raw []byte) bool {
 		ok = d.decodeFast(&s)
 	case *MailboxHealthScored:
 		ok = d.decodeFast(&s)
+	case *MailboxDisabled:
+		ok = d.decodeFast(&s)
+	case *WarmupObserved:
+		ok = d.decodeFast(&s)
 	case *OrgPlanChanged:
 		ok = d.decodeFast(&s)
 	case *UserActive:
@@ -349,6 +353,48 @@ func (m *MailboxHealthScored) decodeFast(s *scanner) bool {
 			}
 			m.Until = new(time.Time)
 			return s.time(m.Until)
+		}
+		return false
+	})
+}
+
+func (m *MailboxDisabled) decodeFast(s *scanner) bool {
+	var seen uint32
+	return s.object(func(name []byte) bool {
+		switch string(name) { // no allocation
+		case "mailbox_id":
+			return once(&seen, 1<<0) && s.str(&m.MailboxID)
+		case "cause":
+			return once(&seen, 1<<1) && s.str((*string)(&m.Cause))
+		case "reason":
+			return once(&seen, 1<<2) && s.str(&m.Reason)
+		case "failing_since":
+			if !once(&seen, 1<<3) {
+				return false
+			}
+			m.FailingSince = new(time.Time)
+			return s.time(m.FailingSince)
+		}
+		return false
+	})
+}
+
+func (w *WarmupObserved) decodeFast(s *scanner) bool {
+	var seen uint32
+	return s.object(func(name []byte) bool {
+		switch string(name) { // no allocation
+		case "mailbox_id":
+			return once(&seen, 1<<0) && s.str(&w.MailboxID)
+		case "warmup_id":
+			return once(&seen, 1<<1) && s.str(&w.WarmupID)
+		case "placement":
+			return once(&seen, 1<<2) && s.str((*string)(&w.Placement))
+		case "landed_at":
+			return once(&seen, 1<<3) && s.time(&w.LandedAt)
+		case "source":
+			return once(&seen, 1<<4) && s.str((*string)(&w.Source))
+		case "recipient_mailbox_id":
+			return once(&seen, 1<<5) && s.str(&w.RecipientMailboxID)
 		}
 		return false
 	})

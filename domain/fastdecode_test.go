@@ -40,6 +40,18 @@ var fastSamples = map[string][]string{
 		`{"score":-0.0e+1}`, `{"score":1e999}`, `{"score":.5}`, `{"score":1.}`,
 		`{"until":"2024-07-12T07:00:00.123+02:00"}`, `{"until":"2024-07-12 07:00:00Z"}`, `{"until":null}`,
 	},
+	TypeMailboxDisabled: {
+		`{"mailbox_id":"a","cause":"auth_failing","reason":"AUTHENTICATIONFAILED","failing_since":"2024-07-10T06:47:24Z"}`,
+		`{"cause":"operator","reason":"rü"}`, `{"failing_since":"2024-07-10T08:47:24.5+02:00"}`,
+		`{"failing_since":null}`, `{"failing_since":"2024-07-10"}`, `{"failing_since":1}`,
+		`{"reason":"a","reason":"b"}`,
+	},
+	TypeWarmupObserved: {
+		`{"mailbox_id":"a","warmup_id":"wu-1.c_2","placement":"junk","landed_at":"2024-07-12T06:40:11Z","source":"imap_sync","recipient_mailbox_id":"b"}`,
+		`{"landed_at":"2024-07-12T08:40:11.123456789+02:00","recipient_mailbox_id":""}`, `{"landed_at":"0001-01-01T00:00:00Z"}`,
+		`{"landed_at":null}`, `{"landed_at":"x"}`, `{"landed_at":"2024-07-12T06:40:11Z","landed_at":"2024-07-12T06:40:12Z"}`,
+		`{"placement":"inbox","source":"delivery_report"}`, `{"warmup_id":"w\u0031"}`,
+	},
 	TypeOrgPlanChanged:      {`{"org_id":"a","plan":"free","dedicated_workers":3,"paid":true,"source":"s"}`, `{"paid":null}`},
 	TypeUserActive:          {`{"user_id":"a","source":"login"}`},
 	TypeWorkerHeartbeat:     {`{"worker_id":"a","tier":"","egress":"cold_smtp","address":"1.2.3.4:25","stopping":false}`},

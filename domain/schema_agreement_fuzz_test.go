@@ -1,7 +1,9 @@
 package domain_test
 
 import (
+	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/eventschema"
@@ -22,7 +24,7 @@ func FuzzSchemaAgreement(f *testing.F) {
 		typ := types[int(ti)%len(types)]
 		gps := schemaGoProblems(typ, data)
 		sps := v.Validate(typ, data)
-		if (len(gps) == 0) != (len(sps) == 0) {
+		if (len(gps) == 0) != (len(sps) == 0) && !schemaKnownGoStricter(typ, data, gps, sps) {
 			t.Fatalf("%s: Go and schema disagree on %q\n  go:     %s\n  schema: %s", typ, data, problemsOrAccepted(gps), problemsOrAccepted(sps))
 		}
 		for _, p := range gps {
@@ -31,4 +33,22 @@ func FuzzSchemaAgreement(f *testing.F) {
 			}
 		}
 	})
+}
+
+// schemaKnownGoStricter reports the one documented difference between the
+// Go validation and the schemas (domain/schemas/README.md, "Where Go and the
+// schemas differ"): a required time that is present but the zero time
+// (0001-01-01T00:00:00Z, in any of its RFC 3339 spellings) is refused by Go
+// as missing, and accepted by the schema, which checks the format only.
+func schemaKnownGoStricter(typ string, data []byte, gps, sps domain.Problems) bool {
+	if typ != domain.TypeWarmupObserved || len(sps) > 0 || len(gps) != 1 ||
+		gps[0].Field != "data.landed_at" || gps[0].Code != domain.CodeRequired {
+		return false
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(data, &m) != nil {
+		return false
+	}
+	var at time.Time
+	return json.Unmarshal(m["landed_at"], &at) == nil && at.IsZero()
 }

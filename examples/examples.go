@@ -3,7 +3,9 @@
 // events/mailbox.added.json). They are what the README and `mailplane dev`
 // point at, and seeds for tests. The ids are fixed and consistent across the
 // files: the mailbox's org and user are those of the org and user examples,
-// and both worker examples are about the same worker. mailbox.added carries
+// every mailbox example is about that mailbox (warmup_observed: it sent the
+// warmup message, which landed in another mailbox), and both worker
+// examples are about the same worker. mailbox.added carries
 // plain credentials, which the ingest API and the Go client seal before
 // anything reaches the log; its IMAP endpoint is the dev server on
 // 127.0.0.1:1143 (no TLS).

@@ -156,7 +156,9 @@ func TestExamplesConsistent(t *testing.T) {
 	hs, ok5 := evs[domain.TypeWorkerHealthSampled].Data.(*domain.WorkerHealthSampled)
 	removed, ok6 := evs[domain.TypeMailboxRemoved].Data.(*domain.MailboxRemoved)
 	scored, ok7 := evs[domain.TypeMailboxHealthScored].Data.(*domain.MailboxHealthScored)
-	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || !ok7 {
+	disabled, ok8 := evs[domain.TypeMailboxDisabled].Data.(*domain.MailboxDisabled)
+	observed, ok9 := evs[domain.TypeWarmupObserved].Data.(*domain.WarmupObserved)
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 || !ok7 || !ok8 || !ok9 {
 		t.Fatal("an example is missing or has the wrong data type")
 	}
 	if added.OrgID != org.OrgID {
@@ -165,8 +167,17 @@ func TestExamplesConsistent(t *testing.T) {
 	if added.UserID != user.UserID {
 		t.Errorf("mailbox user_id %s, user example %s", added.UserID, user.UserID)
 	}
-	if removed.MailboxID != added.MailboxID || scored.MailboxID != added.MailboxID {
-		t.Errorf("mailbox examples name different mailboxes: %s %s %s", added.MailboxID, removed.MailboxID, scored.MailboxID)
+	if removed.MailboxID != added.MailboxID || scored.MailboxID != added.MailboxID ||
+		disabled.MailboxID != added.MailboxID || observed.MailboxID != added.MailboxID {
+		t.Errorf("mailbox examples name different mailboxes: %s %s %s %s %s",
+			added.MailboxID, removed.MailboxID, scored.MailboxID, disabled.MailboxID, observed.MailboxID)
+	}
+	// The example mailbox sent the warmup message; another mailbox got it.
+	if observed.RecipientMailboxID == "" || observed.RecipientMailboxID == added.MailboxID {
+		t.Errorf("warmup_observed recipient %q: want another mailbox than the sender %s", observed.RecipientMailboxID, added.MailboxID)
+	}
+	if disabled.Cause != domain.DisableAuthFailing || disabled.FailingSince == nil || !disabled.FailingSince.Before(evs[domain.TypeMailboxDisabled].Time) {
+		t.Errorf("mailbox.disabled: want an auth_failing example failing since before it was disabled: %+v", disabled)
 	}
 	if hb.WorkerID != hs.WorkerID {
 		t.Errorf("worker examples name different workers: %s %s", hb.WorkerID, hs.WorkerID)

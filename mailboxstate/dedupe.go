@@ -3,31 +3,37 @@ package mailboxstate
 // De-duplication by event id.
 //
 // Producers may send an event again with the same ce_id (the ingest API
-// documents retries as safe), so the log can hold a mailbox.added or
-// mailbox.removed twice. Folding the copy would be wrong when other events
-// of the mailbox came in between: a late copy of a mailbox.added after the
-// mailbox.removed would bring the mailbox back, a late copy of a removal
-// after a re-add would remove it. The processor therefore remembers the ids
-// it applied and skips a record whose id it already applied (outcome
-// "duplicate": no output, offsets still committed).
+// documents retries as safe), so the log can hold a mailbox.added,
+// mailbox.removed or mailbox.disabled twice. Folding the copy would be wrong
+// when other events of the mailbox came in between: a late copy of a
+// mailbox.added after the mailbox.removed would bring the mailbox back, a
+// late copy of a removal after a re-add would remove it, a late copy of a
+// mailbox.disabled after the re-add that enabled the mailbox again would
+// disable it. The processor therefore remembers the ids it applied and
+// skips a record whose id it already applied (outcome "duplicate": no
+// output, offsets still committed).
 //
 // The memory is bounded by a window W (default 7 days, WithDedupeWindow) in
 // log time, the timestamps of the mailbox.events records:
 //
 //   - Per input partition, clock is the newest timestamp among the records
-//     applied so far. A mailbox.added or mailbox.removed record r is a
-//     duplicate when its id was applied from a record whose timestamp is at
-//     least max(clock, r.timestamp) − W. In words: a copy produced within W
-//     of the original is recognised; one produced later than that is
-//     applied again. Ids older than the window are forgotten. Timestamps
-//     come from producer clocks, so the edge of the window moves by their
-//     skew. The rule depends on the log alone, not on when or in how many
-//     sessions it is folded, so a replay decides as the live run did.
+//     applied so far. A mailbox.added, mailbox.removed or mailbox.disabled
+//     record r is a duplicate when its id was applied from a record whose
+//     timestamp is at least max(clock, r.timestamp) − W. In words: a copy
+//     produced within W of the original is recognised; one produced later
+//     than that is applied again. Ids older than the window are forgotten.
+//     Timestamps come from producer clocks, so the edge of the window moves
+//     by their skew. The rule depends on the log alone, not on when or in
+//     how many sessions it is folded, so a replay decides as the live run
+//     did.
 //   - A copy is known by its id alone: a record reusing an applied id with
 //     other data is skipped as well.
-//   - Only mailbox.added and mailbox.removed ids are remembered: the other
-//     types produce nothing, so folding them twice changes nothing. Records
-//     sent to the DLQ are not remembered either.
+//   - Only mailbox.added, mailbox.removed and mailbox.disabled ids are
+//     remembered (a mailbox.disabled about a mailbox that is not registered
+//     too, though it produces no record: its copy after a mailbox.added
+//     must not disable that mailbox): the other types produce nothing, so
+//     folding them twice changes nothing. Records sent to the DLQ are not
+//     remembered either.
 //   - A copy lands on the partition of its original because the record key
 //     is the mailbox id (topics.Decode rejects any other key) and every
 //     mailplane producer partitions by the murmur2 hash of the key. A copy
@@ -36,11 +42,11 @@ package mailboxstate
 //
 // Memory: a remembered id is a map entry of a 16-byte UUID and an 8-byte
 // timestamp, about 56 bytes with the map's overhead (BenchmarkApplied, at a
-// million ids). It grows with the mailbox.added and mailbox.removed events
-// of one window (plus a sixteenth: ids are swept every W/16), not with the
-// number of mailboxes: a bulk import of 100,000 mailboxes costs about 6 MB
-// for a week, importing all 1,000,000 in one week about 56 MB. Health
-// scores and the other types cost nothing.
+// million ids). It grows with the mailbox.added, mailbox.removed and
+// mailbox.disabled events of one window (plus a sixteenth: ids are swept
+// every W/16), not with the number of mailboxes: a bulk import of 100,000
+// mailboxes costs about 6 MB for a week, importing all 1,000,000 in one
+// week about 56 MB. Health scores and the other types cost nothing.
 //
 // The remembered ids survive restarts and rebalances through a changelog,
 // topics.MailboxStateDedupe, written in the same Kafka transaction as the

@@ -70,8 +70,8 @@ func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
 // WithDedupeWindow sets how long, in log time, the processor remembers the
 // id of an event it applied (default DefaultDedupeWindow, 7 days): a copy of
 // an event produced within the window of the original is skipped, a later
-// one is folded again. Memory grows with the mailbox.added and
-// mailbox.removed events of one window (see dedupe.go). The window must stay
+// one is folded again. Memory grows with the mailbox.added, mailbox.removed
+// and mailbox.disabled events of one window (see dedupe.go). The window must stay
 // well under the retention of topics.MailboxStateDedupe (30 days).
 func WithDedupeWindow(d time.Duration) Option { return func(c *config) { c.window = d } }
 
@@ -334,6 +334,19 @@ func (p *Processor) transact(ctx context.Context, sess *kgo.GroupTransactSession
 			st.parts[part] = a
 		}
 	}
+	// The current records of the mailboxes the batch disables (current.go),
+	// read before the transaction begins so that it stays short.
+	var batch *batchState
+	if keys := disabledKeys(recs); keys != nil {
+		read, err := p.readState(ctx, keys)
+		if err != nil {
+			if ctx.Err() != nil {
+				return false, nil
+			}
+			return false, fmt.Errorf("read mailbox.state for mailbox.disabled: %w", err)
+		}
+		batch = &batchState{keys: keys, read: read}
+	}
 	defer func() {
 		if !committed {
 			for part := range first {
@@ -350,7 +363,7 @@ func (p *Processor) transact(ctx context.Context, sess *kgo.GroupTransactSession
 	var counts outcomeCounts
 	for _, r := range recs {
 		var kind outcome
-		out, kind = p.fold(r, st.parts[r.Partition], out)
+		out, kind = p.fold(r, st.parts[r.Partition], batch, out)
 		counts[kind]++
 	}
 	window, every := p.cfg.window.Milliseconds(), max(p.cfg.window.Milliseconds()/16, 1)
@@ -410,14 +423,16 @@ func (o outcome) String() string {
 
 // fold maps one mailbox event record to its mailbox.state record, appended
 // to out: the mailbox's state for mailbox.added, a tombstone for
-// mailbox.removed, and nothing for the other types (sync needs none of
-// them). Events are applied in log order, as the registry projection applies
-// them, and at most once per event id within the dedupe window: a
-// mailbox.added or mailbox.removed whose id a applied already is skipped,
-// and one applied is remembered in a and in the changelog record appended
-// with it. A record that does not decode goes to the DLQ, in the same
-// transaction.
-func (p *Processor) fold(r *kgo.Record, a *applied, out []*kgo.Record) ([]*kgo.Record, outcome) {
+// mailbox.removed, the mailbox's current state with Enabled false for
+// mailbox.disabled (nothing when the mailbox has no live record: never
+// added, or removed; batch holds the current records, see current.go), and
+// nothing for the other types (sync needs none of them). Events are applied
+// in log order, as the registry projection applies them, and at most once
+// per event id within the dedupe window: a mailbox.added, mailbox.removed or
+// mailbox.disabled whose id a applied already is skipped, and one applied is
+// remembered in a and in the changelog record appended with it. A record
+// that does not decode goes to the DLQ, in the same transaction.
+func (p *Processor) fold(r *kgo.Record, a *applied, batch *batchState, out []*kgo.Record) ([]*kgo.Record, outcome) {
 	deadLetter := func(code domain.Code, msg string) ([]*kgo.Record, outcome) {
 		return append(out, dlq.NewRecord(r, dlq.Failure{Consumer: ConsumerName, Code: code, Err: msg, Attempts: 1})), outcomeDeadLettered
 	}
@@ -426,17 +441,44 @@ func (p *Processor) fold(r *kgo.Record, a *applied, out []*kgo.Record) ([]*kgo.R
 		p.log.Warn("mailbox event sent to the DLQ", "partition", r.Partition, "offset", r.Offset, "code", domain.ErrorCode(err), "err", err)
 		return deadLetter(domain.ErrorCode(err), err.Error())
 	}
+	// state is the record to write (nil: none) and next what it makes of
+	// the mailbox, both applied only if the event is not a duplicate.
 	var state *kgo.Record
+	var next current
 	var kind outcome
 	switch d := e.Data.(type) {
 	case *domain.MailboxAdded:
-		state, err = Record(FromAdded(e, d), e.Time)
+		m := FromAdded(e, d)
+		state, err = Record(m, e.Time)
 		if err != nil {
 			return deadLetter(domain.CodeInternal, err.Error())
 		}
-		kind = outcomeUpserted
+		next, kind = current{m: m, live: true}, outcomeUpserted
 	case *domain.MailboxRemoved:
 		state, kind = Tombstone(d.MailboxID, e.ID, e.Time), outcomeTombstoned
+		next = current{m: Mailbox{MailboxID: d.MailboxID}}
+	case *domain.MailboxDisabled:
+		cur, ok := batch.get(d.MailboxID)
+		switch {
+		case cur.err != nil:
+			p.log.Warn("mailbox.disabled sent to the DLQ: the mailbox's mailbox.state record does not decode", "partition", r.Partition, "offset", r.Offset, "mailbox_id", d.MailboxID, "err", cur.err)
+			return deadLetter(domain.ErrorCode(cur.err), "the mailbox's current mailbox.state record does not decode: "+cur.err.Error())
+		case !ok || !cur.live:
+			// Not registered: nothing to disable. The id is remembered all
+			// the same, so that a copy of the event after a later
+			// mailbox.added does not disable that mailbox.
+			next, kind = cur, outcomeIgnored
+			if !ok {
+				next = current{m: Mailbox{MailboxID: d.MailboxID}}
+			}
+		default:
+			m := Disabled(cur.m, e)
+			state, err = Record(m, e.Time)
+			if err != nil {
+				return deadLetter(domain.CodeInternal, err.Error())
+			}
+			next, kind = current{m: m, live: true}, outcomeUpserted
+		}
 	default:
 		return out, outcomeIgnored
 	}
@@ -450,7 +492,11 @@ func (p *Processor) fold(r *kgo.Record, a *applied, out []*kgo.Record) ([]*kgo.R
 		return out, outcomeDuplicate
 	}
 	a.add(id, ts)
-	return append(out, state, changelogRecord(p.cfg.group.Group, id, e, r)), kind
+	batch.set(e.Subject, next)
+	if state != nil {
+		out = append(out, state)
+	}
+	return append(out, changelogRecord(p.cfg.group.Group, id, e, r)), kind
 }
 
 type metrics struct {

@@ -1,6 +1,7 @@
 // Package mailboxstate keeps the compacted mailbox.state topic: one record
 // per live mailbox, keyed by mailbox id, holding what a sync worker needs to
-// run it, and a tombstone when the mailbox is removed. Its Processor folds
+// run it (a disabled mailbox keeps its record, with Enabled false), and a
+// tombstone when the mailbox is removed. Its Processor folds
 // the mailbox domain events into that topic exactly once (a Kafka
 // transaction per batch, input offsets committed in the same transaction),
 // and once per event id: a copy of an event produced again with the same
@@ -49,13 +50,16 @@ type Mailbox struct {
 	// domain.CredentialsAAD(MailboxID); they are never in plain text here.
 	SealedCredentials *domain.SealedSecret `json:"sealed_credentials,omitempty"`
 	// Enabled is false for a mailbox that is registered but must not be
-	// synced. No event disables a mailbox yet (the IMAP issue adds one for
-	// persistent authentication failures); the processor writes true.
+	// synced: a mailbox.disabled event (persistent authentication failures,
+	// or an operator) disables it, keeping every other field, until a
+	// mailbox.added (say with new credentials) enables it again.
 	Enabled bool `json:"enabled"`
-	// AddedAt is the ce_time of the mailbox.added this record comes from.
+	// AddedAt is the ce_time of the mailbox.added this record comes from
+	// (a mailbox.disabled leaves it as it was).
 	AddedAt time.Time `json:"added_at"`
-	// SourceEventID is the ce_id of the event this record was folded from
-	// (also the record's ce_id, so a replay writes identical records).
+	// SourceEventID is the ce_id of the event this record was folded from,
+	// the mailbox.added or the mailbox.disabled (also the record's ce_id, so
+	// a replay writes identical records).
 	SourceEventID string `json:"source_event_id"`
 }
 
@@ -92,6 +96,15 @@ func FromAdded(e domain.Event, d *domain.MailboxAdded) Mailbox {
 		AddedAt:           e.Time.UTC(),
 		SourceEventID:     e.ID,
 	}
+}
+
+// Disabled returns the state of mailbox m once the mailbox.disabled event e
+// is folded: m with Enabled false, folded from e (the record's ce_id and
+// ce_time are e's). Every other field, AddedAt included, stays.
+func Disabled(m Mailbox, e domain.Event) Mailbox {
+	m.Enabled = false
+	m.SourceEventID = e.ID
+	return m
 }
 
 // Validate checks a state record's value.

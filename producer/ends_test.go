@@ -2,6 +2,7 @@ package producer_test
 
 import (
 	"context"
+	"slices"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -9,9 +10,19 @@ import (
 	"github.com/mailplane/mailplane/topics"
 )
 
-// kadmEnds sums the end offsets of each domain topic.
+// eventTopics are the topics domain events go to: the domain topics and
+// the observations topic (warmup_observed), which is not one of them.
+func eventTopics() []string {
+	ts := topics.DomainTopics()
+	if !slices.Contains(ts, topics.MailboxObservations) {
+		ts = append(ts, topics.MailboxObservations)
+	}
+	return ts
+}
+
+// kadmEnds sums the end offsets of each topic domain events go to.
 func kadmEnds(ctx context.Context, kc *kgo.Client) (map[string]int64, error) {
-	ends, err := kadm.NewClient(kc).ListEndOffsets(ctx, topics.DomainTopics()...)
+	ends, err := kadm.NewClient(kc).ListEndOffsets(ctx, eventTopics()...)
 	if err != nil {
 		return nil, err
 	}

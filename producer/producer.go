@@ -238,6 +238,17 @@ func (c *Client) PublishMailboxHealthScored(ctx context.Context, d domain.Mailbo
 	return c.publishOne(ctx, &d)
 }
 
+// PublishMailboxDisabled publishes mailbox.disabled.
+func (c *Client) PublishMailboxDisabled(ctx context.Context, d domain.MailboxDisabled) (Receipt, error) {
+	return c.publishOne(ctx, &d)
+}
+
+// PublishWarmupObserved publishes mailbox.warmup_observed, keyed by the
+// sending mailbox, to topics.MailboxObservations (not mailbox.events).
+func (c *Client) PublishWarmupObserved(ctx context.Context, d domain.WarmupObserved) (Receipt, error) {
+	return c.publishOne(ctx, &d)
+}
+
 // PublishOrgPlanChanged publishes org.plan_changed.
 func (c *Client) PublishOrgPlanChanged(ctx context.Context, d domain.OrgPlanChanged) (Receipt, error) {
 	return c.publishOne(ctx, &d)

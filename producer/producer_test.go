@@ -6,12 +6,15 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/eventschema"
 	"github.com/mailplane/mailplane/kafka"
 	"github.com/mailplane/mailplane/kafkatest"
 	"github.com/mailplane/mailplane/producer"
@@ -175,4 +178,76 @@ func TestPublishReceiptsMatchEvents(t *testing.T) {
 			t.Fatalf("receipt at %d/%d names %s, the record there is %s", rec.Partition, rec.Offset, got, id)
 		}
 	}
+}
+
+// The two mailbox event types of the IMAP work: mailbox.disabled goes with
+// the mailbox's lifecycle, warmup_observed to the observations topic, both
+// keyed by the mailbox (the sender, for an observation), and both pass the
+// published schemas.
+func TestPublishDisabledAndWarmupObserved(t *testing.T) {
+	t.Parallel()
+	kc, brokers := newBroker(t)
+	c := producer.New(kc, producer.WithSchema(eventschema.Default()), producer.WithSource("test"))
+	ctx := context.Background()
+	since := time.Date(2026, 5, 1, 10, 0, 0, 0, time.UTC)
+	landed := time.Date(2026, 5, 1, 11, 59, 58, 123000000, time.UTC)
+	const recipient = "0190a5b2-0000-7000-8000-000000000002"
+
+	dis := domain.MailboxDisabled{MailboxID: mailboxID, Cause: domain.DisableAuthFailing, Reason: "AUTHENTICATIONFAILED", FailingSince: &since}
+	r1, err := c.PublishMailboxDisabled(ctx, dis)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := domain.WarmupObserved{MailboxID: mailboxID, WarmupID: "wu-1.a_b", Placement: domain.PlacedJunk,
+		LandedAt: landed, Source: domain.ObservedBySync, RecipientMailboxID: recipient}
+	r2, err := c.PublishWarmupObserved(ctx, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r1.Topic != topics.MailboxEvents || r1.Type != domain.TypeMailboxDisabled {
+		t.Errorf("mailbox.disabled receipt %+v", r1)
+	}
+	if r2.Topic != topics.MailboxObservations || r2.Type != domain.TypeWarmupObserved {
+		t.Errorf("warmup_observed receipt %+v", r2)
+	}
+	for _, tc := range []struct {
+		topic string
+		want  domain.Data
+	}{{topics.MailboxEvents, &dis}, {topics.MailboxObservations, &obs}} {
+		rec := consumeAll(t, brokers, tc.topic, 1)[0]
+		if string(rec.Key) != mailboxID {
+			t.Errorf("%s: key %q, want the mailbox %s", tc.topic, rec.Key, mailboxID)
+		}
+		ev, err := topics.Decode(rec)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.topic, err)
+		}
+		if ev.Subject != mailboxID || !reflect.DeepEqual(ev.Data, tc.want) {
+			t.Errorf("%s: decoded %+v (subject %s), want %+v", tc.topic, ev.Data, ev.Subject, tc.want)
+		}
+	}
+
+	// Invalid data is refused with its stable code, and nothing produced.
+	bad := obs
+	bad.WarmupID = "<wu-1@example.com>"
+	if _, err := c.PublishWarmupObserved(ctx, bad); domain.ErrorCode(err) != domain.CodeInvalid {
+		t.Errorf("bad warmup_id: err = %v, want invalid", err)
+	}
+	bad = obs
+	bad.LandedAt = time.Time{}
+	if _, err := c.PublishWarmupObserved(ctx, bad); domain.ErrorCode(err) != domain.CodeRequired {
+		t.Errorf("no landed_at: err = %v, want required", err)
+	}
+	if _, err := c.PublishMailboxDisabled(ctx, domain.MailboxDisabled{MailboxID: mailboxID, Cause: "expired", Reason: "r"}); domain.ErrorCode(err) != domain.CodeInvalid {
+		t.Errorf("bad cause: err = %v, want invalid", err)
+	}
+	ends, err := kadm.NewClient(kc).ListEndOffsets(ctx, topics.MailboxEvents, topics.MailboxObservations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 1 {
+			t.Errorf("%s/%d ends at %d after the refused events", o.Topic, o.Partition, o.Offset)
+		}
+	})
 }

@@ -75,3 +75,30 @@ func TestIsPermanent(t *testing.T) {
 type errString string
 
 func (e errString) Error() string { return string(e) }
+
+// TestFoldRegistryIgnoresDisabledAndObservations: the registry has no
+// column for either type, so it folds them to nothing: no row change of
+// their own, and the mailbox's last event stays the one before them.
+func TestFoldRegistryIgnoresDisabledAndObservations(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const m1, m2 = "m1", "m2"
+	add := domain.Event{ID: "a", Type: domain.TypeMailboxAdded, Time: t0, Data: &domain.MailboxAdded{MailboxID: m1, Address: "a@b.c"}}
+	others := []domain.Event{
+		{ID: "b", Type: domain.TypeMailboxDisabled, Time: t0.Add(time.Second),
+			Data: &domain.MailboxDisabled{MailboxID: m1, Cause: domain.DisableAuthFailing, Reason: "refused"}},
+		{ID: "c", Type: domain.TypeWarmupObserved, Time: t0.Add(2 * time.Second),
+			Data: &domain.WarmupObserved{MailboxID: m1, WarmupID: "w", Placement: domain.PlacedJunk, LandedAt: t0, Source: domain.ObservedBySync}},
+		{ID: "d", Type: domain.TypeMailboxDisabled, Time: t0.Add(3 * time.Second),
+			Data: &domain.MailboxDisabled{MailboxID: m2, Cause: domain.DisableOperator, Reason: "unknown mailbox"}},
+	}
+	if ch := foldRegistry(others); len(ch.Mailboxes)+len(ch.Orgs)+len(ch.Users)+len(ch.Workers) != 0 {
+		t.Errorf("folded to row changes: %+v", ch)
+	}
+	ch := foldRegistry(append([]domain.Event{add}, others...))
+	if len(ch.Mailboxes) != 1 {
+		t.Fatalf("mailboxes: %+v", ch.Mailboxes)
+	}
+	if c := ch.Mailboxes[0]; c.MailboxID != m1 || c.LastEventID != "a" || !c.UpdatedAt.Equal(t0) || c.Added == nil || c.RemovedAt != nil {
+		t.Errorf("mailbox: %+v", c)
+	}
+}

@@ -12,12 +12,17 @@ import (
 
 // Topic names. Names are mailplane.<area>.<what>.v<n>.
 const (
-	MailboxEvents      = "mailplane.mailbox.events.v1"
-	OrgEvents          = "mailplane.org.events.v1"
-	UserEvents         = "mailplane.user.events.v1"
-	WorkerEvents       = "mailplane.worker.events.v1"
-	PlacementDecisions = "mailplane.placement.decisions.v1"
-	MailboxState       = "mailplane.mailbox.state.v1"
+	MailboxEvents = "mailplane.mailbox.events.v1"
+	// MailboxObservations holds evidence about mailboxes' health
+	// (warmup_observed), keyed by mailbox id. It is apart from
+	// mailbox.events so the high-volume evidence does not flow through the
+	// consumers of the mailbox lifecycle (placement, mailbox.state).
+	MailboxObservations = "mailplane.mailbox.observations.v1"
+	OrgEvents           = "mailplane.org.events.v1"
+	UserEvents          = "mailplane.user.events.v1"
+	WorkerEvents        = "mailplane.worker.events.v1"
+	PlacementDecisions  = "mailplane.placement.decisions.v1"
+	MailboxState        = "mailplane.mailbox.state.v1"
 	// MailboxStateDedupe is the changelog of the mailbox.state processor's
 	// de-duplication: the ids of the mailbox events it applied within its
 	// window, partition p holding those read from mailbox.events partition
@@ -73,6 +78,8 @@ const (
 	forever = -1
 	week    = 7 * 24 * 3600 * 1000
 	month   = 30 * 24 * 3600 * 1000
+	// observationsRetention is 100 days.
+	observationsRetention = 100 * 24 * 3600 * 1000
 )
 
 // Catalog returns every topic mailplane uses.
@@ -83,6 +90,10 @@ func Catalog(cfg Config) []Spec {
 	}
 	return []Spec{
 		{MailboxEvents, MailboxEventsPartitions, forever, CleanupDelete, "mailbox domain events (source of truth), keyed by mailbox id"},
+		// Kept for longer than the longest health penalty (90 days) plus
+		// the scoring window and probation, so replaying it rebuilds the
+		// health scorer's state; older evidence no longer counts.
+		{MailboxObservations, MailboxEventsPartitions, observationsRetention, CleanupDelete, "warmup placement observations (health evidence), keyed by the sending mailbox id"},
 		{OrgEvents, 4, forever, CleanupDelete, "org domain events (source of truth), keyed by org id"},
 		{UserEvents, 16, forever, CleanupDelete, "user domain events (source of truth), keyed by user id"},
 		{WorkerEvents, 8, forever, CleanupDelete, "worker domain events (source of truth), keyed by worker id"},
@@ -127,6 +138,9 @@ func ForAggregate(a domain.Aggregate) (string, error) {
 
 // ForType returns the domain topic events of eventType go to.
 func ForType(eventType string) (string, error) {
+	if eventType == domain.TypeWarmupObserved {
+		return MailboxObservations, nil
+	}
 	a, ok := domain.AggregateOf(eventType)
 	if !ok {
 		return "", domain.Errorf(domain.CodeUnknownType, "unknown event type %q", eventType)
@@ -134,7 +148,9 @@ func ForType(eventType string) (string, error) {
 	return ForAggregate(a)
 }
 
-// DomainTopics lists the topics holding domain events.
+// DomainTopics lists the aggregates' event topics, which placement and the
+// registry consume. MailboxObservations also holds a domain event type
+// (warmup_observed) but is consumed only by the health scorer.
 func DomainTopics() []string {
 	return []string{MailboxEvents, OrgEvents, UserEvents, WorkerEvents}
 }
