@@ -59,8 +59,9 @@ type Server struct {
 	cmd  *exec.Cmd
 	done chan struct{}
 
-	mu    sync.Mutex
-	users map[string]string
+	mu      sync.Mutex
+	users   map[string]string
+	version int64 // of the passwd file
 }
 
 // IMAPAddr is host:port of the STARTTLS listener.
@@ -417,11 +418,30 @@ func (s *Server) AddUser(t testing.TB, name, password string) {
 	if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
 		t.Fatalf("dovecottest: write users: %v", err)
 	}
+	// Dovecot notices a changed passwd file by its mtime, in whole
+	// seconds: every version gets its own second.
+	s.version++
+	mt := time.Unix(1_000_000_000+s.version, 0)
+	if err := os.Chtimes(tmp, mt, mt); err != nil {
+		t.Fatalf("dovecottest: write users: %v", err)
+	}
 	if err := os.Rename(tmp, filepath.Join(s.Dir, "passwd")); err != nil {
 		t.Fatalf("dovecottest: write users: %v", err)
 	}
-	// Creates the user's mailboxes (INBOX and the auto ones).
-	s.Doveadm(t, "mailbox", "status", "-u", name, "uidvalidity", "INBOX")
+	// Creates the user's mailboxes (INBOX and the auto ones). The auth
+	// process checks the file at most about once a second: a user added
+	// right after another may take that long to appear.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := s.DoveadmInput(nil, "mailbox", "status", "-u", name, "uidvalidity", "INBOX")
+		if err == nil {
+			return
+		}
+		if !strings.Contains(err.Error(), "doesn't exist") || time.Now().After(deadline) {
+			t.Fatalf("dovecottest: add user %s: %v", name, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // Doveadm runs doveadm with the server's configuration and returns its

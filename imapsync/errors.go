@@ -86,10 +86,11 @@ type Failure struct {
 	At      time.Time
 }
 
-// DisableRequest asks for a mailbox to be disabled: its authentication has
-// failed for longer than Config.DisableAfter. The lead turns it into the
-// mailbox-disable event; the runner keeps retrying (slowly) until the
-// worker stops it.
+// DisableRequest says a mailbox is being disabled: its authentication has
+// failed for longer than Config.DisableAfter. The runner has queued the
+// mailbox.disabled event (through the outbox, in a fenced transaction);
+// the mailbox.state processor folds it and the worker stops the runner,
+// which keeps retrying (slowly) until then.
 type DisableRequest struct {
 	MailboxID        string
 	Partition        int32
@@ -111,9 +112,10 @@ type Reporter interface {
 	// SyncFailed reports a failed attempt (every kind; the server's reason,
 	// never the secret).
 	SyncFailed(ctx context.Context, f Failure)
-	// DisableRequested is called once per run when authentication has
-	// failed for longer than Config.DisableAfter (and again only after
-	// imap_mailbox_status was reset by a success).
+	// DisableRequested is called once per run after the mailbox.disabled
+	// event was queued: authentication has failed for longer than
+	// Config.DisableAfter (and again only after imap_mailbox_status was
+	// reset by a success).
 	DisableRequested(ctx context.Context, d DisableRequest)
 }
 

@@ -9,6 +9,10 @@ type metrics struct {
 	idles    prometheus.Counter
 	messages *prometheus.CounterVec
 	resets   prometheus.Counter
+
+	lag             *prometheus.HistogramVec
+	warmupObserved  *prometheus.CounterVec
+	warmupMalformed prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -25,9 +29,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Message rows written, by folder role."}, []string{"role"}),
 		resets: prometheus.NewCounter(prometheus.CounterOpts{Name: "mailplane_imap_uidvalidity_resets_total",
 			Help: "Folders resynced after a UIDVALIDITY change."}),
+		lag: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "mailplane_imap_sync_lag_seconds",
+			Help:    "From a new message's arrival (INTERNALDATE, whole seconds) to its row being stored, by tier; incremental syncs only.",
+			Buckets: []float64{0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200}}, []string{"tier"}),
+		warmupObserved: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mailplane_imap_warmup_observed_total",
+			Help: "Warmup messages found for the first time and reported, by folder role (inbox, junk)."}, []string{"role"}),
+		warmupMalformed: prometheus.NewCounter(prometheus.CounterOpts{Name: "mailplane_imap_warmup_malformed_total",
+			Help: "Messages whose warmup header could not be read (ignored)."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.open, m.connects, m.failures, m.idles, m.messages, m.resets)
+		reg.MustRegister(m.open, m.connects, m.failures, m.idles, m.messages, m.resets, m.lag, m.warmupObserved, m.warmupMalformed)
 	}
 	return m
 }

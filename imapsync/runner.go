@@ -88,6 +88,10 @@ type Config struct {
 	// FlagWindow is how many of a folder's newest messages get their flags
 	// re-fetched on servers without CONDSTORE (default 500).
 	FlagWindow int
+	// WarmupHeader names the header that marks warmup messages (default
+	// DefaultWarmupHeader). Where each lands (INBOX or Junk) is reported
+	// once per message as a warmup_observed through the outbox.
+	WarmupHeader string
 	// Dial opens TCP connections (default a net.Dialer with keep-alives).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Now is the clock (default time.Now).
@@ -143,6 +147,9 @@ func New(cfg Config) (*Runner, error) {
 	}
 	if cfg.FlagWindow <= 0 {
 		cfg.FlagWindow = d.FlagWindow
+	}
+	if cfg.WarmupHeader == "" {
+		cfg.WarmupHeader = DefaultWarmupHeader
 	}
 	if cfg.Dial == nil {
 		nd := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 60 * time.Second, Interval: 15 * time.Second, Count: 4}}
@@ -467,10 +474,15 @@ func (m *mailboxRun) failed(ctx context.Context, err error, consecutive int, cei
 		f.AuthFailingSince = since
 		m.r.rep.SyncFailed(ctx, f)
 		if !since.IsZero() && now.Sub(since) >= m.r.cfg.DisableAfter && !m.disableSent {
-			m.disableSent = true
-			m.r.rep.DisableRequested(ctx, DisableRequest{MailboxID: f.MailboxID, Partition: f.Partition, Epoch: f.Epoch,
-				AuthFailingSince: since, Reason: e.Reason, At: now})
-			_ = m.disableRequested(ctx, now)
+			req := DisableRequest{MailboxID: f.MailboxID, Partition: f.Partition, Epoch: f.Epoch,
+				AuthFailingSince: since, Reason: e.Reason, At: now}
+			if err := m.disableRequested(ctx, req); err != nil {
+				// Tried again at the next failure.
+				m.log.Warn("disable request not recorded", "err", err)
+			} else {
+				m.disableSent = true
+				m.r.rep.DisableRequested(ctx, req)
+			}
 		}
 	} else {
 		m.r.rep.SyncFailed(ctx, f)

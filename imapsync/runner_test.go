@@ -20,8 +20,10 @@ import (
 	"github.com/mailplane/mailplane/mailboxstate"
 	"github.com/mailplane/mailplane/mailsync"
 	"github.com/mailplane/mailplane/migrations"
+	"github.com/mailplane/mailplane/outbox"
 	"github.com/mailplane/mailplane/pgtest"
 	"github.com/mailplane/mailplane/sealing"
+	"github.com/mailplane/mailplane/topics"
 )
 
 const (
@@ -298,6 +300,7 @@ var cases = []struct {
 	{"wrong password", testWrongPassword},
 	{"untrusted certificate refused", testUntrustedTLS},
 	{"fenced write ends the run", testFenced},
+	{"warmup placement observed", testWarmupObserved},
 }
 
 // TestRunner runs every case against imapmemserver and Dovecot.
@@ -553,6 +556,31 @@ func testWrongPassword(t *testing.T, srv testServer) {
 	}
 	if n := len(h.rows()); n != 0 {
 		t.Errorf("%d rows synced with a wrong password", n)
+	}
+	// The mailbox.disabled event waits in the outbox, once, without the
+	// password.
+	recs, err := outbox.Pending(context.Background(), h.db.Pool, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var disabled []*domain.MailboxDisabled
+	for _, r := range recs {
+		if r.Topic != topics.MailboxEvents {
+			continue
+		}
+		if strings.Contains(string(r.Value), wrong) {
+			t.Errorf("a record carries the password: %s", r.Value)
+		}
+		ev, err := topics.Decode(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, ok := ev.Data.(*domain.MailboxDisabled); ok {
+			disabled = append(disabled, d)
+		}
+	}
+	if len(disabled) != 1 || disabled[0].MailboxID != mailboxID || disabled[0].Cause != domain.DisableAuthFailing || disabled[0].FailingSince == nil {
+		t.Errorf("mailbox.disabled events in the outbox: %+v", disabled)
 	}
 }
 

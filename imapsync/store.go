@@ -5,6 +5,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/outbox"
+	"github.com/mailplane/mailplane/producer"
+	"github.com/mailplane/mailplane/topics"
 )
 
 // All writes go through the job's fenced Writer: each runs in a transaction
@@ -138,9 +143,14 @@ func (m *mailboxRun) writeMessages(ctx context.Context, c cursor, batch []messag
 			newest = b.internalDate
 		}
 	}
+	var observed int
 	err := m.job.Writer.Write(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, upsertSQL, m.job.Mailbox.MailboxID, c.folder, c.role, int64(c.uidValidity), m.job.Epoch,
 			uids, dates, mids, froms, subjs, sizes, flags, modseqs); err != nil {
+			return err
+		}
+		var err error
+		if observed, err = m.observeWarmup(ctx, tx, c, batch); err != nil {
 			return err
 		}
 		return m.writeCursor(ctx, tx, c)
@@ -150,6 +160,7 @@ func (m *mailboxRun) writeMessages(ctx context.Context, c cursor, batch []messag
 	}
 	m.setCursor(c)
 	m.r.metrics.messages.WithLabelValues(c.role).Add(float64(n))
+	m.r.metrics.warmupObserved.WithLabelValues(c.role).Add(float64(observed))
 	m.sawMail(newest)
 	return nil
 }
@@ -225,12 +236,33 @@ func (m *mailboxRun) authFailed(ctx context.Context, e *Error, now time.Time) (t
 	return since, nil
 }
 
-func (m *mailboxRun) disableRequested(ctx context.Context, now time.Time) error {
-	return m.job.Writer.Write(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `UPDATE imap_mailbox_status SET disable_requested_at = $2, updated_at = $2 WHERE mailbox_id = $1`,
-			m.job.Mailbox.MailboxID, now)
+// disableRequested records the request and queues the mailbox.disabled
+// event, in one fenced transaction: only the current owner disables.
+func (m *mailboxRun) disableRequested(ctx context.Context, d DisableRequest) error {
+	since := d.AuthFailingSince.UTC()
+	ev := domain.Event{ID: producer.NewEventID(), Type: domain.TypeMailboxDisabled, Source: warmupSource, Time: d.At.UTC(),
+		Subject: d.MailboxID, Data: &domain.MailboxDisabled{MailboxID: d.MailboxID, Cause: domain.DisableAuthFailing,
+			Reason: disableReason(d), FailingSince: &since}}
+	rec, err := topics.Encode(ev)
+	if err != nil {
 		return err
+	}
+	return m.job.Writer.Write(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE imap_mailbox_status SET disable_requested_at = $2, updated_at = $2 WHERE mailbox_id = $1`,
+			d.MailboxID, d.At); err != nil {
+			return err
+		}
+		return outbox.Add(ctx, tx, rec)
 	})
+}
+
+// disableReason is the event's reason: the server's refusal, bounded.
+func disableReason(d DisableRequest) string {
+	r := "IMAP authentication failing since " + d.AuthFailingSince.UTC().Format(time.RFC3339)
+	if d.Reason != "" {
+		r += ": " + d.Reason
+	}
+	return clean(r, 500)
 }
 
 // authSucceeded clears a recorded authentication failure.

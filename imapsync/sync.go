@@ -21,6 +21,7 @@ type message struct {
 	size         int64
 	flags        string // sorted, space-separated
 	modseq       uint64
+	warmup       *warmupTag // a recognised warmup header (inbox and junk only)
 }
 
 // cursor is a folder's sync position.
@@ -104,16 +105,32 @@ func uidRange(from, to uint32) imap.UIDSet {
 func (m *mailboxRun) fetchNew(ctx context.Context, c *conn, f folder, cur *cursor) error {
 	opts := &imap.FetchOptions{UID: true, Flags: true, InternalDate: true, RFC822Size: true, Envelope: true,
 		ModSeq: c.has(imap.CapCondStore)}
+	var warmup *imap.FetchItemBodySection
+	if f.role == RoleInbox || f.role == RoleJunk {
+		// Only the one header, without setting \Seen.
+		warmup = &imap.FetchItemBodySection{Specifier: imap.PartSpecifierHeader, HeaderFields: []string{m.r.cfg.WarmupHeader}, Peek: true}
+		opts.BodySection = []*imap.FetchItemBodySection{warmup}
+	}
 	var set imap.UIDSet
 	set.AddRange(imap.UID(cur.lastUID+1), 0) // lastUID+1:*
 	c.arm()
 	cmd := c.c.Fetch(set, opts)
 	batch := make([]message, 0, m.r.cfg.FetchBatch)
+	// Sync lag is measured on incremental syncs only: a first sync stores
+	// old mail, which says nothing about how far behind sync is.
+	incremental := cur.lastUID > 0
 	flush := func() error {
 		if len(batch) == 0 {
 			return nil
 		}
 		err := m.writeMessages(ctx, *cur, batch)
+		if err == nil && incremental {
+			now := m.r.cfg.Now()
+			lag := m.r.metrics.lag.WithLabelValues(string(m.currentTier()))
+			for _, b := range batch {
+				lag.Observe(max(0, now.Sub(b.internalDate).Seconds()))
+			}
+		}
 		batch = batch[:0]
 		c.arm()
 		return err
@@ -133,7 +150,15 @@ func (m *mailboxRun) fetchNew(ctx context.Context, c *conn, f folder, cur *curso
 		if uint32(buf.UID) <= cur.lastUID {
 			continue
 		}
-		batch = append(batch, toMessage(buf))
+		msg := toMessage(buf)
+		if warmup != nil {
+			tag, present := parseWarmup(buf.FindBodySection(warmup), m.r.cfg.WarmupHeader)
+			if present && tag == nil {
+				m.r.metrics.warmupMalformed.Inc()
+			}
+			msg.warmup = tag
+		}
+		batch = append(batch, msg)
 		cur.lastUID = max(cur.lastUID, uint32(buf.UID))
 		if len(batch) >= m.r.cfg.FetchBatch {
 			if err := flush(); err != nil {

@@ -108,3 +108,34 @@ func decodeHeaders(b []byte) ([]kgo.RecordHeader, error) {
 	}
 	return hs, nil
 }
+
+// Querier is what Pending reads with (a pool, a connection, a transaction).
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Pending returns up to limit records waiting in the outbox, oldest first
+// (for operators and tests; the relay reads on its own connection).
+func Pending(ctx context.Context, q Querier, limit int) ([]*kgo.Record, error) {
+	rows, err := q.Query(ctx, `SELECT topic, key, value, headers FROM event_outbox ORDER BY seq LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: pending: %w", err)
+	}
+	var (
+		out             []*kgo.Record
+		topic           string
+		key, value, hdr []byte
+	)
+	_, err = pgx.ForEachRow(rows, []any{&topic, &key, &value, &hdr}, func() error {
+		hs, err := decodeHeaders(hdr)
+		if err != nil {
+			return err
+		}
+		out = append(out, &kgo.Record{Topic: topic, Key: clone(key), Value: clone(value), Headers: hs})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: pending: %w", err)
+	}
+	return out, nil
+}
