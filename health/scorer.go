@@ -16,12 +16,9 @@ package health
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -105,7 +102,7 @@ func (s *Scorer) Apply(ctx context.Context, tx pgx.Tx, events []domain.Event) er
 		*r = next
 		counts[o.MailboxID]++
 		if scored != nil {
-			ev := domain.Event{ID: derivedID(r.LastEval, e.ID, domain.TypeMailboxHealthScored), Type: domain.TypeMailboxHealthScored,
+			ev := domain.Event{ID: domain.DerivedID(r.LastEval, "mailplane.health.scored-id.v1", e.ID), Type: domain.TypeMailboxHealthScored,
 				Source: Source, Time: r.LastEval, Subject: o.MailboxID, Data: scored}
 			rec, err := topics.Encode(ev)
 			if err != nil {
@@ -128,25 +125,6 @@ func (s *Scorer) Apply(ctx context.Context, tx pgx.Tx, events []domain.Event) er
 		}
 	}
 	return nil
-}
-
-// derivedID is a UUIDv7 whose time is at and whose random bits hash parts:
-// the same inputs give the same id, so a replay emits identical events.
-func derivedID(at time.Time, parts ...string) string {
-	h := sha256.New()
-	for _, p := range parts {
-		h.Write([]byte(p))
-		h.Write([]byte{0})
-	}
-	var u uuid.UUID
-	copy(u[:], h.Sum(nil))
-	ms := uint64(at.UnixMilli())
-	var ts [8]byte
-	binary.BigEndian.PutUint64(ts[:], ms)
-	copy(u[0:6], ts[2:8])
-	u[6] = 0x70 | u[6]&0x0f // version 7
-	u[8] = 0x80 | u[8]&0x3f // RFC 9562 variant
-	return u.String()
 }
 
 const loadSQL = `SELECT mailbox_id::text, state, until, penalty_seconds, probation, score,

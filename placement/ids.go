@@ -1,12 +1,10 @@
 package placement
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"strconv"
 	"time"
 
+	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -18,37 +16,7 @@ import (
 // input after a failover yields the same ids, while two different inputs,
 // or two decisions of one input, never share one (up to 2^-74 collisions).
 func DecisionID(at time.Time, key string, index int) string {
-	h := sha256.New()
-	h.Write([]byte("mailplane.placement.decision-id.v1\x00"))
-	h.Write([]byte(key))
-	h.Write([]byte{0})
-	h.Write(strconv.AppendInt(nil, int64(index), 10))
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
-
-	var u [16]byte
-	ms := at.UnixMilli()
-	if ms < 0 {
-		ms = 0
-	}
-	var ts [8]byte
-	binary.BigEndian.PutUint64(ts[:], uint64(ms)&(1<<48-1))
-	copy(u[0:6], ts[2:8])
-	copy(u[6:16], sum[0:10])
-	u[6] = 0x70 | u[6]&0x0f // version 7
-	u[8] = 0x80 | u[8]&0x3f // variant 10
-
-	var out [36]byte
-	hex.Encode(out[0:8], u[0:4])
-	out[8] = '-'
-	hex.Encode(out[9:13], u[4:6])
-	out[13] = '-'
-	hex.Encode(out[14:18], u[6:8])
-	out[18] = '-'
-	hex.Encode(out[19:23], u[8:10])
-	out[23] = '-'
-	hex.Encode(out[24:36], u[10:16])
-	return string(out[:])
+	return domain.DerivedID(at, "mailplane.placement.decision-id.v1", key, strconv.Itoa(index))
 }
 
 // causeKey names an input for DecisionID. An event input is named by its

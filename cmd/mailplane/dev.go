@@ -10,12 +10,32 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/mailplane/mailplane/devfleet"
 	"github.com/mailplane/mailplane/kafka"
 	"github.com/mailplane/mailplane/pgcluster"
 )
+
+// Dev mode's IMAP server and simulated fleet (package devfleet).
+var (
+	cfgDevIMAPAddr       = register(setting{"dev-imap-addr", "MAILPLANE_DEV_IMAP_ADDR", devfleet.DefaultAddr, "dev mode: listen address of the in-process IMAP server with the sample mailboxes (plain IMAP, loopback only; port 0 picks one)"})
+	cfgDevFleet          = register(setting{"dev-fleet", "MAILPLANE_DEV_FLEET", "true", "dev mode: register the sample orgs and mailboxes, heartbeat the simulated sending workers and deliver warmup mail"})
+	cfgDevWarmupInterval = register(setting{"dev-warmup-interval", "MAILPLANE_DEV_WARMUP_INTERVAL", devfleet.DefaultWarmupInterval.String(), "dev mode: how often the simulated fleet delivers a round of warmup mail"})
+	cfgDevSeed           = register(setting{"dev-seed", "MAILPLANE_DEV_SEED", strconv.Itoa(devfleet.DefaultSeed), "dev mode: seed of the simulated fleet's choices (recipients, Junk placements)"})
+)
+
+// boolSetting registers s as a boolean flag.
+func boolSetting(fs *flag.FlagSet, s setting) *bool {
+	v, err := strconv.ParseBool(s.envOr())
+	if err != nil {
+		fatalf("%s: %q is not a boolean", s.env, s.envOr())
+	}
+	return fs.Bool(s.flag, v, s.help+" (env "+s.env+")")
+}
 
 func runDev(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("dev", flag.ExitOnError)
@@ -30,6 +50,10 @@ func runDev(ctx context.Context, args []string) error {
 	parts := cfgStatePartitions.Int(fs)
 	sf := registerSyncFlags(fs)
 	syncWorkers := cfgSyncWorkers.Int(fs)
+	imapAddr := cfgDevIMAPAddr.String(fs)
+	fleet := boolSetting(fs, cfgDevFleet)
+	warmupEvery := cfgDevWarmupInterval.Duration(fs)
+	seed := cfgDevSeed.Int(fs)
 	logLevel := cfgLogLevel.String(fs)
 	logFormat := cfgLogFormat.String(fs)
 	fs.Parse(args)
@@ -88,6 +112,32 @@ func runDev(ctx context.Context, args []string) error {
 		return err
 	}
 
+	// The IMAP server with the sample mailboxes, before the sync workers
+	// that connect to it; stopped after them.
+	imapSrv, err := devfleet.Start(ctx, devfleet.WithAddr(*imapAddr), devfleet.WithServerLogger(log.With("role", "dev-imap")))
+	if err != nil {
+		return fmt.Errorf("dev IMAP server on %s: %w", *imapAddr, err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := imapSrv.Stop(sctx); err != nil {
+			log.Warn("stop the dev IMAP server", "err", err)
+		} else {
+			log.Info("dev IMAP server stopped")
+		}
+	}()
+	var sim *devfleet.Simulator
+	if *fleet {
+		sim, err = devfleet.New(kafka.Config{Brokers: brokers, ClientID: "mailplane-devfleet"}, keyring, imapSrv,
+			devfleet.WithSeed(uint64(*seed)), devfleet.WithWarmupInterval(*warmupEvery), devfleet.WithWarmupHeader(*sf.warmupHeader),
+			devfleet.WithLogger(log.With("role", "devfleet")))
+		if err != nil {
+			return err
+		}
+		defer sim.Close()
+	}
+
 	syncCfg := sf.config()
 	if syncCfg.WorkerID == "" {
 		syncCfg.WorkerID = "dev-sync"
@@ -103,11 +153,12 @@ func runDev(ctx context.Context, args []string) error {
 		stateProc:   true,
 		syncWorkers: *syncWorkers,
 		syncConfig:  syncCfg,
-		// Dev mode has no IMAP server yet: the recording runner shows
-		// ownership at work unless --sync-runner imap is given.
-		syncRunner:       devRunner(fs, *sf.runner),
+		// The IMAP runner, against the dev IMAP server (unless
+		// --sync-runner record asks for the recording runner).
+		syncRunner:       *sf.runner,
 		imapCAFile:       *sf.caFile,
 		imapDisableAfter: *sf.disableAfter,
+		imapWarmupHeader: *sf.warmupHeader,
 		project:          true,
 		applyTops:        true,
 		log:              log,
@@ -118,26 +169,69 @@ func runDev(ctx context.Context, args []string) error {
 		keyring:          keyring,
 		statePartitions:  int32(*parts),
 	}
-	return runRoles(ctx, roles, func() {
-		fmt.Fprintf(os.Stderr, `
+	// The simulated fleet starts once the roles run (the topics exist)
+	// and stops with them; if it fails, dev mode stops.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var fleetWG sync.WaitGroup
+	var fleetErr error
+	err = runRoles(ctx, roles, func() {
+		fmt.Fprint(os.Stderr, devBanner(roles, dir, brokers, url, tokenList[0], generated, imapSrv.Addr(), sim != nil, *warmupEvery, *seed))
+		if sim == nil {
+			return
+		}
+		fleetWG.Add(1)
+		go func() {
+			defer fleetWG.Done()
+			if err := sim.Run(ctx); err != nil {
+				fleetErr = err
+				log.Error("simulated fleet failed", "err", err)
+				cancel()
+			}
+		}()
+	})
+	cancel()
+	fleetWG.Wait()
+	if err == nil && fleetErr != nil {
+		err = fmt.Errorf("dev fleet: %w", fleetErr)
+	}
+	return err
+}
+
+// devBanner is what dev mode prints once everything runs.
+func devBanner(rc *roleConfig, dir string, brokers []string, url, token, tokenFrom, imapAddr string, fleet bool, warmupEvery time.Duration, seed int) string {
+	var b strings.Builder
+	broker := strings.Join(brokers, ",")
+	fmt.Fprintf(&b, `
 mailplane dev is running
   broker     %s (embedded kfake, data in %s)
   postgres   %s
   api        http://%s  (POST /v1/events, POST /v1/workers/heartbeat, GET /healthz, GET /metrics)
-  roles      placement engine, registry and placement projectors, mailbox.state processor, %d sync worker(s)
-  api token  %s%s
+  roles      placement engine, registry and placement projectors, mailbox.state processor, %d sync worker(s) (%s runner)
+  imap       %s  (in-process sample server, tls none: plain IMAP on loopback only; mail kept in memory)
+  login      ada@example.com / %s  (also spammy@, grace@, alan@, edsger@, barbara@example.com, same password)
+`, broker, filepath.Join(dir, "kafka"), url, rc.httpAddr, rc.syncWorkers, rc.syncRunner, imapAddr, devfleet.DevPassword)
+	if fleet {
+		fmt.Fprintf(&b, "  fleet      %d orgs and %d mailboxes registered; %d simulated sending workers heartbeating;\n"+
+			"             warmup mail every %s (seed %d), spammy@example.com's mostly to Junk\n",
+			len(devfleet.Orgs()), len(devfleet.Mailboxes()), len(devfleet.Workers()), warmupEvery, seed)
+	} else {
+		b.WriteString("  fleet      off (--dev-fleet=false): nothing registered, no heartbeats, no warmup mail\n")
+	}
+	fmt.Fprintf(&b, `  api token  %s%s
   seal key   %s (in %s)
 
   publish:   curl -X POST http://%s/v1/events -H "Authorization: Bearer $(cat %s)" \
                -H 'Content-Type: application/cloudevents+json' --data @examples/events/mailbox.added.json
   read:      kcat -b %s -C -t mailplane.mailbox.events.v1 -o beginning -e -f '%%k %%h\n%%s\n'
+  placement: kcat -b %s -C -t mailplane.placement.decisions.v1 -o beginning -f '%%h\n%%s\n\n'
   query:     psql '%s' -c 'select * from mailboxes'
+  synced:    psql '%s' -c 'select mailbox_id, folder, uid, from_addr, subject from imap_messages order by synced_at desc limit 20'
 
 Ctrl-C stops everything.
-`, strings.Join(brokers, ","), filepath.Join(dir, "kafka"), url, *httpAddr, *syncWorkers, tokenList[0], generated,
-			keyring.ActiveKeyID(), filepath.Join(dir, "seal.key"),
-			*httpAddr, filepath.Join(dir, "api.token"), strings.Join(brokers, ","), url)
-	})
+`, token, tokenFrom, rc.keyring.ActiveKeyID(), filepath.Join(dir, "seal.key"),
+		rc.httpAddr, filepath.Join(dir, "api.token"), broker, broker, url, url)
+	return b.String()
 }
 
 // devTokens returns the API tokens: configured ones, else the token kept in
@@ -173,13 +267,3 @@ func splitList(s string) []string {
 }
 
 var _ = slog.Default
-
-// devRunner is record unless the sync runner was set explicitly.
-func devRunner(fs *flag.FlagSet, v string) string {
-	set := false
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "sync-runner" })
-	if set || os.Getenv("MAILPLANE_SYNC_RUNNER") != "" {
-		return v
-	}
-	return "record"
-}

@@ -19,8 +19,8 @@ import (
 
 var (
 	cfgIMAPCAFile       = register(setting{"imap-ca-file", "IMAP_CA_FILE", "", "PEM bundle of extra CAs trusted for IMAP servers (private servers); the system pool is always trusted"})
-	cfgIMAPDisableAfter = register(setting{"imap-auth-disable-after", "IMAP_AUTH_DISABLE_AFTER", "24h", "a mailbox whose IMAP login keeps failing this long is reported for disabling"})
-	cfgSyncRunner       = register(setting{"sync-runner", "MAILPLANE_SYNC_RUNNER", "imap", "what sync workers run per mailbox: imap, or record (logs what it is told; dev mode's default)"})
+	cfgIMAPDisableAfter = register(setting{"imap-auth-disable-after", "IMAP_AUTH_DISABLE_AFTER", "24h", "a mailbox whose IMAP login keeps failing this long is disabled (mailbox.disabled)"})
+	cfgSyncRunner       = register(setting{"sync-runner", "MAILPLANE_SYNC_RUNNER", "imap", "what sync workers run per mailbox: imap, or record (logs what it is told, syncs nothing)"})
 )
 
 // auditReporter sends IMAP failures to sync.audit and logs disable
@@ -52,9 +52,9 @@ func (r *auditReporter) SyncFailed(ctx context.Context, f imapsync.Failure) {
 }
 
 func (r *auditReporter) DisableRequested(_ context.Context, d imapsync.DisableRequest) {
-	// No mailbox-disable domain event exists yet (it arrives with the
-	// health loop); until then the request is logged for an operator.
-	r.log.Warn("IMAP authentication keeps failing; disable the mailbox", "mailbox", d.MailboxID,
+	// The runner queued the mailbox.disabled event already; this is for
+	// the operator reading the logs.
+	r.log.Warn("IMAP authentication keeps failing: mailbox disabled", "mailbox", d.MailboxID,
 		"failing_since", d.AuthFailingSince, "reason", d.Reason)
 }
 
@@ -94,5 +94,6 @@ func newRunner(rc *roleConfig, kc *kgo.Client, log *slog.Logger) (mailsync.Runne
 		Keyring: rc.keyring, RootCAs: pool, Logger: log, Registerer: rc.reg,
 		Reporter:     &auditReporter{kc: kc, log: log, owner: rc.syncConfig.WorkerID},
 		DisableAfter: rc.imapDisableAfter,
+		WarmupHeader: rc.imapWarmupHeader,
 	})
 }

@@ -20,11 +20,15 @@ import (
 
 	"github.com/mailplane/mailplane/api"
 	"github.com/mailplane/mailplane/billing"
+	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/eventschema"
+	"github.com/mailplane/mailplane/health"
+	"github.com/mailplane/mailplane/imapsync"
 	"github.com/mailplane/mailplane/kafka"
 	"github.com/mailplane/mailplane/mailboxstate"
 	"github.com/mailplane/mailplane/mailsync"
 	"github.com/mailplane/mailplane/migrations"
+	"github.com/mailplane/mailplane/outbox"
 	"github.com/mailplane/mailplane/placement"
 	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/projections"
@@ -55,6 +59,7 @@ type roleConfig struct {
 	syncRunner       string // imap or record
 	imapCAFile       string
 	imapDisableAfter time.Duration
+	imapWarmupHeader string
 
 	reg       *prometheus.Registry // set by runRoles
 	project   bool                 // run the projectors
@@ -129,6 +134,41 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 		start("assignment change pruning", func(ctx context.Context) error {
 			return pruneAssignmentChanges(ctx, pool, log.With("role", "projector"))
 		})
+
+		// The health scorer: a projection of the warmup observations that
+		// decides health states, and its ticker for ended penalties.
+		hm := health.NewMetrics(reg)
+		policy := domain.DefaultHealthPolicy()
+		scorer, err := health.NewScorer(policy, health.WithEmitted(func(ev domain.Event) { hm.Committed([]domain.Event{ev}) }))
+		if err != nil {
+			return err
+		}
+		hp, err := projections.New(kcfg("projector-health"), pool, scorer,
+			projections.WithLogger(log.With("role", "health")),
+			projections.WithRegisterer(reg),
+			projections.WithCommitted(hm.Committed))
+		if err != nil {
+			return err
+		}
+		defer hp.Close()
+		start("projector health", hp.Run)
+		start("health ticker", health.NewTicker(pool, policy, health.WithMetrics(hm),
+			health.WithLogger(log.With("role", "health"))).Run)
+		start("warmup seen pruning", func(ctx context.Context) error {
+			return pruneWarmupSeen(ctx, pool, policy.Window, log.With("role", "health"))
+		})
+	}
+
+	// Every process that writes to the outbox (projectors, sync workers)
+	// runs a relay; one per database publishes, the others stand by.
+	if rc.project || rc.syncWorkers > 0 {
+		okc, err := kafka.NewProducer(kcfg("outbox"))
+		if err != nil {
+			return err
+		}
+		defer okc.Close()
+		start("outbox relay", outbox.NewRelay(pool, okc, outbox.WithLogger(log.With("role", "outbox")),
+			outbox.WithRegisterer(reg)).Run)
 	}
 
 	if rc.engine {
@@ -397,6 +437,29 @@ func pruneAssignmentChanges(ctx context.Context, pool *pgxpool.Pool, log *slog.L
 		cancel()
 		if err != nil && ctx.Err() == nil {
 			log.Warn("pruning assignment changes failed; retrying in an hour", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// pruneWarmupSeen forgets, hourly, the warmup messages reported longer ago
+// than the scoring window: a copy seen again after that no longer counts
+// anyway.
+func pruneWarmupSeen(ctx context.Context, pool *pgxpool.Pool, window time.Duration, log *slog.Logger) error {
+	t := time.NewTicker(time.Hour)
+	defer t.Stop()
+	for {
+		qctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		n, err := imapsync.PruneWarmupSeen(qctx, pool, time.Now().Add(-window-24*time.Hour))
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			log.Warn("pruning reported warmup messages failed; retrying in an hour", "err", err)
+		} else if n > 0 {
+			log.Info("pruned reported warmup messages", "rows", n)
 		}
 		select {
 		case <-ctx.Done():

@@ -23,6 +23,7 @@ var (
 	cfgHotActivity   = register(setting{"tier-hot-activity", "TIER_HOT_ACTIVITY", "2h", "mail newer than this keeps a mailbox hot"})
 	cfgColdAfter     = register(setting{"tier-cold-after", "TIER_COLD_AFTER", "168h", "a mailbox with no mail, session or registration for this long is cold"})
 	cfgHotBudget     = register(setting{"hot-budget-per-worker", "HOT_BUDGET_PER_WORKER", "2000", "most hot mailboxes per sync worker; the least recently active session-less ones are demoted"})
+	cfgWarmupHeader  = register(setting{"warmup-header", "MAILPLANE_WARMUP_HEADER", "X-Mailplane-Warmup", "header marking warmup messages (value: mailbox=<sender id>; id=<warmup id>); where they land is health evidence"})
 	cfgSyncWorkers   = register(setting{"sync-workers", "MAILPLANE_SYNC_WORKERS", "2", "dev mode: sync workers run in the process"})
 )
 
@@ -30,7 +31,7 @@ type syncFlags struct {
 	workerID                                                      *string
 	session, heartbeat, warm, cold, grace, hotActivity, coldAfter *time.Duration
 	budget                                                        *int
-	runner, caFile                                                *string
+	runner, caFile, warmupHeader                                  *string
 	disableAfter                                                  *time.Duration
 }
 
@@ -40,6 +41,7 @@ func registerSyncFlags(fs *flag.FlagSet) *syncFlags {
 		warm: cfgPollWarm.Duration(fs), cold: cfgPollCold.Duration(fs), grace: cfgSessionGrace.Duration(fs),
 		hotActivity: cfgHotActivity.Duration(fs), coldAfter: cfgColdAfter.Duration(fs), budget: cfgHotBudget.Int(fs),
 		runner: cfgSyncRunner.String(fs), caFile: cfgIMAPCAFile.String(fs), disableAfter: cfgIMAPDisableAfter.Duration(fs),
+		warmupHeader: cfgWarmupHeader.String(fs),
 	}
 }
 
@@ -73,6 +75,7 @@ func runSync(ctx context.Context, args []string) error {
 		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
 		httpAddr: *httpAddr, statePartitions: int32(*parts), syncWorkers: 1, syncConfig: sf.config(), stateProc: *state,
 		keyring: keyring, syncRunner: *sf.runner, imapCAFile: *sf.caFile, imapDisableAfter: *sf.disableAfter,
+		imapWarmupHeader: *sf.warmupHeader,
 	}, nil)
 }
 

@@ -1,0 +1,48 @@
+package domain
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"time"
+)
+
+// DerivedID derives a deterministic event id: a UUIDv7 whose 48-bit
+// millisecond timestamp is at and whose 74 "random" bits are the leading
+// bits of SHA-256(separator, 0, parts joined by 0). The same inputs give the
+// same id in every process and every replay, so an event decided again (a
+// failover, a rebuild, a restart) is recognised by every consumer that
+// dedupes by event id; different inputs collide with probability 2^-74.
+// separator names the derivation (e.g. "mailplane.placement.decision-id.v1")
+// so two derivations never share ids.
+func DerivedID(at time.Time, separator string, parts ...string) string {
+	h := sha256.New()
+	h.Write([]byte(separator))
+	for _, p := range parts {
+		h.Write([]byte{0})
+		h.Write([]byte(p))
+	}
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+
+	var u [16]byte
+	ms := max(at.UnixMilli(), 0)
+	var ts [8]byte
+	binary.BigEndian.PutUint64(ts[:], uint64(ms)&(1<<48-1))
+	copy(u[0:6], ts[2:8])
+	copy(u[6:16], sum[0:10])
+	u[6] = 0x70 | u[6]&0x0f // version 7
+	u[8] = 0x80 | u[8]&0x3f // variant 10
+
+	var out [36]byte
+	hex.Encode(out[0:8], u[0:4])
+	out[8] = '-'
+	hex.Encode(out[9:13], u[4:6])
+	out[13] = '-'
+	hex.Encode(out[14:18], u[6:8])
+	out[18] = '-'
+	hex.Encode(out[19:23], u[8:10])
+	out[23] = '-'
+	hex.Encode(out[24:36], u[10:16])
+	return string(out[:])
+}
