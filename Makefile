@@ -42,6 +42,7 @@ bench: ## the benchmarks recorded in BENCHMARKS.md (a few minutes; loopback only
 	$(GO) test -run '^$$' -bench 'EngineThroughput|EngineRestore' -benchtime 100000x ./placement/
 	$(GO) test -run '^$$' -bench 'ReplayPlacement' -benchtime 1000000x ./replay/
 	$(GO) test -run '^$$' -bench 'EventToProjectedRow' -benchtime 10000x ./replay/
+	$(GO) test -run '^$$' -bench 'IMAPHot|IMAPWarm' -benchtime 1x -timeout 30m ./imapsync/
 
 .PHONY: fuzz
 fuzz: ## fuzz the record decoder and the schema/Go agreement, a minute each

@@ -91,6 +91,16 @@ type Config struct {
 	// progress for this long is considered read (default 5s).
 	LoadStallTimeout time.Duration
 
+	// NoOutboxRelay: the worker does not run an outbox relay of its own.
+	// Tier records and the sync.audit ownership and tier events are written
+	// to the Postgres outbox (event_outbox) in the partition's fenced
+	// transaction and reach Kafka only through an outbox relay
+	// (outbox.NewRelay) on the same database. By default each worker runs
+	// one (only one relay per database publishes at a time; the others
+	// stand by); set this when the process runs one relay itself for all
+	// its workers.
+	NoOutboxRelay bool
+
 	// Logger (default discard) and Registerer (default a private registry)
 	// receive the worker's logs and metrics. Workers sharing a registerer
 	// add up in the same series.

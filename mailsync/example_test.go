@@ -45,6 +45,9 @@ func Example() {
 	cfg.TierColdAfter = 7 * 24 * time.Hour  // TIER_COLD_AFTER
 	cfg.HotBudgetPerWorker = 2000           // HOT_BUDGET_PER_WORKER
 	cfg.Logger, cfg.Registerer = log, reg
+	// Each worker runs an outbox relay (tier records and sync.audit events
+	// go through the outbox) unless the process runs one for all of them:
+	// cfg.NoOutboxRelay = true
 	w, err := mailsync.New(kafka.Config{Brokers: brokers, Registerer: reg}, pool, &mailsync.RecordingRunner{Beat: 30 * time.Second}, cfg)
 	if err != nil {
 		return

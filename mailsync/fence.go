@@ -10,6 +10,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/outbox"
+	"github.com/mailplane/mailplane/topics"
 )
 
 // ErrFenced is what a write at a stale epoch fails with (errors.Is): the
@@ -81,25 +85,41 @@ WITH up AS (
     INSERT INTO sync_partition_epochs (partition, epoch, owner, acquired_at)
     SELECT partition, epoch, owner, acquired_at FROM up
 )
-SELECT partition, epoch FROM up`
+SELECT partition, epoch, acquired_at FROM up ORDER BY partition`
 
 // Acquire takes the next epoch of each partition for owner and returns
 // them. Only a worker the group has just assigned the partitions to may call
 // it: taking an epoch fences every other writer of the partition.
+//
+// The ownership_acquired events of sync.audit are queued in the outbox in
+// the same transaction, so exactly the epochs taken are announced.
 func (f *Fence) Acquire(ctx context.Context, owner string, partitions []int32) (map[int32]int64, error) {
 	out := make(map[int32]int64, len(partitions))
 	if len(partitions) == 0 {
 		return out, nil
 	}
-	rows, err := f.pool.Query(ctx, acquireSQL, partitions, owner)
+	err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, acquireSQL, partitions, owner)
+		if err != nil {
+			return err
+		}
+		var (
+			p    int32
+			e    int64
+			at   time.Time
+			recs []*kgo.Record
+		)
+		if _, err := pgx.ForEachRow(rows, []any{&p, &e, &at}, func() error {
+			out[p] = e
+			r, err := encodeRecord(topics.SyncAudit, owner, at, &OwnershipAcquired{Partition: p, Epoch: e, Owner: owner, At: at.UTC()})
+			recs = append(recs, r)
+			return err
+		}); err != nil {
+			return err
+		}
+		return outbox.Add(ctx, tx, recs...)
+	})
 	if err != nil {
-		return nil, fmt.Errorf("mailsync: take epochs: %w", err)
-	}
-	var (
-		p int32
-		e int64
-	)
-	if _, err := pgx.ForEachRow(rows, []any{&p, &e}, func() error { out[p] = e; return nil }); err != nil {
 		return nil, fmt.Errorf("mailsync: take epochs: %w", err)
 	}
 	return out, nil
@@ -153,13 +173,20 @@ type fencedWriter struct {
 	mailboxID string
 }
 
+func (w *fencedWriter) Write(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	return w.f.write(ctx, w.partition, w.epoch, w.owner, w.mailboxID, "runner", fn)
+}
+
 // checkSQL locks the partition's epoch row for the transaction and bounds
 // how long the transaction may idle while holding it.
 const checkSQL = `SELECT set_config('idle_in_transaction_session_timeout', $2, true), epoch
 FROM sync_partitions WHERE partition = $1 FOR SHARE`
 
-func (w *fencedWriter) Write(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	tx, err := w.f.pool.Begin(ctx)
+// write runs fn in a transaction that holds partition's epoch row FOR
+// SHARE and goes ahead only if the epoch is still epoch; kind names the
+// writer in sync_fenced_writes when it is refused ("runner", "tier").
+func (f *Fence) write(ctx context.Context, partition int32, epoch int64, owner, mailboxID, kind string, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	tx, err := f.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("mailsync: begin write: %w", err)
 	}
@@ -168,14 +195,14 @@ func (w *fencedWriter) Write(ctx context.Context, fn func(ctx context.Context, t
 		ignored string
 		cur     int64
 	)
-	err = tx.QueryRow(ctx, checkSQL, w.partition, w.f.idleTimeout).Scan(&ignored, &cur)
+	err = tx.QueryRow(ctx, checkSQL, partition, f.idleTimeout).Scan(&ignored, &cur)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("mailsync: check epoch: %w", err)
 	}
-	if cur != w.epoch {
+	if cur != epoch {
 		_ = tx.Rollback(ctx)
-		fe := &FencedError{Partition: w.partition, Epoch: w.epoch, Current: cur}
-		w.f.refused(ctx, fe, w.owner, w.mailboxID, "runner")
+		fe := &FencedError{Partition: partition, Epoch: epoch, Current: cur}
+		f.refused(ctx, fe, owner, mailboxID, kind)
 		return fe
 	}
 	if err := fn(ctx, tx); err != nil {
@@ -185,4 +212,22 @@ func (w *fencedWriter) Write(ctx context.Context, fn func(ctx context.Context, t
 		return fmt.Errorf("mailsync: commit write: %w", err)
 	}
 	return nil
+}
+
+// writeRecords queues recs in the outbox in a fenced transaction of
+// partition at epoch: they reach Kafka (through the outbox relay, in this
+// order) only if the epoch was still current, and a refusal is counted and
+// recorded as a fenced write of kind "tier".
+//
+// Per-key order across owners: the transaction holds the epoch row FOR
+// SHARE from its check to its commit, and the next owner's Acquire updates
+// that row, so it waits for this commit; the next owner writes only after
+// Acquire returned. Every outbox row of a stale epoch therefore has a lower
+// seq, and is committed before, any row the next owner writes for the same
+// key, and the relay, publishing committed rows in seq order, keeps the
+// order.
+func (f *Fence) writeRecords(ctx context.Context, partition int32, epoch int64, owner, mailboxID string, recs []*kgo.Record) error {
+	return f.write(ctx, partition, epoch, owner, mailboxID, "tier", func(ctx context.Context, tx pgx.Tx) error {
+		return outbox.Add(ctx, tx, recs...)
+	})
 }

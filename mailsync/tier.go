@@ -164,6 +164,13 @@ func (b *tierBox) get() (Tier, <-chan struct{}) {
 	return b.tier, b.changed
 }
 
+// current returns the tier and the reason it was last decided for.
+func (b *tierBox) current() (Tier, string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.tier, b.reason
+}
+
 // set changes the tier and wakes the waiters; it reports whether the tier
 // changed.
 func (b *tierBox) set(t Tier, reason string) (from Tier, changed bool) {

@@ -24,8 +24,19 @@
 //     while the partition is still assigned.
 //   - Tiers (hot, warm, cold) are decided by the owner, on a cadence and on
 //     events (EvaluateTiers); a user.active promotes the user's mailboxes at
-//     once. Changes go to sync.tier (a new owner inherits them) and
-//     sync.audit, with ownership acquired, lost and suspended.
+//     once (their runners are told in memory; the record follows).
+//   - Tier changes are recorded like any other write of the partition: the
+//     mailbox's sync.tier record (a new owner inherits it) and its
+//     sync.audit tier_changed event are queued in the transactional outbox
+//     (package outbox) in a transaction fenced on the partition's epoch. A
+//     change decided under an epoch that moved on is rolled back, counted
+//     and recorded as a fenced write, and never published; the partition's
+//     runners stop as for a runner's fenced write. Ownership acquired is
+//     queued in the transaction that takes the epoch; ownership lost and
+//     suspended go through the outbox too, unfenced (they are the
+//     worker's history, true whatever the epoch). An outbox relay publishes
+//     committed records in commit order per key: each worker runs one
+//     unless Config.NoOutboxRelay says the process runs its own.
 //
 // Runners sit behind the Runner interface; RecordingRunner is the stand-in
 // until the IMAP runner exists.
@@ -43,12 +54,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/kafka"
 	"github.com/mailplane/mailplane/mailboxstate"
+	"github.com/mailplane/mailplane/outbox"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -65,7 +78,7 @@ type Worker struct {
 	wd     *watchdog
 
 	cl  *kgo.Client // the group consumer of mailbox.state
-	out *kgo.Client // sync.tier and sync.audit producer, and admin requests
+	out *kgo.Client // the outbox relay's and sync.failed's producer, and admin requests
 	adm *kadm.Client
 
 	mu            sync.Mutex
@@ -73,13 +86,14 @@ type Worker struct {
 	parts         map[int32]*partition
 	byUser        map[string]map[string]*mbox
 	sessions      map[string]time.Time
-	pending       []tierChange
+	pending       []pendingWrite // for the outbox, in order (recordLoop)
 	closing       bool
 	running       bool
 	usersCaughtUp bool
 
 	kickEval   chan struct{}
 	kickRecord chan struct{}
+	flushing   chan struct{} // held by the one flushPending running
 
 	pollMu     sync.Mutex
 	pollCancel context.CancelFunc
@@ -133,20 +147,16 @@ type mbox struct {
 	newestMail   time.Time
 	trackedSince time.Time
 	run          *runHandle
+	// unrecorded: a tier change of the mailbox was refused by the fence;
+	// its tier is recorded again under the partition's next epoch, as a
+	// change from unrecordedFrom (the refused change's from).
+	unrecorded     bool
+	unrecordedFrom Tier
 }
 
 type runHandle struct {
 	cancel context.CancelFunc
 	done   chan struct{}
-}
-
-// tierChange is a tier record (or tombstone) waiting for its epoch check.
-type tierChange struct {
-	partition int32
-	epoch     int64
-	mailboxID string
-	tier      *kgo.Record
-	audit     *kgo.Record
 }
 
 // New returns a worker consuming through kcfg's brokers, writing through
@@ -182,6 +192,7 @@ func New(kcfg kafka.Config, pool *pgxpool.Pool, runner Runner, cfg Config) (*Wor
 		sessions:   map[string]time.Time{},
 		kickEval:   make(chan struct{}, 1),
 		kickRecord: make(chan struct{}, 1),
+		flushing:   make(chan struct{}, 1),
 	}
 	w.cond = sync.NewCond(&w.mu)
 	return w, nil
@@ -237,6 +248,15 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("mailsync: consumer: %w", err)
 	}
 	w.cl = cl
+	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
+	relayDone := make(chan struct{})
+	if w.cfg.NoOutboxRelay {
+		close(relayDone)
+	} else {
+		relay := outbox.NewRelay(w.pool, out, outbox.WithLogger(w.log.With("component", "outbox-relay")),
+			outbox.WithRegisterer(lenientRegisterer{w.cfg.Registerer}))
+		go func() { defer close(relayDone); _ = relay.Run(relayCtx) }()
+	}
 	w.log.Info("sync worker starting", "group", w.cfg.Group, "session_timeout", w.cfg.SessionTimeout,
 		"heartbeat_interval", w.cfg.HeartbeatInterval, "watchdog_after", w.cfg.SessionTimeout-w.cfg.WatchdogMargin)
 
@@ -266,9 +286,21 @@ func (w *Worker) Run(ctx context.Context) error {
 	wg.Wait()
 	stopBg()
 	<-recDone
+	if !w.cfg.NoOutboxRelay {
+		// Give the relay (ours or another process's) a moment to
+		// publish our last records; whatever is left stays in the outbox
+		// for the next relay.
+		dctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		if err := awaitPublished(dctx, w.pool, time.Second, topics.SyncTier, topics.SyncAudit); err != nil {
+			w.log.Warn("sync records left in the outbox at shutdown for the next relay", "err", err)
+		}
+		cancel()
+	}
+	stopRelay()
+	<-relayDone
 	fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	if err := out.Flush(fctx); err != nil {
-		w.log.Warn("flushing sync.tier and sync.audit records", "err", err)
+		w.log.Warn("flushing sync.failed records", "err", err)
 	}
 	cancel()
 	out.Close()
@@ -430,8 +462,8 @@ func (w *Worker) removeLocked(mb *mbox) {
 	delete(mb.part.boxes, mb.rec.MailboxID)
 	w.unindexLocked(mb)
 	if mb.part.state == partLive {
-		w.queueLocked(tierChange{partition: mb.part.id, epoch: mb.part.epoch, mailboxID: mb.rec.MailboxID,
-			tier: tierTombstone(mb.rec.MailboxID)})
+		w.queueLocked(pendingWrite{partition: mb.part.id, epoch: mb.part.epoch, mailboxID: mb.rec.MailboxID,
+			recs: []*kgo.Record{tierTombstone(mb.rec.MailboxID)}})
 	}
 }
 
@@ -559,7 +591,7 @@ func (w *Worker) suspendLocked(part *partition, reason string) int {
 	part.suspendReason = reason
 	w.uncountLocked(part)
 	w.log.Warn("partition suspended: runners stopped", "partition", part.id, "epoch", part.epoch, "reason", reason, "runners", n)
-	w.audit(&OwnershipSuspended{Partition: part.id, Epoch: part.epoch, Owner: w.cfg.WorkerID, Reason: reason, Runners: n, At: time.Now().UTC()})
+	w.queueAuditLocked(part.id, &OwnershipSuspended{Partition: part.id, Epoch: part.epoch, Owner: w.cfg.WorkerID, Reason: reason, Runners: n, At: time.Now().UTC()})
 	return n
 }
 
@@ -682,7 +714,6 @@ func (w *Worker) acquire(ids []int32) {
 		p.startOffset, p.endOffset = starts[id], ends[id]
 		w.countLocked(p)
 		loading = append(loading, p)
-		w.audit(&OwnershipAcquired{Partition: id, Epoch: p.epoch, Owner: w.cfg.WorkerID, At: now.UTC()})
 	}
 	w.mu.Unlock()
 	if len(loading) > 0 {
@@ -732,6 +763,15 @@ func (w *Worker) loadTiers(parts []*partition) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// The epochs are taken, so every tier record of the previous owners is
+	// committed to the outbox; wait (briefly, and only while a relay is
+	// publishing) until they are published, so that the latest are read.
+	actx, acancel := context.WithTimeout(ctx, tierOutboxWait)
+	if err := awaitPublished(actx, w.pool, tierOutboxStall, topics.SyncTier); err != nil {
+		w.log.Warn("sync.tier records still in the outbox; reading what is published (tiers may be older)",
+			"partitions", ids, "err", err)
+	}
+	acancel()
 	recs, err := w.readTiers(ctx, ids)
 	if err != nil {
 		w.log.Warn("reading sync.tier failed; starting with default tiers", "partitions", ids, "err", err)
@@ -875,6 +915,7 @@ func (w *Worker) caughtUp(p *partition, now time.Time) bool {
 func (w *Worker) goLiveLocked(p *partition, now time.Time) {
 	p.state = partLive
 	w.countLocked(p)
+	w.recordAgainLocked(p)
 	w.evaluateLocked(false)
 	for _, mb := range p.boxes {
 		w.startLocked(mb)
@@ -905,7 +946,6 @@ func (w *Worker) resume(ids []int32) {
 			continue
 		}
 		p.epoch = epochs[id]
-		w.audit(&OwnershipAcquired{Partition: id, Epoch: p.epoch, Owner: w.cfg.WorkerID, At: now.UTC()})
 		w.log.Info("partition resumed under a new epoch", "partition", id, "epoch", p.epoch, "suspended_for", now.Sub(p.suspendedAt))
 		// A partition suspended while it was still being read goes back
 		// to reading; housekeeping turns it live when it is read.
@@ -960,9 +1000,21 @@ func (w *Worker) drop(ids []int32, reason string) {
 	w.m.rebalances.WithLabelValues(reason).Inc()
 	w.m.rebalanceSeconds.WithLabelValues(reason).Observe(d.Seconds())
 	at := time.Now().UTC()
+	w.mu.Lock()
 	for _, p := range gone {
-		w.audit(&OwnershipLost{Partition: p.id, Epoch: p.epoch, Owner: w.cfg.WorkerID, Reason: reason, Runners: counts[p.id], At: at})
+		w.queueAuditLocked(p.id, &OwnershipLost{Partition: p.id, Epoch: p.epoch, Owner: w.cfg.WorkerID, Reason: reason, Runners: counts[p.id], At: at})
 	}
+	w.mu.Unlock()
+	// The partitions' last tier records (and these events) are committed
+	// before the callback returns, like their runners' writes: the next
+	// owner's epoch finds them, and it waits for them to be published
+	// before it reads sync.tier. Ours if a refused write or a failure
+	// interrupts: what is left stays queued for the record loop.
+	fctx, cancel := context.WithTimeout(context.Background(), dropFlushTimeout)
+	if err := w.flushPending(fctx); err != nil {
+		w.log.Warn("writing the last tier records of partitions "+reason, "partitions", ids, "err", err)
+	}
+	cancel()
 	w.log.Info("partitions "+reason+"; runners stopped", "partitions", ids, "took", d)
 }
 
@@ -995,10 +1047,11 @@ func (w *Worker) kick(ch chan struct{}) {
 	}
 }
 
-// audit produces an audit event to sync.audit, asynchronously and without
-// ever blocking (it is called with the worker's lock held, and the watchdog
-// must not wait behind a broker outage); a failure, a full buffer included,
-// is logged: audit events are history, not state anything depends on.
+// audit produces a runner's sync.failed event to sync.audit directly,
+// asynchronously and without ever blocking; a failure, a full buffer
+// included, is logged: it is history, not state anything depends on, and
+// not a write made under an epoch. (Tier records, tier changes and
+// ownership events go through the outbox: see flushPending.)
 func (w *Worker) audit(d domain.Data) {
 	if w.out == nil {
 		return
@@ -1013,6 +1066,18 @@ func (w *Worker) audit(d domain.Data) {
 			w.log.Warn("producing an audit event failed", "type", d.EventType(), "err", err)
 		}
 	})
+}
+
+// lenientRegisterer registers what it can: several workers of one process
+// sharing a registerer each run a relay, and only the first relay's metrics
+// can be registered (only one relay per database publishes anyway).
+type lenientRegisterer struct{ prometheus.Registerer }
+
+// MustRegister registers cs, ignoring collectors already registered.
+func (r lenientRegisterer) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		_ = r.Register(c)
+	}
 }
 
 // kgoLogger passes franz-go's warnings and errors to slog.

@@ -323,15 +323,19 @@ func TestTiersSurviveOwnerChange(t *testing.T) {
 		}
 	}
 
-	// The audit trail: both acquired, the first lost (revoked), tier changes.
-	types := map[string]int{}
-	for _, r := range readTopic(t, e, topics.SyncAudit) {
-		typ, _ := topics.Header(r, topics.HeaderType)
-		types[typ]++
-	}
-	if types[mailsync.TypeOwnershipAcquired] < 8 || types[mailsync.TypeOwnershipLost] < 4 || types[mailsync.TypeTierChanged] < 2 {
-		t.Errorf("audit types %v", types)
-	}
+	// The audit trail: both acquired, the first lost (revoked), tier
+	// changes. They are published by the outbox relay after their
+	// transactions commit (the second owner's relay may still be standing
+	// by for the first one's lock to go).
+	waitFor(t, 10*time.Second, "the audit trail", func() (bool, string) {
+		types := map[string]int{}
+		for _, r := range readTopic(t, e, topics.SyncAudit) {
+			typ, _ := topics.Header(r, topics.HeaderType)
+			types[typ]++
+		}
+		return types[mailsync.TypeOwnershipAcquired] >= 8 && types[mailsync.TypeOwnershipLost] >= 4 && types[mailsync.TypeTierChanged] >= 2,
+			fmt.Sprintf("audit types %v", types)
+	})
 }
 
 // readTopic returns every committed data record of a topic.

@@ -54,7 +54,8 @@ func TestHealthLoop(t *testing.T) {
 	}
 	sc := mailsync.DefaultConfig()
 	sc.WorkerID = "loop-sync"
-	sc.SessionTimeout, sc.HeartbeatInterval = time.Second, 200*time.Millisecond
+	// 6 s: the smallest session a real broker accepts by default.
+	sc.SessionTimeout, sc.HeartbeatInterval = 6*time.Second, 500*time.Millisecond
 	sc.PollWarm = 300 * time.Millisecond
 	rc := &roleConfig{
 		log:     slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
@@ -191,6 +192,10 @@ func TestHealthLoop(t *testing.T) {
 	})
 	// 3. The engine moves ann to a quarantine-pool worker, not the one it
 	// was on, and bob stays where he was.
+	waitDecision(t, brokers, "ann's band changed to quarantine", func(d domain.PlacementDecision) bool {
+		b, ok := d.(*domain.PlacementBandChanged)
+		return ok && b.MailboxID == ann && b.FromBand == domain.RiskClean && b.ToBand == domain.RiskQuarantine && b.Health == domain.HealthQuarantined
+	})
 	var promoted string
 	waitDecision(t, brokers, "a worker promoted into the quarantine pool", func(d domain.PlacementDecision) bool {
 		if p, ok := d.(*domain.PlacementWorkerPromoted); ok && p.ToPool == domain.RiskQuarantine {

@@ -160,15 +160,25 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 	}
 
 	// Every process that writes to the outbox (projectors, sync workers)
-	// runs a relay; one per database publishes, the others stand by.
+	// runs a relay; one per database publishes, the others stand by. It
+	// stops after every other role, so what they queued while stopping
+	// (a sync worker's ownership_lost) is still published.
 	if rc.project || rc.syncWorkers > 0 {
 		okc, err := kafka.NewProducer(kcfg("outbox"))
 		if err != nil {
 			return err
 		}
 		defer okc.Close()
-		start("outbox relay", outbox.NewRelay(pool, okc, outbox.WithLogger(log.With("role", "outbox")),
-			outbox.WithRegisterer(reg)).Run)
+		rctx, rcancel := context.WithCancel(context.WithoutCancel(ctx))
+		relayDone := make(chan struct{})
+		go func() {
+			defer close(relayDone)
+			_ = outbox.NewRelay(pool, okc, outbox.WithLogger(log.With("role", "outbox")), outbox.WithRegisterer(reg)).Run(rctx)
+		}()
+		defer func() {
+			rcancel()
+			<-relayDone
+		}()
 	}
 
 	if rc.engine {
@@ -207,6 +217,7 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 		cfg := rc.syncConfig
 		cfg.WorkerID = syncWorkerID(cfg.WorkerID, i, rc.syncWorkers)
 		cfg.Logger, cfg.Registerer = log.With("role", "sync", "worker", i+1), reg
+		cfg.NoOutboxRelay = true // the process's relay publishes
 		w, err := mailsync.New(kcfg(fmt.Sprintf("sync-%d", i+1)), pool, runner, cfg)
 		if err != nil {
 			return err
