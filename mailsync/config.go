@@ -74,8 +74,10 @@ type Config struct {
 	TierUnknownGrace time.Duration
 
 	// ConnectRatePerHost and ConnectBurstPerHost pace connection setup
-	// per IMAP host: a token bucket per host (SYNC_CONNECT_RATE,
-	// default 20/s, burst 20). Rate 0 or less: no pacing.
+	// per IMAP host: a token bucket per host (MAILPLANE_SYNC_CONNECT_RATE,
+	// default 50/s, burst 50). Every warm and cold poll is a connection
+	// setup, so the rate bounds what one worker polls on one host: 50/s is
+	// 15,000 polls per 300 s. Rate 0 or less: no pacing.
 	ConnectRatePerHost  float64
 	ConnectBurstPerHost int
 
@@ -127,8 +129,8 @@ func DefaultConfig() Config {
 		HotBudgetPerWorker:  2000,
 		TierEvaluateEvery:   30 * time.Second,
 		TierUnknownGrace:    10 * time.Minute,
-		ConnectRatePerHost:  20,
-		ConnectBurstPerHost: 20,
+		ConnectRatePerHost:  50,
+		ConnectBurstPerHost: 50,
 		RestartBackoff:      time.Second,
 		RestartMaxBackoff:   time.Minute,
 		WriteIdleTimeout:    5 * time.Second,

@@ -23,6 +23,7 @@ var (
 	cfgHotActivity   = register(setting{"tier-hot-activity", "TIER_HOT_ACTIVITY", "2h", "mail newer than this keeps a mailbox hot"})
 	cfgColdAfter     = register(setting{"tier-cold-after", "TIER_COLD_AFTER", "168h", "a mailbox with no mail, session or registration for this long is cold"})
 	cfgHotBudget     = register(setting{"hot-budget-per-worker", "HOT_BUDGET_PER_WORKER", "2000", "most hot mailboxes per sync worker; the least recently active session-less ones are demoted"})
+	cfgConnectRate   = register(setting{"sync-connect-rate", "MAILPLANE_SYNC_CONNECT_RATE", "50", "IMAP connection setups per second per IMAP host and sync worker (burst the same); every warm or cold poll is one"})
 	cfgWarmupHeader  = register(setting{"warmup-header", "MAILPLANE_WARMUP_HEADER", "X-Mailplane-Warmup", "header marking warmup messages (value: mailbox=<sender id>; id=<warmup id>); where they land is health evidence"})
 	cfgSyncWorkers   = register(setting{"sync-workers", "MAILPLANE_SYNC_WORKERS", "2", "dev mode: sync workers run in the process"})
 )
@@ -30,7 +31,7 @@ var (
 type syncFlags struct {
 	workerID                                                      *string
 	session, heartbeat, warm, cold, grace, hotActivity, coldAfter *time.Duration
-	budget                                                        *int
+	budget, connectRate                                           *int
 	runner, caFile, warmupHeader                                  *string
 	disableAfter                                                  *time.Duration
 }
@@ -39,7 +40,7 @@ func registerSyncFlags(fs *flag.FlagSet) *syncFlags {
 	return &syncFlags{
 		workerID: cfgSyncWorkerID.String(fs), session: cfgSyncSession.Duration(fs), heartbeat: cfgSyncHeartbeat.Duration(fs),
 		warm: cfgPollWarm.Duration(fs), cold: cfgPollCold.Duration(fs), grace: cfgSessionGrace.Duration(fs),
-		hotActivity: cfgHotActivity.Duration(fs), coldAfter: cfgColdAfter.Duration(fs), budget: cfgHotBudget.Int(fs),
+		hotActivity: cfgHotActivity.Duration(fs), coldAfter: cfgColdAfter.Duration(fs), budget: cfgHotBudget.Int(fs), connectRate: cfgConnectRate.Int(fs),
 		runner: cfgSyncRunner.String(fs), caFile: cfgIMAPCAFile.String(fs), disableAfter: cfgIMAPDisableAfter.Duration(fs),
 		warmupHeader: cfgWarmupHeader.String(fs),
 	}
@@ -52,6 +53,7 @@ func (f *syncFlags) config() mailsync.Config {
 	c.PollWarm, c.PollCold = *f.warm, *f.cold
 	c.TierSessionGrace, c.TierHotActivity, c.TierColdAfter = *f.grace, *f.hotActivity, *f.coldAfter
 	c.HotBudgetPerWorker = *f.budget
+	c.ConnectRatePerHost, c.ConnectBurstPerHost = float64(*f.connectRate), max(*f.connectRate, 1)
 	return c
 }
 
