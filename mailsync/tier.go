@@ -1,148 +1,49 @@
 package mailsync
 
 import (
-	"cmp"
-	"slices"
 	"sync"
 	"time"
+
+	"github.com/mailplane/mailplane/domain"
 )
 
-// Tier is how eagerly a mailbox is synced. Correctness is the same in every
-// tier; only latency and socket cost differ.
-type Tier string
+// The tier rules live in domain (EvaluateSyncTiers); these names keep the
+// sync fleet's vocabulary.
+
+// Tier is how eagerly a mailbox is synced.
+type Tier = domain.SyncTier
 
 // Tiers.
 const (
-	// TierHot: a persistent IDLE on INBOX, plus a poll of the special-use
-	// folders every PollWarm.
-	TierHot Tier = "hot"
-	// TierWarm: connect, poll INBOX and the special-use folders,
-	// disconnect, every PollWarm. The default.
-	TierWarm Tier = "warm"
-	// TierCold: the same as warm, every PollCold.
-	TierCold Tier = "cold"
+	TierHot  = domain.SyncTierHot
+	TierWarm = domain.SyncTierWarm
+	TierCold = domain.SyncTierCold
 )
-
-// Valid reports whether t is one of the tiers.
-func (t Tier) Valid() bool { return t == TierHot || t == TierWarm || t == TierCold }
 
 var allTiers = []Tier{TierHot, TierWarm, TierCold}
 
-// Reasons a tier was chosen (the reason of a tier change in sync.tier and
-// sync.audit).
+// Reasons a tier was chosen.
 const (
-	ReasonSession    = "session"     // the user was active within the session grace
-	ReasonRecentMail = "recent_mail" // newest mail within TierHotActivity
-	ReasonHotBudget  = "hot_budget"  // demoted: over the worker's hot budget
-	ReasonInactive   = "inactive"    // nothing within TierColdAfter
-	ReasonDefault    = "default"     // warm: neither hot nor cold
-	ReasonUnknown    = "unknown"     // newest mail not reported yet: tier kept
-	ReasonInherited  = "inherited"   // taken from sync.tier at assignment
+	ReasonSession    = domain.SyncReasonSession
+	ReasonRecentMail = domain.SyncReasonRecentMail
+	ReasonHotBudget  = domain.SyncReasonHotBudget
+	ReasonInactive   = domain.SyncReasonInactive
+	ReasonDefault    = domain.SyncReasonDefault
+	ReasonUnknown    = domain.SyncReasonUnknown
+	ReasonInherited  = domain.SyncReasonInherited
 )
 
-// TierPolicy holds the tier rules' windows and the hot budget.
-type TierPolicy struct {
-	SessionGrace time.Duration
-	HotActivity  time.Duration
-	ColdAfter    time.Duration
-	UnknownGrace time.Duration
-	// HotBudget caps hot mailboxes; 0 or less means no cap.
-	HotBudget int
-}
+// TierPolicy, TierInput and TierDecision are the tier rules' inputs and
+// outputs (see domain.EvaluateSyncTiers).
+type (
+	TierPolicy   = domain.SyncTierPolicy
+	TierInput    = domain.SyncTierInput
+	TierDecision = domain.SyncTierDecision
+)
 
-// TierInput is what the tier of one mailbox is decided from.
-type TierInput struct {
-	// Current is the mailbox's tier now.
-	Current Tier
-	// SessionAt is the user's latest activity (zero: none known).
-	SessionAt time.Time
-	// MailKnown says the runner reported the newest mail; NewestMail is
-	// its internal date (zero with MailKnown: the mailbox has no mail).
-	MailKnown  bool
-	NewestMail time.Time
-	// TrackedSince is when this worker started tracking the mailbox (its
-	// partition was assigned, or the mailbox added).
-	TrackedSince time.Time
-	// AddedAt is when the mailbox was registered.
-	AddedAt time.Time
-}
-
-// TierDecision is the tier a mailbox should have, and why.
-type TierDecision struct {
-	Tier   Tier
-	Reason string
-}
-
-// EvaluateTiers decides the tier of each mailbox a worker owns; out[i] is
-// the decision for in[i]. It is pure: same inputs, same decisions.
-//
-//   - In session (user active within SessionGrace): hot.
-//   - Newest mail within HotActivity: hot.
-//   - Newest mail not reported yet, for less than UnknownGrace since the
-//     worker began tracking the mailbox: the current tier is kept (a new
-//     owner keeps the tier it inherited until its runner knows better).
-//   - Latest of newest mail, session and registration older than
-//     ColdAfter: cold. Otherwise warm.
-//   - Above HotBudget, hot mailboxes without a session are demoted to
-//     warm, least recently active first (unknown activity counts as
-//     oldest); mailboxes in session are never demoted.
+// EvaluateTiers is domain.EvaluateSyncTiers.
 func EvaluateTiers(now time.Time, p TierPolicy, in []TierInput) []TierDecision {
-	out := make([]TierDecision, len(in))
-	type candidate struct {
-		i        int
-		activity time.Time
-	}
-	var demotable []candidate
-	hot := 0
-	for i, x := range in {
-		session := !x.SessionAt.IsZero() && now.Sub(x.SessionAt) <= p.SessionGrace
-		recent := x.MailKnown && !x.NewestMail.IsZero() && now.Sub(x.NewestMail) <= p.HotActivity
-		var d TierDecision
-		switch {
-		case session:
-			d = TierDecision{TierHot, ReasonSession}
-		case recent:
-			d = TierDecision{TierHot, ReasonRecentMail}
-		case !x.MailKnown && now.Sub(x.TrackedSince) < p.UnknownGrace && x.Current.Valid():
-			d = TierDecision{x.Current, ReasonUnknown}
-		default:
-			last := x.AddedAt
-			if x.MailKnown && x.NewestMail.After(last) {
-				last = x.NewestMail
-			}
-			if x.SessionAt.After(last) {
-				last = x.SessionAt
-			}
-			if now.Sub(last) > p.ColdAfter {
-				d = TierDecision{TierCold, ReasonInactive}
-			} else {
-				d = TierDecision{TierWarm, ReasonDefault}
-			}
-		}
-		out[i] = d
-		if d.Tier == TierHot {
-			hot++
-			if !session {
-				var act time.Time
-				if x.MailKnown {
-					act = x.NewestMail
-				}
-				demotable = append(demotable, candidate{i, act})
-			}
-		}
-	}
-	if p.HotBudget > 0 && hot > p.HotBudget {
-		slices.SortStableFunc(demotable, func(a, b candidate) int {
-			if c := a.activity.Compare(b.activity); c != 0 {
-				return c
-			}
-			return cmp.Compare(a.i, b.i)
-		})
-		for _, c := range demotable[:min(hot-p.HotBudget, len(demotable))] {
-			out[c.i] = TierDecision{TierWarm, ReasonHotBudget}
-		}
-	}
-	return out
+	return domain.EvaluateSyncTiers(now, p, in)
 }
 
 // tierBox holds one mailbox's current tier; a runner reads it and waits for
