@@ -72,8 +72,7 @@ func (e *env) startScorer(m *health.Metrics) {
 		e.t.Fatal(err)
 	}
 	p, err := projections.New(kafka.Config{Brokers: e.brokers}, e.pool, s,
-		// 6 s: the smallest session a real broker accepts by default.
-		projections.WithGroup(kafka.GroupConfig{SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond}),
+		projections.WithGroup(kafka.GroupConfig{SessionTimeout: kafkatest.SessionTimeout(2 * time.Second), HeartbeatInterval: 200 * time.Millisecond}),
 		projections.WithCommitted(m.Committed), projections.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		e.t.Fatal(err)

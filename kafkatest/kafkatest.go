@@ -4,14 +4,15 @@
 // Topic names are fixed by the catalog, so tests cannot share a real broker
 // concurrently: with MAILPLANE_TEST_BROKERS set, tests holding a broker run
 // one at a time within a test binary (a process-wide lock), every mailplane
-// topic is deleted before each test, and `go test` must run with -p 1
-// (make test-broker does). Tests that need kfake's fault hooks use Fake.
-//
-// Known limit: a test that holds the broker and then waits on parallel
-// subtests can deadlock against other tests waiting for the lock in the
-// parallel slots (seen in api); a test asking for a second broker while
-// it or its parent holds one fails at once. Per-test topic namespaces in
-// the catalog are the fix.
+// topic is deleted before each test, and `go test` must run with -p 1 and a
+// -parallel well above the number of parallel tests of a package (make
+// test-broker passes 64): tests waiting for the lock occupy parallel slots,
+// and a holder's own parallel subtests need free ones. A test asking for a
+// second broker while it or its parent holds one fails at once. Group
+// sessions shorter than a real broker's minimum (6 s by default, in Kafka,
+// Redpanda and kfake) are refused: tests take theirs from SessionTimeout.
+// Tests that need kfake's fault hooks (black-holing a member, compaction on
+// demand) use Fake whatever the environment.
 package kafkatest
 
 import (
@@ -38,6 +39,22 @@ var (
 	holderMu sync.Mutex
 	holder   string // name of the test holding realMu
 )
+
+// Real reports whether tests run against the broker in MAILPLANE_TEST_BROKERS.
+func Real() bool { return os.Getenv(EnvBrokers) != "" }
+
+// MinRealSession is the shortest group session a real broker accepts by
+// default (group.min.session.timeout.ms).
+const MinRealSession = 6 * time.Second
+
+// SessionTimeout returns d for kfake (whose minimum Fake lowers to 100 ms)
+// and at least MinRealSession against a real broker.
+func SessionTimeout(d time.Duration) time.Duration {
+	if Real() {
+		return max(d, MinRealSession)
+	}
+	return d
+}
 
 // Brokers returns bootstrap brokers for t with the topic catalog applied
 // (statePartitions partitions for the state topics).

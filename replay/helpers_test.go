@@ -117,7 +117,7 @@ func runUntil(t testing.TB, what string, fn func(context.Context) error) (stop f
 func (e *env) engine(opts ...placement.Option) (stop func()) {
 	e.t.Helper()
 	base := []placement.Option{
-		placement.WithSessionTimeout(time.Second), placement.WithHeartbeatInterval(100 * time.Millisecond),
+		placement.WithSessionTimeout(kafkatest.SessionTimeout(time.Second)), placement.WithHeartbeatInterval(100 * time.Millisecond),
 		placement.WithClock(e.clock.Now), placement.WithTickInterval(20 * time.Millisecond),
 		placement.WithPlacementConfig(placementConfig), placement.WithLogger(testLogger(e.t)),
 	}

@@ -54,8 +54,7 @@ func TestHealthLoop(t *testing.T) {
 	}
 	sc := mailsync.DefaultConfig()
 	sc.WorkerID = "loop-sync"
-	// 6 s: the smallest session a real broker accepts by default.
-	sc.SessionTimeout, sc.HeartbeatInterval = 6*time.Second, 500*time.Millisecond
+	sc.SessionTimeout, sc.HeartbeatInterval = kafkatest.SessionTimeout(time.Second), 200*time.Millisecond
 	sc.PollWarm = 300 * time.Millisecond
 	rc := &roleConfig{
 		log:     slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
