@@ -82,7 +82,7 @@ func (e *env) startScorer(m *health.Metrics) {
 
 func (e *env) startRelay() {
 	e.t.Helper()
-	run(e.t, outbox.NewRelay(e.pool, e.prod, outbox.WithPollInterval(50*time.Millisecond)).Run)
+	run(e.t, outbox.NewRelay(e.pool, kafka.Config{Brokers: e.brokers}, outbox.WithPollInterval(50*time.Millisecond)).Run)
 }
 
 func observation(mailbox string, i int, junk bool, at time.Time) domain.Event {

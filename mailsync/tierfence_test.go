@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/mailplane/mailplane/kafka"
 	"github.com/mailplane/mailplane/mailsync"
 	"github.com/mailplane/mailplane/outbox"
 	"github.com/mailplane/mailplane/topics"
@@ -20,17 +19,13 @@ import (
 // startRelay runs an outbox relay on the test's schema until the test ends.
 func (e *env) startRelay() {
 	e.t.Helper()
-	cl, err := kafka.NewProducer(e.kcfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = outbox.NewRelay(e.db.Pool, cl, outbox.WithPollInterval(50*time.Millisecond)).Run(ctx)
+		_ = outbox.NewRelay(e.db.Pool, e.kcfg, outbox.WithPollInterval(50*time.Millisecond)).Run(ctx)
 	}()
-	e.t.Cleanup(func() { cancel(); <-done; cl.Close() })
+	e.t.Cleanup(func() { cancel(); <-done })
 }
 
 // tierRecords decodes the records of sync.tier, in log order (the tests

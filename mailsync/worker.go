@@ -253,7 +253,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.cfg.NoOutboxRelay {
 		close(relayDone)
 	} else {
-		relay := outbox.NewRelay(w.pool, out, outbox.WithLogger(w.log.With("component", "outbox-relay")),
+		rcfg := kafka.Config{Brokers: w.kcfg.Brokers, ClientID: w.kcfg.ClientID + "-outbox", Registerer: w.kcfg.Registerer}
+		relay := outbox.NewRelay(w.pool, rcfg, outbox.WithLogger(w.log.With("component", "outbox-relay")),
 			outbox.WithRegisterer(lenientRegisterer{w.cfg.Registerer}))
 		go func() { defer close(relayDone); _ = relay.Run(relayCtx) }()
 	}

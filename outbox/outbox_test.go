@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,15 +37,11 @@ func setup(t *testing.T) (*pgxpool.Pool, []string) {
 
 func startRelay(t *testing.T, ctx context.Context, pool *pgxpool.Pool, brokers []string, opts ...outbox.Option) (stop func()) {
 	t.Helper()
-	cl, err := kafka.NewProducer(kafka.Config{Brokers: brokers})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = outbox.NewRelay(pool, cl, append([]outbox.Option{outbox.WithPollInterval(50 * time.Millisecond)}, opts...)...).Run(ctx)
+		_ = outbox.NewRelay(pool, kafka.Config{Brokers: brokers}, append([]outbox.Option{outbox.WithPollInterval(50 * time.Millisecond)}, opts...)...).Run(ctx)
 	}()
 	var once bool
 	stop = func() {
@@ -53,7 +51,6 @@ func startRelay(t *testing.T, ctx context.Context, pool *pgxpool.Pool, brokers [
 		once = true
 		cancel()
 		<-done
-		cl.Close()
 	}
 	t.Cleanup(stop)
 	return stop
@@ -81,7 +78,7 @@ func add(t *testing.T, pool *pgxpool.Pool, commit bool, recs ...*kgo.Record) {
 func consume(t *testing.T, brokers []string, n int) []*kgo.Record {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,5 +209,41 @@ func TestAddRejectsRecordWithoutTopic(t *testing.T) {
 	})
 	if err == nil {
 		t.Fatal("a record without a topic was accepted")
+	}
+}
+
+// A publisher that stops between reading a batch and producing it loses
+// its lease; a standby takes over and publishes; when the stopped one
+// resumes, its late transaction is fenced: read_committed consumers see
+// each record once, in order.
+func TestRelayZombieFenced(t *testing.T) {
+	t.Parallel()
+	pool, brokers := setup(t)
+	paused, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	startRelay(t, context.Background(), pool, brokers, outbox.WithLease(time.Second), outbox.WithOperationTimeout(300*time.Millisecond),
+		outbox.WithBeforeProduce(func() {
+			once.Do(func() {
+				close(paused)
+				<-resume // stopped: no statement, no heartbeat
+			})
+		}))
+	add(t, pool, true, &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte("1")})
+	<-paused
+	// The standby takes over once the lease ran out, publishes 1, then 2.
+	startRelay(t, context.Background(), pool, brokers)
+	add(t, pool, true, &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte("2")})
+	got := consume(t, brokers, 2)
+	waitEmpty(t, pool)
+	close(resume) // the zombie produces 1 again, late
+	// Then something new, to read past whatever the zombie wrote.
+	add(t, pool, true, &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte("3")})
+	got = consume(t, brokers, 3)
+	var vals []string
+	for _, r := range got {
+		vals = append(vals, string(r.Value))
+	}
+	if strings.Join(vals, ",") != "1,2,3" {
+		t.Fatalf("read_committed saw %v, want 1,2,3", vals)
 	}
 }

@@ -11,23 +11,40 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/kafka"
 )
 
 // lockSQL takes the advisory lock that elects the publishing relay. Advisory
 // locks are database-wide, so the key names the schema: the outbox of each
 // schema (a replay's, a test's) has its own relay.
-const lockSQL = `SELECT pg_try_advisory_lock(hashtext('mailplane_outbox:' || current_schema())::bigint)`
+const lockSQL = `SELECT pg_try_advisory_lock(hashtext('mailplane_outbox:' || current_schema())::bigint),
+       current_database() || '.' || current_schema()`
 
 // Relay publishes the outbox. Run it in every process that writes to the
 // outbox; one publishes, the others wait to take over.
+//
+// The publisher holds a session advisory lock on a connection whose
+// idle_session_timeout is the lease: a publisher that stops (SIGSTOP, a
+// hung process) loses its connection, and so the lock, after the lease,
+// and a standby takes over. It produces each batch in a Kafka transaction
+// under one transactional id per outbox (database and schema), so a
+// publisher that resumes after it was replaced is fenced by the broker: a
+// batch it produces late is aborted, never seen by read_committed
+// consumers, and per-key order holds.
 type Relay struct {
 	pool  *pgxpool.Pool
-	cl    *kgo.Client
+	kcfg  kafka.Config
 	log   *slog.Logger
 	batch int
 	poll  time.Duration
 	op    time.Duration
+	lease time.Duration
 	m     *metrics
+
+	// beforeProduce, when set, runs between reading a batch and producing
+	// it (tests pause a publisher there).
+	beforeProduce func()
 }
 
 // Option configures a Relay.
@@ -52,14 +69,19 @@ func WithPollInterval(d time.Duration) Option {
 	return func(r *Relay) { r.poll = max(time.Millisecond, d) }
 }
 
-// WithOperationTimeout bounds each database round trip and each produce
-// (default 30 s).
+// WithOperationTimeout bounds each database round trip and each Kafka
+// transaction (default 10 s).
 func WithOperationTimeout(d time.Duration) Option { return func(r *Relay) { r.op = d } }
 
-// NewRelay returns a relay that reads pool's outbox and produces with cl (an
-// idempotent, acks=all producer: kafka.NewProducer).
-func NewRelay(pool *pgxpool.Pool, cl *kgo.Client, opts ...Option) *Relay {
-	r := &Relay{pool: pool, cl: cl, batch: 1000, poll: time.Second, op: 30 * time.Second}
+// WithLease sets how long a publisher that stopped keeps the lock (its
+// connection's idle_session_timeout; default 15 s). It must exceed the
+// poll interval and the operation timeout.
+func WithLease(d time.Duration) Option { return func(r *Relay) { r.lease = d } }
+
+// NewRelay returns a relay that reads pool's outbox and produces to the
+// brokers of kcfg.
+func NewRelay(pool *pgxpool.Pool, kcfg kafka.Config, opts ...Option) *Relay {
+	r := &Relay{pool: pool, kcfg: kcfg, batch: 1000, poll: time.Second, op: 10 * time.Second, lease: 15 * time.Second}
 	for _, o := range opts {
 		o(r)
 	}
@@ -69,6 +91,7 @@ func NewRelay(pool *pgxpool.Pool, cl *kgo.Client, opts ...Option) *Relay {
 	if r.m == nil {
 		r.m = newMetrics(nil)
 	}
+	r.lease = max(r.lease, 2*r.poll, r.op+r.poll)
 	return r
 }
 
@@ -111,9 +134,17 @@ func (r *Relay) session(ctx context.Context) error {
 	// to the pool holding the lock.
 	pc := conn.Hijack()
 	defer pc.Close(context.Background())
-	var got bool
+	var (
+		got  bool
+		name string
+	)
 	if err := r.round(ctx, func(ctx context.Context) error {
-		return pc.QueryRow(ctx, lockSQL).Scan(&got)
+		// The lease: a publisher that stops sending anything loses its
+		// session, and the lock with it.
+		if _, err := pc.Exec(ctx, fmt.Sprintf("SET idle_session_timeout = %d", r.lease.Milliseconds())); err != nil {
+			return err
+		}
+		return pc.QueryRow(ctx, lockSQL).Scan(&got, &name)
 	}); err != nil {
 		return fmt.Errorf("lock: %w", err)
 	}
@@ -123,7 +154,23 @@ func (r *Relay) session(ctx context.Context) error {
 	}
 	r.m.active.Set(1)
 	defer r.m.active.Set(0)
-	r.log.Info("outbox relay publishing")
+	// One transactional id per outbox: the id of a new publisher fences
+	// the transactions of the one it replaced.
+	cl, err := kafka.NewProducer(r.kcfg, kgo.TransactionalID("mailplane-outbox-"+name),
+		kgo.TransactionTimeout(r.op+r.lease))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	// Take the producer epoch now, before reading anything: from here on a
+	// publisher that took over later fences this one, whatever it read.
+	if err := r.round(ctx, func(ctx context.Context) error {
+		_, _, err := cl.ProducerID(ctx)
+		return err
+	}); err != nil {
+		return fmt.Errorf("init producer id: %w", err)
+	}
+	r.log.Info("outbox relay publishing", "transactional_id", "mailplane-outbox-"+name)
 	if err := r.round(ctx, func(ctx context.Context) error {
 		_, err := pc.Exec(ctx, `LISTEN `+Channel)
 		return err
@@ -131,7 +178,7 @@ func (r *Relay) session(ctx context.Context) error {
 		return fmt.Errorf("listen: %w", err)
 	}
 	for {
-		n, err := r.publish(ctx, pc)
+		n, err := r.publish(ctx, pc, cl)
 		if err != nil {
 			return err
 		}
@@ -160,8 +207,9 @@ func (r *Relay) round(ctx context.Context, f func(context.Context) error) error 
 
 const readSQL = `SELECT seq, topic, key, value, headers, created_at FROM event_outbox ORDER BY seq LIMIT $1`
 
-// publish produces one batch and deletes it; it returns the batch size.
-func (r *Relay) publish(ctx context.Context, pc *pgx.Conn) (int, error) {
+// publish produces one batch in a transaction and deletes it; it returns
+// the batch size.
+func (r *Relay) publish(ctx context.Context, pc *pgx.Conn, cl *kgo.Client) (int, error) {
 	var (
 		seqs   []int64
 		recs   []*kgo.Record
@@ -201,8 +249,22 @@ func (r *Relay) publish(ctx context.Context, pc *pgx.Conn) (int, error) {
 		return 0, nil
 	}
 	r.m.lag.Set(time.Since(oldest).Seconds())
+	if r.beforeProduce != nil {
+		r.beforeProduce()
+	}
 	if err := r.round(ctx, func(ctx context.Context) error {
-		return r.cl.ProduceSync(ctx, recs...).FirstErr()
+		if err := cl.BeginTransaction(); err != nil {
+			return err
+		}
+		perr := cl.ProduceSync(ctx, recs...).FirstErr()
+		commit := kgo.TryCommit
+		if perr != nil {
+			commit = kgo.TryAbort
+		}
+		if err := cl.EndTransaction(ctx, commit); err != nil {
+			return err
+		}
+		return perr
 	}); err != nil {
 		return 0, fmt.Errorf("produce: %w", err)
 	}

@@ -164,16 +164,11 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 	// stops after every other role, so what they queued while stopping
 	// (a sync worker's ownership_lost) is still published.
 	if rc.project || rc.syncWorkers > 0 {
-		okc, err := kafka.NewProducer(kcfg("outbox"))
-		if err != nil {
-			return err
-		}
-		defer okc.Close()
 		rctx, rcancel := context.WithCancel(context.WithoutCancel(ctx))
 		relayDone := make(chan struct{})
 		go func() {
 			defer close(relayDone)
-			_ = outbox.NewRelay(pool, okc, outbox.WithLogger(log.With("role", "outbox")), outbox.WithRegisterer(reg)).Run(rctx)
+			_ = outbox.NewRelay(pool, kcfg("outbox"), outbox.WithLogger(log.With("role", "outbox")), outbox.WithRegisterer(reg)).Run(rctx)
 		}()
 		defer func() {
 			rcancel()
