@@ -207,7 +207,7 @@ mailplane dev is running
   broker     %s (embedded kfake, data in %s)
   postgres   %s
   api        http://%s  (POST /v1/events, POST /v1/workers/heartbeat, GET /healthz, GET /metrics)
-  roles      placement engine, registry and placement projectors, mailbox.state processor, %d sync worker(s) (%s runner)
+  roles      placement engine, registry, placement and health projectors (health scorer), outbox relay, mailbox.state processor, %d sync worker(s) (%s runner)
   imap       %s  (in-process sample server, tls none: plain IMAP on loopback only; mail kept in memory)
   login      ada@example.com / %s  (also spammy@, grace@, alan@, edsger@, barbara@example.com, same password)
 `, broker, filepath.Join(dir, "kafka"), url, rc.httpAddr, rc.syncWorkers, rc.syncRunner, imapAddr, devfleet.DevPassword)
