@@ -233,12 +233,14 @@ func TestRelayZombieFenced(t *testing.T) {
 	// The standby takes over once the lease ran out, publishes 1, then 2.
 	startRelay(t, context.Background(), pool, brokers)
 	add(t, pool, true, &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte("2")})
-	got := consume(t, brokers, 2)
+	if got := consume(t, brokers, 2); string(got[0].Value) != "1" || string(got[1].Value) != "2" {
+		t.Fatalf("the standby published %q, %q", got[0].Value, got[1].Value)
+	}
 	waitEmpty(t, pool)
 	close(resume) // the zombie produces 1 again, late
 	// Then something new, to read past whatever the zombie wrote.
 	add(t, pool, true, &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte("3")})
-	got = consume(t, brokers, 3)
+	got := consume(t, brokers, 3)
 	var vals []string
 	for _, r := range got {
 		vals = append(vals, string(r.Value))
