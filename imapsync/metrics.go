@@ -11,6 +11,7 @@ type metrics struct {
 	resets   prometheus.Counter
 
 	lag             *prometheus.HistogramVec
+	expunged        prometheus.Counter
 	warmupObserved  *prometheus.CounterVec
 	warmupMalformed prometheus.Counter
 }
@@ -32,13 +33,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		lag: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "mailplane_imap_sync_lag_seconds",
 			Help:    "From a new message's arrival (INTERNALDATE, whole seconds) to its row being stored, by tier; incremental syncs only.",
 			Buckets: []float64{0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200}}, []string{"tier"}),
+		expunged: prometheus.NewCounter(prometheus.CounterOpts{Name: "mailplane_imap_messages_expunged_total",
+			Help: "Message rows deleted because the server no longer has the message (expunged or moved away)."}),
 		warmupObserved: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mailplane_imap_warmup_observed_total",
 			Help: "Warmup messages found for the first time and reported, by folder role (inbox, junk)."}, []string{"role"}),
 		warmupMalformed: prometheus.NewCounter(prometheus.CounterOpts{Name: "mailplane_imap_warmup_malformed_total",
 			Help: "Messages whose warmup header could not be read (ignored)."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.open, m.connects, m.failures, m.idles, m.messages, m.resets, m.lag, m.warmupObserved, m.warmupMalformed)
+		reg.MustRegister(m.open, m.connects, m.failures, m.idles, m.messages, m.resets, m.lag, m.expunged, m.warmupObserved, m.warmupMalformed)
 	}
 	return m
 }

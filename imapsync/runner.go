@@ -15,7 +15,10 @@
 // SELECT; a change deletes the folder's rows of the old UIDVALIDITY and
 // resyncs it. Flag changes come from CONDSTORE (CHANGEDSINCE the folder's
 // stored HIGHESTMODSEQ) where the server offers it, else from re-fetching
-// the flags of the last Config.FlagWindow messages.
+// the flags of the last Config.FlagWindow messages. When a folder holds
+// another number of messages than rows are stored for it, a UID SEARCH ALL
+// finds the messages gone (expunged, or moved away) and their rows are
+// deleted; a steady poll costs no extra command.
 //
 // go-imap v2 takes no context: every command runs under a deadline set on
 // the socket (Config.CommandTimeout; IdleRefresh + IdleMargin while in

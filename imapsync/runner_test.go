@@ -301,6 +301,7 @@ var cases = []struct {
 	{"untrusted certificate refused", testUntrustedTLS},
 	{"fenced write ends the run", testFenced},
 	{"warmup placement observed", testWarmupObserved},
+	{"expunged message removed", testExpunge},
 }
 
 // TestRunner runs every case against imapmemserver and Dovecot.
@@ -655,4 +656,32 @@ func TestSpecialUse(t *testing.T) {
 			t.Errorf("%s: got junk %q sent %q, want %q %q", tc.name, junk, sent, tc.junk, tc.sent)
 		}
 	}
+}
+
+// A message expunged on the server (or moved away) loses its row, in warm
+// polls and through IDLE.
+func testExpunge(t *testing.T, srv testServer) {
+	srv.deliver(t, user, "INBOX", readMsg(t, "inbox1.eml"))
+	srv.deliver(t, user, "INBOX", readMsg(t, "inbox2.eml"))
+	srv.deliver(t, user, "INBOX", readMsg(t, "new1.eml"))
+	h := setup(t, srv, mailsync.TierWarm, func(_ *imapsync.Config, j *mailsync.Job) { j.PollWarm = 300 * time.Millisecond }, "")
+	h.start()
+	h.waitRows(3, 15*time.Second)
+	srv.expunge(t, user, "INBOX", 2)
+	waitFor(t, 10*time.Second, "the expunged message's row gone", func() (bool, string) {
+		rs := h.rows()
+		for _, r := range rs {
+			if r.uid == 2 {
+				return false, fmt.Sprint(len(rs), " rows, uid 2 among them")
+			}
+		}
+		return len(rs) == 2, fmt.Sprint(len(rs), " rows")
+	})
+	h.setTier(mailsync.TierHot)
+	time.Sleep(500 * time.Millisecond) // into IDLE
+	srv.expunge(t, user, "INBOX", 3)
+	waitFor(t, 10*time.Second, "the row of a message expunged during IDLE gone", func() (bool, string) {
+		rs := h.rows()
+		return len(rs) == 1 && rs[0].uid == 1, fmt.Sprintf("%+v", rs)
+	})
 }

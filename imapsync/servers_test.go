@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -46,6 +47,8 @@ type testServer interface {
 	// hangUp closes user's connections from the server side (p carries
 	// them, for servers that cannot).
 	hangUp(t *testing.T, user string, p *proxy)
+	// expunge removes the message with uid from folder.
+	expunge(t *testing.T, user, folder string, uid uint32)
 }
 
 func readMsg(t *testing.T, name string) []byte {
@@ -84,6 +87,9 @@ func (d *dovecotServer) newUIDValidity(t *testing.T, user, folder string) uint32
 	return v
 }
 func (d *dovecotServer) hangUp(t *testing.T, user string, _ *proxy) { d.s.Kick(t, user) }
+func (d *dovecotServer) expunge(t *testing.T, user, folder string, uid uint32) {
+	d.s.Doveadm(t, "expunge", "-u", user, "mailbox", folder, "uid", strconv.FormatUint(uint64(uid), 10))
+}
 
 // ---- go-imap's imapmemserver ----
 
@@ -302,6 +308,23 @@ func (m *memServer) newUIDValidity(t *testing.T, user, folder string) uint32 {
 }
 
 func (m *memServer) hangUp(t *testing.T, _ string, p *proxy) { p.CloseAll() }
+
+func (m *memServer) expunge(t *testing.T, user, folder string, uid uint32) {
+	t.Helper()
+	c := m.client(t, user)
+	defer c.Close()
+	if _, err := c.Select(folder, nil).Wait(); err != nil {
+		t.Fatal(err)
+	}
+	var set imap.UIDSet
+	set.AddNum(imap.UID(uid))
+	if err := c.Store(set, &imap.StoreFlags{Op: imap.StoreFlagsAdd, Silent: true, Flags: []imap.Flag{imap.FlagDeleted}}, nil).Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.UIDExpunge(set).Close(); err != nil {
+		t.Fatal(err)
+	}
+}
 
 func (m *memServer) String() string { return fmt.Sprintf("imapmemserver at %s", m.addr()) }
 

@@ -15,7 +15,9 @@ import (
 // All writes go through the job's fenced Writer: each runs in a transaction
 // that first checks the partition's epoch.
 
-const loadSQL = `SELECT folder, role, uidvalidity, last_uid, highest_modseq FROM imap_folder_cursors WHERE mailbox_id = $1`
+const loadSQL = `SELECT c.folder, c.role, c.uidvalidity, c.last_uid, c.highest_modseq,
+       (SELECT count(*) FROM imap_messages m WHERE m.mailbox_id = c.mailbox_id AND m.folder = c.folder AND m.uidvalidity = c.uidvalidity)
+FROM imap_folder_cursors c WHERE c.mailbox_id = $1`
 
 const loadStatusSQL = `SELECT
     (SELECT max(internal_date) FROM imap_messages WHERE mailbox_id = $1),
@@ -41,11 +43,11 @@ func (m *mailboxRun) loadCursors(ctx context.Context) error {
 			return err
 		}
 		var (
-			c          cursor
-			uv, lu, ms int64
+			c                 cursor
+			uv, lu, ms, count int64
 		)
-		_, err = pgx.ForEachRow(rows, []any{&c.folder, &c.role, &uv, &lu, &ms}, func() error {
-			c.uidValidity, c.lastUID, c.modseq = uint32(uv), uint32(lu), uint64(ms)
+		_, err = pgx.ForEachRow(rows, []any{&c.folder, &c.role, &uv, &lu, &ms, &count}, func() error {
+			c.uidValidity, c.lastUID, c.modseq, c.stored = uint32(uv), uint32(lu), uint64(ms), int(count)
 			cursors[c.folder] = c
 			return nil
 		})
@@ -116,8 +118,9 @@ func (m *mailboxRun) resetFolder(ctx context.Context, c cursor) error {
 	return nil
 }
 
-// upsertSQL writes a batch in one statement (arrays unnested).
-const upsertSQL = `INSERT INTO imap_messages AS m
+// upsertSQL writes a batch in one statement (arrays unnested) and returns
+// how many rows are new.
+const upsertSQL = `WITH up AS (INSERT INTO imap_messages AS m
     (mailbox_id, folder, role, uidvalidity, uid, internal_date, message_id, from_addr, subject, size, flags, modseq, epoch, synced_at)
 SELECT $1, $2, $3, $4, u.uid, u.idate, NULLIF(u.mid, ''), NULLIF(u.frm, ''), u.subj, u.size,
        string_to_array(u.flags, ' '), u.modseq, $5, clock_timestamp()
@@ -126,10 +129,13 @@ FROM unnest($6::bigint[], $7::timestamptz[], $8::text[], $9::text[], $10::text[]
 ON CONFLICT (mailbox_id, folder, uidvalidity, uid) DO UPDATE SET
     role = EXCLUDED.role, internal_date = EXCLUDED.internal_date, message_id = EXCLUDED.message_id,
     from_addr = EXCLUDED.from_addr, subject = EXCLUDED.subject, size = EXCLUDED.size,
-    flags = EXCLUDED.flags, modseq = EXCLUDED.modseq, epoch = EXCLUDED.epoch, synced_at = EXCLUDED.synced_at`
+    flags = EXCLUDED.flags, modseq = EXCLUDED.modseq, epoch = EXCLUDED.epoch, synced_at = EXCLUDED.synced_at
+RETURNING (xmax = 0) AS inserted)
+SELECT count(*) FILTER (WHERE inserted) FROM up`
 
 // writeMessages upserts a batch and moves the cursor, in one transaction.
-func (m *mailboxRun) writeMessages(ctx context.Context, c cursor, batch []message) error {
+func (m *mailboxRun) writeMessages(ctx context.Context, cp *cursor, batch []message) error {
+	c := *cp
 	n := len(batch)
 	uids, sizes, modseqs := make([]int64, n), make([]int64, n), make([]int64, n)
 	dates := make([]time.Time, n)
@@ -143,10 +149,13 @@ func (m *mailboxRun) writeMessages(ctx context.Context, c cursor, batch []messag
 			newest = b.internalDate
 		}
 	}
-	var observed int
+	var (
+		observed int
+		inserted int64
+	)
 	err := m.job.Writer.Write(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, upsertSQL, m.job.Mailbox.MailboxID, c.folder, c.role, int64(c.uidValidity), m.job.Epoch,
-			uids, dates, mids, froms, subjs, sizes, flags, modseqs); err != nil {
+		if err := tx.QueryRow(ctx, upsertSQL, m.job.Mailbox.MailboxID, c.folder, c.role, int64(c.uidValidity), m.job.Epoch,
+			uids, dates, mids, froms, subjs, sizes, flags, modseqs).Scan(&inserted); err != nil {
 			return err
 		}
 		var err error
@@ -158,6 +167,8 @@ func (m *mailboxRun) writeMessages(ctx context.Context, c cursor, batch []messag
 	if err != nil {
 		return wrapf("imapsync: write "+c.folder, err)
 	}
+	c.stored += int(inserted)
+	*cp = c
 	m.setCursor(c)
 	m.r.metrics.messages.WithLabelValues(c.role).Add(float64(n))
 	m.r.metrics.warmupObserved.WithLabelValues(c.role).Add(float64(observed))
@@ -284,5 +295,28 @@ func (m *mailboxRun) authSucceeded(ctx context.Context) error {
 	m.mu.Lock()
 	m.authFailing, m.disableSent = false, false
 	m.mu.Unlock()
+	return nil
+}
+
+// deleteMissing deletes the folder's rows whose UID is at or below the
+// cursor and not in present, and records the count left.
+func (m *mailboxRun) deleteMissing(ctx context.Context, c cursor, present []int64) error {
+	var deleted int64
+	err := m.job.Writer.Write(ctx, func(ctx context.Context, tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `DELETE FROM imap_messages WHERE mailbox_id = $1 AND folder = $2 AND uidvalidity = $3
+            AND uid <= $4 AND uid <> ALL($5::bigint[])`,
+			m.job.Mailbox.MailboxID, c.folder, int64(c.uidValidity), int64(c.lastUID), present)
+		deleted = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return wrapf("imapsync: expunge "+c.folder, err)
+	}
+	if deleted > 0 {
+		m.r.metrics.expunged.Add(float64(deleted))
+	}
+	// The rows left: those the server still has, at or below the cursor.
+	c.stored = len(present)
+	m.setCursor(c)
 	return nil
 }

@@ -31,6 +31,10 @@ type cursor struct {
 	uidValidity uint32
 	lastUID     uint32
 	modseq      uint64
+	// stored is how many rows the folder has under uidValidity (kept in
+	// memory, loaded with the cursor); a server holding another count
+	// had messages expunged (or moved away).
+	stored int
 }
 
 // flagUpdate is a changed flag set.
@@ -93,7 +97,36 @@ func (m *mailboxRun) syncFolder(ctx context.Context, c *conn, f folder) error {
 		}
 		cur.modseq = 0
 	}
-	return m.writeFlags(ctx, cur, updates)
+	if err := m.writeFlags(ctx, cur, updates); err != nil {
+		return err
+	}
+	if cur.stored != int(sel.NumMessages) {
+		return m.reconcile(ctx, c, f, cur)
+	}
+	return nil
+}
+
+// reconcile deletes the rows of messages no longer in the folder (expunged,
+// or moved away), found by a UID SEARCH ALL. It runs only when the folder's
+// message count differs from the rows stored.
+func (m *mailboxRun) reconcile(ctx context.Context, c *conn, f folder, cur cursor) error {
+	c.arm()
+	data, err := c.c.UIDSearch(&imap.SearchCriteria{}, nil).Wait()
+	if err != nil {
+		return classify("search "+f.name, err, ctx)
+	}
+	if _, ok := data.All.(imap.UIDSet); data.All != nil && !ok {
+		// Not an answer in UIDs: never delete on it.
+		return &Error{Kind: KindProtocol, Op: "search " + f.name, Reason: "UID SEARCH answered without UIDs"}
+	}
+	present := data.AllUIDs()
+	uids := make([]int64, 0, len(present))
+	for _, u := range present {
+		if uint32(u) <= cur.lastUID {
+			uids = append(uids, int64(u))
+		}
+	}
+	return m.deleteMissing(ctx, cur, uids)
 }
 
 func uidRange(from, to uint32) imap.UIDSet {
@@ -123,7 +156,7 @@ func (m *mailboxRun) fetchNew(ctx context.Context, c *conn, f folder, cur *curso
 		if len(batch) == 0 {
 			return nil
 		}
-		err := m.writeMessages(ctx, *cur, batch)
+		err := m.writeMessages(ctx, cur, batch)
 		if err == nil && incremental {
 			now := m.r.cfg.Now()
 			lag := m.r.metrics.lag.WithLabelValues(string(m.currentTier()))
