@@ -169,6 +169,15 @@ func (m *mailboxRun) login(ctx context.Context, c *conn) error {
 		return err
 	}
 	defer sec.wipe()
+	if sec.refresh != nil {
+		if err := m.loginOAuth(ctx, c, string(sec.refresh)); err != nil {
+			return err
+		}
+		if _, err := m.caps(c); err != nil {
+			return classify("capability", err, ctx)
+		}
+		return nil
+	}
 	c.arm()
 	err = c.c.Login(m.job.Mailbox.IMAP.Username, sec.password()).Wait()
 	if err != nil {

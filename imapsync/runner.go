@@ -37,6 +37,7 @@ import (
 	"math/rand/v2"
 	"mime"
 	"net"
+	"net/http"
 	"sync"
 	"time"
 	"unsafe"
@@ -91,6 +92,11 @@ type Config struct {
 	// FlagWindow is how many of a folder's newest messages get their flags
 	// re-fetched on servers without CONDSTORE (default 500).
 	FlagWindow int
+	// OAuth holds the OAuth clients of the providers whose mailboxes log
+	// in with a refresh token (gmail, outlook).
+	OAuth map[domain.Provider]OAuthClient
+	// HTTP is the client for token endpoints (default: 30 s timeout).
+	HTTP *http.Client
 	// WarmupHeader names the header that marks warmup messages (default
 	// DefaultWarmupHeader). Where each lands (INBOX or Junk) is reported
 	// once per message as a warmup_observed through the outbox.
@@ -120,6 +126,7 @@ func DefaultConfig() Config {
 // it is safe for concurrent Runs.
 type Runner struct {
 	cfg     Config
+	http    *http.Client
 	rep     Reporter
 	log     *slog.Logger
 	metrics *metrics
@@ -161,7 +168,10 @@ func New(cfg Config) (*Runner, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	r := &Runner{cfg: cfg, rep: cfg.Reporter, log: cfg.Logger, metrics: newMetrics(cfg.Registerer)}
+	r := &Runner{cfg: cfg, http: cfg.HTTP, rep: cfg.Reporter, log: cfg.Logger, metrics: newMetrics(cfg.Registerer)}
+	if r.http == nil {
+		r.http = &http.Client{Timeout: cfg.CommandTimeout}
+	}
 	if r.rep == nil {
 		r.rep = nopReporter{}
 	}
@@ -182,6 +192,7 @@ func setDefault(p *time.Duration, d time.Duration) {
 // was fenced (an error wrapping mailsync.ErrFenced).
 func (r *Runner) Run(ctx context.Context, job *mailsync.Job) error {
 	m := &mailboxRun{r: r, job: job, log: r.log.With("mailbox", job.Mailbox.MailboxID)}
+	defer m.forgetToken()
 	return m.run(ctx)
 }
 
@@ -200,6 +211,7 @@ type mailboxRun struct {
 	lastSpecial time.Time // last complete poll of the special-use folders
 	disableSent bool
 	authFailing bool
+	access      *accessToken // OAuth mailboxes: the current access token
 }
 
 func (m *mailboxRun) run(ctx context.Context) error {
@@ -422,6 +434,11 @@ func (m *mailboxRun) connect(ctx context.Context) (*conn, error) {
 	if err := m.loadCursors(ctx); err != nil {
 		return nil, err
 	}
+	// An OAuth mailbox gets its access token before it connects: a revoked
+	// grant costs no connection to the server.
+	if err := m.ensureToken(ctx); err != nil {
+		return nil, err
+	}
 	c, err := m.dial(ctx)
 	if err != nil {
 		return nil, err
@@ -507,8 +524,9 @@ func (m *mailboxRun) backoff(n int, ceiling time.Duration) time.Duration {
 
 // secret holds unsealed credentials in a buffer that wipe zeroes.
 type secret struct {
-	buf []byte
-	pw  []byte // a window of buf, or a decoded copy
+	buf     []byte
+	pw      []byte // a window of buf, or a decoded copy
+	refresh []byte // an OAuth refresh token (no password)
 }
 
 func (s *secret) password() string {
@@ -523,6 +541,7 @@ func (s *secret) password() string {
 func (s *secret) wipe() {
 	clear(s.buf)
 	clear(s.pw)
+	clear(s.refresh)
 }
 
 // unseal opens the mailbox's credentials; the caller wipes them.
@@ -537,6 +556,7 @@ func (r *Runner) unseal(mb mailboxstate.Mailbox) (*secret, error) {
 	s := &secret{buf: plain}
 	var raw struct {
 		Password json.RawMessage `json:"password"`
+		Refresh  json.RawMessage `json:"oauth_refresh_token"`
 	}
 	if err := json.Unmarshal(plain, &raw); err != nil {
 		s.wipe()
@@ -546,9 +566,17 @@ func (r *Runner) unseal(mb mailboxstate.Mailbox) (*secret, error) {
 	q := []byte(raw.Password)
 	if len(q) < 2 || q[0] != '"' {
 		clear(q)
+		var rt string
+		if len(raw.Refresh) > 2 && raw.Refresh[0] == '"' && json.Unmarshal(raw.Refresh, &rt) == nil && rt != "" {
+			clear(raw.Refresh)
+			s.refresh = []byte(rt)
+			return s, nil
+		}
+		clear(raw.Refresh)
 		s.wipe()
-		return nil, &Error{Kind: KindCredentials, Op: "credentials", Reason: "no password (OAuth mailboxes are not supported by the IMAP runner yet)"}
+		return nil, &Error{Kind: KindCredentials, Op: "credentials", Reason: "neither a password nor an OAuth refresh token"}
 	}
+	clear(raw.Refresh)
 	inner := q[1 : len(q)-1]
 	if bytes.IndexByte(inner, '\\') < 0 {
 		// q is wiped with pw (same backing array).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -22,6 +23,7 @@ import (
 	"github.com/emersion/go-imap/v2/imapclient"
 	"github.com/emersion/go-imap/v2/imapserver"
 	"github.com/emersion/go-imap/v2/imapserver/imapmemserver"
+	"github.com/emersion/go-sasl"
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/dovecottest"
@@ -107,6 +109,7 @@ type memServer struct {
 	users   map[string]*imapmemserver.User
 	pass    map[string]string
 	folders map[string][]string // user -> folder names
+	tokens  map[string]string   // valid XOAUTH2 access token -> user
 	mem     *imapmemserver.Server
 }
 
@@ -118,7 +121,7 @@ func newMem(t *testing.T) testServer {
 		t.Fatal(err)
 	}
 	m := &memServer{cert: cert, users: map[string]*imapmemserver.User{}, pass: map[string]string{},
-		folders: map[string][]string{}, mem: imapmemserver.New()}
+		folders: map[string][]string{}, tokens: map[string]string{}, mem: imapmemserver.New()}
 	m.srv = imapserver.New(&imapserver.Options{
 		NewSession: func(*imapserver.Conn) (imapserver.Session, *imapserver.GreetingData, error) {
 			return &specialUseSession{Session: m.mem.NewSession(), m: m}, nil, nil
@@ -141,6 +144,40 @@ type specialUseSession struct {
 	imapserver.Session
 	m    *memServer
 	user string
+}
+
+// AuthenticateMechanisms offers XOAUTH2 (tokens from memServer.tokens)
+// besides PLAIN.
+func (s *specialUseSession) AuthenticateMechanisms() []string { return []string{"PLAIN", "XOAUTH2"} }
+
+func (s *specialUseSession) Authenticate(mech string) (sasl.Server, error) {
+	switch mech {
+	case "PLAIN":
+		return sasl.NewPlainServer(func(_, user, pass string) error { return s.Login(user, pass) }), nil
+	case "XOAUTH2":
+		return xoauth2Server(func(user, token string) error {
+			s.m.mu.Lock()
+			ok := s.m.tokens[token] == user
+			pass := s.m.pass[user]
+			s.m.mu.Unlock()
+			if !ok {
+				return &imap.Error{Type: imap.StatusResponseTypeNo, Code: imap.ResponseCodeAuthenticationFailed, Text: "invalid OAuth token"}
+			}
+			return s.Login(user, pass)
+		}), nil
+	}
+	return nil, &imap.Error{Type: imap.StatusResponseTypeNo, Text: "unsupported mechanism"}
+}
+
+// xoauth2Server checks "user=U\x01auth=Bearer T\x01\x01".
+type xoauth2Server func(user, token string) error
+
+func (f xoauth2Server) Next(resp []byte) ([]byte, bool, error) {
+	parts := strings.Split(strings.TrimSuffix(string(resp), "\x01\x01"), "\x01")
+	if len(parts) != 2 || !strings.HasPrefix(parts[0], "user=") || !strings.HasPrefix(parts[1], "auth=Bearer ") {
+		return nil, false, errors.New("malformed XOAUTH2 response")
+	}
+	return nil, true, f(strings.TrimPrefix(parts[0], "user="), strings.TrimPrefix(parts[1], "auth=Bearer "))
 }
 
 func (s *specialUseSession) Login(user, pass string) error {

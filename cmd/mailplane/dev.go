@@ -159,6 +159,7 @@ func runDev(ctx context.Context, args []string) error {
 		imapCAFile:       *sf.caFile,
 		imapDisableAfter: *sf.disableAfter,
 		imapWarmupHeader: *sf.warmupHeader,
+		imapOAuth:        sf.oauth(),
 		project:          true,
 		applyTops:        true,
 		log:              log,

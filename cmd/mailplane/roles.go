@@ -60,6 +60,7 @@ type roleConfig struct {
 	imapCAFile       string
 	imapDisableAfter time.Duration
 	imapWarmupHeader string
+	imapOAuth        map[domain.Provider]imapsync.OAuthClient
 
 	reg       *prometheus.Registry // set by runRoles
 	project   bool                 // run the projectors

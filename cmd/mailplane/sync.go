@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/imapsync"
 	"github.com/mailplane/mailplane/kafka"
 	"github.com/mailplane/mailplane/mailsync"
 	"github.com/mailplane/mailplane/sealing"
@@ -34,6 +36,7 @@ type syncFlags struct {
 	budget, connectRate                                           *int
 	runner, caFile, warmupHeader                                  *string
 	disableAfter                                                  *time.Duration
+	oauth                                                         func() map[domain.Provider]imapsync.OAuthClient
 }
 
 func registerSyncFlags(fs *flag.FlagSet) *syncFlags {
@@ -42,7 +45,7 @@ func registerSyncFlags(fs *flag.FlagSet) *syncFlags {
 		warm: cfgPollWarm.Duration(fs), cold: cfgPollCold.Duration(fs), grace: cfgSessionGrace.Duration(fs),
 		hotActivity: cfgHotActivity.Duration(fs), coldAfter: cfgColdAfter.Duration(fs), budget: cfgHotBudget.Int(fs), connectRate: cfgConnectRate.Int(fs),
 		runner: cfgSyncRunner.String(fs), caFile: cfgIMAPCAFile.String(fs), disableAfter: cfgIMAPDisableAfter.Duration(fs),
-		warmupHeader: cfgWarmupHeader.String(fs),
+		warmupHeader: cfgWarmupHeader.String(fs), oauth: oauthFlags(fs),
 	}
 }
 
@@ -77,7 +80,7 @@ func runSync(ctx context.Context, args []string) error {
 		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
 		httpAddr: *httpAddr, statePartitions: int32(*parts), syncWorkers: 1, syncConfig: sf.config(), stateProc: *state,
 		keyring: keyring, syncRunner: *sf.runner, imapCAFile: *sf.caFile, imapDisableAfter: *sf.disableAfter,
-		imapWarmupHeader: *sf.warmupHeader,
+		imapWarmupHeader: *sf.warmupHeader, imapOAuth: sf.oauth(),
 	}, nil)
 }
 
