@@ -55,6 +55,7 @@ type simConfig struct {
 	now       func() time.Time
 	runID     string
 	header    string
+	key       []byte
 }
 
 // WithSeed seeds the simulator's choices (default DefaultSeed): the same
@@ -88,6 +89,10 @@ func WithRunID(id string) Option { return func(c *simConfig) { c.runID = id } }
 // WithWarmupHeader sets the name of the warmup header (default
 // WarmupHeader); it must match what the sync runners recognise.
 func WithWarmupHeader(name string) Option { return func(c *simConfig) { c.header = name } }
+
+// WithWarmupKey signs the warmup headers with key (what the sync runners
+// verify when they hold it too).
+func WithWarmupKey(key []byte) Option { return func(c *simConfig) { c.key = key } }
 
 var (
 	runIDRE      = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -442,7 +447,7 @@ func (s *Simulator) nextLocked() (Delivery, []byte) {
 	subject := warmupSubjects[s.rnd.IntN(len(warmupSubjects))]
 	msg := message(fmt.Sprintf("%s <%s>", from.Name, from.Address), fmt.Sprintf("%s <%s>", to.Name, to.Address),
 		subject, "<"+token+"@devfleet.mailplane.invalid>", s.cfg.now(),
-		s.cfg.header+": mailbox="+from.ID+"; id="+token+"\r\n",
+		s.cfg.header+": "+domain.FormatWarmupHeader(from.ID, token, s.cfg.key)+"\r\n",
 		"Hi "+to.Name+",\r\n\r\nThis is warmup mail from the mailplane dev fleet.\r\n")
 	return Delivery{SenderID: from.ID, From: from.Address, To: to.Address, Folder: folder, Token: token}, msg
 }

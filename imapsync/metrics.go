@@ -10,10 +10,10 @@ type metrics struct {
 	messages *prometheus.CounterVec
 	resets   prometheus.Counter
 
-	lag             *prometheus.HistogramVec
-	expunged        prometheus.Counter
-	warmupObserved  *prometheus.CounterVec
-	warmupMalformed prometheus.Counter
+	lag            *prometheus.HistogramVec
+	expunged       prometheus.Counter
+	warmupObserved *prometheus.CounterVec
+	warmupRejected *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -37,11 +37,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Message rows deleted because the server no longer has the message (expunged or moved away)."}),
 		warmupObserved: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mailplane_imap_warmup_observed_total",
 			Help: "Warmup messages found for the first time and reported, by folder role (inbox, junk)."}, []string{"role"}),
-		warmupMalformed: prometheus.NewCounter(prometheus.CounterOpts{Name: "mailplane_imap_warmup_malformed_total",
-			Help: "Messages whose warmup header could not be read (ignored)."}),
+		warmupRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mailplane_imap_warmup_rejected_total",
+			Help: "Warmup headers ignored, by reason (malformed; with a warmup key: unsigned, forged)."}, []string{"reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.open, m.connects, m.failures, m.idles, m.messages, m.resets, m.lag, m.expunged, m.warmupObserved, m.warmupMalformed)
+		reg.MustRegister(m.open, m.connects, m.failures, m.idles, m.messages, m.resets, m.lag, m.expunged, m.warmupObserved, m.warmupRejected)
 	}
 	return m
 }

@@ -101,6 +101,9 @@ type Config struct {
 	// DefaultWarmupHeader). Where each lands (INBOX or Junk) is reported
 	// once per message as a warmup_observed through the outbox.
 	WarmupHeader string
+	// WarmupKey, when set, is the key warmup headers must be signed with
+	// (MAILPLANE_WARMUP_KEY); unsigned or forged ones are ignored.
+	WarmupKey []byte
 	// Dial opens TCP connections (default a net.Dialer with keep-alives).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Now is the clock (default time.Now).

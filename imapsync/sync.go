@@ -185,9 +185,9 @@ func (m *mailboxRun) fetchNew(ctx context.Context, c *conn, f folder, cur *curso
 		}
 		msg := toMessage(buf)
 		if warmup != nil {
-			tag, present := parseWarmup(buf.FindBodySection(warmup), m.r.cfg.WarmupHeader)
-			if present && tag == nil {
-				m.r.metrics.warmupMalformed.Inc()
+			tag, outcome := parseWarmup(buf.FindBodySection(warmup), m.r.cfg.WarmupHeader, m.r.cfg.WarmupKey)
+			if outcome != "" && tag == nil {
+				m.r.metrics.warmupRejected.WithLabelValues(outcome).Inc()
 			}
 			msg.warmup = tag
 		}

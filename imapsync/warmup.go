@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"net/textproto"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,9 +20,10 @@ import (
 
 // DefaultWarmupHeader is the header warmup messages carry:
 //
-//	X-Mailplane-Warmup: mailbox=<sending mailbox id>; id=<warmup id>
+//	X-Mailplane-Warmup: mailbox=<sending mailbox id>; id=<warmup id>[; sig=<signature>]
 //
-// The id is 1-128 of [A-Za-z0-9._-], unique per message of the sender.
+// The id is 1-128 of [A-Za-z0-9._-], unique per message of the sender; see
+// domain.FormatWarmupHeader for the signature.
 const DefaultWarmupHeader = "X-Mailplane-Warmup"
 
 // warmupTag is a recognised warmup header.
@@ -32,11 +32,13 @@ type warmupTag struct {
 	id     string
 }
 
-// parseWarmup reads the warmup header out of a fetched header section. ok
-// is false when the header is absent; err describes a malformed one.
-func parseWarmup(section []byte, header string) (tag *warmupTag, present bool) {
+// parseWarmup reads the warmup header out of a fetched header section. The
+// outcome is "" when the header is absent, else one of domain's
+// WarmupValid, WarmupMalformed, WarmupUnsigned, WarmupForged; tag is set
+// only when valid.
+func parseWarmup(section []byte, header string, key []byte) (tag *warmupTag, outcome string) {
 	if len(bytes.TrimSpace(section)) == 0 {
-		return nil, false
+		return nil, ""
 	}
 	// A header section ends with an empty line; make sure it does.
 	if !bytes.HasSuffix(section, []byte("\r\n\r\n")) && !bytes.HasSuffix(section, []byte("\n\n")) {
@@ -44,31 +46,17 @@ func parseWarmup(section []byte, header string) (tag *warmupTag, present bool) {
 	}
 	h, err := textproto.NewReader(bufio.NewReader(bytes.NewReader(section))).ReadMIMEHeader()
 	if err != nil && len(h) == 0 {
-		return nil, true
+		return nil, domain.WarmupMalformed
 	}
-	v := h.Get(header)
-	if v == "" {
-		return nil, len(h.Values(header)) > 0
+	vs := h.Values(header)
+	if len(vs) == 0 {
+		return nil, ""
 	}
-	t := &warmupTag{}
-	for _, part := range strings.Split(v, ";") {
-		k, val, ok := strings.Cut(strings.TrimSpace(part), "=")
-		if !ok {
-			continue
-		}
-		switch strings.ToLower(strings.TrimSpace(k)) {
-		case "mailbox":
-			t.sender = strings.ToLower(strings.TrimSpace(val))
-		case "id":
-			t.id = strings.TrimSpace(val)
-		}
+	sender, id, outcome := domain.ParseWarmupHeader(vs[0], key)
+	if outcome != domain.WarmupValid {
+		return nil, outcome
 	}
-	probe := domain.WarmupObserved{MailboxID: t.sender, WarmupID: t.id, Placement: domain.PlacedInbox,
-		LandedAt: time.Unix(1, 0), Source: domain.ObservedBySync}
-	if len(probe.Validate()) != 0 {
-		return nil, true
-	}
-	return t, true
+	return &warmupTag{sender: sender, id: id}, outcome
 }
 
 // seenSQL records the warmup messages not reported before and returns them.

@@ -127,11 +127,19 @@ func runDev(ctx context.Context, args []string) error {
 			log.Info("dev IMAP server stopped")
 		}
 	}()
+	// Warmup headers are signed in dev mode too: with MAILPLANE_WARMUP_KEY,
+	// else a key kept in the data dir.
+	warmupKey := []byte(*sf.warmupKey)
+	if len(warmupKey) == 0 {
+		if warmupKey, err = devWarmupKey(filepath.Join(dir, "warmup.key")); err != nil {
+			return err
+		}
+	}
 	var sim *devfleet.Simulator
 	if *fleet {
 		sim, err = devfleet.New(kafka.Config{Brokers: brokers, ClientID: "mailplane-devfleet"}, keyring, imapSrv,
 			devfleet.WithSeed(uint64(*seed)), devfleet.WithWarmupInterval(*warmupEvery), devfleet.WithWarmupHeader(*sf.warmupHeader),
-			devfleet.WithLogger(log.With("role", "devfleet")))
+			devfleet.WithWarmupKey(warmupKey), devfleet.WithLogger(log.With("role", "devfleet")))
 		if err != nil {
 			return err
 		}
@@ -159,6 +167,7 @@ func runDev(ctx context.Context, args []string) error {
 		imapCAFile:       *sf.caFile,
 		imapDisableAfter: *sf.disableAfter,
 		imapWarmupHeader: *sf.warmupHeader,
+		imapWarmupKey:    warmupKey,
 		imapOAuth:        sf.oauth(),
 		project:          true,
 		applyTops:        true,
@@ -268,3 +277,22 @@ func splitList(s string) []string {
 }
 
 var _ = slog.Default
+
+// devWarmupKey returns the warmup signing key kept in path, generated on
+// first start.
+func devWarmupKey(path string) ([]byte, error) {
+	if b, err := os.ReadFile(path); err == nil {
+		if k := strings.TrimSpace(string(b)); k != "" {
+			return []byte(k), nil
+		}
+	}
+	buf := make([]byte, 32)
+	if _, err := rand.Read(buf); err != nil {
+		return nil, err
+	}
+	k := hex.EncodeToString(buf)
+	if err := os.WriteFile(path, []byte(k+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	return []byte(k), nil
+}

@@ -361,6 +361,23 @@ func TestDevModeEndToEnd(t *testing.T) {
 		}
 		return nil
 	})
+	// The signed warmup headers are accepted: observations reach the
+	// health scorer.
+	waitFor(t, 60*time.Second, "warmup observations scored", func() error {
+		conn, err := pgx.Connect(ctx, p.dbURL)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		var n int64
+		if err := conn.QueryRow(ctx, `select coalesce(sum(observations), 0) from mailbox_health`).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("no warmup observation scored yet")
+		}
+		return nil
+	})
 	out, _ = exec.Command(kcat, "-b", p.broker, "-C", "-t", "mailplane.mailbox.events.v1", "-o", "beginning", "-e", "-q").Output()
 	if bytes.Contains(out, []byte(devfleet.DevPassword)) {
 		t.Fatal("plain-text password readable on the log")

@@ -102,6 +102,7 @@ func newRunner(rc *roleConfig, kc *kgo.Client, log *slog.Logger) (mailsync.Runne
 		Reporter:     &auditReporter{kc: kc, log: log, owner: rc.syncConfig.WorkerID},
 		DisableAfter: rc.imapDisableAfter,
 		WarmupHeader: rc.imapWarmupHeader,
+		WarmupKey:    rc.imapWarmupKey,
 		OAuth:        rc.imapOAuth,
 	})
 }

@@ -60,6 +60,7 @@ type roleConfig struct {
 	imapCAFile       string
 	imapDisableAfter time.Duration
 	imapWarmupHeader string
+	imapWarmupKey    []byte
 	imapOAuth        map[domain.Provider]imapsync.OAuthClient
 
 	reg       *prometheus.Registry // set by runRoles

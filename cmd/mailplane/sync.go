@@ -27,6 +27,7 @@ var (
 	cfgHotBudget     = register(setting{"hot-budget-per-worker", "HOT_BUDGET_PER_WORKER", "2000", "most hot mailboxes per sync worker; the least recently active session-less ones are demoted"})
 	cfgConnectRate   = register(setting{"sync-connect-rate", "MAILPLANE_SYNC_CONNECT_RATE", "50", "IMAP connection setups per second per IMAP host and sync worker (burst the same); every warm or cold poll is one"})
 	cfgWarmupHeader  = register(setting{"warmup-header", "MAILPLANE_WARMUP_HEADER", "X-Mailplane-Warmup", "header marking warmup messages (value: mailbox=<sender id>; id=<warmup id>); where they land is health evidence"})
+	cfgWarmupKey     = register(setting{"warmup-key", "MAILPLANE_WARMUP_KEY", "", "key warmup headers must be signed with (HMAC-SHA256, sig=); unsigned or forged headers are ignored; empty: signatures not required (dev mode keeps one in its data dir)"})
 	cfgSyncWorkers   = register(setting{"sync-workers", "MAILPLANE_SYNC_WORKERS", "2", "dev mode: sync workers run in the process"})
 )
 
@@ -34,7 +35,7 @@ type syncFlags struct {
 	workerID                                                      *string
 	session, heartbeat, warm, cold, grace, hotActivity, coldAfter *time.Duration
 	budget, connectRate                                           *int
-	runner, caFile, warmupHeader                                  *string
+	runner, caFile, warmupHeader, warmupKey                       *string
 	disableAfter                                                  *time.Duration
 	oauth                                                         func() map[domain.Provider]imapsync.OAuthClient
 }
@@ -45,7 +46,7 @@ func registerSyncFlags(fs *flag.FlagSet) *syncFlags {
 		warm: cfgPollWarm.Duration(fs), cold: cfgPollCold.Duration(fs), grace: cfgSessionGrace.Duration(fs),
 		hotActivity: cfgHotActivity.Duration(fs), coldAfter: cfgColdAfter.Duration(fs), budget: cfgHotBudget.Int(fs), connectRate: cfgConnectRate.Int(fs),
 		runner: cfgSyncRunner.String(fs), caFile: cfgIMAPCAFile.String(fs), disableAfter: cfgIMAPDisableAfter.Duration(fs),
-		warmupHeader: cfgWarmupHeader.String(fs), oauth: oauthFlags(fs),
+		warmupHeader: cfgWarmupHeader.String(fs), warmupKey: cfgWarmupKey.String(fs), oauth: oauthFlags(fs),
 	}
 }
 
@@ -80,7 +81,7 @@ func runSync(ctx context.Context, args []string) error {
 		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
 		httpAddr: *httpAddr, statePartitions: int32(*parts), syncWorkers: 1, syncConfig: sf.config(), stateProc: *state,
 		keyring: keyring, syncRunner: *sf.runner, imapCAFile: *sf.caFile, imapDisableAfter: *sf.disableAfter,
-		imapWarmupHeader: *sf.warmupHeader, imapOAuth: sf.oauth(),
+		imapWarmupHeader: *sf.warmupHeader, imapWarmupKey: []byte(*sf.warmupKey), imapOAuth: sf.oauth(),
 	}, nil)
 }
 
