@@ -130,27 +130,34 @@ func (r *Relay) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("acquire: %w", err)
 	}
-	// The session lock lives as long as the connection: never give it back
-	// to the pool holding the lock.
-	pc := conn.Hijack()
-	defer pc.Close(context.Background())
 	var (
 		got  bool
 		name string
 	)
 	if err := r.round(ctx, func(ctx context.Context) error {
-		// The lease: a publisher that stops sending anything loses its
-		// session, and the lock with it.
-		if _, err := pc.Exec(ctx, fmt.Sprintf("SET idle_session_timeout = %d", r.lease.Milliseconds())); err != nil {
-			return err
-		}
-		return pc.QueryRow(ctx, lockSQL).Scan(&got, &name)
+		return conn.QueryRow(ctx, lockSQL).Scan(&got, &name)
 	}); err != nil {
+		conn.Release()
 		return fmt.Errorf("lock: %w", err)
 	}
 	if !got {
+		// A standby: the connection holds nothing, so it goes back to the
+		// pool (no new connection per attempt).
+		conn.Release()
 		r.m.active.Set(0)
 		return nil
+	}
+	// The session lock lives as long as the connection: never give it back
+	// to the pool holding the lock.
+	pc := conn.Hijack()
+	defer pc.Close(context.Background())
+	if err := r.round(ctx, func(ctx context.Context) error {
+		// The lease: a publisher that stops sending anything loses its
+		// session, and the lock with it.
+		_, err := pc.Exec(ctx, fmt.Sprintf("SET idle_session_timeout = %d", r.lease.Milliseconds()))
+		return err
+	}); err != nil {
+		return fmt.Errorf("lease: %w", err)
 	}
 	r.m.active.Set(1)
 	defer r.m.active.Set(0)
