@@ -1,9 +1,12 @@
 package projections
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -16,7 +19,9 @@ import (
 	"github.com/mailplane/mailplane/topics"
 )
 
-// accept queues the records of a poll on their partitions.
+// accept queues the records of a poll on their partitions; those of a
+// partition in flight wait in its incoming list until it is handed back.
+// Called by the poll loop between rounds, or by a lane with qmu held.
 func (s *session) accept(fs kgo.Fetches) {
 	fs.EachPartition(func(fp kgo.FetchTopicPartition) {
 		pt := s.parts[topicPartition{fp.Topic, fp.Partition}]
@@ -27,11 +32,6 @@ func (s *session) accept(fs kgo.Fetches) {
 		}
 		pt.hwm = max(pt.hwm, fp.HighWatermark)
 		for _, r := range fp.Records {
-			// Records Postgres already covers (a fence moved us forward)
-			// are not ours to apply, nor are any already queued.
-			if r.Offset < pt.next || len(pt.queue) > 0 && r.Offset <= pt.queue[len(pt.queue)-1].rec.Offset {
-				continue
-			}
 			var it *item
 			if d, ok := r.Context.(*decoded); ok {
 				it = &d.it
@@ -41,7 +41,11 @@ func (s *session) accept(fs kgo.Fetches) {
 				it.decode()
 			}
 			it.pt = pt
-			pt.queue = append(pt.queue, it)
+			if pt.busy {
+				pt.incoming = append(pt.incoming, it)
+				continue
+			}
+			pt.enqueue(it)
 		}
 	})
 }
@@ -87,14 +91,119 @@ func (it *item) decode() {
 // drain applies queued records until none is left to apply, or ctx (the
 // Run) is done, or the group waits, or rctx (the round) is canceled.
 // What is left stays queued for the next round.
+//
+// Up to WithConcurrency lanes apply batches side by side, each transaction
+// on its own connection and on partitions no other lane holds: a
+// partition's records are applied by one transaction after another, in
+// offset order, so each key's are too. Each lane takes its share of what
+// is queued, so that the lanes run side by side rather than one after
+// another; a lane that finds nothing to take polls what the client has
+// buffered meanwhile, for up to maxRound, so that the lanes need not wait
+// for each other at the end of every poll. It does so only while the
+// round's own poll holds the rebalance gate (see gateHeld).
 func (s *session) drain(ctx, rctx context.Context) {
-	for !s.interrupted(ctx, rctx) {
-		b := s.nextBatch(time.Now())
+	s.roundEnd = time.Now().Add(maxRound)
+	var wg sync.WaitGroup
+	for range s.p.cfg.concurrency {
+		wg.Go(func() { s.lane(ctx, rctx) })
+	}
+	wg.Wait()
+}
+
+// maxRound bounds how long lanes keep polling for more records within a
+// round: the poll loop's housekeeping (pausing partitions, lag gauges,
+// committing to Kafka) and rebalances run between rounds.
+const maxRound = time.Second
+
+// minLaneBatch is the smallest share worth a transaction of its own: below
+// it, one lane takes what is queued (up to a batch).
+const minLaneBatch = 256
+
+// lane applies batches until take finds none left.
+func (s *session) lane(ctx, rctx context.Context) {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	for {
+		b := s.take(ctx, rctx)
 		if len(b) == 0 {
 			return
 		}
+		rs := runs(b)
+		for _, r := range rs {
+			r.pt.busy = true
+		}
+		s.inflight++
+		s.qmu.Unlock()
+
 		s.apply(ctx, rctx, b)
+
+		s.qmu.Lock()
+		for _, r := range rs {
+			r.pt.release()
+		}
+		s.inflight--
+		s.qcond.Broadcast()
 	}
+}
+
+// take returns a lane's next batch, or nil when the round is over for it:
+// interrupted, or nothing left to take for any lane. It waits while what
+// is left belongs to lanes in flight. Called with qmu held.
+func (s *session) take(ctx, rctx context.Context) []*item {
+	polled := false
+	for {
+		if s.interrupted(ctx, rctx) {
+			return nil
+		}
+		// A fair share of what the idle lanes may take.
+		idle := s.p.cfg.concurrency - s.inflight
+		share := (s.queued() + idle - 1) / idle
+		if b := s.nextBatch(time.Now(), max(share, minLaneBatch)); len(b) > 0 {
+			return b
+		}
+		if !polled && s.gateHeld && time.Now().Before(s.roundEnd) {
+			polled = true
+			if s.pollBuffered() > 0 {
+				continue
+			}
+		}
+		if s.inflight == 0 {
+			// Nothing left that any lane could take.
+			s.qcond.Broadcast()
+			return nil
+		}
+		// What is left belongs to partitions in flight (or failing ones,
+		// not yet due): wait for a lane to hand its back.
+		s.qcond.Wait()
+		polled = false
+	}
+}
+
+// pollBuffered takes what the client has buffered, without waiting, into
+// the queues, and returns how many records that was. Called by a lane with
+// qmu held.
+func (s *session) pollBuffered() int {
+	// A nil context takes what the client has buffered and returns.
+	//lint:ignore SA1012 kgo documents a nil context as "do not wait"
+	fs := s.cl.PollRecords(nil, s.pollSize())
+	if fs.IsClientClosed() {
+		return 0
+	}
+	s.logFetchErrors(fs)
+	s.accept(fs)
+	return fs.NumRecords()
+}
+
+// queued counts the records a lane could take now: those of the partitions
+// neither in flight nor failing.
+func (s *session) queued() int {
+	n := 0
+	for _, pt := range s.order {
+		if !pt.busy && !pt.failing() {
+			n += len(pt.queue)
+		}
+	}
+	return n
 }
 
 func (s *session) interrupted(ctx, rctx context.Context) bool {
@@ -103,23 +212,25 @@ func (s *session) interrupted(ctx, rctx context.Context) bool {
 
 // nextBatch returns the records of the next transaction, grouped by
 // partition in batch order, each partition's in offset order: a failing
-// partition due for a retry alone, else up to a batch of records from the
-// heads of the healthy partitions' queues.
-func (s *session) nextBatch(now time.Time) []*item {
+// partition due for a retry alone, else the heads of the healthy
+// partitions' queues, whole queues until there are at least share records
+// (so that a partition's records go to one transaction, not two side by
+// side), never more than a batch. Partitions in flight are skipped.
+func (s *session) nextBatch(now time.Time, share int) []*item {
 	size := s.p.cfg.batchSize
 	for _, pt := range s.order {
-		if pt.due(now) {
+		if !pt.busy && pt.due(now) {
 			return pt.retryBatch(size)
 		}
 	}
 	var b []*item
 	for _, pt := range s.order {
-		if pt.failing() || len(pt.queue) == 0 {
+		if pt.busy || pt.failing() || len(pt.queue) == 0 {
 			continue
 		}
 		n := min(len(pt.queue), size-len(b))
 		b = append(b, pt.queue[:n]...)
-		if len(b) == size {
+		if len(b) >= min(share, size) {
 			break
 		}
 	}
@@ -240,10 +351,14 @@ func (s *session) refence(pt *partition, current int64) {
 		return
 	}
 	// Unknown position, or the row went backwards (an operator rewound the
-	// projector): read again from what Postgres says. Safe here: the poll
-	// loop owns the client until AllowRebalance.
+	// projector): read again from what Postgres says. Safe here: the round
+	// holds the client until AllowRebalance, and qmu keeps the other lanes
+	// from polling meanwhile, so no record read from before the seek is
+	// queued after it.
 	s.p.log.Warn("the Postgres offset is behind this member's position (rewound?); reading again from it",
 		"topic", pt.topic, "partition", pt.id, "offset", current, "position", pt.next)
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
 	s.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{pt.topic: {pt.id: {Epoch: -1, Offset: current}}})
 	pt.restart(current, s.p.cfg.retry.Backoff)
 }
@@ -409,10 +524,15 @@ func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err er
 		batch.Queue(insertOffsetsSQL, p.name, fromStart.topics, fromStart.partitions, fromStart.next, now)
 	}
 	if len(ids) > 0 {
+		// In key order: each insert then lands next to the one before it
+		// in the primary key, a fifth cheaper than in log order (the
+		// batch's partitions each span the same stretch of UUIDv7 time).
+		sorted := slices.Clone(ids)
+		slices.SortFunc(sorted, func(a, b [16]byte) int { return bytes.Compare(a[:], b[:]) })
 		if checked {
-			batch.Queue(recordAppliedCheckedSQL, p.name, ids)
+			batch.Queue(recordAppliedCheckedSQL, p.name, sorted)
 		} else {
-			batch.Queue(recordAppliedSQL, p.name, ids)
+			batch.Queue(recordAppliedSQL, p.name, sorted)
 		}
 	}
 	moved, fresh, err := sendPrologue(ctx, tx, batch, !p.cfg.syncCommit, len(fromStart.topics) > 0, len(ids) > 0, checked)
@@ -456,7 +576,9 @@ func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err er
 		p.m.duplicates.WithLabelValues(p.name).Add(float64(dups))
 	}
 	if p.cfg.committed != nil && len(events) > 0 {
+		p.committedMu.Lock()
 		p.cfg.committed(events)
+		p.committedMu.Unlock()
 	}
 	return nil
 }

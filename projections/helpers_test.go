@@ -74,7 +74,7 @@ func migrate(t testing.TB, pool *pgxpool.Pool) {
 }
 
 // testGroup gives quick group timings.
-var testGroup = kafka.GroupConfig{SessionTimeout: 2 * time.Second, HeartbeatInterval: 200 * time.Millisecond}
+var testGroup = kafka.GroupConfig{SessionTimeout: kafkatest.SessionTimeout(2 * time.Second), HeartbeatInterval: 200 * time.Millisecond}
 
 // projector builds a projector with a fresh registry of metrics.
 func (e *env) projector(pool *pgxpool.Pool, proj projections.Projection, opts ...projections.Option) (*projections.Projector, *prometheus.Registry) {
@@ -263,6 +263,21 @@ func count(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// settledCounter returns a counter once it reaches want, or after a few
+// seconds: a transaction's counters move just after its commit, which is
+// what waitCaughtUp sees.
+func settledCounter(t testing.TB, reg *prometheus.Registry, want float64, name string, labels ...string) float64 {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := counter(t, reg, name, labels...)
+		if got >= want || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func counter(t testing.TB, reg *prometheus.Registry, name string, labels ...string) float64 {

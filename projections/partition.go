@@ -24,6 +24,10 @@ type partition struct {
 	queue  []*item
 	hwm    int64
 	paused bool
+	// busy: a lane holds the partition (see drain); records polled
+	// meanwhile wait in incoming. Both guarded by session.qmu.
+	busy     bool
+	incoming []*item
 
 	// A partition whose transaction failed is failing until one succeeds:
 	// it is applied alone, and not before retryAt, so that it holds up no
@@ -45,9 +49,28 @@ func newPartition(topic string, id int32, backoff time.Duration) *partition {
 // with them.
 func (pt *partition) restart(next int64, backoff time.Duration) {
 	pt.next = next
-	pt.queue = nil
+	pt.queue, pt.incoming = nil, nil
 	pt.healthy(backoff)
 	pt.suspect, pt.attempts = -1, 0
+}
+
+// enqueue queues a fetched record, unless Postgres already covers it (a
+// fence moved us forward) or it is queued already.
+func (pt *partition) enqueue(it *item) {
+	if off := it.rec.Offset; off < pt.next || len(pt.queue) > 0 && off <= pt.queue[len(pt.queue)-1].rec.Offset {
+		return
+	}
+	pt.queue = append(pt.queue, it)
+}
+
+// release hands a partition back from a lane and queues what was polled
+// for it meanwhile.
+func (pt *partition) release() {
+	pt.busy = false
+	for _, it := range pt.incoming {
+		pt.enqueue(it)
+	}
+	pt.incoming = nil
 }
 
 func (pt *partition) failing() bool { return !pt.retryAt.IsZero() }

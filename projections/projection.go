@@ -1,14 +1,15 @@
 // Package projections runs projectors: consumers that turn the event log
 // into Postgres tables. A Projector consumes its projection's topics in a
-// consumer group. Its poll loop applies the records of each poll, across all
-// the partitions it owns, in one transaction (a backlog in consecutive
-// transactions of at most a batch), which also records the event ids it
-// applied and moves every touched partition's next offset. Postgres, not the
-// group's committed offsets, says where a partition resumes, so a crash at
-// any point neither loses nor double-applies an event. Records that cannot be
-// decoded, or whose apply keeps failing, go to the DLQ and the partition
-// keeps moving; a partition that cannot be applied for now is retried on its
-// own and holds up no other.
+// consumer group. Its poll loop applies the records of each poll, across the
+// partitions it owns, in transactions of at most a batch, up to
+// WithConcurrency of them in flight at once on disjoint sets of partitions;
+// each also records the event ids it applied and moves every touched
+// partition's next offset. Postgres, not the group's committed offsets, says
+// where a partition resumes, so a crash at any point neither loses nor
+// double-applies an event. Records that cannot be decoded, or whose apply
+// keeps failing, go to the DLQ and the partition keeps moving; a partition
+// that cannot be applied for now is retried on its own and holds up no
+// other.
 //
 // A projection is the part that knows tables: it implements Projection.
 // Registry is the first one.
@@ -36,7 +37,9 @@ type Projection interface {
 	// in log order; a key lives in one partition, so each key's events are
 	// in log order. The projector has locked the offset rows of those
 	// partitions in tx already, so no other projector transaction writes
-	// the same keys until tx ends. Apply must be a function of the events
+	// the same keys until tx ends. Apply is called from up to
+	// WithConcurrency goroutines at once, each with its own tx and its own
+	// partitions. Apply must be a function of the events
 	// and the rows alone (no wall clock, no randomness), so replaying the
 	// log reproduces the rows; it must not commit or roll back tx. It may
 	// be called again with the same events in a new transaction when an

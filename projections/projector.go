@@ -62,6 +62,7 @@ type config struct {
 	kgoOpts     []kgo.Opt
 	committed   func(events []domain.Event)
 	syncCommit  bool
+	concurrency int
 }
 
 // WithSynchronousCommit makes every transaction wait for its WAL flush. The
@@ -70,13 +71,26 @@ type config struct {
 // from the log, and nothing is lost or applied twice either way.
 func WithSynchronousCommit() Option { return func(c *config) { c.syncCommit = true } }
 
-// WithCommitted calls fn after each transaction commits, on the poll loop,
-// with the events it newly applied (duplicates excluded), partition by
-// partition in log order. fn must be quick; benchmarks use it to time
+// WithCommitted calls fn after each transaction commits, with the events it
+// newly applied (duplicates excluded), partition by partition in log order.
+// Calls never overlap, but they come from the goroutines of the
+// transactions in flight (see WithConcurrency), and a partition's may
+// interleave with another's. fn must be quick; benchmarks use it to time
 // publish to projected.
 func WithCommitted(fn func(events []domain.Event)) Option {
 	return func(c *config) { c.committed = fn }
 }
+
+// DefaultConcurrency is how many transactions a projector keeps in flight
+// unless WithConcurrency says otherwise.
+const DefaultConcurrency = 2
+
+// WithConcurrency sets how many transactions the projector keeps in flight
+// at once, each on its own connection and on partitions no other holds
+// (so at most one per partition, whatever n is). Default
+// DefaultConcurrency; 1 applies one transaction after another. Apply is
+// then called from as many goroutines at once, on disjoint partitions.
+func WithConcurrency(n int) Option { return func(c *config) { c.concurrency = n } }
 
 // WithLogger sets the logger. Default: discard.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
@@ -85,8 +99,9 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // sharing a registerer share the series, labelled by projector.
 func WithRegisterer(reg prometheus.Registerer) Option { return func(c *config) { c.reg = reg } }
 
-// WithBatchSize sets the most records applied in one transaction, which is
-// also the most records one poll takes from the client.
+// WithBatchSize sets the most records applied in one transaction. One poll
+// takes up to a batch per transaction in flight (WithConcurrency) from the
+// client.
 func WithBatchSize(n int) Option { return func(c *config) { c.batchSize = n } }
 
 // WithRetry sets the retry policy; zero fields keep their defaults.
@@ -128,6 +143,8 @@ type Projector struct {
 	m    *metrics
 	log  *slog.Logger
 
+	committedMu sync.Mutex // serializes cfg.committed
+
 	mu        sync.Mutex
 	running   bool
 	closed    bool
@@ -147,6 +164,7 @@ func New(kcfg kafka.Config, pool *pgxpool.Pool, proj Projection, opts ...Option)
 		txTimeout:   60 * time.Second,
 		pollWait:    time.Second,
 		commitEvery: 5 * time.Second,
+		concurrency: DefaultConcurrency,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -162,6 +180,9 @@ func New(kcfg kafka.Config, pool *pgxpool.Pool, proj Projection, opts ...Option)
 	}
 	if cfg.batchSize <= 0 {
 		cfg.batchSize = DefaultBatchSize
+	}
+	if cfg.concurrency <= 0 {
+		cfg.concurrency = DefaultConcurrency
 	}
 	if cfg.retry.Attempts <= 0 {
 		cfg.retry.Attempts = DefaultRetryPolicy.Attempts
@@ -237,6 +258,7 @@ func (p *Projector) Run(ctx context.Context) error {
 		committed: map[topicPartition]int64{},
 		yieldC:    make(chan struct{}, 1),
 	}
+	s.qcond = sync.NewCond(&s.qmu)
 	dlqCl, err := kafka.NewProducer(p.kcfg)
 	if err != nil {
 		return fmt.Errorf("projections: DLQ producer: %w", err)
@@ -258,13 +280,15 @@ func (p *Projector) Run(ctx context.Context) error {
 		kgo.AdjustFetchOffsetsFn(s.adjustOffsets),
 		kgo.WithLogger(kgoLogger{p.log}),
 		kgo.WithHooks(decodeHook{}),
-		// About a batch per fetch. The client fetches again only once a
-		// fetch is drained, and decodeHook decodes a whole fetch before
-		// any of it can be polled: a fetch the size of a transaction is
-		// decoded while the transaction before it runs, where a large one
-		// (the default is 50 MiB) would leave Postgres idle while it is
-		// decoded.
-		kgo.FetchMaxBytes(fetchMaxBytes(p.cfg.batchSize)),
+		// About a batch per lane per fetch, and half a batch per
+		// partition, so that a backlog's fetch spans partitions enough
+		// for every lane. The client fetches again only once a fetch is
+		// drained, and decodeHook decodes a whole fetch before any of it
+		// can be polled: a fetch the size of a round is decoded while the
+		// transactions before it run, where a large one (the default is
+		// 50 MiB) would leave Postgres idle while it is decoded.
+		kgo.FetchMaxBytes(fetchMaxBytes(p.cfg.batchSize*p.cfg.concurrency)),
+		kgo.FetchMaxPartitionBytes(fetchMaxBytes(p.cfg.batchSize)/2),
 	)
 	opts = append(opts, p.cfg.kgoOpts...)
 	cl, err := kgo.NewClient(opts...)
@@ -313,8 +337,9 @@ type session struct {
 	dlq *kgo.Client
 
 	// mu guards the partitions. The poll loop holds it from the end of a
-	// poll to AllowRebalance; the group callbacks and adjustOffsets take
-	// it too (see yieldLock). BlockRebalanceOnPoll already keeps the
+	// poll to AllowRebalance (the round's lanes work under it, sharing
+	// qmu); the group callbacks and adjustOffsets take it too (see
+	// yieldLock). BlockRebalanceOnPoll already keeps the
 	// callbacks out of that stretch; the lock covers what it does not
 	// (adjustOffsets, and a poll that returned nothing).
 	mu      sync.Mutex
@@ -332,6 +357,22 @@ type session struct {
 	yieldC  chan struct{}
 
 	lastCommit time.Time // poll loop only
+
+	// A round's lanes (see drain) share qmu: it guards the partitions'
+	// busy flags and incoming lists, the queues of partitions no lane
+	// holds, inflight, and the client's polls and seeks. qcond signals a
+	// lane handing its partitions back.
+	qmu      sync.Mutex
+	qcond    *sync.Cond
+	inflight int
+	roundEnd time.Time
+	// gateHeld says the round's poll returned fetches, so the client
+	// blocks rebalances until AllowRebalance (BlockRebalanceOnPoll) and
+	// lanes may poll too. After a poll that returned nothing a rebalance
+	// may be under way, its callback waiting for mu, which the round
+	// holds: a lane's poll would wait for that rebalance, and the round
+	// for the lane.
+	gateHeld bool
 
 	commitMu  sync.Mutex
 	committed map[topicPartition]int64 // last offsets committed to Kafka
@@ -364,8 +405,9 @@ func (s *session) wakeWatcher() {
 func (s *session) groupWaits() bool { return s.blocked.Load() || s.waiting.Load() > 0 }
 
 // poll is the projector's loop: poll, apply what came in (with what earlier
-// rounds left), then allow a rebalance. One goroutine does it all, so the
-// records of one poll, across partitions, share a transaction.
+// rounds left, and what the lanes poll meanwhile: see drain), then allow a
+// rebalance. The records of a poll, across partitions, share a transaction
+// per lane.
 func (s *session) poll(ctx context.Context) {
 	for ctx.Err() == nil {
 		// A callback blocked at the poll gate ran after the last round
@@ -384,14 +426,10 @@ func (s *session) poll(ctx context.Context) {
 			s.cl.AllowRebalance()
 			return
 		}
-		fs.EachError(func(topic string, partition int32, err error) {
-			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-				return
-			}
-			s.p.log.Warn("fetch error", "topic", topic, "partition", partition, "err", err)
-		})
+		s.logFetchErrors(fs)
 
 		s.mu.Lock()
+		s.gateHeld = len(fs) > 0
 		s.accept(fs)
 		rctx, cancel := s.roundContext(ctx)
 		s.drain(ctx, rctx)
@@ -411,7 +449,19 @@ func (s *session) poll(ctx context.Context) {
 	}
 }
 
-// pollRecords polls at most a batch. It waits for records up to the poll
+func (s *session) logFetchErrors(fs kgo.Fetches) {
+	fs.EachError(func(topic string, partition int32, err error) {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return
+		}
+		s.p.log.Warn("fetch error", "topic", topic, "partition", partition, "err", err)
+	})
+}
+
+// pollSize is the most records one poll takes: a batch per lane.
+func (s *session) pollSize() int { return s.p.cfg.batchSize * s.p.cfg.concurrency }
+
+// pollRecords polls at most a batch per lane. It waits for records up to the poll
 // wait, less when a failing partition's retry falls due sooner, and not at
 // all when records are already waiting to be applied.
 func (s *session) pollRecords(ctx context.Context) kgo.Fetches {
@@ -422,11 +472,11 @@ func (s *session) pollRecords(ctx context.Context) kgo.Fetches {
 		// A nil context takes what the client has buffered and returns
 		// (a canceled one would return nothing).
 		//lint:ignore SA1012 kgo documents a nil context as "do not wait"
-		return s.cl.PollRecords(nil, s.p.cfg.batchSize)
+		return s.cl.PollRecords(nil, s.pollSize())
 	}
 	pctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	return s.cl.PollRecords(pctx, s.p.cfg.batchSize)
+	return s.cl.PollRecords(pctx, s.pollSize())
 }
 
 func (s *session) pollWait(now time.Time) time.Duration {

@@ -2,13 +2,15 @@ package projections
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/topics"
@@ -16,8 +18,13 @@ import (
 
 // Registry is the projection of the registry of facts: the tables
 // mailboxes, orgs, users and workers (migration 0002), from the seven domain
-// event types. Every timestamp it writes is an event's ce_time.
-type Registry struct{}
+// event types. Every timestamp it writes is an event's ce_time. Its Apply
+// may run in several transactions at once.
+type Registry struct {
+	// noGuess counts the batches left that look up the keys of the rows
+	// that create them (see Apply).
+	noGuess atomic.Int32
+}
 
 // NewRegistry returns the registry projection.
 func NewRegistry() *Registry { return &Registry{} }
@@ -48,28 +55,24 @@ type target struct {
 	existing     string   // which of the keys in $1 have rows
 	merge        string   // stage into table
 	columns      []string // the key first
-	types        []colType
 	// COPY statements into table and stage.
 	copyTable, copyStage string
 }
 
-func newTarget(table, stage, create, existing, merge string, columns []string, types []colType) *target {
-	if len(types) != len(columns) {
-		panic("registry: " + table + ": a type per column")
-	}
-	return &target{table, stage, create, existing, merge, columns, types,
+func newTarget(table, stage, create, existing, merge string, columns []string) *target {
+	return &target{table, stage, create, existing, merge, columns,
 		copySQL(table, columns), copySQL(stage, columns)}
 }
 
 var (
 	mailboxesTarget = newTarget("mailboxes", "registry_stage_mailboxes", stageMailboxes,
-		`SELECT mailbox_id FROM mailboxes WHERE mailbox_id = ANY($1)`, mergeMailboxesSQL, mailboxColumns, mailboxTypes)
+		`SELECT mailbox_id FROM mailboxes WHERE mailbox_id = ANY($1)`, mergeMailboxesSQL, mailboxColumns)
 	orgsTarget = newTarget("orgs", "registry_stage_orgs", stageOrgs,
-		`SELECT org_id FROM orgs WHERE org_id = ANY($1)`, mergeOrgsSQL, orgColumns, orgTypes)
+		`SELECT org_id FROM orgs WHERE org_id = ANY($1)`, mergeOrgsSQL, orgColumns)
 	usersTarget = newTarget("users", "registry_stage_users", stageUsers,
-		`SELECT user_id FROM users WHERE user_id = ANY($1)`, mergeUsersSQL, userColumns, userTypes)
+		`SELECT user_id FROM users WHERE user_id = ANY($1)`, mergeUsersSQL, userColumns)
 	workersTarget = newTarget("workers", "registry_stage_workers", stageWorkers,
-		`SELECT worker_id FROM workers WHERE worker_id = ANY($1)`, mergeWorkersSQL, workerColumns, workerTypes)
+		`SELECT worker_id FROM workers WHERE worker_id = ANY($1)`, mergeWorkersSQL, workerColumns)
 )
 
 var mailboxColumns = []string{
@@ -167,88 +170,173 @@ ON CONFLICT (worker_id) DO UPDATE SET
 // is safe within the transaction: a key lives in one partition, and the
 // projector holds that partition's offset row locked until it commits, so
 // no other transaction of a projector inserts it meanwhile.
+//
+// A row that creates its key (a mailbox.added) nearly always has a new key,
+// so it is not looked up: such rows are COPYed into their table under a
+// savepoint, and the table's primary key catches the rare existing key. The
+// COPY is then rolled back to the savepoint, and those rows are looked up
+// and written like the others, as are the created rows of the next
+// guessBackoff batches. Which way a row goes never changes what is written.
 func (r *Registry) Apply(ctx context.Context, tx pgx.Tx, events []domain.Event) error {
 	ws := registryWrites(foldRegistry(events))
 	if len(ws) == 0 {
 		return nil
 	}
-	if err := sortByExisting(ctx, tx, ws); err != nil {
+	guess := r.guessing()
+	if err := lookUp(ctx, tx, ws, func(w *write, i int) bool { return !guess || !w.creates(i) }); err != nil {
 		return err
+	}
+	if guess {
+		ok, err := copyCreated(ctx, tx, ws)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			r.missed()
+			guess = false
+			if err := lookUp(ctx, tx, ws, func(w *write, i int) bool { return w.creates(i) }); err != nil {
+				return err
+			}
+		}
+	}
+	for _, w := range ws {
+		w.stale = make([]bool, w.rows.len())
+		for i, key := range w.rows.keys {
+			switch {
+			case guess && w.creates(i):
+				// In the table already.
+			case w.existing[key]:
+				w.stale[i] = true
+				w.nStale++
+			default:
+				w.nFresh++
+			}
+		}
+		if guess && w.created != nil {
+			w.done = w.created
+		}
 	}
 	return writeRows(ctx, tx, ws)
 }
+
+// guessBackoff is how many batches look every key up after a created row's
+// key turned out to exist.
+const guessBackoff = 16
+
+// guessing reports whether this batch's created rows skip the lookup.
+func (r *Registry) guessing() bool {
+	for {
+		n := r.noGuess.Load()
+		if n <= 0 {
+			return true
+		}
+		if r.noGuess.CompareAndSwap(n, n-1) {
+			return false
+		}
+	}
+}
+
+func (r *Registry) missed() { r.noGuess.Store(guessBackoff) }
 
 // write is what a batch writes to one table.
 type write struct {
 	t     *target
 	ids   []string
-	build func() ([][]any, error)
-	rows  [][]any // from build; rows[i][0] is the key, ids[i]
-	// fresh rows have keys the table lacks, stale ones keys it has.
-	fresh, stale [][]any
+	build func() (*tuples, error)
+	// created[i] says change i creates its key (nil: none does).
+	created []bool
+	rows    *tuples // from build: row i is ids[i]'s
+	// existing holds the keys looked up that have rows.
+	existing map[[16]byte]bool
+	// Row i is in the table already if done[i] (done may be nil), else
+	// stale if stale[i] (its key has a row: it takes the merge), else
+	// fresh (COPYed into the table).
+	done, stale    []bool
+	nFresh, nStale int
 }
+
+func (w *write) creates(i int) bool { return w.created != nil && w.created[i] }
 
 func registryWrites(ch registryChanges) []*write {
 	var ws []*write
 	if cs := ch.Mailboxes; len(cs) > 0 {
-		ws = append(ws, &write{t: mailboxesTarget, ids: ids(cs, func(c *mailboxChange) string { return c.MailboxID }),
-			build: func() ([][]any, error) { return mailboxRows(cs) }})
+		w := &write{t: mailboxesTarget, ids: ids(cs, func(c *mailboxChange) string { return c.MailboxID }),
+			build: func() (*tuples, error) { return mailboxRows(cs) }}
+		for i, c := range cs {
+			if c.Added != nil {
+				if w.created == nil {
+					w.created = make([]bool, len(cs))
+				}
+				w.created[i] = true
+			}
+		}
+		ws = append(ws, w)
 	}
 	if cs := ch.Orgs; len(cs) > 0 {
 		ws = append(ws, &write{t: orgsTarget, ids: ids(cs, func(c *orgChange) string { return c.OrgID }),
-			build: func() ([][]any, error) { return orgRows(cs) }})
+			build: func() (*tuples, error) { return orgRows(cs) }})
 	}
 	if cs := ch.Users; len(cs) > 0 {
 		ws = append(ws, &write{t: usersTarget, ids: ids(cs, func(c *userChange) string { return c.UserID }),
-			build: func() ([][]any, error) { return userRows(cs) }})
+			build: func() (*tuples, error) { return userRows(cs) }})
 	}
 	if cs := ch.Workers; len(cs) > 0 {
 		ws = append(ws, &write{t: workersTarget, ids: ids(cs, func(c *workerChange) string { return c.WorkerID }),
-			build: func() ([][]any, error) { return workerRows(cs) }})
+			build: func() (*tuples, error) { return workerRows(cs) }})
 	}
 	return ws
 }
 
-// sortByExisting builds the rows of ws and sorts them into fresh and stale.
-// It asks which keys exist first, in one round trip for every table, and
-// builds the rows while the query runs.
-func sortByExisting(ctx context.Context, tx pgx.Tx, ws []*write) error {
+// lookUp asks which of the keys that pick selects exist, in one round trip
+// for every table, and builds the rows of ws (once) while the query runs.
+func lookUp(ctx context.Context, tx pgx.Tx, ws []*write, pick func(w *write, i int) bool) error {
 	b := &pgx.Batch{}
+	var asked []*write
 	for _, w := range ws {
-		keys := make([]pgtype.UUID, len(w.ids))
+		var keys [][16]byte
 		for i, id := range w.ids {
-			k, err := pgUUID(id)
+			if !pick(w, i) {
+				continue
+			}
+			k, err := parseID(id)
 			if err != nil {
 				return err
 			}
-			keys[i] = k
+			keys = append(keys, k)
 		}
-		b.Queue(w.t.existing, keys)
+		if len(keys) > 0 {
+			b.Queue(w.t.existing, keys)
+			asked = append(asked, w)
+		}
 	}
-	br := tx.SendBatch(ctx, b)
-	defer br.Close()
+	var br pgx.BatchResults
+	if len(asked) > 0 {
+		br = tx.SendBatch(ctx, b)
+		defer br.Close()
+	}
 	for _, w := range ws {
+		if w.rows != nil {
+			continue
+		}
 		var err error
 		if w.rows, err = w.build(); err != nil {
 			return err
 		}
 	}
-	for _, w := range ws {
+	if len(asked) == 0 {
+		return nil
+	}
+	for _, w := range asked {
 		rows, err := br.Query()
 		if err != nil {
 			return fmt.Errorf("registry: existing %s: %w", w.t.table, err)
 		}
-		existing := map[[16]byte]bool{}
-		var key [16]byte
-		if _, err := pgx.ForEachRow(rows, []any{&key}, func() error { existing[key] = true; return nil }); err != nil {
-			return fmt.Errorf("registry: existing %s: %w", w.t.table, err)
+		if w.existing == nil {
+			w.existing = map[[16]byte]bool{}
 		}
-		for _, row := range w.rows {
-			if existing[row[0].(pgtype.UUID).Bytes] {
-				w.stale = append(w.stale, row)
-			} else {
-				w.fresh = append(w.fresh, row)
-			}
+		var key [16]byte
+		if _, err := pgx.ForEachRow(rows, []any{&key}, func() error { w.existing[key] = true; return nil }); err != nil {
+			return fmt.Errorf("registry: existing %s: %w", w.t.table, err)
 		}
 	}
 	if err := br.Close(); err != nil {
@@ -257,12 +345,47 @@ func sortByExisting(ctx context.Context, tx pgx.Tx, ws []*write) error {
 	return nil
 }
 
+// createdSavepoint is where copyCreated rolls back to.
+const createdSavepoint = "registry_created"
+
+// copyCreated COPYs the created rows of ws into their tables, after a
+// savepoint sent with the first COPY (no round trip of its own). It
+// returns false, having rolled back to the savepoint, if a key existed.
+func copyCreated(ctx context.Context, tx pgx.Tx, ws []*write) (bool, error) {
+	prefix := "SAVEPOINT " + createdSavepoint + "; "
+	for _, w := range ws {
+		if w.created == nil {
+			continue
+		}
+		var data []byte
+		if slices.Contains(w.created, false) {
+			data = w.rows.data(func(i int) bool { return w.created[i] })
+		} else {
+			data = w.rows.data(nil)
+		}
+		err := copyData(ctx, tx, prefix+w.t.copyTable, data)
+		prefix = ""
+		if err == nil {
+			continue
+		}
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == w.t.table+"_pkey" {
+			if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+createdSavepoint); err != nil {
+				return false, fmt.Errorf("registry: roll back created rows: %w", err)
+			}
+			return false, nil
+		}
+		return false, fmt.Errorf("registry: copy into %s: %w", w.t.table, err)
+	}
+	return true, nil
+}
+
 // writeRows COPYs fresh rows into their tables and stale ones into the
 // staging tables, which it creates if need be, then merges those.
 func writeRows(ctx context.Context, tx pgx.Tx, ws []*write) error {
 	var creates []string
 	for _, w := range ws {
-		if len(w.stale) > 0 {
+		if w.nStale > 0 {
 			creates = append(creates, w.t.create)
 		}
 	}
@@ -274,8 +397,14 @@ func writeRows(ctx context.Context, tx pgx.Tx, ws []*write) error {
 		}
 	}
 	for _, w := range ws {
-		if len(w.fresh) > 0 {
-			if err := copyRows(ctx, tx, w.t.copyTable, w.t.types, w.fresh); err != nil {
+		if w.nFresh > 0 {
+			var data []byte
+			if w.nFresh == w.rows.len() {
+				data = w.rows.data(nil)
+			} else {
+				data = w.rows.data(func(i int) bool { return !w.stale[i] && (w.done == nil || !w.done[i]) })
+			}
+			if err := copyData(ctx, tx, w.t.copyTable, data); err != nil {
 				if isUniqueViolation(err) {
 					// A key inserted under us after all (say a topic's
 					// partitions were added and the key moved): not the
@@ -286,8 +415,9 @@ func writeRows(ctx context.Context, tx pgx.Tx, ws []*write) error {
 				return fmt.Errorf("registry: copy into %s: %w", w.t.table, err)
 			}
 		}
-		if len(w.stale) > 0 {
-			if err := copyRows(ctx, tx, w.t.copyStage, w.t.types, w.stale); err != nil {
+		if w.nStale > 0 {
+			data := w.rows.data(func(i int) bool { return w.stale[i] })
+			if err := copyData(ctx, tx, w.t.copyStage, data); err != nil {
 				return fmt.Errorf("registry: copy into %s: %w", w.t.stage, err)
 			}
 		}
@@ -298,7 +428,7 @@ func writeRows(ctx context.Context, tx pgx.Tx, ws []*write) error {
 	b := &pgx.Batch{}
 	var merged []*write
 	for _, w := range ws {
-		if len(w.stale) > 0 {
+		if w.nStale > 0 {
 			b.Queue(w.t.merge)
 			merged = append(merged, w)
 		}
@@ -325,139 +455,163 @@ func ids[C any](cs []C, key func(C) string) []string {
 	return out
 }
 
-// pgUUID converts an id Decode has already validated; a failure here is the
+// parseID parses an id Decode has already validated; a failure here is the
 // record's fault, hence permanent.
-func pgUUID(s string) (pgtype.UUID, error) {
+func parseID(s string) ([16]byte, error) {
 	u, err := uuid.Parse(s)
 	if err != nil {
-		return pgtype.UUID{}, Permanent(domain.CodeInvalid, fmt.Errorf("registry: id %q is not a UUID", s))
+		return u, Permanent(domain.CodeInvalid, fmt.Errorf("registry: id %q is not a UUID", s))
 	}
-	return pgtype.UUID{Bytes: u, Valid: true}, nil
+	return u, nil
 }
 
-func mailboxRows(cs []*mailboxChange) ([][]any, error) {
-	rows := make([][]any, 0, len(cs))
+// mailboxRowSize is about the size of a mailbox row in COPY data.
+const mailboxRowSize = 400
+
+func mailboxRows(cs []*mailboxChange) (*tuples, error) {
+	t := newTuples(len(cs), mailboxRowSize)
 	for _, c := range cs {
-		id, err := pgUUID(c.MailboxID)
+		id, err := parseID(c.MailboxID)
 		if err != nil {
 			return nil, err
 		}
-		eventID, err := pgUUID(c.LastEventID)
+		eventID, err := parseID(c.LastEventID)
 		if err != nil {
 			return nil, err
 		}
-		row := make([]any, len(mailboxColumns))
-		row[0] = id
+		t.row(id, len(mailboxColumns))
+		b := t.buf
 		if a := c.Added; a != nil {
-			org, err := pgUUID(a.OrgID)
+			org, err := parseID(a.OrgID)
 			if err != nil {
 				return nil, err
 			}
-			user, err := pgUUID(a.UserID)
+			user, err := parseID(a.UserID)
 			if err != nil {
 				return nil, err
 			}
-			var sealed []byte
+			b = appendUUID(b, org)
+			b = appendUUID(b, user)
+			b = appendText(b, a.Address)
+			b = appendText(b, string(a.Provider))
+			b = appendBool(b, a.WarmupEnabled)
+			b = appendText(b, a.IMAP.Host)
+			b = appendInt4(b, int32(a.IMAP.Port))
+			b = appendText(b, string(a.IMAP.TLS))
+			b = appendText(b, a.IMAP.Username)
 			if a.SealedCredentials != nil {
-				if sealed, err = sealedJSON(a.SealedCredentials); err != nil {
+				if b, err = appendSealedJSONB(b, a.SealedCredentials); err != nil {
 					return nil, fmt.Errorf("registry: marshal sealed credentials: %w", err)
 				}
+			} else {
+				b = appendNull(b)
 			}
-			row[1], row[2], row[3], row[4], row[5] = org, user, a.Address, string(a.Provider), a.WarmupEnabled
-			row[6], row[7], row[8], row[9] = a.IMAP.Host, int32(a.IMAP.Port), string(a.IMAP.TLS), a.IMAP.Username
-			if sealed != nil {
-				row[10] = sealed
+		} else {
+			for range 10 {
+				b = appendNull(b)
 			}
-			row[17] = c.AddedAt
 		}
 		if h := c.Health; h != nil {
-			row[11], row[12], row[13] = string(h.State), h.Score, h.Reason
+			b = appendText(b, string(h.State))
+			b = appendFloat8(b, h.Score)
+			b = appendText(b, h.Reason)
 			if h.Until != nil {
-				row[14] = h.Until.UTC()
+				b = appendTimestamptz(b, *h.Until)
+			} else {
+				b = appendNull(b)
+			}
+		} else {
+			for range 4 {
+				b = appendNull(b)
 			}
 		}
 		if c.RemovedAt != nil {
-			row[15], row[16] = *c.RemovedAt, *c.RemovalReason
+			b = appendTimestamptz(b, *c.RemovedAt)
+			b = appendText(b, *c.RemovalReason)
+		} else {
+			b = appendNull(b)
+			b = appendNull(b)
 		}
-		row[18], row[19] = c.UpdatedAt, eventID
-		rows = append(rows, row)
+		if c.Added != nil {
+			b = appendTimestamptz(b, c.AddedAt)
+		} else {
+			b = appendNull(b)
+		}
+		b = appendTimestamptz(b, c.UpdatedAt)
+		b = appendUUID(b, eventID)
+		t.buf = b
+		t.done()
 	}
-	return rows, nil
+	return t, nil
 }
 
-func orgRows(cs []*orgChange) ([][]any, error) {
-	rows := make([][]any, 0, len(cs))
+func orgRows(cs []*orgChange) (*tuples, error) {
+	t := newTuples(len(cs), 100)
 	for _, c := range cs {
-		id, err := pgUUID(c.OrgID)
+		id, err := parseID(c.OrgID)
 		if err != nil {
 			return nil, err
 		}
 		p := c.Plan
-		rows = append(rows, []any{id, string(p.Plan), int32(p.DedicatedWorkers), p.Paid, p.Source, c.At})
+		t.row(id, len(orgColumns))
+		b := appendText(t.buf, string(p.Plan))
+		b = appendInt4(b, int32(p.DedicatedWorkers))
+		b = appendBool(b, p.Paid)
+		b = appendText(b, p.Source)
+		t.buf = appendTimestamptz(b, c.At)
+		t.done()
 	}
-	return rows, nil
+	return t, nil
 }
 
-func userRows(cs []*userChange) ([][]any, error) {
-	rows := make([][]any, 0, len(cs))
+func userRows(cs []*userChange) (*tuples, error) {
+	t := newTuples(len(cs), 60)
 	for _, c := range cs {
-		id, err := pgUUID(c.UserID)
+		id, err := parseID(c.UserID)
 		if err != nil {
 			return nil, err
 		}
-		rows = append(rows, []any{id, c.ActiveAt, string(c.Source)})
+		t.row(id, len(userColumns))
+		b := appendTimestamptz(t.buf, c.ActiveAt)
+		t.buf = appendText(b, string(c.Source))
+		t.done()
 	}
-	return rows, nil
+	return t, nil
 }
 
-func workerRows(cs []*workerChange) ([][]any, error) {
-	rows := make([][]any, 0, len(cs))
+func workerRows(cs []*workerChange) (*tuples, error) {
+	t := newTuples(len(cs), 200)
 	for _, c := range cs {
-		id, err := pgUUID(c.WorkerID)
+		id, err := parseID(c.WorkerID)
 		if err != nil {
 			return nil, err
 		}
-		row := make([]any, len(workerColumns))
-		row[0] = id
+		t.row(id, len(workerColumns))
+		b := t.buf
 		if h := c.Heartbeat; h != nil {
-			row[1], row[2], row[3], row[4], row[5] = string(h.EffectiveTier()), string(h.Egress), h.Address, h.Stopping, c.HeartbeatAt
+			b = appendText(b, string(h.EffectiveTier()))
+			b = appendText(b, string(h.Egress))
+			b = appendText(b, h.Address)
+			b = appendBool(b, h.Stopping)
+			b = appendTimestamptz(b, c.HeartbeatAt)
+		} else {
+			for range 5 {
+				b = appendNull(b)
+			}
 		}
 		if s := c.Sample; s != nil {
-			row[6], row[7], row[8], row[9], row[10] = s.WindowSeconds, s.Sends, s.HardBounces, s.Complaints, c.SampledAt
+			b = appendInt8(b, s.WindowSeconds)
+			b = appendInt8(b, s.Sends)
+			b = appendInt8(b, s.HardBounces)
+			b = appendInt8(b, s.Complaints)
+			b = appendTimestamptz(b, c.SampledAt)
+		} else {
+			for range 5 {
+				b = appendNull(b)
+			}
 		}
-		rows = append(rows, row)
+		t.buf = b
+		t.done()
 	}
-	return rows, nil
-}
-
-// sealedJSON is json.Marshal(s), byte for byte, written directly when no
-// field needs escaping (Validate allows only such fields), which it does
-// for every mailbox row.
-func sealedJSON(s *domain.SealedSecret) ([]byte, error) {
-	if !plainJSON(s.KeyID) || !plainJSON(s.Alg) || !plainJSON(s.Nonce) || !plainJSON(s.Ciphertext) {
-		return json.Marshal(s)
-	}
-	b := make([]byte, 0, len(`{"key_id":"","alg":"","nonce":"","ciphertext":""}`)+
-		len(s.KeyID)+len(s.Alg)+len(s.Nonce)+len(s.Ciphertext))
-	b = append(b, `{"key_id":"`...)
-	b = append(b, s.KeyID...)
-	b = append(b, `","alg":"`...)
-	b = append(b, s.Alg...)
-	b = append(b, `","nonce":"`...)
-	b = append(b, s.Nonce...)
-	b = append(b, `","ciphertext":"`...)
-	b = append(b, s.Ciphertext...)
-	b = append(b, `"}`...)
-	return b, nil
-}
-
-// plainJSON reports whether encoding/json writes s between quotes as it is.
-func plainJSON(s string) bool {
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c < 0x20 || c >= 0x7f, c == '"', c == '\\', c == '<', c == '>', c == '&':
-			return false
-		}
-	}
-	return true
+	return t, nil
 }

@@ -4,48 +4,22 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"math"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/mailplane/mailplane/domain"
 )
 
 // The registry COPYs its rows in PostgreSQL's binary COPY format, written
-// here from the rows' Go values rather than through pgx's general encoder,
-// which looks up an encode plan for every value and costs several times
-// more: the registry's rows are few Go types, each for one column type.
-
-// colType is a column's type, as the registry's migrations declare it.
-type colType uint8
-
-const (
-	colUUID        colType = iota // pgtype.UUID
-	colText                       // string
-	colBool                       // bool
-	colInt4                       // int32
-	colInt8                       // int64
-	colFloat8                     // float64
-	colTimestamptz                // time.Time
-	colJSONB                      // []byte holding JSON
-)
-
-var (
-	mailboxTypes = []colType{
-		colUUID, colUUID, colUUID, colText, colText, colBool,
-		colText, colInt4, colText, colText, colJSONB,
-		colText, colFloat8, colText, colTimestamptz,
-		colTimestamptz, colText, colTimestamptz, colTimestamptz, colUUID,
-	}
-	orgTypes    = []colType{colUUID, colText, colInt4, colBool, colText, colTimestamptz}
-	userTypes   = []colType{colUUID, colTimestamptz, colText}
-	workerTypes = []colType{
-		colUUID, colText, colText, colText, colBool, colTimestamptz,
-		colInt8, colInt8, colInt8, colInt8, colTimestamptz,
-	}
-)
+// here straight from the row changes, column by column, rather than through
+// pgx's general encoder (which boxes every value and looks up an encode
+// plan for it, several times the cost): the registry's columns are few
+// types, each written by one of the append functions below.
 
 // copySQL is the COPY statement for columns of table.
 func copySQL(table string, columns []string) string {
@@ -56,109 +30,154 @@ func copySQL(table string, columns []string) string {
 	return fmt.Sprintf("COPY %s (%s) FROM STDIN (FORMAT binary)", pgx.Identifier{table}.Sanitize(), strings.Join(quoted, ", "))
 }
 
-// copyRows COPYs rows, whose values have the Go types of types, with sql
-// (from copySQL).
-func copyRows(ctx context.Context, tx pgx.Tx, sql string, types []colType, rows [][]any) error {
-	buf, err := encodeCopy(types, rows)
-	if err != nil {
-		return err
+// copyHeader starts binary COPY data: signature, flags, header extension.
+const copyHeader = "PGCOPY\n\377\r\n\000" + "\000\000\000\000" + "\000\000\000\000"
+
+// tuples is the binary COPY data of a table's rows, each keyed by a UUID,
+// in the order they were added.
+type tuples struct {
+	buf  []byte // copyHeader, then the tuples
+	ends []int  // ends[i] is where tuple i ends in buf
+	keys [][16]byte
+	// ended: buf holds the end-of-data marker after the last tuple.
+	ended bool
+}
+
+func newTuples(n, rowSize int) *tuples {
+	buf := make([]byte, 0, len(copyHeader)+n*rowSize+2)
+	return &tuples{buf: append(buf, copyHeader...), ends: make([]int, 0, n), keys: make([][16]byte, 0, n)}
+}
+
+func (t *tuples) len() int { return len(t.keys) }
+
+// row starts a tuple of n columns keyed by key, which it writes as the
+// first column; the caller appends the other n-1 to t.buf, then calls done.
+func (t *tuples) row(key [16]byte, n int) {
+	t.buf = binary.BigEndian.AppendUint16(t.buf, uint16(n))
+	t.buf = appendUUID(t.buf, key)
+	t.keys = append(t.keys, key)
+}
+
+func (t *tuples) done() { t.ends = append(t.ends, len(t.buf)) }
+
+// data returns the COPY data of the tuples pick selects, or of all of them
+// when pick is nil: then it ends t's buffer, which no row is added to
+// afterwards, and returns it.
+func (t *tuples) data(pick func(i int) bool) []byte {
+	if pick == nil {
+		if !t.ended {
+			t.buf = binary.BigEndian.AppendUint16(t.buf, math.MaxUint16) // -1: end of data
+			t.ended = true
+		}
+		return t.buf
 	}
-	_, err = tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(buf), sql)
+	out := make([]byte, 0, len(t.buf)+2)
+	out = append(out, copyHeader...)
+	start := len(copyHeader)
+	for i, end := range t.ends {
+		if pick(i) {
+			out = append(out, t.buf[start:end]...)
+		}
+		start = end
+	}
+	return binary.BigEndian.AppendUint16(out, math.MaxUint16)
+}
+
+// copyData runs sql (from copySQL, perhaps after other statements) with
+// data as its input.
+func copyData(ctx context.Context, tx pgx.Tx, sql string, data []byte) error {
+	_, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(data), sql)
 	return err
 }
 
-const (
-	// Microseconds from the Unix epoch to PostgreSQL's, 2000-01-01 UTC.
-	microsecFromUnixEpochToY2K = 946_684_800 * 1_000_000
-)
+// Column values, each a length (-1 for NULL) and the value in PostgreSQL's
+// binary send format.
 
-// encodeCopy renders rows as binary COPY data.
-func encodeCopy(types []colType, rows [][]any) ([]byte, error) {
-	size := 19 + 2
-	for _, row := range rows {
-		size += 2 + 4*len(row) + 16*len(row)
+func appendNull(b []byte) []byte { return binary.BigEndian.AppendUint32(b, math.MaxUint32) }
+
+func appendUUID(b []byte, u [16]byte) []byte {
+	b = binary.BigEndian.AppendUint32(b, 16)
+	return append(b, u[:]...)
+}
+
+func appendText(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint32(b, uint32(len(s)))
+	return append(b, s...)
+}
+
+func appendBool(b []byte, x bool) []byte {
+	b = binary.BigEndian.AppendUint32(b, 1)
+	if x {
+		return append(b, 1)
 	}
-	b := make([]byte, 0, size)
-	b = append(b, "PGCOPY\n\377\r\n\000"...)
-	b = binary.BigEndian.AppendUint32(b, 0) // flags
-	b = binary.BigEndian.AppendUint32(b, 0) // header extension
-	for _, row := range rows {
-		if len(row) != len(types) {
-			return nil, fmt.Errorf("registry: copy: %d values for %d columns", len(row), len(types))
+	return append(b, 0)
+}
+
+func appendInt4(b []byte, n int32) []byte {
+	b = binary.BigEndian.AppendUint32(b, 4)
+	return binary.BigEndian.AppendUint32(b, uint32(n))
+}
+
+func appendInt8(b []byte, n int64) []byte {
+	b = binary.BigEndian.AppendUint32(b, 8)
+	return binary.BigEndian.AppendUint64(b, uint64(n))
+}
+
+func appendFloat8(b []byte, f float64) []byte {
+	b = binary.BigEndian.AppendUint32(b, 8)
+	return binary.BigEndian.AppendUint64(b, math.Float64bits(f))
+}
+
+// Microseconds from the Unix epoch to PostgreSQL's, 2000-01-01 UTC.
+const microsecFromUnixEpochToY2K = 946_684_800 * 1_000_000
+
+// appendTimestamptz writes t truncated to the microsecond, as pgx does.
+func appendTimestamptz(b []byte, t time.Time) []byte {
+	us := t.Unix()*1_000_000 + int64(t.Nanosecond())/1000 - microsecFromUnixEpochToY2K
+	b = binary.BigEndian.AppendUint32(b, 8)
+	return binary.BigEndian.AppendUint64(b, uint64(us))
+}
+
+// appendJSONB writes JSON text as jsonb.
+func appendJSONB(b []byte, j []byte) []byte {
+	b = binary.BigEndian.AppendUint32(b, uint32(1+len(j)))
+	b = append(b, 1) // jsonb binary format version
+	return append(b, j...)
+}
+
+// appendSealedJSONB writes json.Marshal(s) as jsonb, byte for byte, written
+// directly when no field needs escaping (Validate allows only such fields),
+// which it does for every mailbox row.
+func appendSealedJSONB(b []byte, s *domain.SealedSecret) ([]byte, error) {
+	if !plainJSON(s.KeyID) || !plainJSON(s.Alg) || !plainJSON(s.Nonce) || !plainJSON(s.Ciphertext) {
+		j, err := json.Marshal(s)
+		if err != nil {
+			return nil, err
 		}
-		b = binary.BigEndian.AppendUint16(b, uint16(len(row)))
-		for i, v := range row {
-			if v == nil {
-				b = binary.BigEndian.AppendUint32(b, math.MaxUint32) // -1: NULL
-				continue
-			}
-			ok := false
-			switch types[i] {
-			case colUUID:
-				var u pgtype.UUID
-				if u, ok = v.(pgtype.UUID); ok {
-					if !u.Valid {
-						b = binary.BigEndian.AppendUint32(b, math.MaxUint32)
-						continue
-					}
-					b = binary.BigEndian.AppendUint32(b, 16)
-					b = append(b, u.Bytes[:]...)
-				}
-			case colText:
-				var s string
-				if s, ok = v.(string); ok {
-					b = binary.BigEndian.AppendUint32(b, uint32(len(s)))
-					b = append(b, s...)
-				}
-			case colBool:
-				var x bool
-				if x, ok = v.(bool); ok {
-					b = binary.BigEndian.AppendUint32(b, 1)
-					if x {
-						b = append(b, 1)
-					} else {
-						b = append(b, 0)
-					}
-				}
-			case colInt4:
-				var n int32
-				if n, ok = v.(int32); ok {
-					b = binary.BigEndian.AppendUint32(b, 4)
-					b = binary.BigEndian.AppendUint32(b, uint32(n))
-				}
-			case colInt8:
-				var n int64
-				if n, ok = v.(int64); ok {
-					b = binary.BigEndian.AppendUint32(b, 8)
-					b = binary.BigEndian.AppendUint64(b, uint64(n))
-				}
-			case colFloat8:
-				var f float64
-				if f, ok = v.(float64); ok {
-					b = binary.BigEndian.AppendUint32(b, 8)
-					b = binary.BigEndian.AppendUint64(b, math.Float64bits(f))
-				}
-			case colTimestamptz:
-				var t time.Time
-				if t, ok = v.(time.Time); ok {
-					// As pgx encodes it: truncated to the microsecond.
-					us := t.Unix()*1_000_000 + int64(t.Nanosecond())/1000 - microsecFromUnixEpochToY2K
-					b = binary.BigEndian.AppendUint32(b, 8)
-					b = binary.BigEndian.AppendUint64(b, uint64(us))
-				}
-			case colJSONB:
-				var j []byte
-				if j, ok = v.([]byte); ok {
-					b = binary.BigEndian.AppendUint32(b, uint32(1+len(j)))
-					b = append(b, 1) // jsonb binary format version
-					b = append(b, j...)
-				}
-			}
-			if !ok {
-				return nil, fmt.Errorf("registry: copy: column %d: unexpected %T", i, v)
-			}
-		}
+		return appendJSONB(b, j), nil
 	}
-	b = binary.BigEndian.AppendUint16(b, math.MaxUint16) // -1: end of data
+	n := len(`{"key_id":"","alg":"","nonce":"","ciphertext":""}`) + len(s.KeyID) + len(s.Alg) + len(s.Nonce) + len(s.Ciphertext)
+	b = binary.BigEndian.AppendUint32(b, uint32(1+n))
+	b = append(b, 1)
+	b = append(b, `{"key_id":"`...)
+	b = append(b, s.KeyID...)
+	b = append(b, `","alg":"`...)
+	b = append(b, s.Alg...)
+	b = append(b, `","nonce":"`...)
+	b = append(b, s.Nonce...)
+	b = append(b, `","ciphertext":"`...)
+	b = append(b, s.Ciphertext...)
+	b = append(b, `"}`...)
 	return b, nil
+}
+
+// plainJSON reports whether encoding/json writes s between quotes as it is.
+func plainJSON(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c >= 0x7f, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
 }

@@ -14,13 +14,13 @@ func TestSealedJSONIsJSONMarshal(t *testing.T) {
 		{KeyID: `a"b`, Alg: `\`, Nonce: "<>&", Ciphertext: "\u2028é\x01\x7f"},
 		{KeyID: "k.1_-", Alg: "x y", Nonce: "~", Ciphertext: "{}"},
 	} {
-		got, err := sealedJSON(&s)
+		got, err := appendSealedJSONB([]byte("x"), &s)
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, _ := json.Marshal(&s)
-		if string(got) != string(want) {
-			t.Errorf("sealedJSON(%+v) = %s, want %s", s, got, want)
+		j, _ := json.Marshal(&s)
+		if want := appendJSONB([]byte("x"), j); string(got) != string(want) {
+			t.Errorf("appendSealedJSONB(%+v) = %q, want %q", s, got, want)
 		}
 	}
 }
