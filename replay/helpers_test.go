@@ -362,17 +362,41 @@ type logEntry struct {
 }
 
 func (e *env) readLog() []logEntry {
+	l, _ := e.readLogEnd()
+	return l
+}
+
+// readLogEnd reads the decision log and returns it with its end offset.
+func (e *env) readLogEnd() ([]logEntry, int64) {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var out []logEntry
-	if _, err := placement.ReadDecisions(ctx, e.kcfg, 0, func(off int64, d topics.Decision) error {
+	end, err := placement.ReadDecisions(ctx, e.kcfg, 0, func(off int64, d topics.Decision) error {
 		out = append(out, logEntry{off, d})
 		return nil
-	}); err != nil {
+	})
+	if err != nil {
 		e.t.Fatalf("reading the decision log: %v", err)
 	}
-	return out
+	return out, end
+}
+
+// settledLog settles and reads the log, again while the log grew after
+// settling: settle takes a log that stood still for 2 s as settled, and an
+// engine held up longer (a busy machine) then decides more, which a
+// comparison with the projection must not see.
+func (e *env) settledLog(pool *pgxpool.Pool) []logEntry {
+	e.t.Helper()
+	for range 10 {
+		end := e.settle(pool)
+		l, logEnd := e.readLogEnd()
+		if logEnd == end {
+			return l
+		}
+	}
+	e.t.Fatal("the decision log kept growing after settling")
+	return nil
 }
 
 func mustJSON(v any) string {

@@ -92,8 +92,7 @@ func TestReplayPlacementEqualsLive(t *testing.T) {
 			s := newScenario(e, seed)
 			for range 5 {
 				s.round(40)
-				e.settle(e.db.Pool)
-				checkProjection(t, e.db.Pool, e.verifyLog(e.readLog()))
+				checkProjection(t, e.db.Pool, e.verifyLog(e.settledLog(e.db.Pool)))
 			}
 			l := e.readLog()
 			if len(l) < 100 {
@@ -141,8 +140,7 @@ func TestReplayPlacementEqualsLive(t *testing.T) {
 			}
 			for range 2 {
 				s.round(30)
-				e.settle(e.db.Pool)
-				checkProjection(t, e.db.Pool, e.verifyLog(e.readLog()))
+				checkProjection(t, e.db.Pool, e.verifyLog(e.settledLog(e.db.Pool)))
 			}
 			var n int
 			if err := e.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{rb.Schema(), "placement_checkpoint"}.Sanitize()).Scan(&n); err != nil || n != 1 {
