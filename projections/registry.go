@@ -17,7 +17,7 @@ import (
 )
 
 // Registry is the projection of the registry of facts: the tables
-// mailboxes, orgs, users and workers (migration 0002), from the seven domain
+// mailboxes, orgs, users and workers (migrations 0002 and 0008), from the domain
 // event types. Every timestamp it writes is an event's ce_time. Its Apply
 // may run in several transactions at once.
 type Registry struct {
@@ -80,21 +80,22 @@ var mailboxColumns = []string{
 	"imap_host", "imap_port", "imap_tls", "imap_username", "sealed_credentials",
 	"health_state", "health_score", "health_reason", "health_until",
 	"removed_at", "removal_reason", "added_at", "updated_at", "last_event_id",
+	"disabled_at", "disabled_reason",
 }
 
 // A group of columns the batch did not touch arrives as NULLs and keeps the
 // stored values: added_at flags the identity group, health_state the health
-// group; the removal group is touched by a removal or by an add (which
-// clears it).
+// group; the removal and disabled groups are touched by a removal (a
+// disable) or by an add (which clears them).
 const mergeMailboxesSQL = `INSERT INTO mailboxes AS m (` + `
     mailbox_id, org_id, user_id, address, provider, warmup_enabled,
     imap_host, imap_port, imap_tls, imap_username, sealed_credentials,
     health_state, health_score, health_reason, health_until,
-    removed_at, removal_reason, added_at, updated_at, last_event_id)
+    removed_at, removal_reason, added_at, updated_at, last_event_id, disabled_at, disabled_reason)
 SELECT mailbox_id, org_id, user_id, address, provider, warmup_enabled,
     imap_host, imap_port, imap_tls, imap_username, sealed_credentials,
     health_state, health_score, health_reason, health_until,
-    removed_at, removal_reason, added_at, updated_at, last_event_id
+    removed_at, removal_reason, added_at, updated_at, last_event_id, disabled_at, disabled_reason
 FROM registry_stage_mailboxes
 ON CONFLICT (mailbox_id) DO UPDATE SET
     org_id             = CASE WHEN EXCLUDED.added_at IS NOT NULL THEN EXCLUDED.org_id ELSE m.org_id END,
@@ -116,6 +117,10 @@ ON CONFLICT (mailbox_id) DO UPDATE SET
                               THEN EXCLUDED.removed_at ELSE m.removed_at END,
     removal_reason     = CASE WHEN EXCLUDED.added_at IS NOT NULL OR EXCLUDED.removed_at IS NOT NULL
                               THEN EXCLUDED.removal_reason ELSE m.removal_reason END,
+    disabled_at        = CASE WHEN EXCLUDED.added_at IS NOT NULL OR EXCLUDED.disabled_at IS NOT NULL
+                              THEN EXCLUDED.disabled_at ELSE m.disabled_at END,
+    disabled_reason    = CASE WHEN EXCLUDED.added_at IS NOT NULL OR EXCLUDED.disabled_at IS NOT NULL
+                              THEN EXCLUDED.disabled_reason ELSE m.disabled_reason END,
     updated_at         = EXCLUDED.updated_at,
     last_event_id      = EXCLUDED.last_event_id`
 
@@ -539,6 +544,13 @@ func mailboxRows(cs []*mailboxChange) (*tuples, error) {
 		}
 		b = appendTimestamptz(b, c.UpdatedAt)
 		b = appendUUID(b, eventID)
+		if c.DisabledAt != nil {
+			b = appendTimestamptz(b, *c.DisabledAt)
+			b = appendText(b, *c.DisabledReason)
+		} else {
+			b = appendNull(b)
+			b = appendNull(b)
+		}
 		t.buf = b
 		t.done()
 	}

@@ -31,6 +31,10 @@ type mailboxChange struct {
 	// followed by an add; both stay nil when an add came after it.
 	RemovedAt     *time.Time
 	RemovalReason *string
+	// DisabledAt and DisabledReason are set by the last mailbox.disabled
+	// not followed by an add.
+	DisabledAt     *time.Time
+	DisabledReason *string
 	// UpdatedAt and LastEventID are the last event's.
 	UpdatedAt   time.Time
 	LastEventID string
@@ -97,11 +101,17 @@ func foldRegistry(events []domain.Event) registryChanges {
 			c := mailbox(d.MailboxID)
 			c.Added, c.AddedAt = d, e.Time
 			c.RemovedAt, c.RemovalReason = nil, nil
+			c.DisabledAt, c.DisabledReason = nil, nil
 			c.UpdatedAt, c.LastEventID = e.Time, e.ID
 		case *domain.MailboxRemoved:
 			c := mailbox(d.MailboxID)
 			t, reason := e.Time, d.Reason
 			c.RemovedAt, c.RemovalReason = &t, &reason
+			c.UpdatedAt, c.LastEventID = e.Time, e.ID
+		case *domain.MailboxDisabled:
+			c := mailbox(d.MailboxID)
+			t, reason := e.Time, string(d.Cause)+": "+d.Reason
+			c.DisabledAt, c.DisabledReason = &t, &reason
 			c.UpdatedAt, c.LastEventID = e.Time, e.ID
 		case *domain.MailboxHealthScored:
 			c := mailbox(d.MailboxID)

@@ -76,29 +76,39 @@ type errString string
 
 func (e errString) Error() string { return string(e) }
 
-// TestFoldRegistryIgnoresDisabledAndObservations: the registry has no
-// column for either type, so it folds them to nothing: no row change of
-// their own, and the mailbox's last event stays the one before them.
-func TestFoldRegistryIgnoresDisabledAndObservations(t *testing.T) {
+// TestFoldRegistryDisabledAndObservations: a disable marks its mailbox
+// (known or not); observations (on their own topic, which the registry does
+// not read) fold to nothing.
+func TestFoldRegistryDisabledAndObservations(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	const m1, m2 = "m1", "m2"
 	add := domain.Event{ID: "a", Type: domain.TypeMailboxAdded, Time: t0, Data: &domain.MailboxAdded{MailboxID: m1, Address: "a@b.c"}}
-	others := []domain.Event{
+	obs := domain.Event{ID: "c", Type: domain.TypeWarmupObserved, Time: t0.Add(2 * time.Second),
+		Data: &domain.WarmupObserved{MailboxID: m1, WarmupID: "w", Placement: domain.PlacedJunk, LandedAt: t0, Source: domain.ObservedBySync}}
+	if ch := foldRegistry([]domain.Event{obs}); len(ch.Mailboxes)+len(ch.Orgs)+len(ch.Users)+len(ch.Workers) != 0 {
+		t.Errorf("an observation folded to row changes: %+v", ch)
+	}
+	events := []domain.Event{add,
 		{ID: "b", Type: domain.TypeMailboxDisabled, Time: t0.Add(time.Second),
 			Data: &domain.MailboxDisabled{MailboxID: m1, Cause: domain.DisableAuthFailing, Reason: "refused"}},
-		{ID: "c", Type: domain.TypeWarmupObserved, Time: t0.Add(2 * time.Second),
-			Data: &domain.WarmupObserved{MailboxID: m1, WarmupID: "w", Placement: domain.PlacedJunk, LandedAt: t0, Source: domain.ObservedBySync}},
+		obs,
 		{ID: "d", Type: domain.TypeMailboxDisabled, Time: t0.Add(3 * time.Second),
-			Data: &domain.MailboxDisabled{MailboxID: m2, Cause: domain.DisableOperator, Reason: "unknown mailbox"}},
+			Data: &domain.MailboxDisabled{MailboxID: m2, Cause: domain.DisableOperator, Reason: "by hand"}},
 	}
-	if ch := foldRegistry(others); len(ch.Mailboxes)+len(ch.Orgs)+len(ch.Users)+len(ch.Workers) != 0 {
-		t.Errorf("folded to row changes: %+v", ch)
-	}
-	ch := foldRegistry(append([]domain.Event{add}, others...))
-	if len(ch.Mailboxes) != 1 {
+	ch := foldRegistry(events)
+	if len(ch.Mailboxes) != 2 {
 		t.Fatalf("mailboxes: %+v", ch.Mailboxes)
 	}
-	if c := ch.Mailboxes[0]; c.MailboxID != m1 || c.LastEventID != "a" || !c.UpdatedAt.Equal(t0) || c.Added == nil || c.RemovedAt != nil {
-		t.Errorf("mailbox: %+v", c)
+	c := ch.Mailboxes[0]
+	if c.MailboxID != m1 || c.LastEventID != "b" || c.Added == nil || c.DisabledAt == nil || *c.DisabledReason != "auth_failing: refused" {
+		t.Errorf("mailbox 1: %+v", c)
+	}
+	if c := ch.Mailboxes[1]; c.MailboxID != m2 || c.Added != nil || c.DisabledAt == nil || *c.DisabledReason != "operator: by hand" {
+		t.Errorf("mailbox 2: %+v", c)
+	}
+	// Added again after the disable: enabled.
+	ch = foldRegistry(append(events[:2:2], domain.Event{ID: "e", Type: domain.TypeMailboxAdded, Time: t0.Add(4 * time.Second), Data: &domain.MailboxAdded{MailboxID: m1}}))
+	if c := ch.Mailboxes[0]; c.DisabledAt != nil || c.DisabledReason != nil {
+		t.Errorf("re-added mailbox still disabled: %+v", c)
 	}
 }

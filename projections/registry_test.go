@@ -100,3 +100,62 @@ func TestRegistryCreatedRowThatExists(t *testing.T) {
 		}
 	}
 }
+
+// TestRegistryDisabled: a mailbox.disabled shows on the mailbox's row, with
+// its cause and reason, through both the created-rows path and the merge;
+// a later mailbox.added clears it.
+func TestRegistryDisabled(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Schema(t)
+	ctx := context.Background()
+	if err := migrations.Apply(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	n := 0
+	ev := func(d domain.Data) domain.Event {
+		n++
+		return domain.Event{ID: uuid.NewString(), Type: d.EventType(), Time: t0.Add(time.Duration(n) * time.Second), Data: d}
+	}
+	added := func(id string) domain.Event {
+		return ev(&domain.MailboxAdded{MailboxID: id, OrgID: uuid.NewString(), UserID: uuid.NewString(), Address: "a@example.com",
+			Provider: domain.ProviderSMTPIMAP, IMAP: domain.IMAPEndpoint{Host: "imap.example.com", Port: 993, TLS: "implicit", Username: "a"}})
+	}
+	disabled := func(id string) domain.Event {
+		return ev(&domain.MailboxDisabled{MailboxID: id, Cause: domain.DisableAuthFailing, Reason: "LOGIN refused"})
+	}
+	r := NewRegistry()
+	apply := func(events ...domain.Event) {
+		t.Helper()
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return r.Apply(ctx, tx, events) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state := func(id string) (at *time.Time, reason *string) {
+		t.Helper()
+		if err := pool.QueryRow(ctx, `SELECT disabled_at, disabled_reason FROM mailboxes WHERE mailbox_id = $1`, id).Scan(&at, &reason); err != nil {
+			t.Fatal(err)
+		}
+		return at, reason
+	}
+	m1, m2 := uuid.NewString(), uuid.NewString()
+	apply(added(m1), disabled(m1), added(m2)) // new rows, disabled in the same batch
+	if at, reason := state(m1); at == nil || !at.Equal(t0.Add(2*time.Second)) || reason == nil || *reason != "auth_failing: LOGIN refused" {
+		t.Fatalf("m1: %v %v", at, reason)
+	}
+	if at, _ := state(m2); at != nil {
+		t.Fatalf("m2 disabled: %v", at)
+	}
+	apply(disabled(m2)) // the merge path
+	if at, _ := state(m2); at == nil {
+		t.Fatal("m2 not disabled")
+	}
+	apply(ev(&domain.MailboxHealthScored{MailboxID: m2, State: domain.HealthWatch, Score: 90, Reason: "r"}))
+	if at, _ := state(m2); at == nil {
+		t.Fatal("a health score cleared the disable")
+	}
+	apply(added(m2)) // added again: enabled
+	if at, reason := state(m2); at != nil || reason != nil {
+		t.Fatalf("m2 still disabled after an add: %v %v", at, reason)
+	}
+}
