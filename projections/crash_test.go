@@ -22,6 +22,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/kafka"
+	"github.com/mailplane/mailplane/kafkatest"
 	"github.com/mailplane/mailplane/pgtest"
 	"github.com/mailplane/mailplane/projections"
 	"github.com/mailplane/mailplane/topics"
@@ -41,7 +42,7 @@ const crashReady = "crash-helper: ready"
 // crashGroup is the child's group membership: a static instance id, so a
 // restarted child takes its killed predecessor's place at once instead of
 // waiting out its session.
-var crashGroup = kafka.GroupConfig{SessionTimeout: 2 * time.Second, HeartbeatInterval: 200 * time.Millisecond, InstanceID: "crash-child"}
+var crashGroup = kafka.GroupConfig{SessionTimeout: kafkatest.SessionTimeout(2 * time.Second), HeartbeatInterval: 200 * time.Millisecond, InstanceID: "crash-child"}
 
 // crashHelper is the child process of TestCrash: a projector, as a
 // small main would run it, until SIGTERM or SIGKILL.
