@@ -248,3 +248,83 @@ func TestFencedPartitionResumes(t *testing.T) {
 		t.Error("mailplane_sync_fenced_writes_total is 0")
 	}
 }
+
+// TestRebalanceWaitingOnDeadMember: a member goes silent and, before its
+// session runs out, another joins: the coordinator's rebalance waits for
+// the silent one until its session expires, and the survivors wait in
+// JoinGroup all that time, their heartbeats stopped. Their watchdogs must
+// not take that for being cut off (the probe's REBALANCE_IN_PROGRESS
+// answers are contact): they stop nothing, while the silent member's
+// watchdog stops its runners.
+func TestRebalanceWaitingOnDeadMember(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 6)
+	f := newFixture(60)
+	var mbs []mailboxstate.Mailbox
+	for range 60 {
+		mbs = append(mbs, f.mailbox("", time.Hour))
+	}
+	e.produce(stateRecords(t, mbs...)...)
+	live := ids(mbs)
+	cfg := func(id string) mailsync.Config {
+		c := testConfig(t, id)
+		// Margin 1 s: a survivor silent for 2 s trips.
+		c.SessionTimeout, c.HeartbeatInterval, c.WatchdogMargin = 3*time.Second, 200*time.Millisecond, time.Second
+		return c
+	}
+	victim := e.start(cfg("victim"), nil)
+	b := e.start(cfg("b"), nil)
+	c := e.start(cfg("c"), nil)
+	waitFor(t, 30*time.Second, "three members running", func() (bool, string) {
+		if ok, why := exactlyOnce(t, e.db.Pool, live, victim, b, c); !ok {
+			return false, why
+		}
+		return len(victim.rec.Running()) > 0 && len(b.rec.Running()) > 0 && len(c.rec.Running()) > 0, "a member runs nothing"
+	})
+	var victimID string
+	for _, m := range e.cluster.GroupInfo(mailsync.DefaultGroup).Members {
+		if m.ClientID == "sync-victim" {
+			victimID = m.MemberID
+		}
+	}
+	if victimID == "" {
+		t.Fatal("victim not in the group")
+	}
+	silence := func(req kmsg.Request) (kmsg.Response, error, bool) {
+		var id string
+		switch r := req.(type) {
+		case *kmsg.HeartbeatRequest:
+			id = r.MemberID
+		case *kmsg.JoinGroupRequest:
+			id = r.MemberID
+		case *kmsg.SyncGroupRequest:
+			id = r.MemberID
+		}
+		if id != victimID {
+			return nil, nil, false
+		}
+		e.cluster.KeepControl()
+		return nil, nil, true
+	}
+	for _, k := range []kmsg.Key{kmsg.Heartbeat, kmsg.JoinGroup, kmsg.SyncGroup} {
+		e.cluster.ControlKey(int16(k), silence)
+	}
+	cut := time.Now()
+	d := e.start(cfg("d"), nil) // joins while the victim's session still runs
+	waitFor(t, 30*time.Second, "the rebalance done without the victim", func() (bool, string) {
+		return len(d.rec.Running()) > 0, "d runs nothing"
+	})
+	t.Logf("d running %s after the victim went silent; probes answered: b %v, c %v", time.Since(cut),
+		counterValue(t, b.reg, "mailplane_sync_watchdog_probes_total"), counterValue(t, c.reg, "mailplane_sync_watchdog_probes_total"))
+	for name, m := range map[string]*member{"b": b, "c": c, "d": d} {
+		if got := counterValue(t, m.reg, "mailplane_sync_watchdog_stops_total"); got != 0 {
+			t.Errorf("%s's watchdog stopped its runners %v times during the rebalance", name, got)
+		}
+	}
+	if got := counterValue(t, victim.reg, "mailplane_sync_watchdog_stops_total"); got < 1 {
+		t.Errorf("the silent victim's watchdog stopped nothing")
+	}
+	if s := staleWrites(t, e.db.Pool); s != 0 {
+		t.Errorf("%d writes landed at a stale epoch", s)
+	}
+}

@@ -14,6 +14,7 @@ type metrics struct {
 	runners          *prometheus.GaugeVec
 	fencedWrites     prometheus.Counter
 	watchdogStops    prometheus.Counter
+	watchdogProbes   prometheus.Counter
 	rebalances       *prometheus.CounterVec
 	rebalanceSeconds *prometheus.HistogramVec
 	promotionSeconds prometheus.Histogram
@@ -39,6 +40,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		watchdogStops: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mailplane_sync_watchdog_stops_total",
 			Help: "Times the watchdog stopped every runner because no group request had been answered for the session timeout minus the margin.",
+		}),
+		watchdogProbes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mailplane_sync_watchdog_probes_total",
+			Help: "Heartbeats the watchdog sent itself while the group client was silent (a rebalance) that the coordinator answered REBALANCE_IN_PROGRESS: the member still held.",
 		}),
 		rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mailplane_sync_rebalances_total",
@@ -71,6 +76,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.runners = register(reg, m.runners)
 	m.fencedWrites = register(reg, m.fencedWrites)
 	m.watchdogStops = register(reg, m.watchdogStops)
+	m.watchdogProbes = register(reg, m.watchdogProbes)
 	m.rebalances = register(reg, m.rebalances)
 	m.rebalanceSeconds = register(reg, m.rebalanceSeconds)
 	m.promotionSeconds = register(reg, m.promotionSeconds)

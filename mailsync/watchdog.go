@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -29,6 +30,11 @@ import (
 // assigned. A heartbeat answered with an error ends the group session, and
 // franz-go revokes or loses partitions before any heartbeat of the next
 // session, so the second answer is proof enough.
+//
+// While a rebalance waits for a dead member, franz-go sits in JoinGroup and
+// sends nothing the coordinator answers; the worker's probe (probeLoop)
+// fills that silence with heartbeats of its own, counted only when the
+// coordinator answers that it still holds the member.
 type watchdog struct {
 	mu          sync.Mutex
 	lastContact time.Time
@@ -150,5 +156,60 @@ func (w *Worker) watchdogLoop(ctx context.Context) {
 		w.log.Warn("watchdog: no group request answered in time; stopping every runner", "silent_for", silent, "limit", limit)
 		n := w.suspendAll(SuspendedWatchdog)
 		w.log.Warn("watchdog: runners stopped", "runners", n, "took", time.Since(now))
+	}
+}
+
+// contact records an answer to a request sent at sent.
+func (d *watchdog) contact(sent time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if sent.After(d.lastContact) {
+		d.lastContact = sent
+	}
+}
+
+// probeLoop keeps the watchdog informed while franz-go sends nothing the
+// coordinator answers: during a rebalance the member waits in JoinGroup for
+// as long as the coordinator waits for every member — up to a dead member's
+// session — and its heartbeats stop. Without the probe, survivors of a
+// member's death that coincides with a join would stop their runners for
+// nothing. The probe is a Heartbeat with the member's id and generation,
+// sent on the worker's other client (whose answers the watchdog's hook does
+// not see): the coordinator answers REBALANCE_IN_PROGRESS only while it
+// still holds the member in the group, and no other member can be given
+// the member's partitions before the member revokes them (cooperative
+// protocol), so that answer is contact. Any other answer (unknown member,
+// illegal generation) or none is not.
+func (w *Worker) probeLoop(ctx context.Context) {
+	if w.cfg.WatchdogMargin < 0 {
+		return
+	}
+	t := time.NewTicker(w.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		// Only when the group client has been silent for two heartbeats.
+		if w.wd.silentFor(time.Now()) < 2*w.cfg.HeartbeatInterval {
+			continue
+		}
+		member, gen := w.cl.GroupMetadata()
+		if member == "" || gen < 0 {
+			continue
+		}
+		sent := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
+		resp, err := (&kmsg.HeartbeatRequest{Group: w.cfg.Group, Generation: gen, MemberID: member}).RequestWith(rctx, w.out)
+		cancel()
+		if err != nil {
+			continue
+		}
+		if resp.ErrorCode == kerr.RebalanceInProgress.Code {
+			w.wd.contact(sent)
+			w.m.watchdogProbes.Inc()
+		}
 	}
 }

@@ -18,7 +18,9 @@
 //     at an epoch that is no longer the partition's is refused, rolled back,
 //     counted and recorded.
 //   - A watchdog stops every runner when no group request has been answered
-//     for SessionTimeout - WatchdogMargin. A fenced write stops its
+//     for SessionTimeout - WatchdogMargin (a rebalance waiting for a dead
+//     member is not silence: the coordinator answers the watchdog's own
+//     heartbeats with REBALANCE_IN_PROGRESS while it holds the member). A fenced write stops its
 //     partition's runners likewise. Either way the runners come back, under
 //     a new epoch, only once two heartbeats sent afterwards were answered
 //     while the partition is still assigned.
@@ -265,6 +267,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { w.followUsers(ctx) })
 	wg.Go(func() { w.watchdogLoop(ctx) })
+	wg.Go(func() { w.probeLoop(ctx) })
 	wg.Go(func() { w.evalLoop(ctx) })
 	recDone := make(chan struct{})
 	go func() { defer close(recDone); w.recordLoop(bg) }()
