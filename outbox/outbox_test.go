@@ -169,12 +169,16 @@ func TestRelayStandbyTakesOver(t *testing.T) {
 	stopA := startRelay(t, context.Background(), pool, brokers)
 	add(t, pool, true, &kgo.Record{Topic: topic, Key: []byte("a"), Value: []byte("1")})
 	consume(t, brokers, 1)
+	// Published and deleted: a relay stopped between its commit to Kafka
+	// and its delete leaves the batch to the next (at least once), which
+	// is not what this test is about.
+	waitEmpty(t, pool)
 	startRelay(t, context.Background(), pool, brokers)
 	stopA()
 	add(t, pool, true, &kgo.Record{Topic: topic, Key: []byte("a"), Value: []byte("2")})
 	got := consume(t, brokers, 2)
 	waitEmpty(t, pool)
-	if string(got[0].Value) != "1" || string(got[1].Value) != "2" || len(got) != 2 {
+	if len(got) != 2 || string(got[0].Value) != "1" || string(got[1].Value) != "2" {
 		t.Fatalf("got %d records", len(got))
 	}
 }
