@@ -37,11 +37,8 @@ package mailboxstate
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
@@ -106,107 +103,37 @@ func (b *batchState) set(id string, c current) {
 	b.folded[id] = c
 }
 
-// readTimeout bounds one read of mailbox.state, which may wait for
-// transactions still open on it to end (at most their timeout).
-const readTimeout = 2 * time.Minute
-
 // readState returns the last mailbox.state record of each mailbox in ids
 // that has one. It reads the partitions the ids hash to, read-committed, to
 // their high watermark as of the call.
 func (p *Processor) readState(ctx context.Context, ids map[string]bool) (map[string]current, error) {
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, readTimeout)
-	defer cancel()
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(p.kcfg.Brokers...),
-		kgo.ClientID(p.kcfg.ClientID+"-state-read"),
-		kgo.DialTimeout(5*time.Second),
-		kgo.RequestTimeoutOverhead(10*time.Second),
-		kgo.RetryTimeout(30*time.Second),
-		kgo.MetadataMinAge(250*time.Millisecond),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.KeepControlRecords(),
-		kgo.FetchMaxWait(100*time.Millisecond),
-		kgo.WithLogger(kgoLogger{p.log}),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("state read client: %w", err)
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	starts, err := adm.ListStartOffsets(ctx, topics.MailboxState)
-	if err == nil {
-		err = starts.Error()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list start offsets of %s: %w", topics.MailboxState, err)
-	}
-	ends, err := adm.ListEndOffsets(ctx, topics.MailboxState)
-	if err == nil {
-		err = ends.Error()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list end offsets of %s: %w", topics.MailboxState, err)
-	}
-	n := len(ends[topics.MailboxState])
-	if n == 0 {
-		return nil, fmt.Errorf("%s has no partitions (run `mailplane topics apply`)", topics.MailboxState)
-	}
-	// The partition of a key, as the processor's producer places it
-	// (partitioner: murmur2 of the key).
-	place := kgo.StickyKeyPartitioner(nil).ForTopic(topics.MailboxState)
-	want := map[int32]int64{} // partition → offset of the last record to read
-	offsets := map[int32]kgo.Offset{}
-	for id := range ids {
-		part := int32(place.Partition(&kgo.Record{Key: []byte(id)}, n))
-		if _, ok := want[part]; ok {
-			continue
+	var parts []int32
+	pick := func(n int) []int32 {
+		// The partition of a key, as the processor's producer places it
+		// (partitioner: murmur2 of the key).
+		place := kgo.StickyKeyPartitioner(nil).ForTopic(topics.MailboxState)
+		seen := map[int32]bool{}
+		for id := range ids {
+			part := int32(place.Partition(&kgo.Record{Key: []byte(id)}, n))
+			if !seen[part] {
+				seen[part] = true
+				parts = append(parts, part)
+			}
 		}
-		s, okS := starts.Lookup(topics.MailboxState, part)
-		e, okE := ends.Lookup(topics.MailboxState, part)
-		if !okS || !okE {
-			return nil, fmt.Errorf("%s partition %d has no offsets", topics.MailboxState, part)
-		}
-		if e.Offset > s.Offset {
-			want[part] = e.Offset - 1
-			offsets[part] = kgo.NewOffset().At(s.Offset)
-		}
+		return parts
 	}
 	out := map[string]current{}
-	if len(want) > 0 {
-		cl.AddConsumePartitions(map[string]map[int32]kgo.Offset{topics.MailboxState: offsets})
-	}
-	parts, recs := len(want), 0
-	for len(want) > 0 {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("read %s partitions %v: %w", topics.MailboxState, keys(want), err)
+	recs, err := p.readToEnd(ctx, "state-read", topics.MailboxState, pick, func(r *kgo.Record) {
+		if ids[string(r.Key)] {
+			m, live, err := Decode(r)
+			out[string(r.Key)] = current{m: m, live: live, err: err}
 		}
-		var ferr error
-		fs.EachError(func(_ string, part int32, err error) {
-			if ferr == nil && !errors.Is(err, context.Canceled) {
-				ferr = fmt.Errorf("read %s partition %d: %w", topics.MailboxState, part, err)
-			}
-		})
-		if ferr != nil {
-			return nil, ferr
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			last, ok := want[r.Partition]
-			if !ok {
-				return
-			}
-			if r.Offset <= last && !r.Attrs.IsControl() && ids[string(r.Key)] {
-				m, live, err := Decode(r)
-				out[string(r.Key)] = current{m: m, live: live, err: err}
-				recs++
-			}
-			if r.Offset >= last {
-				delete(want, r.Partition)
-			}
-		})
+	})
+	if err != nil {
+		return nil, err
 	}
-	p.log.Debug("mailbox.state read for mailbox.disabled", "mailboxes", len(ids), "partitions", parts,
-		"records_kept", recs, "took", time.Since(start).Round(time.Millisecond))
+	p.log.Debug("mailbox.state read for mailbox.disabled", "mailboxes", len(ids), "partitions", len(parts),
+		"records_read", recs, "took", time.Since(start).Round(time.Millisecond))
 	return out, nil
 }

@@ -79,7 +79,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -87,7 +86,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
@@ -231,10 +229,6 @@ func (a *applied) finish() {
 	a.nextSweep = 0 // sweep on the next transaction
 }
 
-// restoreTimeout bounds one restore, which may wait for a predecessor's open
-// transaction on the changelog to end (at most its transaction timeout).
-const restoreTimeout = 2 * time.Minute
-
 // restore reads the changelog partitions of the input partitions in resume
 // (partition → the input offset it resumes from) and returns their dedupe
 // state. It reads each partition to the high watermark as of the call, in
@@ -242,86 +236,16 @@ const restoreTimeout = 2 * time.Minute
 // waits for those still open.
 func (p *Processor) restore(ctx context.Context, resume map[int32]int64) (map[int32]*applied, error) {
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, restoreTimeout)
-	defer cancel()
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(p.kcfg.Brokers...),
-		kgo.ClientID(p.kcfg.ClientID+"-restore"),
-		kgo.DialTimeout(5*time.Second),
-		kgo.RequestTimeoutOverhead(10*time.Second),
-		kgo.RetryTimeout(30*time.Second),
-		kgo.MetadataMinAge(250*time.Millisecond),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.KeepControlRecords(),
-		kgo.FetchMaxWait(100*time.Millisecond),
-		kgo.WithLogger(kgoLogger{p.log}),
-	)
-	if err != nil {
-		return nil, fmt.Errorf("restore client: %w", err)
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	starts, err := adm.ListStartOffsets(ctx, topics.MailboxStateDedupe)
-	if err == nil {
-		err = starts.Error()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list start offsets of %s (run `mailplane topics apply`): %w", topics.MailboxStateDedupe, err)
-	}
-	ends, err := adm.ListEndOffsets(ctx, topics.MailboxStateDedupe)
-	if err == nil {
-		err = ends.Error()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list end offsets of %s: %w", topics.MailboxStateDedupe, err)
-	}
 	out := make(map[int32]*applied, len(resume))
-	// want is the offset of the last record to read, per partition.
-	want := map[int32]int64{}
-	offsets := map[int32]kgo.Offset{}
 	for part := range resume {
-		s, okS := starts.Lookup(topics.MailboxStateDedupe, part)
-		e, okE := ends.Lookup(topics.MailboxStateDedupe, part)
-		if !okS || !okE {
-			return nil, fmt.Errorf("%s has no partition %d: it must have as many partitions as %s", topics.MailboxStateDedupe, part, topics.MailboxEvents)
-		}
 		out[part] = newApplied()
-		if e.Offset > s.Offset {
-			want[part] = e.Offset - 1
-			offsets[part] = kgo.NewOffset().At(s.Offset)
-		}
 	}
-	if len(want) > 0 {
-		cl.AddConsumePartitions(map[string]map[int32]kgo.Offset{topics.MailboxStateDedupe: offsets})
-	}
-	n := 0
-	for len(want) > 0 {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("restore %s partitions %v: %w", topics.MailboxStateDedupe, keys(want), err)
-		}
-		var ferr error
-		fs.EachError(func(_ string, part int32, err error) {
-			if ferr == nil && !errors.Is(err, context.Canceled) {
-				ferr = fmt.Errorf("restore %s partition %d: %w", topics.MailboxStateDedupe, part, err)
-			}
-		})
-		if ferr != nil {
-			return nil, ferr
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			last, ok := want[r.Partition]
-			if !ok {
-				return
-			}
-			if r.Offset <= last && !r.Attrs.IsControl() {
-				out[r.Partition].replay(p.cfg.group.Group, r, resume[r.Partition])
-				n++
-			}
-			if r.Offset >= last {
-				delete(want, r.Partition)
-			}
-		})
+	pick := func(int) []int32 { return keys(resume) }
+	n, err := p.readToEnd(ctx, "restore", topics.MailboxStateDedupe, pick, func(r *kgo.Record) {
+		out[r.Partition].replay(p.cfg.group.Group, r, resume[r.Partition])
+	})
+	if err != nil {
+		return nil, fmt.Errorf("restore (%s must have as many partitions as %s): %w", topics.MailboxStateDedupe, topics.MailboxEvents, err)
 	}
 	ids := 0
 	for _, a := range out {
