@@ -5,6 +5,7 @@
 package kafka
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
@@ -23,6 +24,10 @@ type Config struct {
 	// Registerer, when set, receives franz-go's client metrics (kprom)
 	// under the mailplane_kafka namespace, labelled by client id and kind.
 	Registerer prometheus.Registerer
+	// SASL authenticates every connection when its mechanism is set.
+	SASL SASL
+	// TLS, when not nil, encrypts every connection to the brokers.
+	TLS *tls.Config
 }
 
 // clientMetrics returns a kprom plugin for one client. kprom registers its
@@ -60,13 +65,11 @@ func ParseBrokers(s string) []string {
 }
 
 func base(cfg Config, kind string) []kgo.Opt {
-	opts := []kgo.Opt{
-		kgo.SeedBrokers(cfg.Brokers...),
-		kgo.DialTimeout(5 * time.Second),
-		kgo.RequestTimeoutOverhead(10 * time.Second),
-		kgo.RetryTimeout(30 * time.Second),
-		kgo.MetadataMinAge(250 * time.Millisecond),
-	}
+	opts := append(ConnOptions(cfg),
+		kgo.RequestTimeoutOverhead(10*time.Second),
+		kgo.RetryTimeout(30*time.Second),
+		kgo.MetadataMinAge(250*time.Millisecond),
+	)
 	id := cfg.ClientID
 	if id == "" {
 		host, _ := os.Hostname()

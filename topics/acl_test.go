@@ -1,0 +1,219 @@
+package topics_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/kafka"
+	"github.com/mailplane/mailplane/topics"
+)
+
+// aclCluster is a kfake cluster with SASL and ACLs on, the topic catalog
+// created by the ops superuser, the ACL plan applied, and one SCRAM user
+// per role (password "pw-<role>").
+func aclCluster(t *testing.T) (brokers []string, principals map[topics.Role]string) {
+	t.Helper()
+	principals = map[topics.Role]string{}
+	opts := []kfake.Opt{
+		kfake.NumBrokers(1),
+		kfake.EnableSASL(),
+		kfake.EnableACLs(),
+		kfake.Superuser(kafka.SASLScramSHA256, "ops", "ops-pw"),
+	}
+	for _, r := range topics.Roles() {
+		user := "mailplane-" + string(r)
+		principals[r] = user
+		opts = append(opts, kfake.User(kafka.SASLScramSHA256, user, "pw-"+string(r)))
+	}
+	c, err := kfake.NewCluster(opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers = c.ListenAddrs()
+
+	ops, err := kgo.NewClient(kafka.ConnOptions(roleConfig(brokers, "ops", "ops-pw"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ops.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rep, err := topics.Apply(ctx, ops, topics.Catalog(topics.Config{StatePartitions: 4}))
+	if err != nil || rep.Err() != nil {
+		t.Fatalf("topics apply as ops: %v %v", err, rep.Err())
+	}
+	if err := topics.ApplyACLs(ctx, kadm.NewClient(ops), topics.ACLPlan(principals)); err != nil {
+		t.Fatalf("apply ACL plan: %v", err)
+	}
+	return brokers, principals
+}
+
+func roleConfig(brokers []string, user, pass string) kafka.Config {
+	return kafka.Config{Brokers: brokers, ClientID: user,
+		SASL: kafka.SASL{Mechanism: kafka.SASLScramSHA256, User: user, Password: pass}}
+}
+
+func as(brokers []string, r topics.Role) kafka.Config {
+	return roleConfig(brokers, "mailplane-"+string(r), "pw-"+string(r))
+}
+
+func produce(ctx context.Context, t *testing.T, cfg kafka.Config, topic string) error {
+	t.Helper()
+	cl, err := kafka.NewProducer(cfg, kgo.RecordRetries(1), kgo.RecordDeliveryTimeout(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	return cl.ProduceSync(ctx, &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte(`{}`)}).FirstErr()
+}
+
+func endOffset(ctx context.Context, t *testing.T, brokers []string, topic string) int64 {
+	t.Helper()
+	cl, err := kgo.NewClient(kafka.ConnOptions(roleConfig(brokers, "ops", "ops-pw"))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum int64
+	ends.Each(func(o kadm.ListedOffset) { sum += o.Offset })
+	return sum
+}
+
+// consumeOne reads one record of topic in group as cfg, or returns the
+// error the broker answered with.
+func consumeOne(ctx context.Context, cfg kafka.Config, topic, group string) error {
+	cl, err := kgo.NewClient(kafka.ConsumerOptions(cfg, kafka.GroupConfig{Group: group, Topics: []string{topic}})...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	for ctx.Err() == nil {
+		fs := cl.PollFetches(ctx)
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+				ferr = err
+			}
+		})
+		if ferr != nil {
+			return ferr
+		}
+		if fs.NumRecords() > 0 {
+			return nil
+		}
+	}
+	return ctx.Err()
+}
+
+func denied(err error) bool {
+	return errors.Is(err, kerr.TopicAuthorizationFailed) || errors.Is(err, kerr.GroupAuthorizationFailed) ||
+		errors.Is(err, kerr.ClusterAuthorizationFailed) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed)
+}
+
+// The plan keeps domain topics written by mailplane's roles only and lets
+// analysts read the audit topics and nothing else, on a broker enforcing
+// it (kfake with SASL/SCRAM and ACLs, as Redpanda with SASL enabled).
+func TestACLPlanEnforced(t *testing.T) {
+	t.Parallel()
+	brokers, _ := aclCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	// The API writes every domain topic.
+	for _, topic := range topics.IngestTopics() {
+		if err := produce(ctx, t, as(brokers, topics.RoleAPI), topic); err != nil {
+			t.Fatalf("api producing to %s: %v", topic, err)
+		}
+	}
+	// ... and nothing else: not the decision log, not mailbox.state.
+	for _, topic := range []string{topics.PlacementDecisions, topics.MailboxState, topics.SyncAudit} {
+		before := endOffset(ctx, t, brokers, topic)
+		if err := produce(ctx, t, as(brokers, topics.RoleAPI), topic); !denied(err) {
+			t.Fatalf("api producing to %s: got %v, want an authorization error", topic, err)
+		}
+		if after := endOffset(ctx, t, brokers, topic); after != before {
+			t.Fatalf("%s moved from %d to %d after a refused produce", topic, before, after)
+		}
+	}
+
+	// An analyst writes nothing, domain topics least of all.
+	for _, topic := range append(topics.IngestTopics(), topics.AuditTopics()...) {
+		before := endOffset(ctx, t, brokers, topic)
+		if err := produce(ctx, t, as(brokers, topics.RoleAnalyst), topic); !denied(err) {
+			t.Fatalf("analyst producing to %s: got %v, want an authorization error", topic, err)
+		}
+		if after := endOffset(ctx, t, brokers, topic); after != before {
+			t.Fatalf("%s moved from %d to %d after a refused produce", topic, before, after)
+		}
+	}
+	// It reads the audit topics in its own groups...
+	for _, topic := range topics.AuditTopics() {
+		if err := produce(ctx, t, roleConfig(brokers, "ops", "ops-pw"), topic); err != nil {
+			t.Fatal(err)
+		}
+		rctx, rcancel := context.WithTimeout(ctx, 15*time.Second)
+		err := consumeOne(rctx, as(brokers, topics.RoleAnalyst), topic, topics.GroupAnalystPrefix+"audit")
+		rcancel()
+		if err != nil {
+			t.Fatalf("analyst reading %s: %v", topic, err)
+		}
+	}
+	// ... and not the domain topics (sealed credentials, personal data),
+	// nor in a group of mailplane's.
+	rctx, rcancel := context.WithTimeout(ctx, 15*time.Second)
+	defer rcancel()
+	if err := consumeOne(rctx, as(brokers, topics.RoleAnalyst), topics.MailboxEvents, topics.GroupAnalystPrefix+"x"); !denied(err) {
+		t.Fatalf("analyst reading %s: got %v, want an authorization error", topics.MailboxEvents, err)
+	}
+	if err := consumeOne(rctx, as(brokers, topics.RoleAnalyst), topics.SyncAudit, topics.GroupSync); !denied(err) {
+		t.Fatalf("analyst joining %s: got %v, want an authorization error", topics.GroupSync, err)
+	}
+	// A client without credentials gets nowhere.
+	if err := produce(ctx, t, kafka.Config{Brokers: brokers}, topics.MailboxEvents); err == nil {
+		t.Fatal("an unauthenticated client produced to the mailbox topic")
+	}
+}
+
+func TestACLPlanRPK(t *testing.T) {
+	t.Parallel()
+	out := topics.RPK(topics.ACLPlan(map[topics.Role]string{topics.RoleAnalyst: "analytics", topics.RoleSync: "mp-sync"}))
+	for _, want := range []string{
+		"rpk security acl create --allow-principal User:analytics --operation read,describe --topic " + topics.PlacementDecisions + "," + topics.SyncAudit + "\n",
+		"rpk security acl create --allow-principal User:analytics --operation read,describe --group analytics- --resource-pattern-type prefixed\n",
+		"rpk security acl create --allow-principal User:mp-sync --operation write,describe --transactional-id mailplane-outbox- --resource-pattern-type prefixed\n",
+		"rpk security acl create --allow-principal User:mp-sync --operation idempotent_write --cluster\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("plan lacks %q; got:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "User:analytics --operation write") {
+		t.Errorf("analysts are granted a write:\n%s", out)
+	}
+}
+
+func TestParsePrincipals(t *testing.T) {
+	t.Parallel()
+	got, err := topics.ParsePrincipals("api=mp-api, analyst=analytics")
+	if err != nil || got[topics.RoleAPI] != "mp-api" || got[topics.RoleAnalyst] != "analytics" || len(got) != 2 {
+		t.Fatalf("got %v, %v", got, err)
+	}
+	for _, bad := range []string{"admin=x", "api", "api="} {
+		if _, err := topics.ParsePrincipals(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
