@@ -1,6 +1,6 @@
 package domain
 
-// This file holds the placement engine's pure decider: the rules of DESIGN.md
+// This file holds the placement engine's pure decider: the rules of docs/design.md
 // section 4 as one deterministic function of (state, input).
 //
 // # Model
@@ -19,7 +19,7 @@ package domain
 // is the input's time), no randomness, no map-order dependence (every
 // enumeration is sorted, every tie broken by id).
 //
-// Invariants 3 and 4 of DESIGN.md hold between inputs (at the boundaries of
+// Invariants 3 and 4 of docs/design.md hold between inputs (at the boundaries of
 // Apply, which the engine writes as one transaction). Inside one Apply a fact
 // may be recorded first and its consequences right after it (a plan change
 // is recorded, then every mailbox of the org moves), so a prefix of one
