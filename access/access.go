@@ -180,8 +180,8 @@ type Authenticator struct {
 	size    int64
 	badMod  time.Time // of the last file that failed, not retried until it changes
 	badSize int64
-	log  *slog.Logger
-	m    *metrics
+	log     *slog.Logger
+	m       *metrics
 }
 
 // Option configures an Authenticator.
