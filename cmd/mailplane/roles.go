@@ -245,7 +245,10 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 		if len(rc.fleetSecret) == 0 {
 			log.Warn("no worker fleet secret (MAILPLANE_WORKER_FLEET_SECRET): sending workers cannot authenticate")
 		}
-		start("tokens file watch", func(ctx context.Context) error { auth.Watch(ctx, 0); return nil })
+		if rc.tokensFile != "" {
+			// Returns only when ctx is done (a role returning stops them all).
+			start("tokens file watch", func(ctx context.Context) error { auth.Watch(ctx, 0); return nil })
+		}
 		pgStore := workerapi.NewPGStore(pool)
 		limiter := workerapi.NewWorkerLimiter(pgStore, rc.newWorkerRate, rc.newWorkerBurst, reg)
 		pc := producer.New(kc, producer.WithSealer(rc.keyring), producer.WithSource("mailplane/api"), producer.WithRegisterer(reg))
