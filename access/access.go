@@ -4,8 +4,10 @@
 // worker id, so that a worker's token is good for its own id only.
 //
 // The file is reloaded without a restart (Watch: SIGHUP and an mtime poll);
-// a file that does not parse keeps the previous good one in force, and the
-// failure is logged and counted. What a caller may do is decided by
+// a file that does not parse, or holds no caller, keeps the previous good
+// one in force, and the failure is logged and counted. Replace the file
+// atomically (write a new one, rename it over): a reload may otherwise read
+// it half-written. What a caller may do is decided by
 // domain.Caller; this package only tells who is calling.
 //
 // File format, one caller a line, fields separated by white space, # starts
@@ -270,6 +272,12 @@ func (a *Authenticator) Load() (bool, error) {
 	var hashes [][sha256.Size]byte
 	if err == nil {
 		callers, hashes, err = Parse(b)
+	}
+	if err == nil && len(callers) == 0 {
+		// Most likely a file caught between truncation and write (an
+		// editor writing in place): dropping every caller would be an
+		// outage. Revoking everyone is stopping the api role.
+		err = errors.New("access: the tokens file has no callers")
 	}
 	if err != nil {
 		if st != nil {

@@ -25,12 +25,17 @@ var fleet = []byte("0123456789abcdef0123456789abcdef-fleet")
 
 func write(t *testing.T, path, content string, mtime time.Time) {
 	t.Helper()
-	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+	// As operators are told to: a new file renamed over the old one, so a
+	// reload never reads it half-written. Explicit mtimes: two writes
+	// within the file system's timestamp granularity must still differ.
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// Explicit mtimes: two writes within the file system's timestamp
-	// granularity must still look changed.
-	if err := os.Chtimes(path, mtime, mtime); err != nil {
+	if err := os.Chtimes(tmp, mtime, mtime); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -194,6 +199,10 @@ func TestNewRefusesABrokenFile(t *testing.T) {
 	write(t, path, "nope\n", time.Now())
 	if _, err := access.New(path); err == nil {
 		t.Fatal("a broken file was accepted at start")
+	}
+	write(t, path, "# nobody\n", time.Now())
+	if _, err := access.New(path); err == nil {
+		t.Fatal("a file without callers was accepted")
 	}
 	if _, err := access.New(filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Fatal("a missing file was accepted at start")

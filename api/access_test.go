@@ -6,10 +6,13 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/mailplane/mailplane/access"
 	"github.com/mailplane/mailplane/domain"
 )
 
@@ -176,6 +179,75 @@ func (e *env) waitMetric(line string) {
 	for !strings.Contains(e.metricsText(), line) {
 		if time.Now().After(deadline) {
 			e.t.Fatalf("metrics never showed %s", line)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestTokensFileReloadedWithoutRestart: a running server takes a caller
+// added to its tokens file and refuses one revoked from it, with no
+// restart; the revoked token's request reaches nothing.
+func TestTokensFileReloadedWithoutRestart(t *testing.T) {
+	t.Parallel()
+	const tokenC = "tok-c-added-later-0b1c2d3e4f5a6b7c8d9e"
+	path := filepath.Join(t.TempDir(), "tokens")
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	writeFile := func(content string, at time.Time) {
+		t.Helper()
+		// Replaced atomically, as operators are told to.
+		if err := os.WriteFile(path+".new", []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(path+".new", at, at); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(path+".new", path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	product := access.Line("product", tokenB, []string{domain.ScopePublishPublic}, "urn:mailplane:test") + "\n"
+	writeFile(product, t0)
+	auth, err := access.New(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go auth.Watch(ctx, 10*time.Millisecond)
+	e := newEnv(t, envOpts{opts: []Option{WithAuthenticator(auth)}})
+	post := func(tok string) int {
+		resp, _ := e.do(req{ct: ContentTypeStructured, body: mustJSON(t, userActive()), token: ptr(tok)})
+		return resp.StatusCode
+	}
+	if code := post(tokenC); code != http.StatusUnauthorized {
+		t.Fatalf("before it was added: %d", code)
+	}
+	e.assertNothingProduced()
+
+	writeFile(product+access.Line("later", tokenC, []string{domain.ScopePublishPublic}, "urn:mailplane:test")+"\n", t0.Add(time.Second))
+	waitCond(t, "the added caller accepted", func() bool { _, ok := auth.Authenticate(tokenC); return ok })
+	if code := post(tokenC); code != http.StatusAccepted {
+		t.Fatalf("added: %d", code)
+	}
+
+	writeFile(product, t0.Add(2*time.Second))
+	waitCond(t, "the revoked caller refused", func() bool { _, ok := auth.Authenticate(tokenC); return !ok })
+	e.start = e.watermarks()
+	if code := post(tokenC); code != http.StatusUnauthorized {
+		t.Fatalf("revoked: %d", code)
+	}
+	e.assertNothingProduced()
+	if code := post(tokenB); code != http.StatusAccepted {
+		t.Fatalf("the other caller after the reload: %d", code)
+	}
+}
+
+func waitCond(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
