@@ -95,6 +95,10 @@ func StatusOf(code domain.Code) int {
 	switch code {
 	case domain.CodeUnauthorized:
 		return http.StatusUnauthorized
+	case domain.CodeForbidden, domain.CodeSourceForbidden:
+		return http.StatusForbidden
+	case domain.CodeRateLimited:
+		return http.StatusTooManyRequests
 	case domain.CodeNotFound:
 		return http.StatusNotFound
 	case domain.CodeConflict:

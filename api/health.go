@@ -17,7 +17,9 @@ const (
 )
 
 // HealthResponse is the body of GET /healthz: status is ok (200) when every
-// configured check passes, unavailable (503) otherwise.
+// configured check passes, unavailable (503) otherwise. The public listener
+// answers it without error text or latencies (PublicHealthResponse); the
+// detailed one is on the ops listener (OpsHandler).
 type HealthResponse struct {
 	Status string                 `json:"status"`
 	Checks map[string]CheckResult `json:"checks"`
@@ -30,7 +32,46 @@ type CheckResult struct {
 	LatencyMS float64 `json:"latency_ms"`
 }
 
+// PublicHealthResponse is the body of the public GET /healthz: the overall
+// status and ok, unavailable or disabled per check, nothing else, so that
+// no internal error text (addresses, driver messages) reaches the public.
+type PublicHealthResponse struct {
+	Status string            `json:"status"`
+	Checks map[string]string `json:"checks"`
+}
+
+func (s *Server) handlePublicHealth(w http.ResponseWriter, r *http.Request) {
+	status, resp := s.health(r.Context())
+	pub := PublicHealthResponse{Status: resp.Status, Checks: make(map[string]string, len(resp.Checks))}
+	for name, c := range resp.Checks {
+		switch c.Status {
+		case HealthError:
+			pub.Checks[name] = HealthUnavailable
+		default:
+			pub.Checks[name] = c.Status
+		}
+	}
+	WriteJSON(w, status, pub)
+}
+
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	status, resp := s.health(r.Context())
+	WriteJSON(w, status, resp)
+}
+
+// OpsHandler serves GET /metrics (WithGatherer, or the registerer when it
+// gathers) and the detailed GET /healthz (with error text and latencies).
+// Serve it on a listener only operators reach (mailplane's --ops-http).
+func (s *Server) OpsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", s.handleHealth)
+	if s.cfg.gatherer != nil {
+		mux.Handle("GET /metrics", s.metricsHandler())
+	}
+	return s.recoverer(mux)
+}
+
+func (s *Server) health(ctx context.Context) (int, HealthResponse) {
 	checks := map[string]func(context.Context) error{
 		"broker":   nil,
 		"database": s.cfg.database,
@@ -47,7 +88,7 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		wg.Go(func() {
-			res := s.runCheck(r.Context(), check)
+			res := s.runCheck(ctx, check)
 			mu.Lock()
 			resp.Checks[name] = res
 			mu.Unlock()
@@ -61,7 +102,7 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 			status = http.StatusServiceUnavailable
 		}
 	}
-	WriteJSON(w, status, resp)
+	return status, resp
 }
 
 func (s *Server) runCheck(ctx context.Context, check func(context.Context) error) CheckResult {

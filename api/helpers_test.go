@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mailplane/mailplane/access"
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/kafka"
 	"github.com/mailplane/mailplane/kafkatest"
@@ -33,6 +35,8 @@ import (
 const (
 	tokenA = "tok-a-3f9c1e7d0b2a4c6e8f1a3b5c7d9e0f21"
 	tokenB = "tok-b-0a1b2c3d4e5f60718293a4b5c6d7e8f9"
+	// tokenExamples speaks as any "/..." source, as the shipped examples do.
+	tokenExamples = "tok-examples-5e6f708192a3b4c5d6e7f8091a2b"
 	// secretPassword must never appear in a record, a response or a log line.
 	secretPassword = "Pl@intext-S3cret-hunter2-XYZZY"
 	eventTime      = "2026-05-01T12:00:00Z"
@@ -131,7 +135,7 @@ func newEnv(t testing.TB, eo envOpts) *env {
 	e := &env{t: t, keyring: newKeyring(t), reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
 	prod := eo.prod
 	opts := []Option{
-		WithTokens(tokenA, tokenB),
+		WithAuthenticator(testAuth(t)),
 		WithSealer(e.keyring),
 		WithRegisterer(e.reg),
 		WithLogger(slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))),
@@ -299,13 +303,30 @@ func (e *env) fetch(topic string, partition int32, offset int64) *kgo.Record {
 	return kafkatest.Fetch(e.t, e.brokers, topic, partition, offset)
 }
 
+// metricsText reads GET /metrics from the ops handler.
 func (e *env) metricsText() string {
 	e.t.Helper()
-	resp, b := e.do(req{method: http.MethodGet, path: "/metrics", token: ptr("")})
-	if resp.StatusCode != http.StatusOK {
-		e.t.Fatalf("GET /metrics: %d %s", resp.StatusCode, b)
+	rr := httptest.NewRecorder()
+	e.srv.OpsHandler().ServeHTTP(rr, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if rr.Code != http.StatusOK {
+		e.t.Fatalf("GET /metrics: %d %s", rr.Code, rr.Body)
 	}
-	return string(b)
+	return rr.Body.String()
+}
+
+// testAuth: tokenA may publish every type as any urn: source and read
+// workers' assignments; tokenB publishes the public types as
+// urn:mailplane:test only.
+func testAuth(t testing.TB) *access.Authenticator {
+	t.Helper()
+	a, err := access.FromBytes([]byte(
+		access.Line("all", tokenA, domain.AllScopes(), "urn:") + "\n" +
+			access.Line("product", tokenB, []string{domain.ScopePublishPublic}, "urn:mailplane:test") + "\n" +
+			access.Line("examples", tokenExamples, domain.AllScopes(), "/") + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }
 
 func mustJSON(t testing.TB, v any) []byte {

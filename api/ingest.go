@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -96,7 +97,54 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 		items = []item{s.parseBinary(r.Header, body, now)}
 	}
 
+	if s.forbid(w, r, items) {
+		return
+	}
 	s.finish(w, r, items)
+}
+
+// forbid refuses the whole request with 403 when the caller may not
+// publish one of its events: a type its scopes do not grant (internal
+// types need their explicit scope) or a source that is not its own. It runs
+// before validation, so a caller learns nothing about events it may not
+// send, and nothing is produced.
+func (s *Server) forbid(w http.ResponseWriter, r *http.Request, items []item) bool {
+	caller := CallerFrom(r.Context())
+	var problems []Problem
+	code := domain.CodeForbidden
+	for i, it := range items {
+		typ := it.ev.Type
+		if typ == "" && it.typ != typeUnknown {
+			typ = it.typ // unparsed, but its type was readable
+		}
+		if typ != "" {
+			if miss := caller.PublishScopeMissing(typ); miss != "" {
+				problems = append(problems, Problem{Index: i, ID: it.id, Field: "type", Code: domain.CodeForbidden,
+					Message: "publishing " + domain.ShortType(typ) + " needs the scope " + miss})
+				continue
+			}
+		}
+		if len(it.problems) == 0 && !caller.MaySpeakAs(it.ev.Source) {
+			problems = append(problems, Problem{Index: i, ID: it.id, Field: "source", Code: domain.CodeSourceForbidden,
+				Message: "the source must be the caller's own source or a path below it"})
+		}
+	}
+	if len(problems) == 0 {
+		return false
+	}
+	if !slices.ContainsFunc(problems, func(p Problem) bool { return p.Code == domain.CodeForbidden }) {
+		code = domain.CodeSourceForbidden
+	}
+	name := "unknown"
+	if caller != nil {
+		name = caller.Name
+	}
+	s.metrics.refused.WithLabelValues(name, string(code)).Inc()
+	s.metrics.rejected.WithLabelValues(typeUnknown, string(code)).Inc()
+	s.log.Info("ingest: request forbidden", "caller", name, "events", len(items), "refused", len(problems), "code", code)
+	msg := fmt.Sprintf("%s of %d may not be published by this caller; nothing was produced", summary(len(problems), "event"), len(items))
+	WriteJSON(w, http.StatusForbidden, ErrorResponse{Error: ErrorInfo{Code: code, Message: msg}, Problems: problems})
+	return true
 }
 
 // finish checks duplicates, prepares (encodes, schema-validates) and, when
@@ -113,7 +161,37 @@ func (s *Server) finish(w http.ResponseWriter, r *http.Request, items []item) {
 		s.rejectEvents(w, items, problems)
 		return
 	}
+	if s.cfg.admit != nil && !s.admit(w, r, items) {
+		return
+	}
 	s.produce(w, r, items)
+}
+
+// admit runs the admission hook on a valid request; when it refuses, the
+// request is answered (429 with Retry-After for rate_limited) and nothing
+// is produced.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, items []item) bool {
+	events := make([]domain.Event, len(items))
+	for i := range items {
+		events[i] = items[i].ev
+	}
+	err := s.cfg.admit(r.Context(), events)
+	if err == nil {
+		return true
+	}
+	code := domain.ErrorCode(err)
+	s.metrics.rejected.WithLabelValues(typeUnknown, string(code)).Inc()
+	var ra interface{ RetryAfter() time.Duration }
+	if errors.As(err, &ra) {
+		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(ra.RetryAfter().Round(time.Second)/time.Second))))
+	} else if code == domain.CodeRateLimited || code == domain.CodeUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
+	if code == domain.CodeInternal {
+		s.log.Error("ingest: admission failed", "err", err)
+	}
+	WriteDomainError(w, err)
+	return false
 }
 
 // rejectRequest refuses a request as a whole (no event could be told

@@ -153,14 +153,14 @@ func TestIngestExamples(t *testing.T) {
 			t.Fatal(err)
 		}
 		raws = append(raws, raw)
-		resp, body := e.do(req{ct: ContentTypeStructured, body: raw})
+		resp, body := e.do(req{ct: ContentTypeStructured, body: raw, token: ptr(tokenExamples)})
 		if resp.StatusCode != http.StatusAccepted {
 			t.Fatalf("%s: status %d: %s", typ, resp.StatusCode, body)
 		}
 		e.checkLanded(decodeAccepted(t, body).Events[0], e.expectEvent(raw))
 	}
 	batch := mustJSON(t, raws)
-	resp, body := e.do(req{ct: ContentTypeBatch, body: batch})
+	resp, body := e.do(req{ct: ContentTypeBatch, body: batch, token: ptr(tokenExamples)})
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("batch: status %d: %s", resp.StatusCode, body)
 	}

@@ -1,14 +1,14 @@
 package api
 
 import (
-	"crypto/sha256"
-	"crypto/subtle"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +26,9 @@ type metrics struct {
 	rejected *prometheus.CounterVec
 	requests *prometheus.CounterVec
 	seconds  *prometheus.HistogramVec
+	refused  *prometheus.CounterVec
+	shed     prometheus.Counter
+	inflight prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -47,8 +50,29 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "HTTP request duration, by route pattern.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}, []string{"route"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mailplane_ingest_forbidden_total",
+			Help: "Requests refused with 403 at ingestion, by caller name (from the tokens file) and stable code.",
+		}, []string{"caller", "code"}),
+		shed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mailplane_http_shed_total",
+			Help: "Requests refused with 503 before their body was read because the request bodies in flight were at the cap.",
+		}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mailplane_http_inflight_body_bytes",
+			Help: "Bytes of request bodies reserved by requests being served.",
+		}),
 	}
 	var err error
+	if m.refused, err = register(reg, m.refused); err != nil {
+		return nil, err
+	}
+	if m.shed, err = register(reg, m.shed); err != nil {
+		return nil, err
+	}
+	if m.inflight, err = register(reg, m.inflight); err != nil {
+		return nil, err
+	}
 	m.accepted, err = register(reg, m.accepted)
 	if err != nil {
 		return nil, err
@@ -172,12 +196,21 @@ func (s *Server) recoverer(h http.Handler) http.Handler {
 	})
 }
 
-// requireAuth checks the bearer token before h runs.
+// requireAuth authenticates the bearer token before h runs and hands h
+// the caller (CallerFrom).
 func (s *Server) requireAuth(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch s.authenticate(r) {
+		tok, res := bearer(r)
+		var caller *domain.Caller
+		if res == authOK {
+			var ok bool
+			if caller, ok = s.cfg.auth.Authenticate(tok); !ok || caller == nil {
+				res = authInvalid
+			}
+		}
+		switch res {
 		case authOK:
-			h.ServeHTTP(w, r)
+			h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, caller)))
 		case authMissing:
 			w.Header().Set("WWW-Authenticate", `Bearer realm="mailplane"`)
 			WriteError(w, http.StatusUnauthorized, domain.CodeUnauthorized, "a bearer token is required")
@@ -188,6 +221,20 @@ func (s *Server) requireAuth(h http.Handler) http.Handler {
 	})
 }
 
+type callerKey struct{}
+
+// CallerFrom returns the authenticated caller of a request served behind
+// the server's auth (routes mounted with authRequired), else nil.
+func CallerFrom(ctx context.Context) *domain.Caller {
+	c, _ := ctx.Value(callerKey{}).(*domain.Caller)
+	return c
+}
+
+// WriteForbidden writes a 403 forbidden naming the scope missing.
+func WriteForbidden(w http.ResponseWriter, message string) {
+	WriteError(w, http.StatusForbidden, domain.CodeForbidden, message)
+}
+
 type authResult int
 
 const (
@@ -196,35 +243,80 @@ const (
 	authInvalid
 )
 
-// authenticate compares the presented token with every configured token
-// in constant time. Both sides are hashed first, so neither the length nor
-// the content of a configured token leaks through timing, and the loop
-// never stops early.
-func (s *Server) authenticate(r *http.Request) authResult {
+// bearer reads the one bearer token of a request.
+func bearer(r *http.Request) (string, authResult) {
 	hs := r.Header.Values("Authorization")
 	if len(hs) == 0 {
-		return authMissing
+		return "", authMissing
 	}
 	if len(hs) > 1 {
-		return authInvalid
+		return "", authInvalid
 	}
 	scheme, tok, ok := strings.Cut(strings.TrimSpace(hs[0]), " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return authInvalid
+		return "", authInvalid
 	}
 	tok = strings.TrimSpace(tok)
-	if tok == "" {
-		return authInvalid
+	if tok == "" || len(tok) > maxTokenLen {
+		return "", authInvalid
 	}
-	sum := sha256.Sum256([]byte(tok))
-	match := 0
-	for i := range s.tokens {
-		match |= subtle.ConstantTimeCompare(sum[:], s.tokens[i][:])
+	return tok, authOK
+}
+
+// maxTokenLen bounds what is hashed or MACed per request.
+const maxTokenLen = 512
+
+// inflight counts the bytes of request bodies being read.
+type inflight struct {
+	max int64
+	mu  sync.Mutex
+	n   int64
+}
+
+func (f *inflight) acquire(n int64) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n+n > f.max {
+		return false
 	}
-	if match == 1 {
-		return authOK
-	}
-	return authInvalid
+	f.n += n
+	return true
+}
+
+func (f *inflight) release(n int64) {
+	f.mu.Lock()
+	f.n -= n
+	f.mu.Unlock()
+}
+
+// limitInflight refuses, before reading it, a request whose body would
+// take the bytes in flight beyond the cap: many slow large bodies at once
+// would otherwise hold that much memory.
+func (s *Server) limitInflight(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := r.ContentLength
+		if n < 0 || n > s.cfg.maxBody {
+			n = s.cfg.maxBody // unknown length: reserve the most a route reads
+		}
+		if n == 0 || r.Body == nil || r.Body == http.NoBody {
+			h.ServeHTTP(w, r)
+			return
+		}
+		if !s.inflight.acquire(n) {
+			s.metrics.shed.Inc()
+			w.Header().Set("Retry-After", "1")
+			w.Header().Set("Connection", "close")
+			WriteError(w, http.StatusServiceUnavailable, domain.CodeUnavailable,
+				"too many request bodies in flight; retry shortly")
+			return
+		}
+		s.metrics.inflight.Add(float64(n))
+		defer func() {
+			s.inflight.release(n)
+			s.metrics.inflight.Sub(float64(n))
+		}()
+		h.ServeHTTP(w, r)
+	})
 }
 
 func slogLevel(status int) slog.Level {

@@ -1,18 +1,25 @@
 // Package api is mailplane's HTTP API: CloudEvents ingestion over HTTP
-// (POST /v1/events, structured, batch and binary content modes), health
-// (GET /healthz) and metrics (GET /metrics). Every event of a request is
-// parsed, sealed and validated before anything is produced, and a request
-// is all-or-nothing: one invalid event rejects the request and nothing
-// reaches the log. Errors carry stable codes (see domain.Code).
+// (POST /v1/events, structured, batch and binary content modes) and a
+// public health answer (GET /healthz: ok or unavailable per check, never
+// internal error text). Metrics and the detailed health are served by
+// OpsHandler, meant for an ops listener that is not public. Every event of
+// a request is parsed, sealed and validated before anything is produced,
+// and a request is all-or-nothing: one invalid or forbidden event rejects
+// the request and nothing reaches the log. Errors carry stable codes (see
+// domain.Code).
+//
+// Every caller has an identity (an Authenticator maps its bearer token to a
+// domain.Caller): POST /v1/events refuses, with 403, events whose type the
+// caller's scopes do not grant or whose source is not the caller's.
 //
 // The server is composable: later routes are mounted with WithRoute or
-// Server.Handle and share its bearer-token auth, metrics, logging and JSON
-// error helpers (WriteError, WriteJSON, WriteDomainError, DecodeJSON).
+// Server.Handle and share its bearer-token auth (CallerFrom gives the
+// handler the caller), metrics, logging and JSON error helpers
+// (WriteError, WriteJSON, WriteDomainError, DecodeJSON).
 package api
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -37,7 +44,16 @@ const (
 	DefaultMaxBatch       = 1000
 	DefaultProduceTimeout = 15 * time.Second
 	DefaultHealthTimeout  = 2 * time.Second
+	// DefaultMaxInflightBytes bounds the request bodies being read at once
+	// across the server (WithMaxInflightBytes).
+	DefaultMaxInflightBytes = 64 << 20
 )
+
+// Authenticator tells who presents a bearer token; *access.Authenticator
+// is one. It must compare in constant time.
+type Authenticator interface {
+	Authenticate(token string) (*domain.Caller, bool)
+}
 
 // Producer validates, encodes and produces events; *producer.Client is one
 // (built on a kgo client with kafka.ProducerOptions: idempotent, acks=all).
@@ -97,7 +113,9 @@ type route struct {
 
 type config struct {
 	addr           string
-	tokens         []string
+	auth           Authenticator
+	maxInflight    int64
+	admit          Admission
 	sealer         producer.Sealer
 	schema         SchemaValidator
 	broker         Pinger
@@ -120,11 +138,26 @@ type Option func(*config)
 // WithAddr sets the listen address of Run (default ":8080").
 func WithAddr(addr string) Option { return func(c *config) { c.addr = addr } }
 
-// WithTokens adds accepted bearer tokens; at least one is required. Every
-// token is compared in constant time on every request.
-func WithTokens(tokens ...string) Option {
-	return func(c *config) { c.tokens = append(c.tokens, tokens...) }
-}
+// WithAuthenticator sets who the bearer tokens belong to; it is required.
+func WithAuthenticator(a Authenticator) Option { return func(c *config) { c.auth = a } }
+
+// Admission decides whether valid events may be produced now (a rate limit
+// on new worker ids, say). It runs after validation, before producing, for
+// POST /v1/events and Publish alike. A *domain.Error refuses the request
+// with the status of its code (rate_limited: 429 with Retry-After, from a
+// RetryAfter() time.Duration method when the error has one); any other
+// error is a 500.
+type Admission func(ctx context.Context, events []domain.Event) error
+
+// WithAdmission sets the admission hook (default: none).
+func WithAdmission(a Admission) Option { return func(c *config) { c.admit = a } }
+
+// WithMaxInflightBytes bounds the bytes of request bodies being read at
+// once across the server (default DefaultMaxInflightBytes): a request
+// whose body would go beyond it gets 503 unavailable with Retry-After
+// before its body is read. A body of unknown length counts as the body
+// limit.
+func WithMaxInflightBytes(n int64) Option { return func(c *config) { c.maxInflight = n } }
 
 // WithSealer seals plain mailbox credentials at ingest. Without one,
 // events carrying plain credentials are refused (plaintext_secret).
@@ -146,7 +179,7 @@ func WithDatabaseCheck(check func(ctx context.Context) error) Option {
 // prometheus.Gatherer and WithGatherer is not given, /metrics serves it.
 func WithRegisterer(reg prometheus.Registerer) Option { return func(c *config) { c.reg = reg } }
 
-// WithGatherer sets what GET /metrics serves.
+// WithGatherer sets what OpsHandler's GET /metrics serves.
 func WithGatherer(g prometheus.Gatherer) Option { return func(c *config) { c.gatherer = g } }
 
 // WithLogger sets the logger (default: discard). Request bodies, tokens
@@ -183,15 +216,15 @@ func WithHealthTimeout(d time.Duration) Option { return func(c *config) { c.heal
 
 // Server is mailplane's HTTP API server.
 type Server struct {
-	cfg     config
-	log     *slog.Logger
-	prod    Producer
-	seal    domain.SealFunc
-	tokens  [][sha256.Size]byte
-	metrics *metrics
-	mux     *http.ServeMux
-	handler http.Handler
-	srv     *http.Server
+	cfg      config
+	log      *slog.Logger
+	prod     Producer
+	seal     domain.SealFunc
+	metrics  *metrics
+	inflight inflight
+	mux      *http.ServeMux
+	handler  http.Handler
+	srv      *http.Server
 
 	mu      sync.Mutex
 	methods map[string]map[string]bool // path → methods with a handler
@@ -206,6 +239,7 @@ func New(p Producer, opts ...Option) (*Server, error) {
 		maxBatch:       DefaultMaxBatch,
 		produceTimeout: DefaultProduceTimeout,
 		healthTimeout:  DefaultHealthTimeout,
+		maxInflight:    DefaultMaxInflightBytes,
 		now:            time.Now,
 	}
 	for _, o := range opts {
@@ -214,10 +248,10 @@ func New(p Producer, opts ...Option) (*Server, error) {
 	if p == nil {
 		return nil, errors.New("api: a producer is required")
 	}
-	if len(c.tokens) == 0 {
-		return nil, errors.New("api: at least one API token is required")
+	if c.auth == nil {
+		return nil, errors.New("api: an authenticator is required")
 	}
-	if c.maxBody <= 0 || c.maxBatch <= 0 || c.produceTimeout <= 0 || c.healthTimeout <= 0 {
+	if c.maxInflight <= 0 || c.maxBody <= 0 || c.maxBatch <= 0 || c.produceTimeout <= 0 || c.healthTimeout <= 0 {
 		return nil, errors.New("api: limits and timeouts must be positive")
 	}
 	if c.logger == nil {
@@ -245,12 +279,7 @@ func New(p Producer, opts ...Option) (*Server, error) {
 		methods: map[string]map[string]bool{},
 		plain:   map[string]bool{},
 	}
-	for i, t := range c.tokens {
-		if t == "" || strings.ContainsAny(t, " \t\r\n") {
-			return nil, fmt.Errorf("api: token %d is empty or contains white space", i)
-		}
-		s.tokens = append(s.tokens, sha256.Sum256([]byte(t)))
-	}
+	s.inflight.max = c.maxInflight
 	if c.sealer != nil {
 		s.seal = c.sealer.Seal
 	}
@@ -262,10 +291,7 @@ func New(p Producer, opts ...Option) (*Server, error) {
 
 	builtin := []route{
 		{"POST /v1/events", http.HandlerFunc(s.handleEvents), true},
-		{"GET /healthz", http.HandlerFunc(s.handleHealth), false},
-	}
-	if c.gatherer != nil {
-		builtin = append(builtin, route{"GET /metrics", s.metricsHandler(), false})
+		{"GET /healthz", http.HandlerFunc(s.handlePublicHealth), false},
 	}
 	for _, r := range append(builtin, c.routes...) {
 		if err := s.Handle(r.pattern, r.handler, r.auth); err != nil {
@@ -275,7 +301,7 @@ func New(p Producer, opts ...Option) (*Server, error) {
 	if !s.plain["/"] && s.methods["/"] == nil {
 		s.mux.Handle("/", s.instrument("unmatched", http.HandlerFunc(notFound)))
 	}
-	s.handler = s.recoverer(s.mux)
+	s.handler = s.recoverer(s.limitInflight(s.mux))
 	s.srv = &http.Server{
 		Addr:              c.addr,
 		Handler:           s.handler,

@@ -22,12 +22,13 @@ import (
 
 func getHealth(t *testing.T, e *env) (int, HealthResponse) {
 	t.Helper()
-	resp, body := e.do(req{method: http.MethodGet, path: "/healthz", token: ptr("")})
+	rr := httptest.NewRecorder()
+	e.srv.OpsHandler().ServeHTTP(rr, httptest.NewRequest(http.MethodGet, "/healthz", nil))
 	var hr HealthResponse
-	if err := json.Unmarshal(body, &hr); err != nil {
-		t.Fatalf("healthz body: %v: %s", err, body)
+	if err := json.Unmarshal(rr.Body.Bytes(), &hr); err != nil {
+		t.Fatalf("healthz body: %v: %s", err, rr.Body)
 	}
-	return resp.StatusCode, hr
+	return rr.Code, hr
 }
 
 func TestHealthzOK(t *testing.T) {
@@ -94,12 +95,12 @@ func TestHealthzBrokerDown(t *testing.T) {
 
 func TestHealthzChecksDisabled(t *testing.T) {
 	t.Parallel()
-	srv, err := New(producer.New(nil), WithTokens(tokenA))
+	srv, err := New(producer.New(nil), WithAuthenticator(testAuth(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	rr := httptest.NewRecorder()
-	srv.Handler().ServeHTTP(rr, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	srv.OpsHandler().ServeHTTP(rr, httptest.NewRequest(http.MethodGet, "/healthz", nil))
 	var hr HealthResponse
 	if err := json.Unmarshal(rr.Body.Bytes(), &hr); err != nil {
 		t.Fatal(err)
@@ -144,7 +145,6 @@ func TestMetricsEndpoint(t *testing.T) {
 		`mailplane_http_requests_total{code="405",route="/v1/events"} 1`,
 		`mailplane_http_requests_total{code="404",route="unmatched"} 1`,
 		`mailplane_http_request_seconds_bucket{route="POST /v1/events",le="+Inf"} 6`,
-		`mailplane_http_request_seconds_count{route="GET /metrics"}`,
 		`mailplane_produce_seconds_count 1`,
 	} {
 		if !strings.Contains(m, want) {
@@ -176,7 +176,7 @@ func uuidish(s string) bool {
 
 func TestServerTimeouts(t *testing.T) {
 	t.Parallel()
-	srv, err := New(producer.New(nil), WithTokens(tokenA), WithAddr("127.0.0.1:0"))
+	srv, err := New(producer.New(nil), WithAuthenticator(testAuth(t)), WithAddr("127.0.0.1:0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func TestServerTimeouts(t *testing.T) {
 	if hs.WriteTimeout <= DefaultProduceTimeout {
 		t.Errorf("write timeout %v does not cover the produce timeout %v", hs.WriteTimeout, DefaultProduceTimeout)
 	}
-	srv2, err := New(producer.New(nil), WithTokens(tokenA), WithTimeouts(Timeouts{ReadHeader: time.Second, MaxHeaderBytes: 4096}))
+	srv2, err := New(producer.New(nil), WithAuthenticator(testAuth(t)), WithTimeouts(Timeouts{ReadHeader: time.Second, MaxHeaderBytes: 4096}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,15 +204,14 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		p    Producer
 		opts []Option
 	}{
-		"no producer":      {nil, []Option{WithTokens(tokenA)}},
-		"no token":         {p, nil},
-		"empty token":      {p, []Option{WithTokens(tokenA, "")}},
-		"token with space": {p, []Option{WithTokens("a b")}},
-		"zero body limit":  {p, []Option{WithTokens(tokenA), WithMaxBodyBytes(0)}},
-		"route conflict":   {p, []Option{WithTokens(tokenA), WithRoute("POST /v1/events", h, true)}},
-		"bad pattern":      {p, []Option{WithTokens(tokenA), WithRoute("GET /x/{bad", h, true)}},
-		"nil handler":      {p, []Option{WithTokens(tokenA), WithRoute("GET /x", nil, true)}},
-		"mixed method and any-method": {p, []Option{WithTokens(tokenA),
+		"no producer":        {nil, []Option{WithAuthenticator(testAuth(t))}},
+		"no authenticator":   {p, nil},
+		"zero in-flight cap": {p, []Option{WithAuthenticator(testAuth(t)), WithMaxInflightBytes(-1)}},
+		"zero body limit":    {p, []Option{WithAuthenticator(testAuth(t)), WithMaxBodyBytes(0)}},
+		"route conflict":     {p, []Option{WithAuthenticator(testAuth(t)), WithRoute("POST /v1/events", h, true)}},
+		"bad pattern":        {p, []Option{WithAuthenticator(testAuth(t)), WithRoute("GET /x/{bad", h, true)}},
+		"nil handler":        {p, []Option{WithAuthenticator(testAuth(t)), WithRoute("GET /x", nil, true)}},
+		"mixed method and any-method": {p, []Option{WithAuthenticator(testAuth(t)),
 			WithRoute("GET /x", h, true), WithRoute("/x", h, true)}},
 	} {
 		if _, err := New(tc.p, tc.opts...); err == nil {
@@ -316,7 +315,7 @@ func TestServeGracefulShutdown(t *testing.T) {
 		<-release
 		WriteJSON(w, http.StatusOK, map[string]bool{"done": true})
 	})
-	srv, err := New(producer.New(nil), WithTokens(tokenA), WithRoute("GET /slow", slow, false))
+	srv, err := New(producer.New(nil), WithAuthenticator(testAuth(t)), WithRoute("GET /slow", slow, false))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,7 +359,7 @@ func TestServeGracefulShutdown(t *testing.T) {
 
 func TestRun(t *testing.T) {
 	t.Parallel()
-	srv, err := New(producer.New(nil), WithTokens(tokenA), WithAddr("127.0.0.1:0"))
+	srv, err := New(producer.New(nil), WithAuthenticator(testAuth(t)), WithAddr("127.0.0.1:0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,7 +371,7 @@ func TestRun(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	bad, err := New(producer.New(nil), WithTokens(tokenA), WithAddr("127.0.0.1:99999"))
+	bad, err := New(producer.New(nil), WithAuthenticator(testAuth(t)), WithAddr("127.0.0.1:99999"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,7 +385,7 @@ func TestSharedRegistry(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
 	for range 2 {
-		if _, err := New(producer.New(nil), WithTokens(tokenA), WithRegisterer(reg)); err != nil {
+		if _, err := New(producer.New(nil), WithAuthenticator(testAuth(t)), WithRegisterer(reg)); err != nil {
 			t.Fatal(err)
 		}
 	}

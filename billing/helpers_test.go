@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mailplane/mailplane/access"
 	"github.com/mailplane/mailplane/api"
 	"github.com/mailplane/mailplane/billing"
 	"github.com/mailplane/mailplane/domain"
@@ -75,7 +76,7 @@ func newEnv(t testing.TB, cfg billing.Config, opts ...billing.Option) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close)
-	srv, err := api.New(producer.New(kc), api.WithTokens(apiToken), api.WithRegisterer(prometheus.NewRegistry()))
+	srv, err := api.New(producer.New(kc), api.WithAuthenticator(apiAuth(t)), api.WithRegisterer(prometheus.NewRegistry()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,4 +318,15 @@ func (nopProducer) Prepare([]domain.Event) ([]*kgo.Record, error) {
 
 func (nopProducer) ProduceRecords(context.Context, []domain.Event, []*kgo.Record) ([]producer.Receipt, error) {
 	return nil, errors.New("nopProducer: not for producing")
+}
+
+// apiAuth knows apiToken as a product caller: a bearer token that must not
+// open the webhook.
+func apiAuth(t testing.TB) api.Authenticator {
+	t.Helper()
+	a, err := access.FromBytes([]byte(access.Line("product", apiToken, []string{domain.ScopePublishPublic}, "/product") + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }

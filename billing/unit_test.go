@@ -191,7 +191,7 @@ func TestConfigFromEnv(t *testing.T) {
 
 func TestRegisterValidates(t *testing.T) {
 	t.Parallel()
-	srv, err := api.New(nopProducer{}, api.WithTokens(apiToken))
+	srv, err := api.New(nopProducer{}, api.WithAuthenticator(apiAuth(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,21 +1,27 @@
 package devfleet
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mailplane/mailplane/access"
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/eventschema"
 	"github.com/mailplane/mailplane/kafka"
@@ -56,6 +62,8 @@ type simConfig struct {
 	runID     string
 	header    string
 	key       []byte
+	workerAPI string // base URL; "" heartbeats straight to the log
+	fleet     []byte
 }
 
 // WithSeed seeds the simulator's choices (default DefaultSeed): the same
@@ -93,6 +101,15 @@ func WithWarmupHeader(name string) Option { return func(c *simConfig) { c.header
 // WithWarmupKey signs the warmup headers with key (what the sync runners
 // verify when they hold it too).
 func WithWarmupKey(key []byte) Option { return func(c *simConfig) { c.key = key } }
+
+// WithWorkerAPI makes the simulated workers heartbeat as real ones do:
+// POST /v1/workers/heartbeat on the API at base (http://host:port), each
+// with its own credential derived from the fleet secret
+// (access.WorkerToken). Without it, heartbeats are produced straight to
+// the log (tests of the simulator alone).
+func WithWorkerAPI(base string, fleetSecret []byte) Option {
+	return func(c *simConfig) { c.workerAPI, c.fleet = strings.TrimRight(base, "/"), fleetSecret }
+}
 
 var (
 	runIDRE      = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
@@ -372,10 +389,22 @@ func (s *Simulator) publishedIDs(ctx context.Context, names ...string) (map[stri
 	return ids, nil
 }
 
-// Heartbeat publishes one worker.heartbeat for every simulated worker.
+// Heartbeat publishes one worker.heartbeat for every simulated worker:
+// through the worker API with each worker's credential (WithWorkerAPI),
+// else straight to the log.
 func (s *Simulator) Heartbeat(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	if s.cfg.workerAPI != "" {
+		var errs []error
+		for _, w := range Workers() {
+			hb := &domain.WorkerHeartbeat{WorkerID: w.ID, Tier: w.Tier, Egress: w.Egress, Address: w.Address}
+			if err := s.heartbeatHTTP(ctx, hb); err != nil {
+				errs = append(errs, fmt.Errorf("worker %s: %w", w.ID, err))
+			}
+		}
+		return errors.Join(errs...)
+	}
 	var evs []domain.Event
 	for _, w := range Workers() {
 		evs = append(evs, s.pc.NewEvent(&domain.WorkerHeartbeat{WorkerID: w.ID, Tier: w.Tier, Egress: w.Egress, Address: w.Address}))
@@ -463,3 +492,31 @@ func deck(rate float64, rnd *rand.Rand) []bool {
 	rnd.Shuffle(len(d), func(i, j int) { d[i], d[j] = d[j], d[i] })
 	return d
 }
+
+// heartbeatHTTP posts one heartbeat to the worker API under the worker's
+// own credential.
+func (s *Simulator) heartbeatHTTP(ctx context.Context, hb *domain.WorkerHeartbeat) error {
+	body, err := json.Marshal(hb)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.cfg.workerAPI+"/v1/workers/heartbeat", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+access.WorkerToken(s.cfg.fleet, hb.WorkerID))
+	resp, err := heartbeatClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusAccepted {
+		return fmt.Errorf("worker API answered %d: %s", resp.StatusCode, bytes.TrimSpace(msg))
+	}
+	return nil
+}
+
+// heartbeatClient bounds each heartbeat request.
+var heartbeatClient = &http.Client{Timeout: 10 * time.Second}

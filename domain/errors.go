@@ -36,6 +36,18 @@ const (
 	CodeUnsupportedMediaType Code = "unsupported_media_type"
 	CodeUnavailable          Code = "unavailable"
 	CodeInternal             Code = "internal"
+
+	// CodeForbidden: the caller is authenticated but its scopes do not
+	// allow the request (publishing an event type, acting as another
+	// worker, reading another worker's assignments). The message names the
+	// scope missing.
+	CodeForbidden Code = "forbidden"
+	// CodeSourceForbidden: an event's ce source is not the caller's
+	// source (nor below it, as a URI path prefix).
+	CodeSourceForbidden Code = "source_forbidden"
+	// CodeRateLimited: too many requests of a limited kind (new worker
+	// ids); the response carries Retry-After.
+	CodeRateLimited Code = "rate_limited"
 )
 
 // Problem is one thing wrong with an input, at a field path such as

@@ -167,6 +167,10 @@ func (h *handlers) assignments(w http.ResponseWriter, r *http.Request) {
 			Message: "the worker id in the path must be a lower-case UUID"}}, "invalid worker id")
 		return
 	}
+	if !api.CallerFrom(r.Context()).MayReadAssignmentsOf(id) {
+		api.WriteForbidden(w, "reading another worker's assignments needs the scope "+domain.ScopeWorkersRead)
+		return
+	}
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
 		writeProblems(w, domain.Problems{{Code: domain.CodeInvalid, Message: "the query string is malformed"}},

@@ -85,11 +85,11 @@ func TestAssignmentsResponses(t *testing.T) {
 
 	// An unknown worker has nothing yet; arrays are [] not null.
 	other := "0190f3c4-5d6e-7f80-9a1b-000000000000"
-	resp, b = e.do(req{method: http.MethodGet, path: "/v1/workers/" + other + "/assignments"})
+	resp, b = e.do(req{token: ptr(readerToken), method: http.MethodGet, path: "/v1/workers/" + other + "/assignments"})
 	if resp.StatusCode != http.StatusOK || string(b) != `{"worker_id":"`+other+`","full":true,"mailboxes":[],"token":"`+workerapi.TokenAt(9).String()+`"}`+"\n" {
 		t.Errorf("unknown worker: %d %s", resp.StatusCode, b)
 	}
-	resp, b = e.do(req{method: http.MethodGet, path: "/v1/workers/" + other + "/assignments?since=" + workerapi.TokenAt(9).String()})
+	resp, b = e.do(req{token: ptr(readerToken), method: http.MethodGet, path: "/v1/workers/" + other + "/assignments?since=" + workerapi.TokenAt(9).String()})
 	if resp.StatusCode != http.StatusOK || string(b) != `{"worker_id":"`+other+`","full":false,"added":[],"removed":[],"token":"`+workerapi.TokenAt(9).String()+`"}`+"\n" {
 		t.Errorf("unknown worker, changes: %d %s", resp.StatusCode, b)
 	}
@@ -146,7 +146,7 @@ func TestRegisterRefusesBadOptions(t *testing.T) {
 	if err := workerapi.Register(nil); err == nil {
 		t.Error("nil server accepted")
 	}
-	srv, err := api.New(nopProducer{}, api.WithTokens("t0k3n"))
+	srv, err := api.New(nopProducer{}, api.WithAuthenticator(testAuth(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mailplane/mailplane/access"
 	"github.com/mailplane/mailplane/api"
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/kafka"
@@ -25,10 +26,38 @@ import (
 )
 
 const (
-	workerToken = "worker-tok-5b1e0c9a7d3f4e2a8c6b"
-	otherToken  = "other-tok-0f9e8d7c6b5a49382716"
-	workerID    = "0190f3c4-5d6e-7f80-9a1b-2c3d4e5f6a7b"
+	workerID      = "0190f3c4-5d6e-7f80-9a1b-2c3d4e5f6a7b"
+	otherWorkerID = "0190f3c4-5d6e-7f80-9a1b-2c3d4e5f6a7c"
+	// readerToken holds workers:read (an ops dashboard, say).
+	readerToken = "reader-tok-0f9e8d7c6b5a49382716"
+	// producerToken publishes the public types only.
+	producerToken = "producer-tok-7a6b5c4d3e2f1a0b9c8d"
+	// fleetToken may publish worker.heartbeat through /v1/events (any id).
+	fleetToken = "fleet-tok-1c2d3e4f5a6b7c8d9e0f1a2b"
 )
+
+// fleetSecret derives the workers' credentials (fixed: tests are
+// deterministic).
+var fleetSecret = []byte("fleet-secret-for-tests-0123456789abcdef")
+
+var (
+	workerToken = access.WorkerToken(fleetSecret, workerID)
+	otherToken  = access.WorkerToken(fleetSecret, otherWorkerID)
+)
+
+// testAuth accepts the workers' credentials and the file callers above.
+func testAuth(t testing.TB) *access.Authenticator {
+	t.Helper()
+	a, err := access.FromBytes([]byte(
+		access.Line("dashboard", readerToken, []string{domain.ScopeWorkersRead}, "/ops")+"\n"+
+			access.Line("product", producerToken, []string{domain.ScopePublishPublic}, "/product")+"\n"+
+			access.Line("fleet", fleetToken, []string{domain.PublishScope(domain.TypeWorkerHeartbeat)}, "/sending-workers")+"\n"),
+		access.WithFleetSecret(fleetSecret))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
 
 // fixedNow is the injected server clock.
 var fixedNow = time.Date(2026, 5, 1, 12, 0, 0, 123456789, time.UTC)
@@ -47,6 +76,12 @@ type env struct {
 
 func newEnv(t testing.TB, opts ...workerapi.Option) *env {
 	t.Helper()
+	return newEnvWith(t, nil, opts...)
+}
+
+// newEnvWith is newEnv with extra api.Server options (an admission hook).
+func newEnvWith(t testing.TB, apiOpts []api.Option, opts ...workerapi.Option) *env {
+	t.Helper()
 	brokers := kafkatest.Brokers(t, 4)
 	kc, err := kafka.NewProducer(kafka.Config{Brokers: brokers, ClientID: "workerapi-test"})
 	if err != nil {
@@ -54,8 +89,8 @@ func newEnv(t testing.TB, opts ...workerapi.Option) *env {
 	}
 	t.Cleanup(kc.Close)
 	srv, err := api.New(producer.New(kc),
-		api.WithTokens(workerToken, otherToken),
-		api.WithRegisterer(prometheus.NewRegistry()),
+		append([]api.Option{api.WithAuthenticator(testAuth(t)),
+			api.WithRegisterer(prometheus.NewRegistry())}, apiOpts...)...,
 	)
 	if err != nil {
 		t.Fatal(err)
@@ -214,4 +249,16 @@ func (nopProducer) Prepare([]domain.Event) ([]*kgo.Record, error) {
 
 func (nopProducer) ProduceRecords(context.Context, []domain.Event, []*kgo.Record) ([]producer.Receipt, error) {
 	return nil, errors.New("nopProducer: not for producing")
+}
+
+// produced returns how many records the worker topic gained since the
+// env started.
+func (e *env) produced() int64 {
+	e.t.Helper()
+	var n int64
+	now := e.endOffsets()
+	for p, off := range e.start {
+		n += now[p] - off
+	}
+	return n
 }

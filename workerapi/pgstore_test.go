@@ -283,7 +283,7 @@ func TestAssignmentsOverHTTP(t *testing.T) {
 	p.assign(mbA, w1, domain.RiskClean, 1000)
 	p.assign(mbB, w1, domain.RiskQuarantine, 1000)
 
-	resp, b := e.do(req{method: http.MethodGet, path: path})
+	resp, b := e.do(req{token: ptr(readerToken), method: http.MethodGet, path: path})
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("full: %d %s", resp.StatusCode, b)
 	}
@@ -295,7 +295,7 @@ func TestAssignmentsOverHTTP(t *testing.T) {
 	p.unassign(mbA, w1)
 	p.assign(mbC, w1, domain.RiskClean, 50)
 
-	resp, b = e.do(req{method: http.MethodGet, path: path + "?since=" + full.Token})
+	resp, b = e.do(req{token: ptr(readerToken), method: http.MethodGet, path: path + "?since=" + full.Token})
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("changes: %d %s", resp.StatusCode, b)
 	}
@@ -305,7 +305,7 @@ func TestAssignmentsOverHTTP(t *testing.T) {
 		t.Fatalf("changes: %s", b)
 	}
 
-	resp, b = e.do(req{method: http.MethodGet, path: path + "?since=" + ch.Token})
+	resp, b = e.do(req{token: ptr(readerToken), method: http.MethodGet, path: path + "?since=" + ch.Token})
 	if resp.StatusCode != http.StatusOK || string(b) != `{"worker_id":"`+w1+`","full":false,"added":[],"removed":[],"token":"`+ch.Token+`"}`+"\n" {
 		t.Fatalf("nothing new: %d %s", resp.StatusCode, b)
 	}
@@ -313,7 +313,7 @@ func TestAssignmentsOverHTTP(t *testing.T) {
 	if _, err := workerapi.PruneChanges(context.Background(), pool, 3); err != nil {
 		t.Fatal(err)
 	}
-	resp, b = e.do(req{method: http.MethodGet, path: path + "?since=" + full.Token})
+	resp, b = e.do(req{token: ptr(readerToken), method: http.MethodGet, path: path + "?since=" + full.Token})
 	if resp.StatusCode != http.StatusGone || decodeStrict[api.ErrorResponse](t, b).Error.Code != workerapi.CodeExpired {
 		t.Fatalf("after prune: %d %s", resp.StatusCode, b)
 	}

@@ -1,6 +1,16 @@
 // Package workerapi is the HTTP API sending workers talk to, mounted on an
 // api.Server (which gives it bearer-token auth, metrics, logging and the
-// all-or-nothing produce path of POST /v1/events):
+// all-or-nothing produce path of POST /v1/events).
+//
+// A worker authenticates with its own credential, bound to its worker id
+// (access.WorkerToken: derived from the fleet secret and the id). It
+// heartbeats only as itself and reads only its own assignments: any other
+// id is 403 forbidden. Callers holding workers:read may read any worker's
+// assignments; nobody but the worker heartbeats as it. Worker ids not yet
+// known to placement are rate-limited (NewWorkerLimiter, installed as the
+// api.Server's admission hook so /v1/events heartbeats count too): 429
+// rate_limited with Retry-After, so no credential floods placement state
+// with made-up ids.
 //
 //   - POST /v1/workers/heartbeat: a worker says it is alive. The JSON body
 //     is a worker.heartbeat event's data ({worker_id, tier, egress, address,
@@ -93,8 +103,9 @@ type handlers struct {
 }
 
 // Register mounts the worker routes on s, both behind s's bearer-token
-// auth. Call it before s serves. Workers authenticate with one of the
-// server's tokens (api.WithTokens).
+// auth. Call it before s serves. Workers authenticate with their own
+// credential (the server's api.Authenticator must accept worker
+// credentials, e.g. access.WithFleetSecret).
 func Register(s *api.Server, opts ...Option) error {
 	if s == nil {
 		return errors.New("workerapi: nil server")
@@ -128,6 +139,11 @@ func Register(s *api.Server, opts ...Option) error {
 
 // heartbeat is POST /v1/workers/heartbeat.
 func (h *handlers) heartbeat(w http.ResponseWriter, r *http.Request) {
+	caller := api.CallerFrom(r.Context())
+	if caller == nil || caller.WorkerID == "" {
+		api.WriteForbidden(w, "heartbeats need the worker's own credential")
+		return
+	}
 	if !isJSON(r.Header.Get("Content-Type")) {
 		api.WriteError(w, http.StatusUnsupportedMediaType, domain.CodeUnsupportedMediaType,
 			"Content-Type must be application/json")
@@ -153,6 +169,11 @@ func (h *handlers) heartbeat(w http.ResponseWriter, r *http.Request) {
 	hb := data.(*domain.WorkerHeartbeat)
 	if ps := hb.Validate(); len(ps) > 0 {
 		writeProblems(w, ps, "the heartbeat is invalid; nothing was produced")
+		return
+	}
+	if !caller.MayHeartbeatAs(hb.WorkerID) {
+		h.log.Info("heartbeat refused: the credential is another worker's", "credential_worker", caller.WorkerID)
+		api.WriteForbidden(w, "a worker heartbeats only under its own worker id")
 		return
 	}
 	h.srv.Publish(w, r, domain.Event{

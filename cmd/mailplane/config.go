@@ -46,6 +46,14 @@ func (s setting) Int(fs *flag.FlagSet) *int {
 	return fs.Int(s.flag, v, s.help+" (env "+s.env+")")
 }
 
+func (s setting) Float(fs *flag.FlagSet) *float64 {
+	v, err := strconv.ParseFloat(s.envOr(), 64)
+	if err != nil {
+		fatalf("%s: %q is not a number", s.env, s.envOr())
+	}
+	return fs.Float64(s.flag, v, s.help+" (env "+s.env+")")
+}
+
 func (s setting) Duration(fs *flag.FlagSet) *time.Duration {
 	v, err := time.ParseDuration(s.envOr())
 	if err != nil {
@@ -56,20 +64,26 @@ func (s setting) Duration(fs *flag.FlagSet) *time.Duration {
 
 // Settings shared by the roles.
 var (
-	cfgBrokers         = register(setting{"brokers", "MAILPLANE_BROKERS", "127.0.0.1:19092", "comma-separated Kafka bootstrap brokers"})
-	cfgDatabaseURL     = register(setting{"database-url", "DATABASE_URL", "", "Postgres URL; dev mode starts a private cluster when empty"})
-	cfgHTTP            = register(setting{"http", "MAILPLANE_HTTP", "127.0.0.1:8080", "HTTP listen address of the API (ingest, health, metrics)"})
-	cfgAPITokens       = register(setting{"api-token", "MAILPLANE_API_TOKEN", "", "comma-separated bearer tokens accepted by the API; dev mode generates one when empty"})
-	cfgSealKeys        = register(setting{"seal-keys", "MAILPLANE_SEAL_KEYS", "", "credential sealing keys, id:base64(32 bytes)[,...]; first is active; dev mode keeps one in its data dir"})
-	cfgSealKeyID       = register(setting{"seal-key-id", "MAILPLANE_SEAL_KEY_ID", "", "id of the sealing key that seals new credentials (default: the first)"})
-	cfgDataDir         = register(setting{"data-dir", "MAILPLANE_DATA_DIR", "./var", "dev mode: where the embedded broker, Postgres and the sealing key persist"})
-	cfgKafkaPort       = register(setting{"kafka-port", "MAILPLANE_KAFKA_PORT", "19092", "dev mode: port of the embedded Kafka broker on 127.0.0.1"})
-	cfgPGPort          = register(setting{"pg-port", "MAILPLANE_PG_PORT", "54329", "dev mode: port of the private Postgres cluster on 127.0.0.1"})
-	cfgStatePartitions = register(setting{"state-partitions", "MAILPLANE_STATE_PARTITIONS", "256", "partitions of mailbox.state and sync.tier (bounds the sync fleet size)"})
-	cfgLogLevel        = register(setting{"log-level", "MAILPLANE_LOG_LEVEL", "info", "debug, info, warn or error"})
-	cfgLogFormat       = register(setting{"log-format", "MAILPLANE_LOG_FORMAT", "text", "text or json"})
-	cfgSource          = register(setting{"source", "MAILPLANE_SOURCE", "mailplane/cli", "ce_source of events published by the CLI"})
-	cfgAPIURL          = register(setting{"api", "MAILPLANE_API_URL", "", "publish through this API (e.g. http://127.0.0.1:8080) instead of straight to the brokers"})
+	cfgBrokers           = register(setting{"brokers", "MAILPLANE_BROKERS", "127.0.0.1:19092", "comma-separated Kafka bootstrap brokers"})
+	cfgDatabaseURL       = register(setting{"database-url", "DATABASE_URL", "", "Postgres URL; dev mode starts a private cluster when empty"})
+	cfgHTTP              = register(setting{"http", "MAILPLANE_HTTP", "127.0.0.1:8080", "public HTTP listen address of the API (ingest, worker API, public health)"})
+	cfgOpsHTTP           = register(setting{"ops-http", "MAILPLANE_OPS_HTTP", "127.0.0.1:9090", "ops HTTP listen address of every role: /metrics and the detailed /healthz (keep it private); empty: none"})
+	cfgAPITokens         = register(setting{"api-token", "MAILPLANE_API_TOKEN", "", "bearer token the CLI sends to the API (publish --api); dev mode generates one when empty and grants it every scope"})
+	cfgAPITokensFile     = register(setting{"api-tokens-file", "MAILPLANE_API_TOKENS_FILE", "", "the API's callers, one a line: name, sha256 of the token, scopes, source (mailplane token makes lines); reread on SIGHUP and when it changes; required by the api role"})
+	cfgWorkerFleetSecret = register(setting{"worker-fleet-secret", "MAILPLANE_WORKER_FLEET_SECRET", "", "secret (32 bytes or more) the sending workers' credentials derive from (mailplane token worker prints one); prefer the environment; dev mode keeps one in its data dir"})
+	cfgHTTPInflightBytes = register(setting{"http-inflight-bytes", "MAILPLANE_HTTP_INFLIGHT_BYTES", "67108864", "cap on the bytes of request bodies the API reads at once; beyond it 503 with Retry-After"})
+	cfgWorkerNewRate     = register(setting{"worker-new-rate", "MAILPLANE_WORKER_NEW_RATE", "2", "worker ids unknown to placement admitted per second (heartbeats of more get 429)"})
+	cfgWorkerNewBurst    = register(setting{"worker-new-burst", "MAILPLANE_WORKER_NEW_BURST", "20", "burst of new worker ids admitted at once"})
+	cfgSealKeys          = register(setting{"seal-keys", "MAILPLANE_SEAL_KEYS", "", "credential sealing keys, id:base64(32 bytes)[,...]; first is active; dev mode keeps one in its data dir"})
+	cfgSealKeyID         = register(setting{"seal-key-id", "MAILPLANE_SEAL_KEY_ID", "", "id of the sealing key that seals new credentials (default: the first)"})
+	cfgDataDir           = register(setting{"data-dir", "MAILPLANE_DATA_DIR", "./var", "dev mode: where the embedded broker, Postgres and the sealing key persist"})
+	cfgKafkaPort         = register(setting{"kafka-port", "MAILPLANE_KAFKA_PORT", "19092", "dev mode: port of the embedded Kafka broker on 127.0.0.1"})
+	cfgPGPort            = register(setting{"pg-port", "MAILPLANE_PG_PORT", "54329", "dev mode: port of the private Postgres cluster on 127.0.0.1"})
+	cfgStatePartitions   = register(setting{"state-partitions", "MAILPLANE_STATE_PARTITIONS", "256", "partitions of mailbox.state and sync.tier (bounds the sync fleet size)"})
+	cfgLogLevel          = register(setting{"log-level", "MAILPLANE_LOG_LEVEL", "info", "debug, info, warn or error"})
+	cfgLogFormat         = register(setting{"log-format", "MAILPLANE_LOG_FORMAT", "text", "text or json"})
+	cfgSource            = register(setting{"source", "MAILPLANE_SOURCE", "mailplane/cli", "ce_source of events published by the CLI"})
+	cfgAPIURL            = register(setting{"api", "MAILPLANE_API_URL", "", "publish through this API (e.g. http://127.0.0.1:8080) instead of straight to the brokers"})
 )
 
 func newLogger(level, format string) *slog.Logger {

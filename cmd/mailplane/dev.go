@@ -15,7 +15,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mailplane/mailplane/access"
 	"github.com/mailplane/mailplane/devfleet"
+	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/kafka"
 	"github.com/mailplane/mailplane/pgcluster"
 )
@@ -43,7 +45,8 @@ func runDev(ctx context.Context, args []string) error {
 	kafkaPort := cfgKafkaPort.Int(fs)
 	pgPort := cfgPGPort.Int(fs)
 	dbURL := cfgDatabaseURL.String(fs)
-	httpAddr := cfgHTTP.String(fs)
+	af := registerAPIFlags(fs)
+	opsAddr := cfgOpsHTTP.String(fs)
 	tokens := cfgAPITokens.String(fs)
 	sealKeys := cfgSealKeys.String(fs)
 	sealKeyID := cfgSealKeyID.String(fs)
@@ -111,6 +114,23 @@ func runDev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	// The API's callers: the configured file, else one dev mode writes at
+	// every start, giving the dev tokens every scope (listed, so that even
+	// dev mode has no wildcard) and every "/..." source.
+	tokensFile, tokensFrom := *af.tokensFile, ""
+	if tokensFile == "" {
+		tokensFile = filepath.Join(dir, "api-tokens")
+		if err := writeDevTokensFile(tokensFile, tokenList); err != nil {
+			return err
+		}
+		tokensFrom = tokensFile + ": every scope, sources /..."
+	}
+	fleetSecret := []byte(*af.fleetSecret)
+	if len(fleetSecret) == 0 {
+		if fleetSecret, err = devSecret(filepath.Join(dir, "worker-fleet.key")); err != nil {
+			return err
+		}
+	}
 
 	// The IMAP server with the sample mailboxes, before the sync workers
 	// that connect to it; stopped after them.
@@ -131,7 +151,7 @@ func runDev(ctx context.Context, args []string) error {
 	// else a key kept in the data dir.
 	warmupKey := []byte(*sf.warmupKey)
 	if len(warmupKey) == 0 {
-		if warmupKey, err = devWarmupKey(filepath.Join(dir, "warmup.key")); err != nil {
+		if warmupKey, err = devSecret(filepath.Join(dir, "warmup.key")); err != nil {
 			return err
 		}
 	}
@@ -139,7 +159,10 @@ func runDev(ctx context.Context, args []string) error {
 	if *fleet {
 		sim, err = devfleet.New(kafka.Config{Brokers: brokers, ClientID: "mailplane-devfleet"}, keyring, imapSrv,
 			devfleet.WithSeed(uint64(*seed)), devfleet.WithWarmupInterval(*warmupEvery), devfleet.WithWarmupHeader(*sf.warmupHeader),
-			devfleet.WithWarmupKey(warmupKey), devfleet.WithLogger(log.With("role", "devfleet")))
+			devfleet.WithWarmupKey(warmupKey), devfleet.WithLogger(log.With("role", "devfleet")),
+			// The simulated workers heartbeat through the worker API with
+			// their own credentials, as real ones do.
+			devfleet.WithWorkerAPI("http://"+*af.http, fleetSecret))
 		if err != nil {
 			return err
 		}
@@ -174,11 +197,12 @@ func runDev(ctx context.Context, args []string) error {
 		log:              log,
 		brokers:          brokers,
 		databaseURL:      url,
-		httpAddr:         *httpAddr,
-		tokens:           tokenList,
+		opsAddr:          *opsAddr,
 		keyring:          keyring,
 		statePartitions:  int32(*parts),
 	}
+	af.apply(roles)
+	roles.tokensFile, roles.fleetSecret = tokensFile, fleetSecret
 	// The simulated fleet starts once the roles run (the topics exist)
 	// and stops with them; if it fails, dev mode stops.
 	ctx, cancel := context.WithCancel(ctx)
@@ -186,7 +210,7 @@ func runDev(ctx context.Context, args []string) error {
 	var fleetWG sync.WaitGroup
 	var fleetErr error
 	err = runRoles(ctx, roles, func() {
-		fmt.Fprint(os.Stderr, devBanner(roles, dir, brokers, url, tokenList[0], generated, imapSrv.Addr(), sim != nil, *warmupEvery, *seed))
+		fmt.Fprint(os.Stderr, devBanner(roles, dir, brokers, url, tokenList[0], generated, tokensFrom, imapSrv.Addr(), sim != nil, *warmupEvery, *seed))
 		if sim == nil {
 			return
 		}
@@ -209,18 +233,19 @@ func runDev(ctx context.Context, args []string) error {
 }
 
 // devBanner is what dev mode prints once everything runs.
-func devBanner(rc *roleConfig, dir string, brokers []string, url, token, tokenFrom, imapAddr string, fleet bool, warmupEvery time.Duration, seed int) string {
+func devBanner(rc *roleConfig, dir string, brokers []string, url, token, tokenFrom, callersFrom, imapAddr string, fleet bool, warmupEvery time.Duration, seed int) string {
 	var b strings.Builder
 	broker := strings.Join(brokers, ",")
 	fmt.Fprintf(&b, `
 mailplane dev is running
   broker     %s (embedded kfake, data in %s)
   postgres   %s
-  api        http://%s  (POST /v1/events, POST /v1/workers/heartbeat, GET /healthz, GET /metrics)
+  api        http://%s  (POST /v1/events, POST /v1/workers/heartbeat, GET /v1/workers/{id}/assignments, GET /healthz)
+  ops        http://%s  (GET /metrics, GET /healthz with details)
   roles      placement engine, registry, placement and health projectors (health scorer), outbox relay, mailbox.state processor, %d sync worker(s) (%s runner)
   imap       %s  (in-process sample server, tls none: plain IMAP on loopback only; mail kept in memory)
   login      ada@example.com / %s  (also spammy@, grace@, alan@, edsger@, barbara@example.com, same password)
-`, broker, filepath.Join(dir, "kafka"), url, rc.httpAddr, rc.syncWorkers, rc.syncRunner, imapAddr, devfleet.DevPassword)
+`, broker, filepath.Join(dir, "kafka"), url, rc.httpAddr, rc.opsAddr, rc.syncWorkers, rc.syncRunner, imapAddr, devfleet.DevPassword)
 	if fleet {
 		fmt.Fprintf(&b, "  fleet      %d orgs and %d mailboxes registered; %d simulated sending workers heartbeating;\n"+
 			"             warmup mail every %s (seed %d), spammy@example.com's mostly to Junk\n",
@@ -228,6 +253,12 @@ mailplane dev is running
 	} else {
 		b.WriteString("  fleet      off (--dev-fleet=false): nothing registered, no heartbeats, no warmup mail\n")
 	}
+	if callersFrom != "" {
+		fmt.Fprintf(&b, "  callers    %s (the api token below is an all-scopes dev caller)\n", callersFrom)
+	} else {
+		fmt.Fprintf(&b, "  callers    from %s\n", rc.tokensFile)
+	}
+	fmt.Fprintf(&b, "  workers    credentials derive from the fleet secret: mailplane token worker --worker-id ID --data-dir %s\n", dir)
 	fmt.Fprintf(&b, `  api token  %s%s
   seal key   %s (in %s)
 
@@ -278,9 +309,24 @@ func splitList(s string) []string {
 
 var _ = slog.Default
 
-// devWarmupKey returns the warmup signing key kept in path, generated on
-// first start.
-func devWarmupKey(path string) ([]byte, error) {
+// writeDevTokensFile writes dev mode's callers: each dev token with every
+// scope, speaking as any "/..." source (the examples' sources).
+func writeDevTokensFile(path string, tokens []string) error {
+	var b strings.Builder
+	b.WriteString("# written by mailplane dev at every start: the dev tokens hold every scope\n")
+	for i, t := range tokens {
+		name := "dev"
+		if i > 0 {
+			name = fmt.Sprintf("dev-%d", i+1)
+		}
+		b.WriteString(access.Line(name, t, domain.AllScopes(), "/") + "\n")
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o600)
+}
+
+// devSecret returns the secret kept in path (the warmup signing key, the
+// worker fleet secret), generated on first start.
+func devSecret(path string) ([]byte, error) {
 	if b, err := os.ReadFile(path); err == nil {
 		if k := strings.TrimSpace(string(b)); k != "" {
 			return []byte(k), nil

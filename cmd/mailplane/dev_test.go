@@ -83,7 +83,7 @@ func startDev(t *testing.T, bin, dataDir string, kport, pport, hport int, extra 
 		dbURL:  fmt.Sprintf("postgres://postgres@127.0.0.1:%d/mailplane?sslmode=disable", pport),
 	}
 	args := append([]string{"dev", "--data-dir", dataDir, "--kafka-port", fmt.Sprint(kport),
-		"--pg-port", fmt.Sprint(pport), "--http", p.http, "--state-partitions", "8", "--dev-imap-addr", "127.0.0.1:0"}, extra...)
+		"--pg-port", fmt.Sprint(pport), "--http", p.http, "--state-partitions", "8", "--dev-imap-addr", "127.0.0.1:0", "--ops-http", "127.0.0.1:0"}, extra...)
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), "MAILPLANE_API_TOKEN=test-token", "DATABASE_URL=")
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
@@ -311,7 +311,7 @@ func TestDevModeEndToEnd(t *testing.T) {
 
 	// Third start, with the simulated fleet (dev mode's default).
 	p = startDev(t, bin, dataDir, kport, pport, hport)
-	for _, want := range []string{"ada@example.com / " + devfleet.DevPassword, "tls none", "simulated sending workers"} {
+	for _, want := range []string{"ada@example.com / " + devfleet.DevPassword, "tls none", "simulated sending workers", "all-scopes dev caller"} {
 		if !strings.Contains(p.out.String(), want) {
 			t.Fatalf("banner lacks %q:\n%s", want, p.out)
 		}

@@ -33,6 +33,8 @@ Operate:
   topics list      show the topic catalog
   migrate          apply database migrations
   publish TYPE     publish one event (data as --data JSON or on stdin)
+  token            make an API caller's token and its tokens-file line (--name, --scopes, --source)
+  token worker     print a sending worker's credential (--worker-id)
   dlq list         show dead letters
   replay placement rebuild the placement projection into a fresh schema (--verify, --swap)
   placement show   workers by tier and pool, pending placements (--mailbox ID: its decisions)
@@ -71,6 +73,8 @@ func main() {
 		err = runMigrate(ctx, args)
 	case "publish":
 		err = runPublish(ctx, args)
+	case "token":
+		err = runToken(args, os.Stdout)
 	case "dlq":
 		err = runDLQ(ctx, args)
 	case "replay":

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mailplane/mailplane/access"
 	"github.com/mailplane/mailplane/api"
 	"github.com/mailplane/mailplane/billing"
 	"github.com/mailplane/mailplane/domain"
@@ -42,14 +44,19 @@ type roleConfig struct {
 	log             *slog.Logger
 	brokers         []string
 	databaseURL     string
-	httpAddr        string
-	tokens          []string
+	httpAddr        string // the public API (api role)
+	opsAddr         string // metrics and detailed health, every role; "" for none
+	tokensFile      string // the API's callers (access package)
+	fleetSecret     []byte // derives the sending workers' credentials
+	inflightBytes   int64  // cap on request bodies being read by the API
+	newWorkerRate   float64
+	newWorkerBurst  int
 	keyring         *sealing.Keyring
 	statePartitions int32
 
 	billing *billing.Config // mount the Stripe webhook when set
 
-	api       bool // serve the ingest API (else only health and metrics)
+	api       bool // serve the ingest API
 	engine    bool // run the placement engine (active or standby)
 	stateProc bool // run the mailbox.state processor
 	// syncWorkers sync workers run in the process (dev mode runs several
@@ -223,16 +230,33 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 	}
 
 	dbCheck := func(ctx context.Context) error { return pool.Ping(ctx) }
+	var ops http.Handler
 	if rc.api {
 		kc, err := kafka.NewProducer(kcfg("api"))
 		if err != nil {
 			return err
 		}
 		defer kc.Close()
+		auth, err := access.New(rc.tokensFile, access.WithFleetSecret(rc.fleetSecret),
+			access.WithLogger(log.With("role", "api")), access.WithRegisterer(reg))
+		if err != nil {
+			return err
+		}
+		if len(rc.fleetSecret) == 0 {
+			log.Warn("no worker fleet secret (MAILPLANE_WORKER_FLEET_SECRET): sending workers cannot authenticate")
+		}
+		if rc.tokensFile != "" {
+			// Returns only when ctx is done (a role returning stops them all).
+			start("tokens file watch", func(ctx context.Context) error { auth.Watch(ctx, 0); return nil })
+		}
+		pgStore := workerapi.NewPGStore(pool)
+		limiter := workerapi.NewWorkerLimiter(pgStore, rc.newWorkerRate, rc.newWorkerBurst, reg)
 		pc := producer.New(kc, producer.WithSealer(rc.keyring), producer.WithSource("mailplane/api"), producer.WithRegisterer(reg))
 		srv, err := api.New(pc,
 			api.WithAddr(rc.httpAddr),
-			api.WithTokens(rc.tokens...),
+			api.WithAuthenticator(auth),
+			api.WithAdmission(limiter.Admit),
+			api.WithMaxInflightBytes(rc.inflightBytes),
 			api.WithSealer(rc.keyring),
 			api.WithSchemaValidator(eventschema.Default()),
 			api.WithBrokerCheck(kc),
@@ -245,7 +269,7 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 			return err
 		}
 		if err := workerapi.Register(srv, workerapi.WithLogger(log.With("role", "api")),
-			workerapi.WithAssignmentStore(workerapi.NewPGStore(pool))); err != nil {
+			workerapi.WithAssignmentStore(pgStore)); err != nil {
 			return err
 		}
 		if rc.billing != nil {
@@ -254,8 +278,18 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 			}
 		}
 		start("api", srv.Run)
-	} else if rc.httpAddr != "" {
-		start("ops http", func(ctx context.Context) error { return serveOps(ctx, rc, reg, dbCheck) })
+		ops = srv.OpsHandler()
+	}
+	if rc.opsAddr != "" {
+		if ops == nil {
+			kc, err := kgo.NewClient(kgo.SeedBrokers(rc.brokers...), kgo.DialTimeout(5*time.Second))
+			if err != nil {
+				return err
+			}
+			defer kc.Close()
+			ops = opsMux(reg, kc, dbCheck)
+		}
+		start("ops http", func(ctx context.Context) error { return serveOps(ctx, rc.opsAddr, ops, log) })
 	}
 
 	if ready != nil {
@@ -302,13 +336,9 @@ func applyTopics(ctx context.Context, rc *roleConfig) error {
 	return rep.Err()
 }
 
-// serveOps serves /healthz and /metrics for roles without the API.
-func serveOps(ctx context.Context, rc *roleConfig, reg *prometheus.Registry, dbCheck func(context.Context) error) error {
-	kc, err := kgo.NewClient(kgo.SeedBrokers(rc.brokers...), kgo.DialTimeout(5*time.Second))
-	if err != nil {
-		return err
-	}
-	defer kc.Close()
+// opsMux serves /metrics and the detailed /healthz for roles without the
+// API (the API's own is api.Server.OpsHandler).
+func opsMux(reg *prometheus.Registry, kc *kgo.Client, dbCheck func(context.Context) error) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -326,9 +356,21 @@ func serveOps(ctx context.Context, rc *roleConfig, reg *prometheus.Registry, dbC
 		w.WriteHeader(status)
 		json.NewEncoder(w).Encode(res)
 	})
-	srv := &http.Server{Addr: rc.httpAddr, Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
+	return mux
+}
+
+// serveOps serves h on the ops listener (--ops-http): metrics and health
+// with error text, for operators only, never on the public listener.
+func serveOps(ctx context.Context, addr string, h http.Handler, log *slog.Logger) error {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("ops listener: %w", err)
+	}
+	log.Info("ops listening (metrics, detailed health)", "addr", ln.Addr().String())
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.ListenAndServe() }()
+	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
 		return err
@@ -340,19 +382,39 @@ func serveOps(ctx context.Context, rc *roleConfig, reg *prometheus.Registry, dbC
 }
 
 // commonRoleFlags registers the flags every production role takes.
-func commonRoleFlags(fs *flag.FlagSet) (brokers, dbURL, httpAddr, logLevel, logFormat *string, parts *int) {
-	return cfgBrokers.String(fs), cfgDatabaseURL.String(fs), cfgHTTP.String(fs), cfgLogLevel.String(fs), cfgLogFormat.String(fs), cfgStatePartitions.Int(fs)
+func commonRoleFlags(fs *flag.FlagSet) (brokers, dbURL, opsAddr, logLevel, logFormat *string, parts *int) {
+	return cfgBrokers.String(fs), cfgDatabaseURL.String(fs), cfgOpsHTTP.String(fs), cfgLogLevel.String(fs), cfgLogFormat.String(fs), cfgStatePartitions.Int(fs)
+}
+
+// apiFlags are the api role's own settings (dev mode takes them too).
+type apiFlags struct {
+	http, tokensFile, fleetSecret *string
+	inflight, newWorkerBurst      *int
+	newWorkerRate                 *float64
+}
+
+func registerAPIFlags(fs *flag.FlagSet) apiFlags {
+	return apiFlags{
+		http: cfgHTTP.String(fs), tokensFile: cfgAPITokensFile.String(fs), fleetSecret: cfgWorkerFleetSecret.String(fs),
+		inflight: cfgHTTPInflightBytes.Int(fs), newWorkerRate: cfgWorkerNewRate.Float(fs), newWorkerBurst: cfgWorkerNewBurst.Int(fs),
+	}
+}
+
+// apply copies the API settings into rc.
+func (f apiFlags) apply(rc *roleConfig) {
+	rc.httpAddr, rc.tokensFile, rc.fleetSecret = *f.http, *f.tokensFile, []byte(*f.fleetSecret)
+	rc.inflightBytes, rc.newWorkerRate, rc.newWorkerBurst = int64(*f.inflight), *f.newWorkerRate, *f.newWorkerBurst
 }
 
 func runAPI(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("api", flag.ExitOnError)
-	brokers, dbURL, httpAddr, logLevel, logFormat, parts := commonRoleFlags(fs)
-	tokens := cfgAPITokens.String(fs)
+	brokers, dbURL, opsAddr, logLevel, logFormat, parts := commonRoleFlags(fs)
+	af := registerAPIFlags(fs)
 	sealKeys := cfgSealKeys.String(fs)
 	sealKeyID := cfgSealKeyID.String(fs)
 	fs.Parse(args)
-	if len(splitList(*tokens)) == 0 {
-		return errors.New("no API tokens: set MAILPLANE_API_TOKEN (or --api-token)")
+	if *af.tokensFile == "" {
+		return errors.New("no API tokens file: set MAILPLANE_API_TOKENS_FILE (or --api-tokens-file); `mailplane token` makes its lines")
 	}
 	if *sealKeys == "" {
 		return errors.New("no sealing keys: set MAILPLANE_SEAL_KEYS (id:base64 of 32 bytes)")
@@ -365,19 +427,21 @@ func runAPI(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	return runRoles(ctx, &roleConfig{billing: bc,
+	rc := &roleConfig{billing: bc,
 		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
-		httpAddr: *httpAddr, tokens: splitList(*tokens), keyring: keyring, statePartitions: int32(*parts), api: true,
-	}, nil)
+		opsAddr: *opsAddr, keyring: keyring, statePartitions: int32(*parts), api: true,
+	}
+	af.apply(rc)
+	return runRoles(ctx, rc, nil)
 }
 
 func runProject(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("project", flag.ExitOnError)
-	brokers, dbURL, httpAddr, logLevel, logFormat, parts := commonRoleFlags(fs)
+	brokers, dbURL, opsAddr, logLevel, logFormat, parts := commonRoleFlags(fs)
 	fs.Parse(args)
 	return runRoles(ctx, &roleConfig{
 		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
-		httpAddr: *httpAddr, statePartitions: int32(*parts), project: true,
+		opsAddr: *opsAddr, statePartitions: int32(*parts), project: true,
 	}, nil)
 }
 
@@ -413,11 +477,11 @@ func billingConfig() (*billing.Config, error) {
 
 func runEngine(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("engine", flag.ExitOnError)
-	brokers, dbURL, httpAddr, logLevel, logFormat, parts := commonRoleFlags(fs)
+	brokers, dbURL, opsAddr, logLevel, logFormat, parts := commonRoleFlags(fs)
 	fs.Parse(args)
 	return runRoles(ctx, &roleConfig{
 		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
-		httpAddr: *httpAddr, statePartitions: int32(*parts), engine: true,
+		opsAddr: *opsAddr, statePartitions: int32(*parts), engine: true,
 	}, nil)
 }
 

@@ -65,7 +65,7 @@ func (f *syncFlags) config() mailsync.Config {
 // mailbox.state processor (one per deployment).
 func runSync(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("sync", flag.ExitOnError)
-	brokers, dbURL, httpAddr, logLevel, logFormat, parts := commonRoleFlags(fs)
+	brokers, dbURL, opsAddr, logLevel, logFormat, parts := commonRoleFlags(fs)
 	sf := registerSyncFlags(fs)
 	state := fs.Bool("state", false, "also run the mailbox.state processor (exactly one per deployment is active)")
 	sealKeys, sealKeyID := cfgSealKeys.String(fs), cfgSealKeyID.String(fs)
@@ -79,7 +79,7 @@ func runSync(ctx context.Context, args []string) error {
 	}
 	return runRoles(ctx, &roleConfig{
 		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
-		httpAddr: *httpAddr, statePartitions: int32(*parts), syncWorkers: 1, syncConfig: sf.config(), stateProc: *state,
+		opsAddr: *opsAddr, statePartitions: int32(*parts), syncWorkers: 1, syncConfig: sf.config(), stateProc: *state,
 		keyring: keyring, syncRunner: *sf.runner, imapCAFile: *sf.caFile, imapDisableAfter: *sf.disableAfter,
 		imapWarmupHeader: *sf.warmupHeader, imapWarmupKey: []byte(*sf.warmupKey), imapOAuth: sf.oauth(),
 	}, nil)
@@ -87,11 +87,11 @@ func runSync(ctx context.Context, args []string) error {
 
 func runState(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("state", flag.ExitOnError)
-	brokers, dbURL, httpAddr, logLevel, logFormat, parts := commonRoleFlags(fs)
+	brokers, dbURL, opsAddr, logLevel, logFormat, parts := commonRoleFlags(fs)
 	fs.Parse(args)
 	return runRoles(ctx, &roleConfig{
 		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
-		httpAddr: *httpAddr, statePartitions: int32(*parts), stateProc: true,
+		opsAddr: *opsAddr, statePartitions: int32(*parts), stateProc: true,
 	}, nil)
 }
 

@@ -1,0 +1,408 @@
+// Package access authenticates API callers: the operator-managed tokens
+// file (one caller a line: name, SHA-256 of its token, scopes, ce source)
+// and the sending workers' credentials, derived from a fleet secret and the
+// worker id, so that a worker's token is good for its own id only.
+//
+// The file is reloaded without a restart (Watch: SIGHUP and an mtime poll);
+// a file that does not parse, or holds no caller, keeps the previous good
+// one in force, and the failure is logged and counted. Replace the file
+// atomically (write a new one, rename it over): a reload may otherwise read
+// it half-written. What a caller may do is decided by
+// domain.Caller; this package only tells who is calling.
+//
+// File format, one caller a line, fields separated by white space, # starts
+// a comment:
+//
+//	<name> <sha256 of the token, hex> <scope>[,<scope>...] <source>
+//	product 9f86d0...0f00a08 publish:public /product-api
+//
+// Tokens are random and high-entropy (mailplane token makes them), so one
+// fast hash is right: there is nothing to brute-force a dictionary of.
+package access
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mailplane/mailplane/domain"
+)
+
+// DefaultPollInterval is how often Watch looks at the file's mtime.
+const DefaultPollInterval = 5 * time.Second
+
+// Limits of the file.
+const (
+	maxFileBytes = 4 << 20
+	maxNameLen   = 64
+	maxSourceLen = 256
+)
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+
+// entry is one caller of the file.
+type entry struct {
+	hash   [sha256.Size]byte
+	caller *domain.Caller
+}
+
+// Parse reads a tokens file. Every line is checked and every problem is
+// reported (with its line number), so an operator fixes them in one go.
+func Parse(b []byte) ([]*domain.Caller, [][sha256.Size]byte, error) {
+	if len(b) > maxFileBytes {
+		return nil, nil, fmt.Errorf("access: tokens file larger than %d bytes", maxFileBytes)
+	}
+	var (
+		callers []*domain.Caller
+		hashes  [][sha256.Size]byte
+		errs    []error
+		names   = map[string]int{}
+		seen    = map[[sha256.Size]byte]int{}
+	)
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 0, 4096), 64<<10)
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Text()
+		if i := strings.IndexByte(line, '#'); i >= 0 {
+			line = line[:i]
+		}
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		bad := func(format string, args ...any) {
+			errs = append(errs, fmt.Errorf("line %d: "+format, append([]any{n}, args...)...))
+		}
+		if len(f) != 4 {
+			bad("want 4 fields (name, sha256 hex, scopes, source), have %d", len(f))
+			continue
+		}
+		name, hexHash, scopeList, source := f[0], f[1], f[2], f[3]
+		if !nameRE.MatchString(name) {
+			bad("name %q: want 1-%d of [a-z0-9._-]", truncate(name), maxNameLen)
+			continue
+		}
+		if j, dup := names[name]; dup {
+			bad("name %q already used on line %d", name, j)
+			continue
+		}
+		var h [sha256.Size]byte
+		if raw, err := hex.DecodeString(strings.TrimPrefix(hexHash, "sha256:")); err != nil || len(raw) != sha256.Size {
+			bad("caller %s: the token hash must be 64 hex digits (sha256)", name)
+			continue
+		} else {
+			copy(h[:], raw)
+		}
+		if j, dup := seen[h]; dup {
+			bad("caller %s: same token as line %d", name, j)
+			continue
+		}
+		scopes := strings.Split(scopeList, ",")
+		slices.Sort(scopes)
+		scopes = slices.Compact(scopes)
+		if msg := domain.CheckScopes(scopes); msg != "" {
+			bad("caller %s: %s", name, msg)
+			continue
+		}
+		if msg := checkSource(source); msg != "" {
+			bad("caller %s: %s", name, msg)
+			continue
+		}
+		names[name], seen[h] = n, n
+		callers = append(callers, &domain.Caller{Name: name, Scopes: scopes, Source: source})
+		hashes = append(hashes, h)
+	}
+	if err := sc.Err(); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return nil, nil, fmt.Errorf("access: tokens file: %w", errors.Join(errs...))
+	}
+	return callers, hashes, nil
+}
+
+// checkSource refuses sources that are empty, too long or carry control
+// characters or white space (they end up in ce_source headers).
+func checkSource(s string) string {
+	if s == "" || len(s) > maxSourceLen {
+		return fmt.Sprintf("source must be 1-%d bytes", maxSourceLen)
+	}
+	for _, r := range s {
+		if r < 0x21 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+			return "source must not contain white space or control characters"
+		}
+	}
+	return ""
+}
+
+func truncate(s string) string {
+	if len(s) > 32 {
+		return s[:32] + "…"
+	}
+	return s
+}
+
+// HashToken is the hex SHA-256 of a token, as the tokens file holds it.
+func HashToken(token string) string {
+	h := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(h[:])
+}
+
+// Line is the tokens-file line of a caller holding token.
+func Line(name, token string, scopes []string, source string) string {
+	return fmt.Sprintf("%s %s %s %s", name, HashToken(token), strings.Join(scopes, ","), source)
+}
+
+// Authenticator tells who presents a bearer token: a caller of the tokens
+// file, or a sending worker with a fleet-derived credential. It is safe for
+// concurrent use; Load and Watch swap the file's callers atomically.
+type Authenticator struct {
+	mu      sync.RWMutex
+	entries []entry
+	fleet   []byte // nil: worker credentials refused
+
+	path    string
+	mod     time.Time // of the file in force
+	size    int64
+	badMod  time.Time // of the last file that failed, not retried until it changes
+	badSize int64
+	log     *slog.Logger
+	m       *metrics
+}
+
+// Option configures an Authenticator.
+type Option func(*Authenticator)
+
+// WithFleetSecret accepts worker credentials derived from secret
+// (WorkerToken). Without one, every worker credential is refused.
+func WithFleetSecret(secret []byte) Option {
+	return func(a *Authenticator) { a.fleet = slices.Clone(secret) }
+}
+
+// WithLogger sets the logger (default: discard). Tokens are never logged.
+func WithLogger(l *slog.Logger) Option { return func(a *Authenticator) { a.log = l } }
+
+// WithRegisterer registers the metrics on reg.
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(a *Authenticator) { a.m = newMetrics(reg) }
+}
+
+// New returns an authenticator reading callers from the tokens file at
+// path ("" for none: only worker credentials, if any). The file must parse
+// at start; later reloads that fail keep the previous callers.
+func New(path string, opts ...Option) (*Authenticator, error) {
+	a := &Authenticator{path: path}
+	for _, o := range opts {
+		o(a)
+	}
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
+	if a.m == nil {
+		a.m = newMetrics(nil)
+	}
+	if len(a.fleet) > 0 && len(a.fleet) < MinFleetSecretBytes {
+		return nil, fmt.Errorf("access: the worker fleet secret must be at least %d bytes", MinFleetSecretBytes)
+	}
+	if path != "" {
+		if _, err := a.Load(); err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// FromBytes returns an authenticator with the callers of a tokens file's
+// content b, fixed (no file to reload): for tests and embedding.
+func FromBytes(b []byte, opts ...Option) (*Authenticator, error) {
+	a, err := New("", opts...)
+	if err != nil {
+		return nil, err
+	}
+	callers, hashes, err := Parse(b)
+	if err != nil {
+		return nil, err
+	}
+	a.entries = make([]entry, len(callers))
+	for i := range callers {
+		a.entries[i] = entry{hash: hashes[i], caller: callers[i]}
+	}
+	a.m.callers.Set(float64(len(callers)))
+	return a, nil
+}
+
+// Load (re)reads the tokens file. On failure the callers in force stay;
+// the error is logged, counted and returned. It reports whether the file
+// changed since the last successful load.
+func (a *Authenticator) Load() (bool, error) {
+	if a.path == "" {
+		return false, nil
+	}
+	st, err := os.Stat(a.path)
+	if err == nil {
+		a.mu.RLock()
+		same := st.ModTime().Equal(a.mod) && st.Size() == a.size && a.entries != nil
+		failed := st.ModTime().Equal(a.badMod) && st.Size() == a.badSize
+		a.mu.RUnlock()
+		if same || failed {
+			return false, nil
+		}
+	}
+	var b []byte
+	if err == nil {
+		b, err = os.ReadFile(a.path)
+	}
+	var callers []*domain.Caller
+	var hashes [][sha256.Size]byte
+	if err == nil {
+		callers, hashes, err = Parse(b)
+	}
+	if err == nil && len(callers) == 0 {
+		// Most likely a file caught between truncation and write (an
+		// editor writing in place): dropping every caller would be an
+		// outage. Revoking everyone is stopping the api role.
+		err = errors.New("access: the tokens file has no callers")
+	}
+	if err != nil {
+		if st != nil {
+			a.mu.Lock()
+			a.badMod, a.badSize = st.ModTime(), st.Size()
+			a.mu.Unlock()
+		}
+		a.m.reloads.WithLabelValues("error").Inc()
+		a.log.Error("tokens file not loaded; the previous callers stay in force", "path", a.path, "err", err)
+		return false, err
+	}
+	es := make([]entry, len(callers))
+	for i := range callers {
+		es[i] = entry{hash: hashes[i], caller: callers[i]}
+	}
+	a.mu.Lock()
+	a.entries, a.mod, a.size = es, st.ModTime(), st.Size()
+	a.mu.Unlock()
+	a.m.reloads.WithLabelValues("ok").Inc()
+	a.m.callers.Set(float64(len(es)))
+	a.log.Info("tokens file loaded", "path", a.path, "callers", len(es))
+	return true, nil
+}
+
+// Watch reloads the file on SIGHUP and whenever its mtime or size changes
+// (polled every interval; <= 0 means DefaultPollInterval), until ctx is
+// done.
+func (a *Authenticator) Watch(ctx context.Context, interval time.Duration) {
+	if a.path == "" {
+		return
+	}
+	if interval <= 0 {
+		interval = DefaultPollInterval
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			a.mu.Lock()
+			// Force a read even if the mtime did not move.
+			a.mod, a.badMod = time.Time{}, time.Time{}
+			a.mu.Unlock()
+		case <-t.C:
+		}
+		_, _ = a.Load()
+	}
+}
+
+// Authenticate returns the caller presenting token, or false. File tokens
+// are compared in constant time against every entry (the loop never stops
+// early); worker credentials are checked against their derived MAC.
+func (a *Authenticator) Authenticate(token string) (*domain.Caller, bool) {
+	if strings.HasPrefix(token, workerTokenPrefix) {
+		c, ok := a.authenticateWorker(token)
+		a.m.auth(ok, "worker")
+		return c, ok
+	}
+	sum := sha256.Sum256([]byte(token))
+	a.mu.RLock()
+	es := a.entries
+	a.mu.RUnlock()
+	var found *domain.Caller
+	for i := range es {
+		if subtle.ConstantTimeCompare(sum[:], es[i].hash[:]) == 1 {
+			found = es[i].caller
+		}
+	}
+	a.m.auth(found != nil, "file")
+	return found, found != nil
+}
+
+type metrics struct {
+	reloads  *prometheus.CounterVec
+	callers  prometheus.Gauge
+	refusals *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mailplane_access_reloads_total",
+			Help: "Loads of the API tokens file, by result (ok, error: the previous callers stay in force).",
+		}, []string{"result"}),
+		callers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mailplane_access_callers",
+			Help: "Callers in force from the API tokens file.",
+		}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mailplane_access_unauthenticated_total",
+			Help: "Bearer tokens refused, by kind (file, worker).",
+		}, []string{"kind"}),
+	}
+	if reg != nil {
+		m.reloads = register(reg, m.reloads)
+		m.callers = register(reg, m.callers)
+		m.refusals = register(reg, m.refusals)
+	}
+	m.reloads.WithLabelValues("ok")
+	m.reloads.WithLabelValues("error")
+	return m
+}
+
+func (m *metrics) auth(ok bool, kind string) {
+	if !ok {
+		m.refusals.WithLabelValues(kind).Inc()
+	}
+}
+
+// register registers c on reg, or returns the collector already registered
+// under the same description (two authenticators on one registry share).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+		panic(fmt.Sprintf("access: register metrics: %v", err))
+	}
+	return c
+}

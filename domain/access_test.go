@@ -1,0 +1,104 @@
+package domain
+
+import (
+	"slices"
+	"testing"
+)
+
+// TestPublishScopes: publish:public covers the public producer types and
+// nothing else; every other type needs its explicit scope, and
+// org.plan_changed needs ops besides.
+func TestPublishScopes(t *testing.T) {
+	t.Parallel()
+	public := &Caller{Scopes: []string{ScopePublishPublic}}
+	everything := &Caller{Scopes: AllScopes()}
+	for _, typ := range EventTypes() {
+		miss := public.PublishScopeMissing(typ)
+		if IsPublicEventType(typ) != (miss == "") {
+			t.Errorf("publish:public and %s: missing %q", typ, miss)
+		}
+		if !IsPublicEventType(typ) && miss != PublishScope(typ) {
+			t.Errorf("%s: the refusal names %q, want %q", typ, miss, PublishScope(typ))
+		}
+		if m := everything.PublishScopeMissing(typ); m != "" {
+			t.Errorf("every scope and %s: missing %q", typ, m)
+		}
+		own := &Caller{Scopes: []string{PublishScope(typ)}}
+		if m := own.PublishScopeMissing(typ); typ != TypeOrgPlanChanged && m != "" {
+			t.Errorf("%s with its own scope: missing %q", typ, m)
+		}
+	}
+	plan := &Caller{Scopes: []string{PublishScope(TypeOrgPlanChanged)}}
+	if m := plan.PublishScopeMissing(TypeOrgPlanChanged); m != ScopeOps {
+		t.Errorf("plan_changed without ops: missing %q", m)
+	}
+	// Read or ops scopes publish nothing.
+	ops := &Caller{Scopes: []string{ScopeOps, ScopeWorkersRead, ScopeAuditRead}}
+	for _, typ := range EventTypes() {
+		if ops.PublishScopeMissing(typ) == "" {
+			t.Errorf("ops scopes publish %s", typ)
+		}
+	}
+	var nobody *Caller
+	if nobody.PublishScopeMissing(TypeUserActive) == "" || nobody.MaySpeakAs("/x") || nobody.MayReadAssignmentsOf("w") {
+		t.Error("a nil caller may act")
+	}
+}
+
+func TestMaySpeakAs(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		own, src string
+		ok       bool
+	}{
+		{"/product-api", "/product-api", true},
+		{"/product-api", "/product-api/sessions", true},
+		{"/product-api", "/product-api2", false},
+		{"/product-api", "/product", false},
+		{"/product-api", "/billing", false},
+		{"/", "/anything/below", true},
+		{"urn:acme:", "urn:acme:product", true},
+		{"urn:acme:", "urn:acmeco:product", false},
+		{"mailplane/cli", "mailplane/cli", true},
+		{"mailplane/cli", "mailplane/health", false},
+		{"", "", false},
+	} {
+		if got := (&Caller{Source: tc.own}).MaySpeakAs(tc.src); got != tc.ok {
+			t.Errorf("%q as %q: %v", tc.own, tc.src, got)
+		}
+	}
+}
+
+func TestWorkerBinding(t *testing.T) {
+	t.Parallel()
+	w := &Caller{Name: "worker", WorkerID: "a"}
+	reader := &Caller{Scopes: []string{ScopeWorkersRead}}
+	if !w.MayHeartbeatAs("a") || w.MayHeartbeatAs("b") || w.MayHeartbeatAs("") {
+		t.Error("worker heartbeat binding")
+	}
+	if !w.MayReadAssignmentsOf("a") || w.MayReadAssignmentsOf("b") {
+		t.Error("worker assignments binding")
+	}
+	if reader.MayHeartbeatAs("a") || !reader.MayReadAssignmentsOf("b") {
+		t.Error("workers:read")
+	}
+	if (&Caller{}).MayHeartbeatAs("") {
+		t.Error("a file caller heartbeats as the empty id")
+	}
+}
+
+func TestCheckScopes(t *testing.T) {
+	t.Parallel()
+	if msg := CheckScopes(AllScopes()); msg != "" {
+		t.Fatal(msg)
+	}
+	if !slices.IsSorted(AllScopes()) {
+		t.Error("AllScopes not sorted")
+	}
+	for _, bad := range [][]string{nil, {"*"}, {"publish:*"}, {"publish:mailbox"}, {"publish:mailplane.user.active.v1"},
+		{"Publish:public"}, {"publish:org.plan_changed"}, {"ops", ""}} {
+		if CheckScopes(bad) == "" {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
