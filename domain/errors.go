@@ -36,6 +36,9 @@ const (
 	CodeUnsupportedMediaType Code = "unsupported_media_type"
 	CodeUnavailable          Code = "unavailable"
 	CodeInternal             Code = "internal"
+	// CodeTimeInFuture: an event's time is further ahead of the receiver's
+	// clock than MaxFutureSkew allows.
+	CodeTimeInFuture Code = "time_in_future"
 )
 
 // Problem is one thing wrong with an input, at a field path such as

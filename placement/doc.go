@@ -60,8 +60,8 @@
 //
 // Decisions are CloudEvents in binary mode (see topics.EncodeDecision):
 // key and ce_subject the decision's aggregate id, value its JSON, ce_time
-// and the record timestamp the decision's time (the input's ce_time, or
-// the tick's time), and ce_cause* headers naming the input (event id and
+// and the record timestamp the decision's time (the input's record
+// timestamp, bounded by the engine's clock, or the tick's time), and ce_cause* headers naming the input (event id and
 // type, topic/partition/offset, index and count of its decisions). The
 // ce_id is derived (DecisionID): a UUIDv7 whose timestamp is the decision's
 // time and whose random bits hash the input's position and event id and
