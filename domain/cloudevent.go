@@ -22,6 +22,11 @@ type Event struct {
 	Time    time.Time // when it happened, per the producer: kept for audit, never a rule's clock (TrustedTime)
 	Subject string    // the aggregate id; also the record key
 	Data    Data
+	// Logged is the record timestamp of a consumed event: when mailplane's
+	// producer received it (or the log appended it). Rules run on it
+	// (TrustedTime), never on Time. Not part of the CloudEvent: set when
+	// decoding a record, zero otherwise.
+	Logged time.Time
 }
 
 // Aggregate returns the aggregate the event belongs to.
