@@ -38,18 +38,26 @@ func (c *committedInputs) all(evs []domain.Event) bool {
 	return true
 }
 
-// TestClaimedTimesDoNotSkipBandDwell: a batch of two health_scored whose
-// claimed times are two hours apart (more than the dwell) arrives together:
-// the engine decides both at the time mailplane stamped on their records,
-// so the recovery starts and the band stays where it was.
-func TestClaimedTimesDoNotSkipBandDwell(t *testing.T) {
-	t.Parallel()
+// timeFleet starts an engine on a fake clock at t0 recording the inputs it
+// commits, and registers the fleet.
+func timeFleet(t *testing.T) (testBroker, *fakeClock, *committedInputs, *publisher) {
+	t.Helper()
 	b := newTestBroker(t)
 	clock := newFakeClock(t0)
 	seen := &committedInputs{ids: map[string]bool{}}
 	startEngine(t, b, WithClock(clock.Now), WithTickInterval(20*time.Millisecond), WithCommitted(seen.hook))
 	p := newPublisher(t, b)
 	fleet(t, b, p, t0)
+	return b, clock, seen, p
+}
+
+// TestClaimedTimesDoNotSkipBandDwell: a batch of two health_scored whose
+// claimed times are two hours apart (more than the dwell) arrives together:
+// the engine decides both at the time mailplane stamped on their records,
+// so the recovery starts and the band stays where it was.
+func TestClaimedTimesDoNotSkipBandDwell(t *testing.T) {
+	t.Parallel()
+	b, clock, seen, p := timeFleet(t)
 	boxes := addMailboxes(p, t0.Add(2*time.Second), 0, 3) // mailbox 1 is org 2's (premium)
 	waitLog(t, b, 30*time.Second, "mailboxes", func(l []logEntry) bool { return hasAll(l, boxes) })
 	clock.Set(t0.Add(time.Minute))
@@ -104,12 +112,7 @@ func TestClaimedTimesDoNotSkipBandDwell(t *testing.T) {
 // stopping while it keeps heartbeating.
 func TestFarFutureRecordDoesNotPinWorker(t *testing.T) {
 	t.Parallel()
-	b := newTestBroker(t)
-	clock := newFakeClock(t0)
-	seen := &committedInputs{ids: map[string]bool{}}
-	startEngine(t, b, WithClock(clock.Now), WithTickInterval(20*time.Millisecond), WithCommitted(seen.hook))
-	p := newPublisher(t, b)
-	fleet(t, b, p, t0)
+	b, clock, seen, p := timeFleet(t)
 
 	at2099 := time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)
 	forged := heartbeat(3, domain.TierSharedPremium, domain.EgressOAuthAPI)
