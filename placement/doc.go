@@ -69,6 +69,19 @@
 // input, so an input re-decided after a failover, from the same state,
 // yields byte-identical records, and projections can dedupe by id.
 //
+// # Time
+//
+// An input is decided at its record timestamp, which mailplane's producer
+// stamps with its own clock at ingest, never at the producer's ce_time (a
+// claim, kept on the event for audit): two scores claimed two hours apart
+// in one batch do not satisfy the band dwell. A record stamped ahead of
+// the engine's clock (written straight to a topic, or a skewed host) is
+// decided at the clock's reading for the batch (domain.TrustedTime), so a
+// heartbeat dated 2099 cannot pin a worker's state. The decisions record
+// the time they were made at, so restore and replay read no clock; only
+// such a future-stamped input, re-decided after an aborted transaction,
+// can get another time than the first attempt's (which nobody saw).
+//
 // # Ticks
 //
 // Timers (liveness expiry, retries of pending placements, drains, dedicated
