@@ -599,7 +599,7 @@ func (s *Server) Publish(w http.ResponseWriter, r *http.Request, events ...domai
 		it := item{id: ev.ID, typ: typeLabel(ev.Type)}
 		if ps := domain.SealData(ev.Data, s.seal); len(ps) > 0 {
 			it.problems = ps.Prefixed("data")
-		} else if ps := ev.Validate(); len(ps) > 0 {
+		} else if ps := ev.ValidateAt(s.cfg.now()); len(ps) > 0 {
 			it.problems = ps
 		} else {
 			it.ev = ev

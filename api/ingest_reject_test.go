@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mailplane/mailplane/domain"
 )
@@ -199,6 +200,12 @@ func TestIngestRejects(t *testing.T) {
 			structured(with(userActive(), "subject", newUUID()))},
 		{rc("time not RFC 3339", 400, domain.CodeInvalid, p(0, "time", domain.CodeInvalid)).exactly(),
 			structured(with(userActive(), "time", "2026-05-01 12:00:00"))},
+		{rc("heartbeat dated 2099", 400, domain.CodeInvalid, p(0, "time", domain.CodeTimeInFuture)).exactly(),
+			structured(with(heartbeat(), "time", "2099-01-01T00:00:00Z"))},
+		{rc("removal dated an hour ahead", 400, domain.CodeInvalid, p(0, "time", domain.CodeTimeInFuture)).exactly(),
+			structured(with(mailboxRemoved(), "time", time.Now().Add(time.Hour).UTC().Format(time.RFC3339)))},
+		{rc("binary ce-time in 2099", 400, domain.CodeInvalid, p(0, "ce-time", domain.CodeTimeInFuture)).exactly(),
+			fixed(req{ct: ContentTypeBinary, body: binData, headers: plusHdr(binHdr, "ce-time", "2099-01-01T00:00:00Z")})},
 		{rc("datacontenttype text/plain", 400, domain.CodeInvalid, p(0, "datacontenttype", domain.CodeInvalid)).exactly(),
 			structured(with(userActive(), "datacontenttype", "text/plain"))},
 		{rc("data missing", 400, domain.CodeInvalid, p(0, "data", domain.CodeRequired)), structured(without(userActive(), "data"))},

@@ -63,6 +63,11 @@ func (e *env) checkLanded(rc Receipt, want domain.Event) *kgo.Record {
 	if string(rec.Key) != want.Subject {
 		e.t.Errorf("key %q, want subject %q", rec.Key, want.Subject)
 	}
+	// The record's time is the server's at ingest, not the event's.
+	if got.Logged.IsZero() || !got.Logged.Equal(rec.Timestamp) {
+		e.t.Errorf("decoded Logged %s, record timestamp %s", got.Logged, rec.Timestamp)
+	}
+	got.Logged = time.Time{}
 	if gm, ok := got.Data.(*domain.MailboxAdded); ok {
 		wm := want.Data.(*domain.MailboxAdded)
 		if gm.SealedCredentials == nil || gm.Credentials != nil {

@@ -15,6 +15,12 @@
 //   - canceled, unpaid, incomplete_expired, and every .deleted event: the
 //     subscription ended: free, not paid, no dedicated workers.
 //
+// Stripe does not order deliveries: per subscription, an event created
+// before the one last applied (ties: the smaller event id) is recorded in
+// billing_stale_events and ignored (see order.go). The subscription's row
+// in Postgres is locked across the produce, so concurrent deliveries are
+// applied one after the other. Handled events must carry "created".
+//
 // The produced event's source is "stripe:<event id>" and its CloudEvent id
 // is derived from the Stripe event id (EventID), so a Stripe retry of the
 // same event produces the same event id and is deduplicated downstream.
@@ -22,7 +28,9 @@
 // Answers (JSON, api.ErrorResponse for errors):
 //
 //	202 accepted (api.AcceptedResponse)         a plan change was produced
-//	200 ignored (IgnoredResponse)               another event type; Stripe wants 2xx
+//	200 ignored (IgnoredResponse)               another event type, or an event older
+//	                                            than the subscription's last applied
+//	                                            one; Stripe wants 2xx
 //	400 invalid_signature                       header missing or malformed, no
 //	                                            signature matches, stale timestamp
 //	400 malformed_json, invalid, required, ...  the signed event is not usable
@@ -52,6 +60,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mailplane/mailplane/api"
 	"github.com/mailplane/mailplane/domain"
@@ -92,15 +102,24 @@ type options struct {
 	source  string
 	maxBody int64
 	logger  *slog.Logger
+	db      *pgxpool.Pool
+	reg     prometheus.Registerer
 }
 
 // Option configures the webhook.
 type Option func(*options)
 
-// WithClock sets the clock the signature timestamp is checked against, and
-// that dates events whose Stripe event has no created time (default
-// time.Now).
+// WithClock sets the clock the signature timestamp is checked against
+// (default time.Now).
 func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// WithDatabase sets the database (migrated) holding, per subscription, the
+// Stripe event last applied (see order.go). Required.
+func WithDatabase(db *pgxpool.Pool) Option { return func(o *options) { o.db = db } }
+
+// WithRegisterer registers the webhook's metrics on reg (default: a private
+// registry).
+func WithRegisterer(reg prometheus.Registerer) Option { return func(o *options) { o.reg = reg } }
 
 // WithSource sets the ce_source of produced events (default DefaultSource).
 func WithSource(s string) Option { return func(o *options) { o.source = s } }
@@ -113,10 +132,11 @@ func WithMaxBodyBytes(n int64) Option { return func(o *options) { o.maxBody = n 
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
 
 type webhook struct {
-	cfg Config
-	opt options
-	srv *api.Server
-	log *slog.Logger
+	cfg   Config
+	opt   options
+	srv   *api.Server
+	log   *slog.Logger
+	stale prometheus.Counter
 }
 
 // Register mounts POST /v1/webhooks/billing on s, without bearer auth.
@@ -136,8 +156,25 @@ func Register(s *api.Server, cfg Config, opts ...Option) error {
 	if o.now == nil || o.source == "" || o.maxBody <= 0 {
 		return errors.New("billing: clock, source and body limit must be set and positive")
 	}
+	if o.db == nil {
+		return errNoDatabase
+	}
 	if o.logger == nil {
 		o.logger = slog.New(slog.DiscardHandler)
+	}
+	if o.reg == nil {
+		o.reg = prometheus.NewRegistry()
+	}
+	stale := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "mailplane_billing_stale_events_total",
+		Help: "Stripe subscription events ignored as older than the last one applied for their subscription.",
+	})
+	if err := o.reg.Register(stale); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			return fmt.Errorf("billing: metrics: %w", err)
+		}
+		stale = are.ExistingCollector.(prometheus.Counter)
 	}
 	// Copy what the caller may still change.
 	cfg.Secrets = append([]string(nil), cfg.Secrets...)
@@ -146,7 +183,7 @@ func Register(s *api.Server, cfg Config, opts ...Option) error {
 		prices[k] = v
 	}
 	cfg.Prices = prices
-	w := &webhook{cfg: cfg, opt: o, srv: s, log: o.logger}
+	w := &webhook{cfg: cfg, opt: o, srv: s, log: o.logger, stale: stale}
 	return s.Handle(Route, http.HandlerFunc(w.serve), false)
 }
 
@@ -249,6 +286,10 @@ func (w *webhook) serve(rw http.ResponseWriter, r *http.Request) {
 	if ev.Type == "" {
 		ps.Add("type", domain.CodeRequired, "is required")
 	}
+	if ev.Created <= 0 {
+		// Events are applied in created order per subscription.
+		ps.Add("created", domain.CodeRequired, "is required")
+	}
 	if len(ps) > 0 {
 		writeProblems(rw, http.StatusBadRequest, "the event is not usable; nothing was produced", ps...)
 		return
@@ -263,7 +304,7 @@ func (w *webhook) serve(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	pc, code, ps := w.planChange(ev)
+	pc, subID, code, ps := w.planChange(ev)
 	if len(ps) > 0 {
 		status, msg := http.StatusBadRequest, "the event is not usable; nothing was produced"
 		if code == CodeUnknownPrice {
@@ -276,36 +317,63 @@ func (w *webhook) serve(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	at := now.UTC()
-	if ev.Created > 0 {
-		at = time.Unix(ev.Created, 0).UTC()
+	publish := func(out http.ResponseWriter) {
+		w.log.Info("billing: plan change", "stripe_event", ev.ID, "stripe_type", ev.Type,
+			"org_id", pc.OrgID, "plan", pc.Plan, "dedicated_workers", pc.DedicatedWorkers, "paid", pc.Paid)
+		w.srv.Publish(out, r, domain.Event{
+			ID:      EventID(ev.ID, ev.Created),
+			Type:    domain.TypeOrgPlanChanged,
+			Source:  w.opt.source,
+			Time:    time.Unix(ev.Created, 0).UTC(),
+			Subject: pc.OrgID,
+			Data:    pc,
+		})
 	}
-	w.log.Info("billing: plan change", "stripe_event", ev.ID, "stripe_type", ev.Type,
-		"org_id", pc.OrgID, "plan", pc.Plan, "dedicated_workers", pc.DedicatedWorkers, "paid", pc.Paid)
-	w.srv.Publish(rw, r, domain.Event{
-		ID:      EventID(ev.ID, ev.Created),
-		Type:    domain.TypeOrgPlanChanged,
-		Source:  w.opt.source,
-		Time:    at,
-		Subject: pc.OrgID,
-		Data:    pc,
-	})
+	buf := newBufferedResponse()
+	stale, applied, err := inOrder(r.Context(), w.opt.db, ev, subID, now, publish, buf)
+	switch {
+	case err != nil:
+		w.log.Warn("billing: webhook not applied", "stripe_event", ev.ID, "err", err)
+		rw.Header().Set("Retry-After", "1")
+		api.WriteDomainError(rw, domain.Errorf(domain.CodeUnavailable, "the subscription's order could not be checked or recorded; nothing is applied until Stripe retries"))
+	case stale:
+		w.stale.Inc()
+		w.log.Warn("billing: stale Stripe event ignored", "stripe_event", ev.ID, "stripe_type", ev.Type,
+			"subscription", subID, "created", ev.Created, "applied_event", applied.eventID, "applied_created", applied.created)
+		api.WriteJSON(rw, http.StatusOK, IgnoredResponse{
+			Status: "ignored", EventID: ev.ID, EventType: ev.Type,
+			Message: "older than the event last applied for this subscription (" + applied.eventID + "); recorded, not applied",
+		})
+	default:
+		buf.sendTo(rw)
+	}
 }
 
 // planChange maps a subscription event to the org's plan. Problems carry
 // field paths in the Stripe event; code is the problems' top-level code.
-func (w *webhook) planChange(ev stripeEvent) (*domain.OrgPlanChanged, domain.Code, domain.Problems) {
+func (w *webhook) planChange(ev stripeEvent) (*domain.OrgPlanChanged, string, domain.Code, domain.Problems) {
+	pc, sub, code, ps := w.planChangeOf(ev)
+	return pc, sub.ID, code, ps
+}
+
+func (w *webhook) planChangeOf(ev stripeEvent) (*domain.OrgPlanChanged, subscription, domain.Code, domain.Problems) {
 	var ps domain.Problems
+	var sub subscription
 	if ev.Data == nil || len(bytes.TrimSpace(ev.Data.Object)) == 0 || string(bytes.TrimSpace(ev.Data.Object)) == "null" {
 		ps.Add("data.object", domain.CodeRequired, "is required")
-		return &domain.OrgPlanChanged{}, domain.CodeRequired, ps
+		return &domain.OrgPlanChanged{}, sub, domain.CodeRequired, ps
 	}
-	var sub subscription
 	if p := decode(ev.Data.Object, "data.object", &sub); p != nil {
-		return &domain.OrgPlanChanged{}, p.Code, domain.Problems{*p}
+		return &domain.OrgPlanChanged{}, sub, p.Code, domain.Problems{*p}
 	}
 	if sub.Object != "subscription" {
 		ps.Add("data.object.object", domain.CodeInvalid, "must be subscription")
+	}
+	switch {
+	case sub.ID == "":
+		ps.Add("data.object.id", domain.CodeRequired, "is required")
+	case !validStripeID(sub.ID):
+		ps.Add("data.object.id", domain.CodeInvalid, "is not a Stripe subscription id")
 	}
 	metaField := "data.object.metadata." + w.cfg.OrgMetadataKey
 	orgID := strings.ToLower(strings.TrimSpace(sub.Metadata[w.cfg.OrgMetadataKey]))
@@ -328,21 +396,21 @@ func (w *webhook) planChange(ev stripeEvent) (*domain.OrgPlanChanged, domain.Cod
 	}
 	pc := &domain.OrgPlanChanged{OrgID: orgID, Plan: domain.PlanFree, Source: "stripe:" + ev.ID}
 	if len(ps) > 0 {
-		return pc, commonCode(ps), ps
+		return pc, sub, commonCode(ps), ps
 	}
 	if class != statusPaying {
-		return pc, "", nil // free, unpaid, no dedicated workers
+		return pc, sub, "", nil // free, unpaid, no dedicated workers
 	}
 	spec, ups := w.resolve(sub)
 	if len(ups) > 0 {
-		return pc, CodeUnknownPrice, ups
+		return pc, sub, CodeUnknownPrice, ups
 	}
 	pc.Plan, pc.DedicatedWorkers, pc.Paid = spec.Plan, spec.DedicatedWorkers, spec.Plan != domain.PlanFree
 	if vps := pc.Validate(); len(vps) > 0 {
 		// Only the sum of several dedicated items can get here.
-		return pc, commonCode(vps), vps.Prefixed("data.object.items")
+		return pc, sub, commonCode(vps), vps.Prefixed("data.object.items")
 	}
-	return pc, "", nil
+	return pc, sub, "", nil
 }
 
 var planRank = map[domain.Plan]int{domain.PlanFree: 0, domain.PlanPremium: 1, domain.PlanDedicated: 2}

@@ -1,6 +1,7 @@
 package billing_test
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -75,8 +76,10 @@ func TestWebhookProducesPlanChanges(t *testing.T) {
 			set(subscriptionObject("active", item("price_premium_monthly")), "metadata.org_id", strings.ToUpper(orgID)),
 			domain.OrgPlanChanged{Plan: domain.PlanFree}},
 	}
-	for _, c := range cases {
-		body := mustJSON(t, stripeEvent(c.id, c.typ, c.obj))
+	for i, c := range cases {
+		// A subscription each: the cases share one created time, and on one
+		// subscription only the newest event applies.
+		body := mustJSON(t, stripeEvent(c.id, c.typ, set(c.obj, "id", fmt.Sprintf("sub_Case%d", i))))
 		ev, rc := e.accepted(c.name, req{body: body})
 		if rc.Topic != topics.OrgEvents || rc.Type != domain.TypeOrgPlanChanged {
 			t.Errorf("%s: receipt %+v", c.name, rc)

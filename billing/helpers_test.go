@@ -22,6 +22,8 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/kafka"
 	"github.com/mailplane/mailplane/kafkatest"
+	"github.com/mailplane/mailplane/migrations"
+	"github.com/mailplane/mailplane/pgtest"
 	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -61,6 +63,7 @@ func testConfig(secrets ...string) billing.Config {
 
 type env struct {
 	t     testing.TB
+	db    *pgtest.DB
 	adm   *kadm.Client
 	brk   []string
 	base  string
@@ -80,13 +83,19 @@ func newEnv(t testing.TB, cfg billing.Config, opts ...billing.Option) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts = append([]billing.Option{billing.WithClock(func() time.Time { return now })}, opts...)
+	db := pgtest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := migrations.Apply(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	opts = append([]billing.Option{billing.WithClock(func() time.Time { return now }), billing.WithDatabase(db.Pool)}, opts...)
 	if err := billing.Register(srv, cfg, opts...); err != nil {
 		t.Fatal(err)
 	}
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	e := &env{t: t, adm: kadm.NewClient(kc), brk: brokers, base: ts.URL, http: ts.Client()}
+	e := &env{t: t, db: db, adm: kadm.NewClient(kc), brk: brokers, base: ts.URL, http: ts.Client()}
 	e.start = e.endOffsets()
 	return e
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/mailplane/mailplane/api"
 	"github.com/mailplane/mailplane/billing"
 	"github.com/mailplane/mailplane/domain"
@@ -206,13 +208,22 @@ func TestRegisterValidates(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	if err := billing.Register(srv, testConfig(), billing.WithMaxBodyBytes(0)); err == nil {
+	// Not connected to until a webhook arrives.
+	db, err := pgxpool.New(t.Context(), "postgres://unused@127.0.0.1:1/unused")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := billing.Register(srv, testConfig(), billing.WithDatabase(db), billing.WithMaxBodyBytes(0)); err == nil {
 		t.Error("zero body limit accepted")
 	}
-	if err := billing.Register(nil, testConfig()); err == nil {
+	if err := billing.Register(nil, testConfig(), billing.WithDatabase(db)); err == nil {
 		t.Error("nil server accepted")
 	}
-	if err := billing.Register(srv, testConfig()); err != nil {
+	if err := billing.Register(srv, testConfig()); err == nil {
+		t.Error("no database accepted: events would be applied in delivery order")
+	}
+	if err := billing.Register(srv, testConfig(), billing.WithDatabase(db)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -19,15 +19,51 @@ type Event struct {
 	ID      string    // UUIDv7
 	Type    string    // e.g. mailplane.mailbox.added.v1
 	Source  string    // URI-reference naming the producer
-	Time    time.Time // when it happened, per the producer
+	Time    time.Time // when it happened, per the producer: kept for audit, never a rule's clock (TrustedTime)
 	Subject string    // the aggregate id; also the record key
 	Data    Data
+	// Logged is the record timestamp of a consumed event: when mailplane's
+	// producer received it (or the log appended it). Rules run on it
+	// (TrustedTime), never on Time. Not part of the CloudEvent: set when
+	// decoding a record, zero otherwise.
+	Logged time.Time
 }
 
 // Aggregate returns the aggregate the event belongs to.
 func (e Event) Aggregate() Aggregate {
 	a, _ := AggregateOf(e.Type)
 	return a
+}
+
+// MaxFutureSkew is how far ahead of the receiver's clock an event's time may
+// be at ingest: producers' clocks drift, but an event dated later than this
+// is refused (CodeTimeInFuture) rather than kept with a claim nobody can
+// check. Rules never run on the event time anyway (see TrustedTime).
+const MaxFutureSkew = 5 * time.Minute
+
+// ValidateAt is Validate at ingest, where the receiver's clock reads now: it
+// also refuses an event time more than MaxFutureSkew ahead of now.
+func (e Event) ValidateAt(now time.Time) Problems {
+	ps := e.Validate()
+	if !e.Time.IsZero() && !now.IsZero() && e.Time.Sub(now) > MaxFutureSkew {
+		ps.Add("time", CodeTimeInFuture, "is more than %s ahead of the server's clock (%s)", MaxFutureSkew, now.UTC().Format(time.RFC3339))
+	}
+	return ps
+}
+
+// TrustedTime is the time rules (liveness, band dwell, capacity ramp,
+// session heat) run on for a record the log holds with timestamp logged,
+// read by a consumer whose clock reads now. mailplane's producers stamp the
+// record timestamp with their own clock at ingest; the event's own time is
+// the producer's claim, kept for audit only. A record timestamp ahead of
+// the consumer's clock (written straight to the topic, or a skewed broker)
+// counts as now: nothing can be seen before it happened, so a record dated
+// 2099 cannot pin a state into the future. A zero timestamp counts as now.
+func TrustedTime(logged, now time.Time) time.Time {
+	if logged.IsZero() || logged.After(now) {
+		return now
+	}
+	return logged
 }
 
 // Validate checks the envelope and the data and returns every problem; data
@@ -296,7 +332,7 @@ func FromAttributes(a Attributes, data []byte, now time.Time, seal SealFunc, pri
 			return Event{}, append(ps, sps.Prefixed("data")...)
 		}
 	}
-	ps = append(ps, ev.Validate()...)
+	ps = append(ps, ev.ValidateAt(now)...)
 	if len(ps) > 0 {
 		return Event{}, ps
 	}

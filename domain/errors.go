@@ -48,6 +48,9 @@ const (
 	// CodeRateLimited: too many requests of a limited kind (new worker
 	// ids); the response carries Retry-After.
 	CodeRateLimited Code = "rate_limited"
+	// CodeTimeInFuture: an event's time is further ahead of the receiver's
+	// clock than MaxFutureSkew allows.
+	CodeTimeInFuture Code = "time_in_future"
 )
 
 // Problem is one thing wrong with an input, at a field path such as

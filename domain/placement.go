@@ -6,8 +6,8 @@ package domain
 // # Model
 //
 // A PlacementState is the engine's whole memory: sending workers, mailboxes,
-// orgs. Apply takes one input (a domain event with its event time, or a
-// tick), decides, and returns the decisions. Every decision is folded into
+// orgs. Apply takes one input (a domain event with the time the log
+// appended it, or a tick), decides, and returns the decisions. Every decision is folded into
 // the state through ApplyDecision, which is the only place the state
 // changes; Apply is "decide, fold each decision as it is made, return them".
 // Because the decisions also record the accepted facts the engine relies on
@@ -86,7 +86,7 @@ package domain
 // healthy 1, watch 0.75, throttled 0.5, quarantined 0.25, blocked 0; age
 // multiplier 0.25 on the first day rising linearly by whole days to 1 after
 // 14 days (0.25 + 0.75 × min(days, 14) / 14), days counted from the worker's
-// first recorded heartbeat to the event time. Capacity is recomputed on the
+// first recorded heartbeat to the input's time. Capacity is recomputed on the
 // worker's heartbeats and health samples and recorded in the decision.
 //
 // Worker health, from each worker.health_sampled: no sends in the window is
@@ -335,16 +335,20 @@ func (c PlacementConfig) WorkerHealth(prev HealthState, s *WorkerHealthSampled) 
 	return HealthHealthy
 }
 
-// PlacementInput is one input to the decider: a domain event's data with its
-// event time (ce_time), or a tick when Event is nil. At is the decider's
-// clock for this input.
+// PlacementInput is one input to the decider: a domain event's data with the
+// time the log appended it (TrustedTime of the record timestamp, not the
+// producer's ce_time), or a tick when Event is nil. At is the decider's
+// clock for this input; the decisions record it.
 type PlacementInput struct {
 	At    time.Time
 	Event Data
 }
 
-// PlacementEventInput makes an input from a domain event.
-func PlacementEventInput(e Event) PlacementInput { return PlacementInput{At: e.Time, Event: e.Data} }
+// PlacementEventInput makes an input from a domain event whose record the
+// log stamped logged, decided when the engine's clock reads now.
+func PlacementEventInput(e Event, logged, now time.Time) PlacementInput {
+	return PlacementInput{At: TrustedTime(logged, now), Event: e.Data}
+}
 
 // PlacementTick makes a tick input: liveness expiry and retries of pending
 // placements, drains and dedicated shortfalls.

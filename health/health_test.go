@@ -46,7 +46,9 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	brokers := kafkatest.Brokers(t, 4)
-	prod, err := kafka.NewProducer(kafka.Config{Brokers: brokers})
+	// Record timestamps are the test's clock, months from the wall clock:
+	// no delivery timeout, which kgo reads from them.
+	prod, err := kafka.NewProducer(kafka.Config{Brokers: brokers}, kgo.RecordDeliveryTimeout(0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,11 +99,22 @@ func observation(mailbox string, i int, junk bool, at time.Time) domain.Event {
 
 func (e *env) publish(evs ...domain.Event) {
 	e.t.Helper()
+	e.publishAt(time.Time{}, evs...)
+}
+
+// publishAt publishes evs with record timestamp at (the time mailplane
+// received them), or each event's own time when at is zero.
+func (e *env) publishAt(at time.Time, evs ...domain.Event) {
+	e.t.Helper()
 	recs := make([]*kgo.Record, len(evs))
 	for i, ev := range evs {
 		r, err := topics.Encode(ev)
 		if err != nil {
 			e.t.Fatal(err)
+		}
+		r.Timestamp = ev.Time // received when it happened: the scorer runs on the record's time
+		if !at.IsZero() {
+			r.Timestamp = at
 		}
 		recs[i] = r
 	}
@@ -221,6 +234,38 @@ func TestScorerEmitsOnStateChange(t *testing.T) {
 	}
 	if all != 1 {
 		t.Fatalf("%d records on the mailbox topic, want 1", all)
+	}
+}
+
+// TestScorerRunsOnReceivedTime: observations whose producer claims a time
+// ten days ahead (event time and landed_at) but which mailplane received at
+// t0 are scored at t0: the block they earn ends 30 days after t0, not 40,
+// and the scorer's clock does not jump ahead.
+func TestScorerRunsOnReceivedTime(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	m := health.NewMetrics(prometheus.NewRegistry())
+	e.startScorer(m)
+	e.startRelay()
+	claimed := t0.Add(10 * 24 * time.Hour)
+	var evs []domain.Event
+	for i := range 20 {
+		evs = append(evs, observation(sender, i, i%2 == 0, claimed)) // 50%: blocked 30 days
+	}
+	e.publishAt(t0, evs...)
+	if s := e.waitObservations(sender, 20); s != "blocked" {
+		t.Fatalf("state %s", s)
+	}
+	got := e.scored(sender, 1)[0]
+	if want := t0.Add(30 * 24 * time.Hour); got.Until == nil || !got.Until.Equal(want) {
+		t.Fatalf("blocked until %v, want %s (30 days after the received time)", got.Until, want)
+	}
+	var lastEval time.Time
+	if err := e.pool.QueryRow(context.Background(), `SELECT last_eval FROM mailbox_health WHERE mailbox_id = $1`, sender).Scan(&lastEval); err != nil {
+		t.Fatal(err)
+	}
+	if !lastEval.Equal(t0) {
+		t.Fatalf("the scorer's clock is at %s, want the received time %s", lastEval, t0)
 	}
 }
 

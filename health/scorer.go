@@ -98,7 +98,7 @@ func (s *Scorer) Apply(ctx context.Context, tx pgx.Tx, events []domain.Event) er
 			r = &domain.HealthRecord{MailboxID: o.MailboxID}
 			recs[o.MailboxID] = r
 		}
-		next, scored := s.policy.Observe(*r, o, e.Time)
+		next, scored := s.policy.Observe(*r, o, observedAt(e))
 		*r = next
 		counts[o.MailboxID]++
 		if scored != nil {
@@ -249,4 +249,16 @@ func bucketArrays(bs []domain.HealthBucket) (hours, inbox, junk string) {
 		j = fmt.Appendf(j, "%d", b.Junk)
 	}
 	return string(append(h, '}')), string(append(in, '}')), string(append(j, '}'))
+}
+
+// observedAt is the scorer's clock for an observation: the time mailplane
+// received it (its record timestamp: the sync runner's outbox relay, or the
+// ingest API), not the time its producer claims; the claim, and landed_at,
+// can only be earlier (Observe bounds landed_at by it). Events not read
+// from a record (none in production) fall back to their own time.
+func observedAt(e domain.Event) time.Time {
+	if e.Logged.IsZero() {
+		return e.Time
+	}
+	return e.Logged
 }

@@ -163,6 +163,7 @@ func userActive(t testing.TB, user string, at time.Time) *kgo.Record {
 	if err != nil {
 		t.Fatal(err)
 	}
+	r.Timestamp = at // as mailplane's producer stamps it: sessions run on it
 	return r
 }
 

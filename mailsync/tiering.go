@@ -74,7 +74,10 @@ func (w *Worker) followUsers(ctx context.Context) {
 				return
 			}
 			if ua, ok := e.Data.(*domain.UserActive); ok {
-				batch = append(batch, activity{ua.UserID, e.Time})
+				// The time mailplane stamped on the record, never later
+				// than this worker's clock: a user.active dated ahead
+				// cannot keep a session hot past its grace.
+				batch = append(batch, activity{ua.UserID, domain.TrustedTime(r.Timestamp, w.cfg.Now())})
 			}
 		})
 		if len(batch) > 0 {

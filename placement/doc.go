@@ -60,14 +60,27 @@
 //
 // Decisions are CloudEvents in binary mode (see topics.EncodeDecision):
 // key and ce_subject the decision's aggregate id, value its JSON, ce_time
-// and the record timestamp the decision's time (the input's ce_time, or
-// the tick's time), and ce_cause* headers naming the input (event id and
+// and the record timestamp the decision's time (the input's record
+// timestamp, bounded by the engine's clock, or the tick's time), and ce_cause* headers naming the input (event id and
 // type, topic/partition/offset, index and count of its decisions). The
 // ce_id is derived (DecisionID): a UUIDv7 whose timestamp is the decision's
 // time and whose random bits hash the input's position and event id and
 // the decision's index. Decisions are a pure function of the state and the
 // input, so an input re-decided after a failover, from the same state,
 // yields byte-identical records, and projections can dedupe by id.
+//
+// # Time
+//
+// An input is decided at its record timestamp, which mailplane's producer
+// stamps with its own clock at ingest, never at the producer's ce_time (a
+// claim, kept on the event for audit): two scores claimed two hours apart
+// in one batch do not satisfy the band dwell. A record stamped ahead of
+// the engine's clock (written straight to a topic, or a skewed host) is
+// decided at the clock's reading for the batch (domain.TrustedTime), so a
+// heartbeat dated 2099 cannot pin a worker's state. The decisions record
+// the time they were made at, so restore and replay read no clock; only
+// such a future-stamped input, re-decided after an aborted transaction,
+// can get another time than the first attempt's (which nobody saw).
 //
 // # Ticks
 //

@@ -67,8 +67,12 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // registry.
 func WithRegisterer(reg prometheus.Registerer) Option { return func(c *config) { c.reg = reg } }
 
-// WithClock sets the clock ticks read their time from. Event inputs never
-// read it: their time is their ce_time. Default: time.Now.
+// WithClock sets the clock ticks read their time from. Event inputs are
+// decided at their record timestamp (the time mailplane's producer stamped
+// at ingest, never the producer's ce_time), bounded by this clock: a record
+// stamped ahead of it is decided at its reading (domain.TrustedTime). The
+// decisions record the time they were made at, so replaying the log never
+// reads a clock. Default: time.Now.
 func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
 
 // WithTickInterval sets how often the active engine ticks (liveness expiry,
@@ -645,6 +649,9 @@ func (s *session) transact(ctx context.Context, recs []*kgo.Record, tick bool) e
 				err = fmt.Errorf("placement: the decider failed: %v", p)
 			}
 		}()
+		// One clock reading for the batch: inputs stamped ahead of it are
+		// decided at it (domain.TrustedTime).
+		now := e.cfg.now()
 		for _, r := range recs {
 			ev, derr := topics.Decode(r)
 			if derr != nil {
@@ -654,16 +661,16 @@ func (s *session) transact(ctx context.Context, recs []*kgo.Record, tick bool) e
 				s.log.Warn("input sent to the DLQ", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "code", code)
 				continue
 			}
-			ds := s.st.Apply(domain.PlacementEventInput(ev))
+			in := domain.PlacementEventInput(ev, r.Timestamp, now)
+			ds := s.st.Apply(in)
 			cause := topics.Cause{ID: ev.ID, Type: ev.Type, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}
-			if out, err = s.encode(out, ds, cause, ev.Time); err != nil {
+			if out, err = s.encode(out, ds, cause, in.At); err != nil {
 				return err
 			}
 			decided = append(decided, ds...)
 			c.Inputs = append(c.Inputs, Input{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, EventID: ev.ID, Produced: r.Timestamp, Decisions: len(ds)})
 		}
 		if tick {
-			now := e.cfg.now()
 			ds := s.st.Apply(domain.PlacementTick(now))
 			if out, err = s.encode(out, ds, topics.Cause{ID: topics.CauseTick, Type: topics.CauseTick}, now); err != nil {
 				return err

@@ -75,7 +75,8 @@ func TestEngineEndToEnd(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	var mu sync.Mutex
 	var commits []Commit
-	e, _ := startEngine(t, b, WithRegisterer(reg), WithClock(newFakeClock(t0).Now),
+	clock := newFakeClock(t0)
+	e, _ := startEngine(t, b, WithRegisterer(reg), WithClock(clock.Now),
 		WithTickInterval(20*time.Millisecond),
 		WithCommitted(func(c Commit) { mu.Lock(); commits = append(commits, c); mu.Unlock() }))
 	p := newPublisher(t, b)
@@ -84,6 +85,9 @@ func TestEngineEndToEnd(t *testing.T) {
 	if !e.Active() {
 		t.Fatal("the only engine is not active")
 	}
+	// Inputs are decided at their record timestamp, bounded by the
+	// engine's clock: it reads the time they are published at.
+	clock.Set(t0.Add(2 * time.Second))
 	boxes := addMailboxes(p, t0.Add(2*time.Second), 0, 24)
 	l := waitLog(t, b, 30*time.Second, "mailboxes decided", func(l []logEntry) bool { return hasAll(l, boxes) })
 
@@ -179,11 +183,15 @@ func TestEngineTicksExpireDeadWorkers(t *testing.T) {
 	boxes := p.publish(t0, ds...)
 	waitLog(t, b, 30*time.Second, "mailboxes", func(l []logEntry) bool { return hasAll(l, boxes) })
 
-	// Worker 1 heartbeats 31 s later; worker 2 is silent. Once the engine
-	// has the heartbeat, the clock moves on and the next tick expires 2.
-	later := t0.Add(31 * time.Second)
-	hb := p.publish(later, heartbeat(1, domain.TierSharedPremium, domain.EgressOAuthAPI))
+	// Worker 1 heartbeats 20 s later (the engine's clock reads that time:
+	// a record is never decided later than the clock); worker 2 is silent.
+	// Once the engine has the heartbeat, the clock moves to 31 s and the
+	// next tick expires 2 (silent for more than the 30 s window), not 1.
+	mid := t0.Add(20 * time.Second)
+	clock.Set(mid)
+	hb := p.publish(mid, heartbeat(1, domain.TierSharedPremium, domain.EgressOAuthAPI))
 	waitLog(t, b, 30*time.Second, "heartbeat", func(l []logEntry) bool { return hasAll(l, hb) })
+	later := t0.Add(31 * time.Second)
 	clock.Set(later)
 	l := waitLog(t, b, 30*time.Second, "worker 2 dead", func(l []logEntry) bool {
 		return count[*domain.PlacementWorkerDied](l) == 1

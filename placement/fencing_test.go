@@ -274,7 +274,7 @@ func stream(p *publisher, from int, every time.Duration) *streamer {
 			org := 2 + i%2 // paid orgs: capacity is plentiful
 			ev := p.event(t0.Add(time.Hour), mailboxAdded(i, org, domain.ProviderGmail))
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			_, err := p.c.Publish(ctx, ev)
+			err := p.publishAt(ctx, ev.Time, ev)
 			cancel()
 			s.mu.Lock()
 			if err != nil {

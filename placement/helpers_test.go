@@ -147,21 +147,30 @@ func startEngine(t testing.TB, b testBroker, opts ...Option) (e *Engine, stop fu
 }
 
 // publisher publishes domain events with chosen times and remembers them.
+// The time is the producer's clock at the publish, so it is both the
+// events' time and their record timestamp, which the engine decides on.
 type publisher struct {
 	t   testing.TB
 	c   *producer.Client
 	mu  sync.Mutex
+	at  time.Time // the producer's clock during a publish; under pubMu
 	all map[string]domain.Event
+
+	pubMu sync.Mutex // one publish at a time: each sets the clock
 }
 
 func newPublisher(t testing.TB, b testBroker) *publisher {
 	t.Helper()
-	kc, err := kafka.NewProducer(b.kcfg("publisher"))
+	// The producer's clock is the test's (record timestamps months behind
+	// the wall clock): no delivery timeout, which kgo reads from them.
+	kc, err := kafka.NewProducer(b.kcfg("publisher"), kgo.RecordDeliveryTimeout(0))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close)
-	return &publisher{t: t, c: producer.New(kc, producer.WithSource("test")), all: map[string]domain.Event{}}
+	p := &publisher{t: t, all: map[string]domain.Event{}}
+	p.c = producer.New(kc, producer.WithSource("test"), producer.WithClock(func() time.Time { return p.at }))
+	return p
 }
 
 func (p *publisher) event(at time.Time, d domain.Data) domain.Event {
@@ -177,7 +186,7 @@ func (p *publisher) publish(at time.Time, ds ...domain.Data) []domain.Event {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := p.c.Publish(ctx, evs...); err != nil {
+	if err := p.publishAt(ctx, at, evs...); err != nil {
 		p.t.Fatalf("publish: %v", err)
 	}
 	p.mu.Lock()
@@ -186,6 +195,15 @@ func (p *publisher) publish(at time.Time, ds ...domain.Data) []domain.Event {
 	}
 	p.mu.Unlock()
 	return evs
+}
+
+// publishAt publishes evs with the producer's clock at at.
+func (p *publisher) publishAt(ctx context.Context, at time.Time, evs ...domain.Event) error {
+	p.pubMu.Lock()
+	defer p.pubMu.Unlock()
+	p.at = at
+	_, err := p.c.Publish(ctx, evs...)
+	return err
 }
 
 func (p *publisher) events() map[string]domain.Event {
@@ -331,7 +349,9 @@ func verifyLog(t testing.TB, l []logEntry, events map[string]domain.Event, cfg d
 			if !ok {
 				t.Fatalf("offset %d: cause %s is not a published event", l[i].offset, c.ID)
 			}
-			in = domain.PlacementEventInput(ev)
+			// Inputs are decided at their record timestamp bounded by
+			// the engine's clock: the decisions record that time.
+			in = domain.PlacementInput{At: first.Time(), Event: ev.Data}
 		}
 		want := decider.Apply(in)
 		if len(want) != c.Count {

@@ -62,7 +62,10 @@ func WithSchema(v SchemaValidator) Option { return func(c *Client) { c.schema = 
 // WithSource sets ce_source for events that do not set one.
 func WithSource(s string) Option { return func(c *Client) { c.source = s } }
 
-// WithClock injects the clock used for event times and ids.
+// WithClock injects the clock used for event times, the ingest check of
+// event times (domain.Event.ValidateAt) and the record timestamps. The
+// record timestamp is the time rules run on (domain.TrustedTime), so it is
+// always this clock's, never the event's claimed time.
 func WithClock(now func() time.Time) Option { return func(c *Client) { c.now = now } }
 
 // WithRegisterer registers the client's metrics on reg.
@@ -126,7 +129,7 @@ func (c *Client) Prepare(events []domain.Event) ([]*kgo.Record, error) {
 		if e.Subject == "" && e.Data != nil {
 			e.Subject = e.Data.AggregateID()
 		}
-		if ps := e.Validate(); len(ps) > 0 {
+		if ps := e.ValidateAt(c.now()); len(ps) > 0 {
 			be.add(i, ps)
 			continue
 		}
@@ -166,13 +169,18 @@ func (c *Client) Publish(ctx context.Context, events ...domain.Event) ([]Receipt
 	return c.ProduceRecords(ctx, events, recs)
 }
 
-// ProduceRecords produces records prepared by Prepare for events.
+// ProduceRecords produces records prepared by Prepare for events, stamped
+// with the client's clock.
 func (c *Client) ProduceRecords(ctx context.Context, events []domain.Event, recs []*kgo.Record) ([]Receipt, error) {
 	start := time.Now()
 	// kgo fills each record in place; results arrive in completion order,
 	// so receipts are read from the records, not from the results.
+	// The record timestamp is when mailplane received the events: rules
+	// downstream run on it, not on the events' own times.
+	at := c.now()
 	for _, r := range recs {
 		r.Offset = -1
+		r.Timestamp = at
 	}
 	res := c.kc.ProduceSync(ctx, recs...)
 	if c.latency != nil {

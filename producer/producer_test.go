@@ -141,6 +141,12 @@ func TestPublishBatchIsAllOrNothing(t *testing.T) {
 	if !errors.As(err, &be) || len(be.Events) != 1 || be.Events[0].Index != 1 || !be.Events[0].Problems.Has(domain.CodeTierNotAllowed) {
 		t.Fatalf("err = %v", err)
 	}
+	assertNothingProduced(t, kc, "a refused batch")
+}
+
+// assertNothingProduced fails t if any topic holds a record.
+func assertNothingProduced(t *testing.T, kc *kgo.Client, after string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	ends, err := kadmEnds(ctx, kc)
@@ -149,7 +155,7 @@ func TestPublishBatchIsAllOrNothing(t *testing.T) {
 	}
 	for topic, n := range ends {
 		if n != 0 {
-			t.Errorf("%s has %d records after a refused batch", topic, n)
+			t.Errorf("%s has %d records after %s", topic, n, after)
 		}
 	}
 }

@@ -70,6 +70,17 @@ type env struct {
 	clock  *clock
 	mu     sync.Mutex
 	events map[string]domain.Event
+
+	pubMu sync.Mutex // one publish at a time: each sets the producer's clock
+	pubAt time.Time  // the producer's clock during a publish (zero: the wall clock)
+}
+
+// pubNow is the producer's clock: the record timestamps the engine decides at.
+func (e *env) pubNow() time.Time {
+	if e.pubAt.IsZero() {
+		return time.Now()
+	}
+	return e.pubAt
 }
 
 func newEnv(t testing.TB) *env {
@@ -81,12 +92,14 @@ func newEnv(t testing.TB) *env {
 	if err := migrations.Apply(ctx, e.db.Pool); err != nil {
 		t.Fatal(err)
 	}
-	kc, err := kafka.NewProducer(e.kcfg)
+	// The producer's clock is the test's (record timestamps months behind
+	// the wall clock): no delivery timeout, which kgo reads from them.
+	kc, err := kafka.NewProducer(e.kcfg, kgo.RecordDeliveryTimeout(0))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close)
-	e.pub = producer.New(kc, producer.WithSource("test"))
+	e.pub = producer.New(kc, producer.WithSource("test"), producer.WithClock(e.pubNow))
 	return e
 }
 
@@ -149,7 +162,12 @@ func (e *env) publish(at time.Time, ds ...domain.Data) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := e.pub.Publish(ctx, evs...); err != nil {
+	e.pubMu.Lock()
+	e.pubAt = at
+	_, err := e.pub.Publish(ctx, evs...)
+	e.pubAt = time.Time{}
+	e.pubMu.Unlock()
+	if err != nil {
 		e.t.Fatalf("publish: %v", err)
 	}
 	e.mu.Lock()
@@ -292,10 +310,10 @@ func (s *scenario) round(n int) {
 			s.now = s.now.Add(time.Duration(r.IntN(4000))*time.Millisecond + time.Duration(r.IntN(1000)))
 		}
 		if d := s.next(); d != nil {
+			// The engine decides an input at its record timestamp, never
+			// later than its own clock: the clock reads the publish time.
+			s.e.clock.Set(s.now)
 			s.e.publish(s.now, d)
-		}
-		if r.IntN(10) == 0 {
-			s.e.clock.Set(s.now) // ticks catch up now and then
 		}
 	}
 	s.e.clock.Set(s.now)
@@ -443,7 +461,9 @@ func (e *env) verifyLog(l []logEntry) *domain.PlacementState {
 			if !ok {
 				e.t.Fatalf("offset %d: cause %s is not a published event", l[i].offset, c.ID)
 			}
-			in = domain.PlacementEventInput(ev)
+			// Inputs are decided at their record timestamp bounded by
+			// the engine's clock: the decisions record that time.
+			in = domain.PlacementInput{At: at, Event: ev.Data}
 			key = "event/" + c.Position() + "/" + c.ID
 		}
 		want := decider.Apply(in)

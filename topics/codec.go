@@ -140,7 +140,8 @@ func Decode(r *kgo.Record) (domain.Event, error) {
 		return domain.Event{}, dps.Err()
 	}
 	// data.EventType() is typ (DecodeData made data for it), as a constant.
-	e := domain.Event{ID: string(id), Type: data.EventType(), Source: string(source), Time: t.UTC(), Subject: string(subject), Data: data}
+	e := domain.Event{ID: string(id), Type: data.EventType(), Source: string(source), Time: t.UTC(), Subject: string(subject), Data: data,
+		Logged: r.Timestamp}
 	if ps := e.Validate(); len(ps) > 0 {
 		if ps.Has(domain.CodePlaintextSecret) {
 			return domain.Event{}, &domain.Error{Code: domain.CodePlaintextSecret, Message: "record carries a plain-text secret", Problems: ps}

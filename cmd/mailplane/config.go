@@ -54,6 +54,14 @@ func (s setting) Float(fs *flag.FlagSet) *float64 {
 	return fs.Float64(s.flag, v, s.help+" (env "+s.env+")")
 }
 
+func (s setting) Bool(fs *flag.FlagSet) *bool {
+	v, err := strconv.ParseBool(s.envOr())
+	if err != nil {
+		fatalf("%s: %q is not a boolean", s.env, s.envOr())
+	}
+	return fs.Bool(s.flag, v, s.help+" (env "+s.env+")")
+}
+
 func (s setting) Duration(fs *flag.FlagSet) *time.Duration {
 	v, err := time.ParseDuration(s.envOr())
 	if err != nil {

@@ -273,7 +273,8 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 			return err
 		}
 		if rc.billing != nil {
-			if err := billing.Register(srv, *rc.billing, billing.WithLogger(log.With("role", "billing"))); err != nil {
+			if err := billing.Register(srv, *rc.billing, billing.WithLogger(log.With("role", "billing")),
+				billing.WithDatabase(pool), billing.WithRegisterer(reg)); err != nil {
 				return err
 			}
 		}

@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
@@ -16,19 +18,20 @@ import (
 // Sync worker settings. The tier knobs keep the names operators of the
 // predecessor know (POLL_WARM, ...).
 var (
-	cfgSyncWorkerID  = register(setting{"sync-worker-id", "MAILPLANE_SYNC_WORKER_ID", "", "sync worker identity, unique per running worker (default host-pid-random)"})
-	cfgSyncSession   = register(setting{"sync-session-timeout", "MAILPLANE_SYNC_SESSION_TIMEOUT", "6s", "sync group session timeout: failover time after a worker dies"})
-	cfgSyncHeartbeat = register(setting{"sync-heartbeat-interval", "MAILPLANE_SYNC_HEARTBEAT_INTERVAL", "500ms", "sync group heartbeat interval"})
-	cfgPollWarm      = register(setting{"poll-warm", "POLL_WARM", "2m", "poll interval of warm mailboxes (and of hot mailboxes' special-use folders)"})
-	cfgPollCold      = register(setting{"poll-cold", "POLL_COLD", "30m", "poll interval of cold mailboxes"})
-	cfgSessionGrace  = register(setting{"tier-session-grace", "TIER_SESSION_GRACE", "15m", "a user.active within this long keeps the user's mailboxes hot"})
-	cfgHotActivity   = register(setting{"tier-hot-activity", "TIER_HOT_ACTIVITY", "2h", "mail newer than this keeps a mailbox hot"})
-	cfgColdAfter     = register(setting{"tier-cold-after", "TIER_COLD_AFTER", "168h", "a mailbox with no mail, session or registration for this long is cold"})
-	cfgHotBudget     = register(setting{"hot-budget-per-worker", "HOT_BUDGET_PER_WORKER", "2000", "most hot mailboxes per sync worker; the least recently active session-less ones are demoted"})
-	cfgConnectRate   = register(setting{"sync-connect-rate", "MAILPLANE_SYNC_CONNECT_RATE", "50", "IMAP connection setups per second per IMAP host and sync worker (burst the same); every warm or cold poll is one"})
-	cfgWarmupHeader  = register(setting{"warmup-header", "MAILPLANE_WARMUP_HEADER", "X-Mailplane-Warmup", "header marking warmup messages (value: mailbox=<sender id>; id=<warmup id>); where they land is health evidence"})
-	cfgWarmupKey     = register(setting{"warmup-key", "MAILPLANE_WARMUP_KEY", "", "key warmup headers must be signed with (HMAC-SHA256, sig=); unsigned or forged headers are ignored; empty: signatures not required (dev mode keeps one in its data dir)"})
-	cfgSyncWorkers   = register(setting{"sync-workers", "MAILPLANE_SYNC_WORKERS", "2", "dev mode: sync workers run in the process"})
+	cfgSyncWorkerID   = register(setting{"sync-worker-id", "MAILPLANE_SYNC_WORKER_ID", "", "sync worker identity, unique per running worker (default host-pid-random)"})
+	cfgSyncSession    = register(setting{"sync-session-timeout", "MAILPLANE_SYNC_SESSION_TIMEOUT", "6s", "sync group session timeout: failover time after a worker dies"})
+	cfgSyncHeartbeat  = register(setting{"sync-heartbeat-interval", "MAILPLANE_SYNC_HEARTBEAT_INTERVAL", "500ms", "sync group heartbeat interval"})
+	cfgPollWarm       = register(setting{"poll-warm", "POLL_WARM", "2m", "poll interval of warm mailboxes (and of hot mailboxes' special-use folders)"})
+	cfgPollCold       = register(setting{"poll-cold", "POLL_COLD", "30m", "poll interval of cold mailboxes"})
+	cfgSessionGrace   = register(setting{"tier-session-grace", "TIER_SESSION_GRACE", "15m", "a user.active within this long keeps the user's mailboxes hot"})
+	cfgHotActivity    = register(setting{"tier-hot-activity", "TIER_HOT_ACTIVITY", "2h", "mail newer than this keeps a mailbox hot"})
+	cfgColdAfter      = register(setting{"tier-cold-after", "TIER_COLD_AFTER", "168h", "a mailbox with no mail, session or registration for this long is cold"})
+	cfgHotBudget      = register(setting{"hot-budget-per-worker", "HOT_BUDGET_PER_WORKER", "2000", "most hot mailboxes per sync worker; the least recently active session-less ones are demoted"})
+	cfgConnectRate    = register(setting{"sync-connect-rate", "MAILPLANE_SYNC_CONNECT_RATE", "50", "IMAP connection setups per second per IMAP host and sync worker (burst the same); every warm or cold poll is one"})
+	cfgWarmupHeader   = register(setting{"warmup-header", "MAILPLANE_WARMUP_HEADER", "X-Mailplane-Warmup", "header marking warmup messages (value: mailbox=<sender id>; id=<warmup id>); where they land is health evidence"})
+	cfgWarmupKey      = register(setting{"warmup-key", "MAILPLANE_WARMUP_KEY", "", "key warmup headers must be signed with (HMAC-SHA256, sig=); unsigned or forged headers are ignored; required by `mailplane sync` (dev mode keeps one in its data dir)"})
+	cfgInsecureWarmup = register(setting{"insecure-unsigned-warmup", "MAILPLANE_INSECURE_UNSIGNED_WARMUP", "false", "sync: run without a warmup key, counting unsigned warmup headers (anyone who can mail a monitored mailbox then moves senders between risk pools); never in production"})
+	cfgSyncWorkers    = register(setting{"sync-workers", "MAILPLANE_SYNC_WORKERS", "2", "dev mode: sync workers run in the process"})
 )
 
 type syncFlags struct {
@@ -69,7 +72,12 @@ func runSync(ctx context.Context, args []string) error {
 	sf := registerSyncFlags(fs)
 	state := fs.Bool("state", false, "also run the mailbox.state processor (exactly one per deployment is active)")
 	sealKeys, sealKeyID := cfgSealKeys.String(fs), cfgSealKeyID.String(fs)
+	insecureWarmup := cfgInsecureWarmup.Bool(fs)
 	fs.Parse(args)
+	log := newLogger(*logLevel, *logFormat)
+	if err := checkWarmupKey(*sf.warmupKey, *insecureWarmup, log); err != nil {
+		return err
+	}
 	var keyring *sealing.Keyring
 	if *sealKeys != "" {
 		var err error
@@ -78,11 +86,31 @@ func runSync(ctx context.Context, args []string) error {
 		}
 	}
 	return runRoles(ctx, &roleConfig{
-		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
+		log: log, brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
 		opsAddr: *opsAddr, statePartitions: int32(*parts), syncWorkers: 1, syncConfig: sf.config(), stateProc: *state,
 		keyring: keyring, syncRunner: *sf.runner, imapCAFile: *sf.caFile, imapDisableAfter: *sf.disableAfter,
 		imapWarmupHeader: *sf.warmupHeader, imapWarmupKey: []byte(*sf.warmupKey), imapOAuth: sf.oauth(),
 	}, nil)
+}
+
+// errNoWarmupKey: where warmup mail lands moves its sender between risk
+// pools, and anyone can send mail with a warmup header; only a signature
+// tells mailplane's own warmup mail from a forgery.
+var errNoWarmupKey = errors.New("no warmup key: set MAILPLANE_WARMUP_KEY (--warmup-key) to the key the warmup senders sign with; " +
+	"without it anyone who can mail a monitored mailbox moves senders between risk pools. " +
+	"--insecure-unsigned-warmup runs without signatures (never in production)")
+
+// checkWarmupKey refuses a sync worker without a warmup key unless the
+// operator said, explicitly, to run insecurely; that is logged loudly.
+func checkWarmupKey(key string, insecure bool, log *slog.Logger) error {
+	switch {
+	case key != "":
+		return nil
+	case !insecure:
+		return errNoWarmupKey
+	}
+	log.Error("INSECURE: --insecure-unsigned-warmup: warmup headers are counted unsigned; anyone who can mail a monitored mailbox can move any sender between risk pools")
+	return nil
 }
 
 func runState(ctx context.Context, args []string) error {
