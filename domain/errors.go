@@ -36,6 +36,10 @@ const (
 	CodeUnsupportedMediaType Code = "unsupported_media_type"
 	CodeUnavailable          Code = "unavailable"
 	CodeInternal             Code = "internal"
+	// CodeForbiddenCharacter: a text field or attribute holds a control,
+	// line-separator or bidi character (domain.TextPattern), or is not
+	// valid UTF-8.
+	CodeForbiddenCharacter Code = "forbidden_character"
 )
 
 // Problem is one thing wrong with an input, at a field path such as

@@ -297,7 +297,7 @@ func schemaHandSamples() map[string][]schemaSample {
 		schemaSample{"warmup id with slash", schemaEdit(wo, "warmup_id", "wu/1"), domain.CodeInvalid, "data.warmup_id"},
 		schemaSample{"warmup id with space", schemaEdit(wo, "warmup_id", "wu 1"), domain.CodeInvalid, "data.warmup_id"},
 		schemaSample{"warmup id with @", schemaEdit(wo, "warmup_id", "<wu1@example.com>"), domain.CodeInvalid, "data.warmup_id"},
-		schemaSample{"warmup id with newline", schemaEdit(wo, "warmup_id", "wu1\n"), domain.CodeInvalid, "data.warmup_id"},
+		schemaSample{"warmup id with newline", schemaEdit(wo, "warmup_id", "wu1\n"), domain.CodeForbiddenCharacter, "data.warmup_id"},
 		schemaSample{"warmup id non-ASCII", schemaEdit(wo, "warmup_id", "wü1"), domain.CodeInvalid, "data.warmup_id"},
 		schemaSample{"warmup id 128 non-ASCII", schemaEdit(wo, "warmup_id", schemaRepeat("é", 128)), domain.CodeInvalid, "data.warmup_id"},
 		schemaSample{"warmup id as number", schemaEdit(wo, "warmup_id", 42), domain.CodeInvalidType, "data.warmup_id"},
