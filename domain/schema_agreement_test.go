@@ -554,7 +554,14 @@ func schemaGenerated(typ string, root *schemaShape) []schemaSample {
 					}
 				}
 			}
-			if p.MaxLength != nil && p.Pattern == "" {
+			if p.Type == "string" {
+				for _, c := range hostileRunes {
+					for _, v := range hostileVariants(schemaValueAt(base, path), c) {
+						out = append(out, schemaSample{name: fmt.Sprintf("%s = %+q", path, v), data: schemaEdit(base, path, v)})
+					}
+				}
+			}
+			if p.MaxLength != nil && (p.Pattern == "" || p.Pattern == domain.TextPattern) {
 				for _, l := range []int{*p.MaxLength, *p.MaxLength + 1} {
 					for _, c := range []string{"x", "é", "😀"} {
 						out = append(out, schemaSample{name: fmt.Sprintf("%s %d×%s", path, l, c), data: schemaEdit(base, path, schemaRepeat(c, l))})
