@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -305,5 +306,48 @@ func TestPlacementProjectorPassesLegacyHostileText(t *testing.T) {
 	}
 	if err := projections.CheckPlacementInvariants(context.Background(), db.Pool); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// unstorable is the registry, except that one event's text reaches
+// Postgres with a NUL in it, as a projection would have stored an event
+// validated before the text rule: Postgres refuses it (SQLSTATE 22021).
+type unstorable struct {
+	*projections.Registry
+	bad string
+}
+
+func (u *unstorable) Apply(ctx context.Context, tx pgx.Tx, events []domain.Event) error {
+	for _, ev := range events {
+		if ev.ID == u.bad {
+			var s string
+			return tx.QueryRow(ctx, `SELECT $1::text`, "10.0.0.1:25\x00").Scan(&s)
+		}
+	}
+	return u.Registry.Apply(ctx, tx, events)
+}
+
+// TestUnstorableRecordGoesToDLQ: a record Postgres refuses as data (class
+// 22, the NUL of issue 9) is not retried forever: it is tried Attempts
+// times, dead-lettered with code invalid, and the projector reaches the end
+// of its log.
+func TestUnstorableRecordGoesToDLQ(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	g := newGen(8, 1)
+	events := g.events(40)
+	bad := events[17]
+	recs := e.produce(events...)
+	p, reg := e.projector(e.db.Pool, &unstorable{Registry: projections.NewRegistry(), bad: bad.ID},
+		projections.WithRetry(projections.RetryPolicy{Attempts: 2, Backoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}))
+	start(t, p)
+	waitCaughtUp(t, e.kcfg, e.db.Pool, projections.RegistryName, projections.NewRegistry().Topics(), time.Minute)
+	entries, err := dlq.List(t.Context(), e.kcfg, 0)
+	must(t, err)
+	if len(entries) != 1 || entries[0].SourceOffset != recs[17].Offset || entries[0].ErrorCode != domain.CodeInvalid {
+		t.Fatalf("dead letters %+v, want the one unstorable record with code invalid", entries)
+	}
+	if got := counter(t, reg, "mailplane_dlq_records_total", "projector", "registry", "code", "invalid"); got != 1 {
+		t.Fatalf("dlq metric = %v", got)
 	}
 }
