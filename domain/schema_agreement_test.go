@@ -494,7 +494,7 @@ type schemaShape struct {
 	AdditionalProperties *bool                   `json:"additionalProperties"`
 }
 
-func loadSchemaShape(t *testing.T, typ string) *schemaShape {
+func loadSchemaShape(t testing.TB, typ string) *schemaShape {
 	t.Helper()
 	b, ok := domain.Schema(typ)
 	if !ok {
