@@ -18,7 +18,7 @@ import (
 // U+202A–U+202E and U+2066–U+2069 (they reorder what a reader sees, as in
 // "Trojan Source"). No field mailplane has needs any of them; the
 // implicit marks U+200E and U+200F, which right-to-left text does use,
-// stay allowed. checkText applies it (isCleanText).
+// stay allowed. checkText applies it (IsCleanText).
 const TextPattern = "^[^" + TextPatternClass + "]*$"
 
 // TextPatternClass is TextPattern's character class body, folded into the
@@ -33,7 +33,8 @@ var (
 	addressPattern = regexp.MustCompile(`^[^@\s` + TextPatternClass + `]+@[^@\s` + TextPatternClass + `]+\.[^@\s` + TextPatternClass + `]+$`)
 	textPattern    = regexp.MustCompile(TextPattern)
 	// sourcePattern is the URI-reference (RFC 3986) a CloudEvents source
-	// must be, as isURIReference checks it: an optional scheme, then only
+	// must be (documented in domain/schemas/README.md: the schemas cover
+	// data only), as isURIReference checks it: an optional scheme, then only
 	// URI characters and %XX escapes, a first segment without a colon when
 	// there is no scheme, and at most one '#'.
 	sourcePattern = regexp.MustCompile(`^(?:[A-Za-z][A-Za-z0-9+.-]*:` + uriCharsRE + `*|` + uriSegRE + `*(?:[/?]` + uriCharsRE + `*)?)(?:#` + uriCharsRE + `*)?$`)
@@ -130,8 +131,8 @@ func IsCleanText(s string) bool {
 
 // CleanText returns s with every character TextPattern refuses, and every
 // invalid UTF-8 byte, replaced by U+FFFD. Readers of the decision log use it
-// on text written before the rule (see DecodePlacementDecision); nothing
-// else should need it.
+// on text written before the rule (see DecodePlacementDecision), and
+// writers on foreign text they put in an event (a server's refusal).
 func CleanText(s string) string {
 	if IsCleanText(s) {
 		return s

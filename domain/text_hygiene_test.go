@@ -172,11 +172,11 @@ func TestSourceRefusesHostileText(t *testing.T) {
 func TestCleanText(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{
-		"10.0.0.1:25":            "10.0.0.1:25",
-		"10.0.0.1:25\x00":        "10.0.0.1:25\uFFFD",
-		"a\r\nb":                 "a\uFFFD\uFFFDb",
-		"x\u202eyz":              "x\uFFFDyz",
-		"bad \xff byte":          "bad \uFFFD byte",
+		"10.0.0.1:25":          "10.0.0.1:25",
+		"10.0.0.1:25\x00":      "10.0.0.1:25\uFFFD",
+		"a\r\nb":               "a\uFFFD\uFFFDb",
+		"x\u202eyz":            "x\uFFFDyz",
+		"bad \xff byte":        "bad \uFFFD byte",
 		"ok é \u200f rtl mark": "ok é \u200f rtl mark",
 	} {
 		got := domain.CleanText(in)

@@ -163,7 +163,7 @@ func TestBreakingChangesTextHygieneFold(t *testing.T) {
 	}
 	c := domain.TextPatternClass
 	for _, tc := range []struct {
-		old, next string
+		old, next  string
 		compatible bool
 	}{
 		{`^[^@\s]+@[^@\s]+$`, `^[^@\s` + c + `]+@[^@\s` + c + `]+$`, true},
