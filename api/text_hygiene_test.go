@@ -2,6 +2,7 @@ package api
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -55,6 +56,13 @@ func TestIngestRefusesHostileTextEverywhere(t *testing.T) {
 		typ := base["type"].(string)
 		var batch []map[string]any
 		var fields []string
+		dataPaths := dataStringPaths(base["data"].(map[string]any), "data.")
+		for _, sp := range schemaStringPaths(t, typ) {
+			// The API takes plain credentials where the log has sealed ones.
+			if !strings.HasPrefix(sp, "data.sealed_credentials.") && !slices.Contains(dataPaths, sp) {
+				t.Errorf("%s: the sample lacks the schema's string field %s, so it is not tested", typ, sp)
+			}
+		}
 		for _, path := range append([]string{"source"}, dataStringPaths(base["data"].(map[string]any), "data.")...) {
 			for _, h := range hostileText {
 				v := valueAt(base, path)
@@ -90,6 +98,35 @@ func TestIngestRefusesHostileTextEverywhere(t *testing.T) {
 	if strings.Contains(e.logs.String(), "\nforged") {
 		t.Errorf("a forged line reached the server log")
 	}
+}
+
+// schemaStringPaths walks typ's JSON Schema for its string properties.
+func schemaStringPaths(t *testing.T, typ string) []string {
+	t.Helper()
+	b, ok := domain.Schema(typ)
+	if !ok {
+		t.Fatalf("no schema for %s", typ)
+	}
+	var root map[string]any
+	if err := json.Unmarshal(b, &root); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	var walk func(prefix string, n map[string]any)
+	walk = func(prefix string, n map[string]any) {
+		props, _ := n["properties"].(map[string]any)
+		for name, p := range props {
+			switch pm := p.(map[string]any); pm["type"] {
+			case "string":
+				out = append(out, prefix+name)
+			case "object":
+				walk(prefix+name+".", pm)
+			}
+		}
+	}
+	walk("data.", root)
+	slices.Sort(out)
+	return out
 }
 
 // TestIngestRefusesHostileSource: ce-source with CR/LF (which forge lines
