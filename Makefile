@@ -45,9 +45,11 @@ bench: ## the benchmarks recorded in BENCHMARKS.md (a few minutes; loopback only
 	$(GO) test -run '^$$' -bench 'IMAPHot|IMAPWarm' -benchtime 1x -timeout 30m ./imapsync/
 
 .PHONY: fuzz
-fuzz: ## fuzz the record decoder and the schema/Go agreement, a minute each
+fuzz: ## fuzz the record decoder, the schema/Go agreement and text hygiene, a minute each
 	$(GO) test ./topics -run '^$$' -fuzz FuzzDecode -fuzztime 60s
 	$(GO) test ./domain -run '^$$' -fuzz FuzzSchemaAgreement -fuzztime 60s
+	$(GO) test ./domain -run '^$$' -fuzz FuzzDecisionsStorable -fuzztime 60s
+	$(GO) test ./domain -run '^$$' -fuzz FuzzCleanText -fuzztime 60s
 
 .PHONY: lint
 lint: ## go vet and staticcheck

@@ -251,7 +251,7 @@ func TestIngestBinary(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{opts: []Option{WithClock(func() time.Time { return fixedNow })}})
 	for _, ev := range []map[string]any{
-		with(userActive(), "source", "urn:product api/ü"), // percent-encoded on the wire
+		with(userActive(), "source", "urn:product%20api/%C3%BC"), // percent-encoded again on the wire
 		without(heartbeat(), "time"),
 		mailboxAdded(),
 	} {

@@ -3,21 +3,52 @@ package domain
 import (
 	"regexp"
 	"slices"
+	"strings"
 	"unicode/utf8"
 )
+
+// TextPattern is the pattern every free-text field of every schema carries
+// (and fields with a pattern of their own fold its class in): no character
+// that forges or hides text where records are read (kcat, Redpanda Console,
+// psql, logs) and none a consumer cannot store. Refused are the C0 and C1
+// controls (Unicode Cc: NUL, which Postgres text cannot hold, CR and LF,
+// which forge lines, ESC, which drives terminals, and the rest), the line
+// and paragraph separators U+2028 and U+2029 (line breaks in JavaScript
+// views), and the bidirectional embeddings, overrides and isolates
+// U+202A–U+202E and U+2066–U+2069 (they reorder what a reader sees, as in
+// "Trojan Source"). No field mailplane has needs any of them; the
+// implicit marks U+200E and U+200F, which right-to-left text does use,
+// stay allowed. checkText applies it (IsCleanText).
+const TextPattern = "^[^" + TextPatternClass + "]*$"
+
+// TextPatternClass is TextPattern's character class body, folded into the
+// classes of fields with patterns of their own (addresses).
+const TextPatternClass = "\u0000-\u001f\u007f-\u009f\u2028\u2029\u202a-\u202e\u2066-\u2069"
 
 // These patterns are mirrored verbatim in the JSON Schemas under
 // domain/schemas; the agreement test keeps the two in step.
 var (
 	uuidPattern    = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 	uuidV7Pattern  = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
-	addressPattern = regexp.MustCompile(`^[^@\s]+@[^@\s]+\.[^@\s]+$`)
-	hostPattern    = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$`)
-	base64Pattern  = regexp.MustCompile(`^[A-Za-z0-9+/]+={0,2}$`)
-	keyIDPattern   = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+	addressPattern = regexp.MustCompile(`^[^@\s` + TextPatternClass + `]+@[^@\s` + TextPatternClass + `]+\.[^@\s` + TextPatternClass + `]+$`)
+	textPattern    = regexp.MustCompile(TextPattern)
+	// sourcePattern is the URI-reference (RFC 3986) a CloudEvents source
+	// must be (documented in domain/schemas/README.md: the schemas cover
+	// data only), as isURIReference checks it: an optional scheme, then only
+	// URI characters and %XX escapes, a first segment without a colon when
+	// there is no scheme, and at most one '#'.
+	sourcePattern = regexp.MustCompile(`^(?:[A-Za-z][A-Za-z0-9+.-]*:` + uriCharsRE + `*|` + uriSegRE + `*(?:[/?]` + uriCharsRE + `*)?)(?:#` + uriCharsRE + `*)?$`)
+	hostPattern   = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$`)
+	base64Pattern = regexp.MustCompile(`^[A-Za-z0-9+/]+={0,2}$`)
+	keyIDPattern  = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 	// rfc3339Pattern is the strict RFC 3339 timestamp the schemas require
 	// (with format date-time for the calendar); time.Time alone is laxer.
 	rfc3339Pattern = regexp.MustCompile(`^[0-9]{4}-[0-9]{2}-[0-9]{2}T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$`)
+)
+
+const (
+	uriCharsRE = `(?:[A-Za-z0-9._~!$&'()*+,;=:@/?\[\]-]|%[0-9A-Fa-f]{2})`
+	uriSegRE   = `(?:[A-Za-z0-9._~!$&'()*+,;=@\[\]-]|%[0-9A-Fa-f]{2})`
 )
 
 // IsUUID reports whether s is a canonical lower-case UUID (uuidPattern,
@@ -58,11 +89,21 @@ func checkUUID(ps *Problems, field, v string) {
 }
 
 // checkText checks a required (when min > 0) string of at most max
-// characters (code points, as JSON Schema counts them).
+// characters (code points, as JSON Schema counts them) that is valid UTF-8
+// and clean (TextPattern). The problem names the character by code point
+// and position only, so the message itself forges nothing.
 func checkText(ps *Problems, field, v string, required bool, max int) bool {
 	if v == "" {
 		if required {
 			ps.Add(field, CodeRequired, "is required")
+		}
+		return false
+	}
+	if i, r := firstUncleanRune(v); i >= 0 {
+		if r == utf8.RuneError {
+			ps.Add(field, CodeForbiddenCharacter, "must be valid UTF-8 (invalid byte at offset %d)", i)
+		} else {
+			ps.Add(field, CodeForbiddenCharacter, "must not contain control, line-separator or bidi characters (%U at character %d)", r, utf8.RuneCountInString(v[:i])+1)
 		}
 		return false
 	}
@@ -71,6 +112,70 @@ func checkText(ps *Problems, field, v string, required bool, max int) bool {
 		return false
 	}
 	return true
+}
+
+// checkSource checks a CloudEvents source: clean text of at most 256
+// characters that is a URI-reference (RFC 3986).
+func checkSource(ps *Problems, field, v string) {
+	if checkText(ps, field, v, true, 256) && !isURIReference(v) {
+		ps.Add(field, CodeInvalid, "must be a URI-reference (RFC 3986): URI characters and %%XX escapes only, no spaces")
+	}
+}
+
+// IsCleanText reports whether s is valid UTF-8 without a character
+// TextPattern refuses.
+func IsCleanText(s string) bool {
+	i, _ := firstUncleanRune(s)
+	return i < 0
+}
+
+// CleanText returns s with every character TextPattern refuses, and every
+// invalid UTF-8 byte, replaced by U+FFFD. Readers of the decision log use it
+// on text written before the rule (see DecodePlacementDecision), and
+// writers on foreign text they put in an event (a server's refusal).
+func CleanText(s string) string {
+	if IsCleanText(s) {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s))
+	for _, r := range s { // ranging yields U+FFFD for invalid bytes
+		if isForbiddenRune(r) {
+			r = utf8.RuneError
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// firstUncleanRune returns the byte offset and the rune of the first
+// character TextPattern refuses, utf8.RuneError for invalid UTF-8, or -1.
+func firstUncleanRune(s string) (int, rune) {
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c < 0x20 || c == 0x7f {
+				return i, rune(c)
+			}
+			i++
+			continue
+		}
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n == 1 {
+			return i, r
+		}
+		if isForbiddenRune(r) {
+			return i, r
+		}
+		i += n
+	}
+	return -1, 0
+}
+
+// isForbiddenRune is the class TextPattern refuses.
+func isForbiddenRune(r rune) bool {
+	return r < 0x20 || 0x7f <= r && r <= 0x9f || r == 0x2028 || r == 0x2029 ||
+		0x202a <= r && r <= 0x202e || 0x2066 <= r && r <= 0x2069
 }
 
 func checkEnum[T ~string](ps *Problems, field string, v T, required bool, allowed ...T) {
@@ -107,8 +212,12 @@ func isHost(s string) bool {
 	return true
 }
 
-// isAddress matches addressPattern: local@domain.tld, no spaces, one @.
+// isAddress matches addressPattern: local@domain.tld, no spaces, one @,
+// clean text.
 func isAddress(s string) bool {
+	if !IsCleanText(s) {
+		return false
+	}
 	at := -1
 	for i := 0; i < len(s); i++ {
 		switch c := s[i]; {
@@ -133,6 +242,55 @@ func isAddress(s string) bool {
 	}
 	return false
 }
+
+// isURIReference matches sourcePattern.
+func isURIReference(s string) bool {
+	rest, frag, hasFrag := strings.Cut(s, "#")
+	if hasFrag && !isURIChars(frag) {
+		return false
+	}
+	first := rest
+	if i := strings.IndexAny(rest, "/?"); i >= 0 {
+		first = rest[:i]
+	}
+	if colon := strings.IndexByte(first, ':'); colon >= 0 {
+		// A colon in the first segment ends a scheme.
+		scheme := first[:colon]
+		if scheme == "" || !isAlpha(scheme[0]) {
+			return false
+		}
+		for i := 1; i < len(scheme); i++ {
+			if c := scheme[i]; !isAlnum(c) && c != '+' && c != '-' && c != '.' {
+				return false
+			}
+		}
+	}
+	return isURIChars(rest)
+}
+
+// isURIChars reports whether s holds only RFC 3986 URI characters other
+// than '#' (a '%' only as %XX).
+func isURIChars(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case isAlnum(c):
+		case c == '%':
+			if i+2 >= len(s) || !isHex(s[i+1]) || !isHex(s[i+2]) {
+				return false
+			}
+			i += 2
+		case strings.IndexByte("-._~!$&'()*+,;=:@/?[]", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func isAlpha(c byte) bool { return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' }
+
+func isHex(c byte) bool { return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F' }
 
 // isRegexpSpace is \s in Go's regexp syntax: [\t\n\f\r ] (no \v).
 func isRegexpSpace(c byte) bool {

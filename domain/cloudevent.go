@@ -76,7 +76,7 @@ func (e Event) Validate() Problems {
 	case !IsUUIDv7(e.ID):
 		ps.Add("id", CodeInvalid, "must be a lower-case UUIDv7")
 	}
-	checkText(&ps, "source", e.Source, true, 256)
+	checkSource(&ps, "source", e.Source)
 	if e.Time.IsZero() {
 		ps.Add("time", CodeRequired, "is required")
 	} else if y := e.Time.UTC().Year(); y < 0 || y > 9999 {

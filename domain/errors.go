@@ -51,6 +51,10 @@ const (
 	// CodeTimeInFuture: an event's time is further ahead of the receiver's
 	// clock than MaxFutureSkew allows.
 	CodeTimeInFuture Code = "time_in_future"
+	// CodeForbiddenCharacter: a text field or attribute holds a control,
+	// line-separator or bidi character (domain.TextPattern), or is not
+	// valid UTF-8.
+	CodeForbiddenCharacter Code = "forbidden_character"
 )
 
 // Problem is one thing wrong with an input, at a field path such as

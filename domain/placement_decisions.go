@@ -71,6 +71,15 @@ func NewPlacementDecision(eventType string) (PlacementDecision, bool) {
 
 // DecodePlacementDecision decodes a decision's JSON data. Unknown fields
 // are tolerated (a newer engine may add some); the decision is validated.
+//
+// Free text (a worker's address, a plan's source, a detail) that a
+// decision written before TextPattern holds is read with CleanText: the
+// decision log is the engine's changelog and cannot skip a record, and
+// Postgres text cannot hold NUL, so such a record would stall the placement
+// projection and the engine's restore forever. Every reader of the log
+// (engine restore, projection, replay) reads the same cleaned value, so
+// they stay in agreement; the engine writes no such text any more
+// (EncodeDecision validates, and its inputs are validated alike).
 func DecodePlacementDecision(eventType string, raw []byte) (PlacementDecision, error) {
 	d, ok := NewPlacementDecision(eventType)
 	if !ok {
@@ -78,6 +87,9 @@ func DecodePlacementDecision(eventType string, raw []byte) (PlacementDecision, e
 	}
 	if err := json.NewDecoder(bytes.NewReader(raw)).Decode(d); err != nil {
 		return nil, Errorf(CodeMalformedJSON, "%s: %v", eventType, err)
+	}
+	if c, ok := d.(interface{ cleanText() }); ok {
+		c.cleanText()
 	}
 	if ps := d.Validate(); len(ps) > 0 {
 		return nil, ps.Err()
@@ -206,6 +218,8 @@ func (d *PlacementWorkerRegistered) Validate() Problems {
 	return ps
 }
 
+func (d *PlacementWorkerRegistered) cleanText() { d.Address = CleanText(d.Address) }
+
 func (d *PlacementWorkerRegistered) apply(s *PlacementState) error {
 	if s.workers[d.WorkerID] != nil {
 		return fmt.Errorf("worker %s already registered", d.WorkerID)
@@ -251,6 +265,8 @@ func (d *PlacementWorkerChanged) Validate() Problems {
 	checkRange(&ps, "capacity", d.Capacity, 1, 1<<31)
 	return ps
 }
+
+func (d *PlacementWorkerChanged) cleanText() { d.Address = CleanText(d.Address) }
 
 func (d *PlacementWorkerChanged) apply(s *PlacementState) error {
 	w := s.workers[d.WorkerID]
@@ -529,6 +545,8 @@ func (d *PlacementPlanRecorded) Validate() Problems {
 	return ps
 }
 
+func (d *PlacementPlanRecorded) cleanText() { d.Source = CleanText(d.Source) }
+
 func (d *PlacementPlanRecorded) apply(s *PlacementState) error {
 	o := s.org(d.OrgID)
 	o.plan, o.dedicated, o.paid, o.planSince, o.recorded = d.Plan, d.DedicatedWorkers, d.Paid, d.At, true
@@ -740,6 +758,8 @@ func (d *PlacementUnassigned) Validate() Problems {
 	checkText(&ps, "detail", d.Detail, false, 500)
 	return ps
 }
+
+func (d *PlacementUnassigned) cleanText() { d.Detail = CleanText(d.Detail) }
 
 func (d *PlacementUnassigned) apply(s *PlacementState) error {
 	m := s.mailboxes[d.MailboxID]

@@ -18,6 +18,10 @@ func FuzzSchemaAgreement(f *testing.F) {
 		for _, s := range samples[typ] {
 			f.Add(uint8(i), []byte(s.data))
 		}
+		// The generated ones too: hostile characters in every string field.
+		for _, s := range schemaGenerated(typ, loadSchemaShape(f, typ)) {
+			f.Add(uint8(i), []byte(s.data))
+		}
 	}
 	v := eventschema.Default()
 	f.Fuzz(func(t *testing.T, ti uint8, data []byte) {

@@ -297,7 +297,7 @@ func schemaHandSamples() map[string][]schemaSample {
 		schemaSample{"warmup id with slash", schemaEdit(wo, "warmup_id", "wu/1"), domain.CodeInvalid, "data.warmup_id"},
 		schemaSample{"warmup id with space", schemaEdit(wo, "warmup_id", "wu 1"), domain.CodeInvalid, "data.warmup_id"},
 		schemaSample{"warmup id with @", schemaEdit(wo, "warmup_id", "<wu1@example.com>"), domain.CodeInvalid, "data.warmup_id"},
-		schemaSample{"warmup id with newline", schemaEdit(wo, "warmup_id", "wu1\n"), domain.CodeInvalid, "data.warmup_id"},
+		schemaSample{"warmup id with newline", schemaEdit(wo, "warmup_id", "wu1\n"), domain.CodeForbiddenCharacter, "data.warmup_id"},
 		schemaSample{"warmup id non-ASCII", schemaEdit(wo, "warmup_id", "wü1"), domain.CodeInvalid, "data.warmup_id"},
 		schemaSample{"warmup id 128 non-ASCII", schemaEdit(wo, "warmup_id", schemaRepeat("é", 128)), domain.CodeInvalid, "data.warmup_id"},
 		schemaSample{"warmup id as number", schemaEdit(wo, "warmup_id", 42), domain.CodeInvalidType, "data.warmup_id"},
@@ -494,7 +494,7 @@ type schemaShape struct {
 	AdditionalProperties *bool                   `json:"additionalProperties"`
 }
 
-func loadSchemaShape(t *testing.T, typ string) *schemaShape {
+func loadSchemaShape(t testing.TB, typ string) *schemaShape {
 	t.Helper()
 	b, ok := domain.Schema(typ)
 	if !ok {
@@ -554,7 +554,14 @@ func schemaGenerated(typ string, root *schemaShape) []schemaSample {
 					}
 				}
 			}
-			if p.MaxLength != nil && p.Pattern == "" {
+			if p.Type == "string" {
+				for _, c := range hostileRunes {
+					for _, v := range hostileVariants(schemaValueAt(base, path), c) {
+						out = append(out, schemaSample{name: fmt.Sprintf("%s = %+q", path, v), data: schemaEdit(base, path, v)})
+					}
+				}
+			}
+			if p.MaxLength != nil && (p.Pattern == "" || p.Pattern == domain.TextPattern) {
 				for _, l := range []int{*p.MaxLength, *p.MaxLength + 1} {
 					for _, c := range []string{"x", "é", "😀"} {
 						out = append(out, schemaSample{name: fmt.Sprintf("%s %d×%s", path, l, c), data: schemaEdit(base, path, schemaRepeat(c, l))})

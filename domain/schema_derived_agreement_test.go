@@ -169,7 +169,14 @@ func derivedGenerate(typ string, schema map[string]any) []derivedSample {
 					add("bound", path, f+0.001)
 				}
 			}
-			if ml, ok := p["maxLength"].(json.Number); ok && p["pattern"] == nil {
+			if p["type"] == "string" {
+				for _, c := range hostileRunes {
+					for _, v := range hostileVariants(schemaValueAt(base, path), c) {
+						add("hostile", path, v)
+					}
+				}
+			}
+			if ml, ok := p["maxLength"].(json.Number); ok && (p["pattern"] == nil || p["pattern"] == domain.TextPattern) {
 				l, _ := ml.Int64()
 				for _, c := range []string{"x", "é", "😀"} {
 					add("length", path, strings.Repeat(c, int(l)))
@@ -298,6 +305,9 @@ var derivedSchemaStricter = map[string]func(typ string, s derivedSample, goRequi
 	},
 	"band_changed: Go does not range-check score (it comes from a validated health_scored, 0 to 100)": func(typ string, s derivedSample, _ bool) bool {
 		return typ == domain.TypePlacementBandChanged && s.path == "score"
+	},
+	"the decision-log readers read free text written before the text rule with CleanText (the log cannot skip a record); the engine writes none": func(typ string, s derivedSample, _ bool) bool {
+		return s.kind == "hostile" && slices.Contains(domain.PlacementDecisionTypes(), typ) && slices.Contains([]string{"address", "source", "detail"}, s.path)
 	},
 	"mailbox.state: Go does not check source_event_id (the processor copies a validated ce_id)": func(typ string, s derivedSample, _ bool) bool {
 		return typ == mailboxstate.Type && s.path == "source_event_id"

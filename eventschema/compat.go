@@ -7,6 +7,8 @@ import (
 	"math/big"
 	"slices"
 	"strings"
+
+	"github.com/mailplane/mailplane/domain"
 )
 
 // Change is one breaking difference between a released schema and its
@@ -44,6 +46,41 @@ func BreakingChanges(baseline, current []byte) ([]Change, error) {
 	compareSchema(&cs, "data", oldDoc, newDoc)
 	slices.SortStableFunc(cs, func(a, b Change) int { return strings.Compare(a.Path, b.Path) })
 	return cs, nil
+}
+
+// textHygieneOnly reports whether a pattern change only refuses the
+// characters domain.TextPattern refuses: the new pattern is TextPattern
+// where there was none, or the old pattern with domain.TextPatternClass
+// folded into negated classes ([^...]). That one tightening is compatible
+// by decree (domain/schemas/README.md, "Text"): such characters could
+// never be projected (Postgres text refuses NUL) or shown safely, so no
+// released consumer could rely on them, and every text field refuses them
+// since the same release.
+func textHygieneOnly(oldP, newP any) bool {
+	np, ok := newP.(string)
+	if !ok {
+		return false
+	}
+	if oldP == nil {
+		return np == domain.TextPattern
+	}
+	op, ok := oldP.(string)
+	if !ok || !strings.Contains(np, domain.TextPatternClass) || strings.ReplaceAll(np, domain.TextPatternClass, "") != op {
+		return false
+	}
+	for rest := np; ; {
+		i := strings.Index(rest, domain.TextPatternClass)
+		if i < 0 {
+			return true
+		}
+		// The class must sit in a negated class: "[^" opened before it and
+		// not closed since.
+		open := strings.LastIndex(rest[:i], "[^")
+		if open < 0 || strings.Contains(rest[open:i], "]") {
+			return false
+		}
+		rest = rest[i+len(domain.TextPatternClass):]
+	}
 }
 
 func decodeSchema(b []byte) (any, error) {
@@ -142,9 +179,13 @@ func compareSchema(cs *[]Change, path string, oldS, newS any) {
 		add("multipleOf changed from %s to %s", canon(oldM["multipleOf"]), canon(nv))
 	}
 
-	// pattern and format: any new or different one may refuse old data.
+	// pattern and format: any new or different one may refuse old data,
+	// except refusing control characters (textHygieneOnly).
 	for _, k := range []string{"pattern", "format"} {
 		handled[k] = true
+		if k == "pattern" && textHygieneOnly(oldM[k], newM[k]) {
+			continue
+		}
 		if nv, has := newM[k]; has && !sameJSON(oldM[k], nv) {
 			if _, had := oldM[k]; had {
 				add("%s changed from %s to %s", k, canon(oldM[k]), canon(nv))

@@ -93,6 +93,7 @@ func TestBreakingChangesSynthetic(t *testing.T) {
 		{"required reordered", mutate(func(m map[string]any) { m["required"] = []any{"inner", "kind", "id"} }), ""},
 		{"items loosened", mutate(func(m map[string]any) { delete(prop(m, "tags")["items"].(map[string]any), "maxLength") }), ""},
 		{"additionalProperties opened", mutate(func(m map[string]any) { m["additionalProperties"] = true }), ""},
+		{"text hygiene pattern added", mutate(func(m map[string]any) { prop(m, "name")["pattern"] = domain.TextPattern }), ""},
 
 		// breaking
 		{"property removed", mutate(func(m map[string]any) { delete(props(m), "name") }), "data.name: property removed"},
@@ -113,6 +114,16 @@ func TestBreakingChangesSynthetic(t *testing.T) {
 		{"exclusiveMaximum lowered", mutate(func(m map[string]any) { prop(m, "score")["exclusiveMaximum"] = 99.5 }), "data.score: exclusiveMaximum lowered from 100 to 99.5"},
 		{"pattern changed", mutate(func(m map[string]any) { prop(m, "id")["pattern"] = "^[a-z0-9]+$" }), "data.id: pattern changed"},
 		{"pattern added", mutate(func(m map[string]any) { prop(m, "name")["pattern"] = "^x" }), "data.name: pattern"},
+		{"text hygiene pattern anchored differently", mutate(func(m map[string]any) { prop(m, "name")["pattern"] = domain.TextPattern[1:] + "x" }), "data.name: pattern"},
+		{"text hygiene class folded outside a negated class", mutate(func(m map[string]any) {
+			prop(m, "id")["pattern"] = "^[a-z]+" + domain.TextPatternClass + "$"
+		}), "data.id: pattern changed"},
+		{"text hygiene class folded into a positive class", mutate(func(m map[string]any) {
+			prop(m, "id")["pattern"] = "^[" + domain.TextPatternClass + "a-z]+$"
+		}), "data.id: pattern changed"},
+		{"text hygiene pattern and another change", mutate(func(m map[string]any) {
+			prop(m, "id")["pattern"] = "^[^" + domain.TextPatternClass + "a-y]+$"
+		}), "data.id: pattern changed"},
 		{"format changed", mutate(func(m map[string]any) { prop(m, "at")["format"] = "date" }), "data.at: format changed"},
 		{"newly required", mutate(func(m map[string]any) { m["required"] = []any{"id", "kind", "inner", "name"} }), "data.name: became required"},
 		{"nested newly required", mutate(func(m map[string]any) { prop(m, "inner")["required"] = []any{"port", "host"} }), "data.inner.host: became required"},
@@ -137,6 +148,36 @@ func TestBreakingChangesSynthetic(t *testing.T) {
 			t.Errorf("%s: want one breaking change like %q, got %v", c.name, c.want, got)
 		case c.want != "" && !strings.Contains(got[0].String(), c.want):
 			t.Errorf("%s: got %q, want it to contain %q", c.name, got[0], c.want)
+		}
+	}
+}
+
+// TestBreakingChangesTextHygieneFold: refusing control characters in a
+// field that had a negated-class pattern (the mailbox address) is the one
+// pattern tightening that is compatible.
+func TestBreakingChangesTextHygieneFold(t *testing.T) {
+	t.Parallel()
+	schema := func(p string) []byte {
+		b, _ := json.Marshal(map[string]any{"type": "object", "properties": map[string]any{"a": map[string]any{"type": "string", "pattern": p}}})
+		return b
+	}
+	c := domain.TextPatternClass
+	for _, tc := range []struct {
+		old, next  string
+		compatible bool
+	}{
+		{`^[^@\s]+@[^@\s]+$`, `^[^@\s` + c + `]+@[^@\s` + c + `]+$`, true},
+		{`^[^@\s]+@[^@\s]+$`, `^[^@\s` + c + `]+@[^@\s]+$`, true},
+		{`^[^@\s]+@[^@\s]+$`, `^[^@\s]` + c + `+@[^@\s]+$`, false},
+		{`^[^@\s]+@[^@\s]+$`, `^[^@\s` + c + `]+@[^@]+$`, false},
+		{`^[^@\s]+$`, domain.TextPattern, false},
+	} {
+		got, err := eventschema.BreakingChanges(schema(tc.old), schema(tc.next))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (len(got) == 0) != tc.compatible {
+			t.Errorf("%q -> %q: breaking changes %v, want compatible %v", tc.old, tc.next, got, tc.compatible)
 		}
 	}
 }

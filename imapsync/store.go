@@ -273,7 +273,9 @@ func disableReason(d DisableRequest) string {
 	if d.Reason != "" {
 		r += ": " + d.Reason
 	}
-	return clean(r, 500)
+	// The server's text may hold characters no event text may (a CR, a
+	// tab): the event would not encode, and the mailbox never be disabled.
+	return domain.CleanText(clean(r, 500))
 }
 
 // authSucceeded clears a recorded authentication failure.

@@ -40,6 +40,16 @@ import (
 // (mailplane_projector_retries_total{kind="permanent"}) and retries the
 // batch with backoff; replaying into a fresh schema after a fix, or a new
 // engine build that knows the record, moves it on.
+//
+// So that no record can hold it there for good, whatever the engine
+// decides is storable by construction: it decides only on inputs that
+// validate (clean text, domain.TextPattern, which refuses NUL and the other
+// characters Postgres text or a viewer cannot take), its decisions are
+// validated again before they are written (topics.EncodeDecision), and text
+// written before that rule is read cleaned by every reader of the log alike
+// (domain.DecodePlacementDecision), so the projection and a restored engine
+// still agree. What is left for this retry loop is an engine bug or a
+// foreign writer on the decision log, which an operator must look at.
 type PlacementProjector struct {
 	pool *pgxpool.Pool
 	kcfg kafka.Config
