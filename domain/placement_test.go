@@ -901,7 +901,7 @@ func TestPlacementHeartbeatRecording(t *testing.T) {
 
 func TestPlacementDecisionJSON(t *testing.T) {
 	t.Parallel()
-	h := newPlHarness(t, PlacementConfig{})
+	h := newPlHarness(t, PlacementConfig{WorkerRetention: 36 * time.Hour}) // short enough for a run to forget workers
 	plPropertyRun(h, 7, 400)
 	seen := map[string]bool{}
 	for _, d := range h.log {
