@@ -25,7 +25,7 @@ func newPlGen(seed uint64) *plGen {
 	}
 }
 
-var plPropertyConfig = PlacementConfig{HeartbeatInterval: 20 * time.Second, BandDwell: 2 * time.Minute, WorkerRetention: 36 * time.Hour}
+var plPropertyConfig = PlacementConfig{HeartbeatInterval: 20 * time.Second, BandDwell: 2 * time.Minute, WorkerRetention: 60 * time.Hour}
 
 func (g *plGen) pick(n int) int { return 1 + g.r.IntN(n) }
 
