@@ -295,8 +295,8 @@ type PlacementConfig struct {
 	// worker's health state unchanged (default 100).
 	HealthMinSends int64
 	// WorkerRetention: a dead worker whose last recorded heartbeat is older
-	// than this is forgotten at the next tick (default 7 days; never less
-	// than LivenessWindow).
+	// than this is forgotten at the next tick (default 7 days; at least
+	// LivenessWindow and a second, at most ten years).
 	WorkerRetention time.Duration
 	// ComplaintPPM and HardBouncePPM are the rate thresholds, in parts per
 	// million of sends, for watch, throttled, quarantined and blocked.
@@ -331,7 +331,9 @@ func (c PlacementConfig) withDefaults() PlacementConfig {
 	if c.WorkerRetention <= 0 {
 		c.WorkerRetention = DefaultWorkerRetention
 	}
-	c.WorkerRetention = max(c.WorkerRetention, c.LivenessWindow)
+	// Within what a worker_forgotten decision can record (whole seconds,
+	// at most ten years), and never shorter than liveness.
+	c.WorkerRetention = min(max(c.WorkerRetention, c.LivenessWindow, time.Second), MaxWorkerRetentionSeconds*time.Second)
 	if c.ComplaintPPM == [4]int64{} {
 		c.ComplaintPPM = [4]int64{1000, 3000, 5000, 10000}
 	}

@@ -178,3 +178,29 @@ func TestPlacementForgetRefusesInconsistent(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPlacementWorkerRetentionBounds: the retention is 7 days by default,
+// never shorter than liveness (a worker is not forgotten before it dies)
+// and always something a worker_forgotten decision can record.
+func TestPlacementWorkerRetentionBounds(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		in, want time.Duration
+	}{
+		{0, 7 * 24 * time.Hour},
+		{-time.Hour, 7 * 24 * time.Hour},
+		{time.Nanosecond, 30 * time.Second}, // the default liveness window
+		{36 * time.Hour, 36 * time.Hour},
+		{100 * 365 * 24 * time.Hour, MaxWorkerRetentionSeconds * time.Second},
+	} {
+		got := NewPlacementState(PlacementConfig{WorkerRetention: c.in}).Config().WorkerRetention
+		if got != c.want {
+			t.Errorf("WorkerRetention %s: %s, want %s", c.in, got, c.want)
+		}
+		d := &PlacementWorkerForgotten{PlacementMeta: placementMeta(plT0, ReasonRetentionExpired), WorkerID: plWorker(1),
+			LastSeen: plT0.Add(-got - time.Second), RetentionSeconds: int64(got / time.Second)}
+		if ps := d.Validate(); len(ps) > 0 {
+			t.Errorf("WorkerRetention %s: the decision it makes is invalid: %s", c.in, ps)
+		}
+	}
+}

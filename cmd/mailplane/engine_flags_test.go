@@ -11,7 +11,7 @@ import (
 
 // TestPlacementWorkerRetentionFlag: the flag's default is the decider's
 // default retention, a value given reaches the decider's configuration,
-// and a retention that is not positive is refused.
+// and a retention under a minute or over ten years is refused.
 func TestPlacementWorkerRetentionFlag(t *testing.T) {
 	parse := func(args ...string) (domain.PlacementConfig, error) {
 		fs := flag.NewFlagSet("engine", flag.ContinueOnError)
@@ -31,7 +31,7 @@ func TestPlacementWorkerRetentionFlag(t *testing.T) {
 	if err != nil || pc.WorkerRetention != 36*time.Hour {
 		t.Fatalf("36h: %+v %v", pc, err)
 	}
-	for _, bad := range []string{"0s", "-1h"} {
+	for _, bad := range []string{"0s", "-1h", "59s", "100000h"} {
 		if _, err := parse("--placement-worker-retention", bad); err == nil {
 			t.Errorf("--placement-worker-retention %s accepted", bad)
 		}

@@ -423,8 +423,8 @@ var cfgWorkerRetention = register(setting{"placement-worker-retention", "MAILPLA
 func placementFlags(fs *flag.FlagSet) func() (domain.PlacementConfig, error) {
 	retention := cfgWorkerRetention.Duration(fs)
 	return func() (domain.PlacementConfig, error) {
-		if *retention <= 0 {
-			return domain.PlacementConfig{}, fmt.Errorf("--%s must be positive, not %s", cfgWorkerRetention.flag, *retention)
+		if *retention < time.Minute || *retention > domain.MaxWorkerRetentionSeconds*time.Second {
+			return domain.PlacementConfig{}, fmt.Errorf("--%s %s: want a minute to ten years", cfgWorkerRetention.flag, *retention)
 		}
 		return domain.PlacementConfig{WorkerRetention: *retention}, nil
 	}
