@@ -404,7 +404,7 @@ type placementWorker struct {
 	count     int
 	bucket    int
 	pos       [placementClasses]int
-	seenPos   int // position in the live or dead heap by lastSeen (see seenHeap), -1 when in neither
+	seenPos   int // position in liveBySeen or deadBySeen (seenDead), -1 when in neither
 	seenDead  bool
 }
 
