@@ -126,7 +126,8 @@ package domain
 // A forgotten worker that heartbeats again registers as a new worker (age
 // ramp from the start). Ticks find expiring and forgettable workers in
 // heaps ordered by last heartbeat, so a tick costs what it decides, not
-// the size of the fleet.
+// the size of the fleet; one tick forgets at most MaxForgetPerTick
+// workers (the longest silent first), so a burst is spread over ticks.
 //
 // Migrations. A band change moves the mailbox when its worker's pool no
 // longer matches. A plan change records the plan, releases surplus dedicated
@@ -298,6 +299,10 @@ type PlacementConfig struct {
 	// than this is forgotten at the next tick (default 7 days; at least
 	// LivenessWindow and a second, at most ten years).
 	WorkerRetention time.Duration
+	// MaxForgetPerTick bounds the workers one tick forgets, oldest first,
+	// so that a burst of made-up ids expiring together is forgotten over
+	// several ticks rather than in one huge transaction (default 5000).
+	MaxForgetPerTick int
 	// ComplaintPPM and HardBouncePPM are the rate thresholds, in parts per
 	// million of sends, for watch, throttled, quarantined and blocked.
 	ComplaintPPM  [4]int64
@@ -334,6 +339,9 @@ func (c PlacementConfig) withDefaults() PlacementConfig {
 	// Within what a worker_forgotten decision can record (whole seconds,
 	// at most ten years), and never shorter than liveness.
 	c.WorkerRetention = min(max(c.WorkerRetention, c.LivenessWindow, time.Second), MaxWorkerRetentionSeconds*time.Second)
+	if c.MaxForgetPerTick <= 0 {
+		c.MaxForgetPerTick = 5000
+	}
 	if c.ComplaintPPM == [4]int64{} {
 		c.ComplaintPPM = [4]int64{1000, 3000, 5000, 10000}
 	}
@@ -1240,16 +1248,27 @@ func (s *PlacementState) tick(at time.Time) {
 }
 
 // forget forgets the dead workers whose last heartbeat is more than
-// WorkerRetention old, in id order. A dead worker holds nothing (its
-// mailboxes were moved or refused when it died, and it was reverted or
-// released); one that somehow did would be kept.
+// WorkerRetention old, oldest first (ties by id), at most
+// MaxForgetPerTick of them. A dead worker holds nothing (its mailboxes
+// were moved or refused when it died, and it was reverted or released);
+// one that somehow did would be kept.
 func (s *PlacementState) forget(at time.Time) {
 	old := s.deadBySeen.before(at.Add(-s.cfg.WorkerRetention))
-	slices.SortFunc(old, func(a, b *placementWorker) int { return strings.Compare(a.id, b.id) })
+	slices.SortFunc(old, func(a, b *placementWorker) int {
+		if placementSeenLess(a, b) {
+			return -1
+		}
+		return 1
+	})
+	n := 0
 	for _, w := range old {
 		if w.count != 0 || w.tier == TierDedicated || w.org != "" || w.pool != RiskClean {
 			continue
 		}
+		if n == s.cfg.MaxForgetPerTick {
+			return // the next tick goes on
+		}
+		n++
 		s.emit(&PlacementWorkerForgotten{
 			PlacementMeta: placementMeta(at, ReasonRetentionExpired),
 			WorkerID:      w.id, LastSeen: w.lastSeen, RetentionSeconds: int64(s.cfg.WorkerRetention / time.Second),

@@ -204,3 +204,38 @@ func TestPlacementWorkerRetentionBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestPlacementForgetSpreadsOverTicks: a burst of workers expiring
+// together is forgotten over several ticks, at most MaxForgetPerTick per
+// tick and the longest silent first, so no tick's transaction grows with
+// the burst.
+func TestPlacementForgetSpreadsOverTicks(t *testing.T) {
+	t.Parallel()
+	const n, per = 250, 100
+	h := newPlHarness(t, PlacementConfig{HeartbeatInterval: 10 * time.Second, WorkerRetention: time.Hour, MaxForgetPerTick: per})
+	order := make([]string, n) // by last heartbeat
+	for i := range n {
+		h.advance(time.Millisecond)
+		id := plWorker(n - i) // ids in the reverse order of the heartbeats
+		order[i] = id
+		h.apply(&WorkerHeartbeat{WorkerID: id, Tier: TierSharedFree, Egress: EgressColdSMTP})
+	}
+	h.advance(2 * time.Hour)
+	var got []string
+	for _, want := range []int{per, per, n - 2*per, 0} {
+		f := plOf[*PlacementWorkerForgotten](h.tick())
+		if len(f) != want {
+			t.Fatalf("a tick forgot %d workers, want %d", len(f), want)
+		}
+		for _, d := range f {
+			got = append(got, d.WorkerID)
+		}
+		h.advance(time.Second)
+	}
+	if !reflect.DeepEqual(got, order) {
+		t.Fatalf("forgotten in order %v, want the longest silent first %v", got[:5], order[:5])
+	}
+	if w, _, _ := h.live.Counts(); w != 0 {
+		t.Fatalf("%d workers left", w)
+	}
+}
