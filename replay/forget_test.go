@@ -62,6 +62,30 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 		}
 		e.publish(at, hbs...)
 	}
+	// beat heartbeats the real workers at at and waits until the engine
+	// has decided those heartbeats: only then may the clock move to at,
+	// or a tick could expire them before their heartbeats are read.
+	beat := func(at time.Time) {
+		t.Helper()
+		real(at)
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			n := 0
+			for _, en := range e.readLog() {
+				if c, ok := en.d.Data.(*domain.PlacementWorkerChanged); ok && c.At.Equal(at) {
+					n++
+				}
+			}
+			if n == 3 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the engine did not decide the heartbeats at %s", at)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		e.clock.Set(at)
+	}
 	real(t0)
 	e.publish(t0, &domain.OrgPlanChanged{OrgID: orgID(1), Plan: domain.PlanPremium, Paid: true, Source: "evt"})
 
@@ -96,15 +120,13 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 	}
 
 	// The flood dies; just within the retention it is still known.
-	real(t0.Add(2 * time.Minute))
-	e.clock.Set(t0.Add(2 * time.Minute))
+	beat(t0.Add(2 * time.Minute))
 	l := e.settledLog(pool)
 	if n := countDecisions[*domain.PlacementWorkerDied](l); n != flood {
 		t.Fatalf("%d workers died, want %d", n, flood)
 	}
 	within := t0.Add(time.Second + placementConfig.WorkerRetention)
-	real(within)
-	e.clock.Set(within)
+	beat(within)
 	l = e.settledLog(pool)
 	if n := countDecisions[*domain.PlacementWorkerForgotten](l); n != 0 {
 		t.Fatalf("%d workers forgotten within the retention", n)
@@ -115,8 +137,7 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 
 	// Past it, a tick forgets the whole flood.
 	past := within.Add(time.Minute)
-	real(past)
-	e.clock.Set(past)
+	beat(past)
 	l = e.settledLog(pool)
 	forgottenAt := int64(-1)
 	for _, en := range l {
@@ -162,8 +183,7 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 
 	// Later ticks decide nothing about the flood.
 	later := past.Add(time.Hour)
-	real(later)
-	e.clock.Set(later)
+	beat(later)
 	l = e.settledLog(pool)
 	for _, en := range l {
 		if en.offset > forgottenAt && en.d.Cause.IsTick() {
@@ -178,7 +198,7 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 	// forgotten ids: one heartbeating again is a new worker.
 	stopEngine()
 	e.engine(placement.WithSnapshotter(projections.NewPlacementSnapshotter(pool)))
-	again := later.Add(time.Minute)
+	again := later.Add(30 * time.Second) // within liveness of the real workers: a tick first decides nothing
 	e.publish(again, &domain.WorkerHeartbeat{WorkerID: gone, Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP, Address: "198.51.100.7:25"})
 	e.clock.Set(again)
 	l = e.settledLog(pool)
