@@ -121,6 +121,7 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 
 	// The flood dies; just within the retention it is still known.
 	beat(t0.Add(2 * time.Minute))
+	waitDecisions[*domain.PlacementWorkerDied](t, e, flood)
 	l := e.settledLog(pool)
 	if n := countDecisions[*domain.PlacementWorkerDied](l); n != flood {
 		t.Fatalf("%d workers died, want %d", n, flood)
@@ -138,6 +139,7 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 	// Past it, a tick forgets the whole flood.
 	past := within.Add(time.Minute)
 	beat(past)
+	waitDecisions[*domain.PlacementWorkerForgotten](t, e, flood)
 	l = e.settledLog(pool)
 	forgottenAt := int64(-1)
 	for _, en := range l {
@@ -201,6 +203,13 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 	again := later.Add(30 * time.Second) // within liveness of the real workers: a tick first decides nothing
 	e.publish(again, &domain.WorkerHeartbeat{WorkerID: gone, Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP, Address: "198.51.100.7:25"})
 	e.clock.Set(again)
+	deadline = time.Now().Add(60 * time.Second)
+	for !e.engineCaughtUp() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the restored engine did not decide the heartbeat:%s", e.engineBehind())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	l = e.settledLog(pool)
 	last := l[len(l)-1].d.Data
 	if reg, ok := last.(*domain.PlacementWorkerRegistered); !ok || reg.WorkerID != gone {
@@ -227,4 +236,23 @@ func countDecisions[T domain.PlacementDecision](l []logEntry) int {
 		}
 	}
 	return n
+}
+
+// waitDecisions waits until the log holds n decisions of type T: a tick
+// decides after the clock moved, which settling alone (a log standing
+// still for a moment) may not wait for on a busy machine.
+func waitDecisions[T domain.PlacementDecision](t testing.TB, e *env, n int) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		got := countDecisions[T](e.readLog())
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			var zero T
+			t.Fatalf("the log holds %d %T decisions after 60s, want %d", got, zero, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
