@@ -40,7 +40,7 @@ func TestCheckPlacementInvariantsDeadWorkers(t *testing.T) {
 	apply(nil) // 1 and 3 die; the mailbox moves to 2
 	at = at.Add(40 * time.Minute)
 	hb(2)
-	hb(3) // 3 revives
+	hb(3)      // 3 revives
 	apply(nil) // 1 is forgotten
 	if _, ok := st.Worker(plWorkerID(1)); ok {
 		t.Fatal("worker 1 not forgotten")
