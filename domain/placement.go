@@ -115,6 +115,20 @@ package domain
 // A heartbeat changing a shared worker's tier moves its mailboxes off at
 // once (refusing those that fit nowhere); older heartbeats are ignored.
 //
+// Retention. A dead worker (holding nothing, as every dead worker does)
+// whose last recorded heartbeat is older than WorkerRetention (default
+// 7 days) at a tick's time is forgotten by a worker_forgotten decision:
+// the fold deletes it from the state and every index, so the state is
+// bounded by the workers heard from within the retention, whatever ids
+// were ever sent. The decision carries the fact (worker, last seen, the
+// retention applied); the fold does not read the configuration, so
+// replaying the log is deterministic whatever the configuration is then.
+// A forgotten worker that heartbeats again registers as a new worker (age
+// ramp from the start). Ticks find expiring and forgettable workers in
+// heaps ordered by last heartbeat, so a tick costs what it decides, not
+// the size of the fleet; one tick forgets at most MaxForgetPerTick
+// workers (the longest silent first), so a burst is spread over ticks.
+//
 // Migrations. A band change moves the mailbox when its worker's pool no
 // longer matches. A plan change records the plan, releases surplus dedicated
 // workers, binds missing ones, then walks every mailbox of the org in id
@@ -281,11 +295,22 @@ type PlacementConfig struct {
 	// HealthMinSends: a worker sample with fewer sends (but some) leaves the
 	// worker's health state unchanged (default 100).
 	HealthMinSends int64
+	// WorkerRetention: a dead worker whose last recorded heartbeat is older
+	// than this is forgotten at the next tick (default 7 days; at least
+	// LivenessWindow and a second, at most ten years).
+	WorkerRetention time.Duration
+	// MaxForgetPerTick bounds the workers one tick forgets, oldest first,
+	// so that a burst of made-up ids expiring together is forgotten over
+	// several ticks rather than in one huge transaction (default 5000).
+	MaxForgetPerTick int
 	// ComplaintPPM and HardBouncePPM are the rate thresholds, in parts per
 	// million of sends, for watch, throttled, quarantined and blocked.
 	ComplaintPPM  [4]int64
 	HardBouncePPM [4]int64
 }
+
+// DefaultWorkerRetention is how long a dead worker is remembered by default.
+const DefaultWorkerRetention = 7 * 24 * time.Hour
 
 // DefaultPlacementConfig returns the defaults.
 func DefaultPlacementConfig() PlacementConfig {
@@ -307,6 +332,15 @@ func (c PlacementConfig) withDefaults() PlacementConfig {
 	}
 	if c.HealthMinSends <= 0 {
 		c.HealthMinSends = 100
+	}
+	if c.WorkerRetention <= 0 {
+		c.WorkerRetention = DefaultWorkerRetention
+	}
+	// Within what a worker_forgotten decision can record (whole seconds,
+	// at most ten years), and never shorter than liveness.
+	c.WorkerRetention = min(max(c.WorkerRetention, c.LivenessWindow, time.Second), MaxWorkerRetentionSeconds*time.Second)
+	if c.MaxForgetPerTick <= 0 {
+		c.MaxForgetPerTick = 5000
 	}
 	if c.ComplaintPPM == [4]int64{} {
 		c.ComplaintPPM = [4]int64{1000, 3000, 5000, 10000}
@@ -382,6 +416,8 @@ type placementWorker struct {
 	count     int
 	bucket    int
 	pos       [placementClasses]int
+	seenPos   int // position in liveBySeen or deadBySeen (seenDead), -1 when in neither
+	seenDead  bool
 }
 
 type placementMailbox struct {
@@ -448,6 +484,8 @@ type PlacementState struct {
 	pending       map[string]*placementMailbox       // refused: no worker
 	draining      map[string]*placementWorker        // live, stopping or released, with mailboxes
 	dedicatedOrgs map[string]*placementOrg           // orgs of class dedicated
+	liveBySeen    placementSeenHeap                  // live workers, oldest heartbeat first
+	deadBySeen    placementSeenHeap                  // dead workers, oldest heartbeat first
 	// Decider scratch, reset on every Apply.
 	out              []PlacementDecision
 	capacityAppeared bool
@@ -519,6 +557,7 @@ func (s *PlacementState) reindex(w *placementWorker) {
 		}
 	}
 	w.bucket = nb
+	s.reindexSeen(w)
 	if w.live && (w.stopping || w.releasing) && w.count > 0 {
 		s.draining[w.id] = w
 	} else {
@@ -1196,12 +1235,8 @@ func (s *PlacementState) healthSampled(e *WorkerHealthSampled, at time.Time) {
 }
 
 func (s *PlacementState) tick(at time.Time) {
-	var dead []*placementWorker
-	for _, w := range s.workers {
-		if w.live && at.Sub(w.lastSeen) > s.cfg.LivenessWindow {
-			dead = append(dead, w)
-		}
-	}
+	// Live workers whose last heartbeat is more than LivenessWindow old.
+	dead := s.liveBySeen.before(at.Add(-s.cfg.LivenessWindow))
 	slices.SortFunc(dead, func(a, b *placementWorker) int { return strings.Compare(a.id, b.id) })
 	for _, w := range dead {
 		s.emit(&PlacementWorkerDied{PlacementMeta: placementMeta(at, ReasonHeartbeatExpired), WorkerID: w.id, LastSeen: w.lastSeen})
@@ -1212,7 +1247,37 @@ func (s *PlacementState) tick(at time.Time) {
 		}
 		s.evacuate(w, ReasonWorkerDied, at)
 	}
+	s.forget(at)
 	s.retry(at)
+}
+
+// forget forgets the dead workers whose last heartbeat is more than
+// WorkerRetention old, oldest first (ties by id), at most
+// MaxForgetPerTick of them. A dead worker holds nothing (its mailboxes
+// were moved or refused when it died, and it was reverted or released);
+// one that somehow did would be kept.
+func (s *PlacementState) forget(at time.Time) {
+	old := s.deadBySeen.before(at.Add(-s.cfg.WorkerRetention))
+	slices.SortFunc(old, func(a, b *placementWorker) int {
+		if placementSeenLess(a, b) {
+			return -1
+		}
+		return 1
+	})
+	n := 0
+	for _, w := range old {
+		if w.count != 0 || w.tier == TierDedicated || w.org != "" || w.pool != RiskClean {
+			continue
+		}
+		if n == s.cfg.MaxForgetPerTick {
+			return // the next tick goes on
+		}
+		n++
+		s.emit(&PlacementWorkerForgotten{
+			PlacementMeta: placementMeta(at, ReasonRetentionExpired),
+			WorkerID:      w.id, LastSeen: w.lastSeen, RetentionSeconds: int64(s.cfg.WorkerRetention / time.Second),
+		})
+	}
 }
 
 // retry places what waits for capacity: dedicated shortfalls and degraded

@@ -205,6 +205,7 @@ func NewPlacementStateFromSnapshot(cfg PlacementConfig, snap PlacementSnapshot) 
 		for c := range w.pos {
 			w.pos[c] = -1
 		}
+		w.seenPos = -1
 		s.workers[w.id] = w
 		if w.tier == TierDedicated && w.org != "" && !w.releasing {
 			s.org(w.org).bound[w.id] = w
@@ -407,6 +408,13 @@ func PlacementInvariants(s *PlacementState) error {
 				bad("index: worker %s class %d at a wrong position", id, c)
 			}
 		}
+		seen := &s.liveBySeen
+		if !w.live {
+			seen = &s.deadBySeen
+		}
+		if w.seenPos < 0 || w.seenDead == w.live || w.seenPos >= len(seen.items) || seen.items[w.seenPos] != w {
+			bad("index: worker %s (live %v) not at its place in the heaps by last heartbeat", id, w.live)
+		}
 		_, dr := s.draining[id]
 		if want := w.live && (w.stopping || w.releasing) && w.count > 0; dr != want {
 			bad("draining set: worker %s in it %v, should be %v", id, dr, want)
@@ -424,6 +432,19 @@ func PlacementInvariants(s *PlacementState) error {
 				}
 			}
 		}
+	}
+	for name, h := range map[string]*placementSeenHeap{"live": &s.liveBySeen, "dead": &s.deadBySeen} {
+		for i, w := range h.items {
+			if i > 0 && placementSeenLess(w, h.items[(i-1)/2]) {
+				bad("index: %s heap by last heartbeat out of order at %d", name, i)
+			}
+			if s.workers[w.id] != w || w.seenPos != i {
+				bad("index: %s heap by last heartbeat holds worker %s, unknown or misplaced", name, w.id)
+			}
+		}
+	}
+	if n := len(s.liveBySeen.items) + len(s.deadBySeen.items); n != len(s.workers) {
+		bad("index: the heaps by last heartbeat hold %d workers, the state %d", n, len(s.workers))
 	}
 	for id, o := range s.orgs {
 		if o.count != orgCount[id] {
@@ -560,6 +581,16 @@ func PlacementDecisionJustified(before *PlacementState, d PlacementDecision) err
 					return fmt.Errorf("promotion of %s: org %s's released worker %s could be taken back", d.WorkerID, d.OrgID, o.id)
 				}
 			}
+		}
+	case *PlacementWorkerForgotten:
+		w := before.workers[d.WorkerID]
+		switch {
+		case w == nil || w.live || w.count != 0:
+			return fmt.Errorf("forgetting %s: not a dead idle worker", d.WorkerID)
+		case !d.At.Add(-before.cfg.WorkerRetention).After(w.lastSeen):
+			return fmt.Errorf("forgetting %s at %s: last seen %s, within the retention %s", d.WorkerID, d.At, w.lastSeen, before.cfg.WorkerRetention)
+		case d.RetentionSeconds != int64(before.cfg.WorkerRetention/time.Second):
+			return fmt.Errorf("forgetting %s: retention %d s recorded, %s applied", d.WorkerID, d.RetentionSeconds, before.cfg.WorkerRetention)
 		}
 	case *PlacementDedicatedBound:
 		if org := before.orgs[d.OrgID]; org.shortfall() == 0 {

@@ -18,6 +18,7 @@ const (
 	TypePlacementWorkerChanged       = "mailplane.placement.worker_changed.v1"
 	TypePlacementWorkerHealthChanged = "mailplane.placement.worker_health_changed.v1"
 	TypePlacementWorkerDied          = "mailplane.placement.worker_died.v1"
+	TypePlacementWorkerForgotten     = "mailplane.placement.worker_forgotten.v1"
 	TypePlacementWorkerPromoted      = "mailplane.placement.worker_promoted.v1"
 	TypePlacementWorkerReverted      = "mailplane.placement.worker_reverted.v1"
 	TypePlacementDedicatedBound      = "mailplane.placement.dedicated_bound.v1"
@@ -36,6 +37,7 @@ var placementDecisionRegistry = map[string]func() PlacementDecision{
 	TypePlacementWorkerChanged:       func() PlacementDecision { return new(PlacementWorkerChanged) },
 	TypePlacementWorkerHealthChanged: func() PlacementDecision { return new(PlacementWorkerHealthChanged) },
 	TypePlacementWorkerDied:          func() PlacementDecision { return new(PlacementWorkerDied) },
+	TypePlacementWorkerForgotten:     func() PlacementDecision { return new(PlacementWorkerForgotten) },
 	TypePlacementWorkerPromoted:      func() PlacementDecision { return new(PlacementWorkerPromoted) },
 	TypePlacementWorkerReverted:      func() PlacementDecision { return new(PlacementWorkerReverted) },
 	TypePlacementDedicatedBound:      func() PlacementDecision { return new(PlacementDedicatedBound) },
@@ -55,7 +57,7 @@ func PlacementDecisionTypes() []string {
 		TypePlacementAssigned, TypePlacementBandChanged, TypePlacementBandHeld,
 		TypePlacementDedicatedBound, TypePlacementDedicatedReleased, TypePlacementMigrated,
 		TypePlacementPlanRecorded, TypePlacementRefused, TypePlacementUnassigned,
-		TypePlacementWorkerChanged, TypePlacementWorkerDied, TypePlacementWorkerHealthChanged,
+		TypePlacementWorkerChanged, TypePlacementWorkerDied, TypePlacementWorkerForgotten, TypePlacementWorkerHealthChanged,
 		TypePlacementWorkerPromoted, TypePlacementWorkerRegistered, TypePlacementWorkerReverted,
 	}
 }
@@ -121,6 +123,7 @@ const (
 	ReasonHealthSampled         PlacementReason = "health_sampled"
 	ReasonHeartbeatExpired      PlacementReason = "heartbeat_expired"
 	ReasonWorkerDied            PlacementReason = "worker_died"
+	ReasonRetentionExpired      PlacementReason = "retention_expired"
 	ReasonPlanChanged           PlacementReason = "plan_changed"
 	ReasonPoolNeeded            PlacementReason = "pool_needed"
 	ReasonDedicatedNeeded       PlacementReason = "dedicated_needed"
@@ -136,7 +139,7 @@ var placementReasons = []PlacementReason{
 	ReasonBandRecoveryStarted, ReasonBandRecoveryUpdated, ReasonBandRecoveryCancelled,
 	ReasonWorkerRegistered, ReasonHeartbeat, ReasonWorkerRevived, ReasonWorkerTierChanged,
 	ReasonWorkerStopping, ReasonWorkerResumed, ReasonWorkerChanged, ReasonCapacityRamp,
-	ReasonHealthSampled, ReasonHeartbeatExpired, ReasonWorkerDied, ReasonPlanChanged,
+	ReasonHealthSampled, ReasonHeartbeatExpired, ReasonWorkerDied, ReasonRetentionExpired, ReasonPlanChanged,
 	ReasonPoolNeeded, ReasonDedicatedNeeded, ReasonDedicatedAvailable, ReasonIdle, ReasonRetry,
 	ReasonNoEligibleWorker, ReasonNoDedicatedCapacity,
 }
@@ -232,6 +235,7 @@ func (d *PlacementWorkerRegistered) apply(s *PlacementState) error {
 	for c := range w.pos {
 		w.pos[c] = -1
 	}
+	w.seenPos = -1
 	s.workers[w.id] = w
 	s.reindex(w)
 	return nil
@@ -353,6 +357,52 @@ func (d *PlacementWorkerDied) apply(s *PlacementState) error {
 	}
 	w.live = false
 	s.reindex(w)
+	return nil
+}
+
+// PlacementWorkerForgotten forgets a dead worker whose last recorded
+// heartbeat is older than the retention the engine applied
+// (RetentionSeconds, recorded for the reader: the fold does not need it).
+// The worker holds nothing; it leaves the state and every index, and a
+// later heartbeat of the same id registers a new worker.
+type PlacementWorkerForgotten struct {
+	PlacementMeta
+	WorkerID         string    `json:"worker_id"`
+	LastSeen         time.Time `json:"last_seen"`
+	RetentionSeconds int64     `json:"retention_seconds"`
+}
+
+func (*PlacementWorkerForgotten) EventType() string     { return TypePlacementWorkerForgotten }
+func (d *PlacementWorkerForgotten) AggregateID() string { return d.WorkerID }
+
+// MaxWorkerRetentionSeconds bounds retention_seconds (ten years).
+const MaxWorkerRetentionSeconds = 10 * 366 * 24 * 3600
+
+// Validate checks the decision.
+func (d *PlacementWorkerForgotten) Validate() Problems {
+	var ps Problems
+	d.validate(&ps)
+	checkUUID(&ps, "worker_id", d.WorkerID)
+	if d.LastSeen.IsZero() {
+		ps.Add("last_seen", CodeRequired, "is required")
+	}
+	checkRange(&ps, "retention_seconds", d.RetentionSeconds, 1, MaxWorkerRetentionSeconds)
+	return ps
+}
+
+func (d *PlacementWorkerForgotten) apply(s *PlacementState) error {
+	w := s.workers[d.WorkerID]
+	switch {
+	case w == nil || w.live:
+		return fmt.Errorf("worker %s unknown or live", d.WorkerID)
+	case w.count != 0 || w.tier == TierDedicated || w.org != "" || w.releasing || w.pool != RiskClean:
+		return fmt.Errorf("worker %s still holds mailboxes, an org or a pool", d.WorkerID)
+	case !w.lastSeen.Equal(d.LastSeen):
+		return fmt.Errorf("worker %s was last seen at %s, not %s", d.WorkerID, w.lastSeen, d.LastSeen)
+	}
+	s.unindexSeen(w) // a dead worker is in no placement heap: reindex keeps it out
+	delete(s.draining, w.id)
+	delete(s.workers, w.id)
 	return nil
 }
 

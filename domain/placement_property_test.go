@@ -25,7 +25,7 @@ func newPlGen(seed uint64) *plGen {
 	}
 }
 
-var plPropertyConfig = PlacementConfig{HeartbeatInterval: 20 * time.Second, BandDwell: 2 * time.Minute}
+var plPropertyConfig = PlacementConfig{HeartbeatInterval: 20 * time.Second, BandDwell: 2 * time.Minute, WorkerRetention: 60 * time.Hour}
 
 func (g *plGen) pick(n int) int { return 1 + g.r.IntN(n) }
 
@@ -139,6 +139,11 @@ func plCheckSettled(h *plHarness, seed uint64, step int) {
 			if err := PlacementRefusalJustified(s, d); err != nil {
 				h.t.Fatalf("seed %d step %d: after a tick, mailbox %s could leave draining worker %s: %v", seed, step, m.id, w.id, err)
 			}
+		}
+	}
+	for _, w := range s.workers {
+		if !w.live && h.now.Sub(w.lastSeen) > s.cfg.WorkerRetention {
+			h.t.Fatalf("seed %d step %d: after a tick, worker %s last seen %s is dead beyond the retention and not forgotten", seed, step, w.id, w.lastSeen)
 		}
 	}
 	for _, o := range s.shortOrgs() {

@@ -901,7 +901,7 @@ func TestPlacementHeartbeatRecording(t *testing.T) {
 
 func TestPlacementDecisionJSON(t *testing.T) {
 	t.Parallel()
-	h := newPlHarness(t, PlacementConfig{})
+	h := newPlHarness(t, PlacementConfig{WorkerRetention: 36 * time.Hour}) // short enough for a run to forget workers
 	plPropertyRun(h, 7, 400)
 	seen := map[string]bool{}
 	for _, d := range h.log {
@@ -944,10 +944,17 @@ func TestPlacementDecisionJSON(t *testing.T) {
 func TestPlacementRestoreFromSnapshotDecidesAlike(t *testing.T) {
 	t.Parallel()
 	// The engine restores from the projection (a snapshot) and then decides:
-	// it must decide exactly as the engine that never stopped.
-	h := newPlHarness(t, PlacementConfig{})
+	// it must decide exactly as the engine that never stopped, with the
+	// default configuration and with one that forgets dead workers.
+	for _, cfg := range []PlacementConfig{{}, plPropertyConfig} {
+		plRestoreDecidesAlike(t, cfg)
+	}
+}
+
+func plRestoreDecidesAlike(t *testing.T, cfg PlacementConfig) {
+	h := newPlHarness(t, cfg)
 	plPropertyRun(h, 11, 300)
-	restored, err := NewPlacementStateFromSnapshot(PlacementConfig{}, h.live.Snapshot())
+	restored, err := NewPlacementStateFromSnapshot(cfg, h.live.Snapshot())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -956,12 +963,17 @@ func TestPlacementRestoreFromSnapshotDecidesAlike(t *testing.T) {
 	}
 	gen := newPlGen(99)
 	now := h.now
+	forgotten := len(plOf[*PlacementWorkerForgotten](h.log))
 	for range 300 {
 		in := gen.next(&now)
 		a, b := h.live.Apply(in), restored.Apply(in)
 		if plJSON(a) != plJSON(b) {
 			t.Fatalf("decisions differ after restore:\n%s\n%s", plJSON(a), plJSON(b))
 		}
+		forgotten += len(plOf[*PlacementWorkerForgotten](a))
+	}
+	if cfg.WorkerRetention != 0 && forgotten == 0 {
+		t.Errorf("retention %s: no worker forgotten, the restored heaps are not exercised", cfg.WorkerRetention)
 	}
 	if !reflect.DeepEqual(restored.Snapshot(), h.live.Snapshot()) {
 		t.Fatal("states diverged")

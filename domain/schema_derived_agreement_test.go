@@ -54,7 +54,8 @@ var derivedValidData = map[string]string{
 	domain.TypePlacementWorkerChanged:    `{"at":"` + dvT + `","reason":"heartbeat","worker_id":"` + dvW + `","tier":"shared_premium","egress":"oauth_api","address":"10.0.0.1:25","stopping":true,"capacity":400}`,
 	domain.TypePlacementWorkerHealthChanged: `{"at":"` + dvT + `","reason":"health_sampled","worker_id":"` + dvW + `","from_health":"healthy","health":"throttled",` +
 		`"capacity":200,"window_seconds":3600,"sends":1000,"hard_bounces":0,"complaints":4}`,
-	domain.TypePlacementWorkerDied: `{"at":"` + dvT + `","reason":"heartbeat_expired","worker_id":"` + dvW + `","last_seen":"2026-03-01T11:59:29.5Z"}`,
+	domain.TypePlacementWorkerDied:      `{"at":"` + dvT + `","reason":"heartbeat_expired","worker_id":"` + dvW + `","last_seen":"2026-03-01T11:59:29.5Z"}`,
+	domain.TypePlacementWorkerForgotten: `{"at":"` + dvT + `","reason":"retention_expired","worker_id":"` + dvW + `","last_seen":"2026-02-22T11:59:29.5Z","retention_seconds":604800}`,
 	domain.TypePlacementWorkerPromoted: `{"at":"` + dvT + `","reason":"dedicated_needed","worker_id":"` + dvW + `","from_tier":"shared_premium","to_tier":"dedicated",` +
 		`"from_pool":"clean","to_pool":"clean","org_id":"` + dvO + `"}`,
 	domain.TypePlacementWorkerReverted: `{"at":"` + dvT + `","reason":"idle","worker_id":"` + dvW + `","from_tier":"dedicated","to_tier":"shared_premium",` +

@@ -30,6 +30,7 @@ var derivedValid = map[string]string{
 	domain.TypePlacementWorkerChanged:       `{"at":"` + dT + `","reason":"worker_revived","worker_id":"` + dW + `","tier":"shared_premium","egress":"warmup_only","address":"","stopping":false,"capacity":6}`,
 	domain.TypePlacementWorkerHealthChanged: `{"at":"` + dT + `","reason":"health_sampled","worker_id":"` + dW + `","from_health":"healthy","health":"blocked","capacity":1,"window_seconds":3600,"sends":1000,"hard_bounces":200,"complaints":4}`,
 	domain.TypePlacementWorkerDied:          `{"at":"` + dT + `","reason":"heartbeat_expired","worker_id":"` + dW + `","last_seen":"2026-03-01T11:59:29.5Z"}`,
+	domain.TypePlacementWorkerForgotten:     `{"at":"` + dT + `","reason":"retention_expired","worker_id":"` + dW + `","last_seen":"2026-02-22T11:59:29.5Z","retention_seconds":604800}`,
 	domain.TypePlacementWorkerPromoted:      `{"at":"` + dT + `","reason":"pool_needed","worker_id":"` + dW + `","from_tier":"shared_free","to_tier":"shared_free","from_pool":"clean","to_pool":"risky"}`,
 	domain.TypePlacementWorkerReverted:      `{"at":"` + dT + `","reason":"idle","worker_id":"` + dW + `","from_tier":"dedicated","to_tier":"shared_premium","from_pool":"clean","to_pool":"clean","org_id":"` + dO + `"}`,
 	domain.TypePlacementDedicatedBound:      `{"at":"` + dT + `","reason":"dedicated_needed","worker_id":"` + dW + `","org_id":"` + dO + `"}`,
@@ -79,7 +80,7 @@ func TestDerivedCompilesEveryType(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := v.Types(), derived.Types(); !slices.Equal(got, want) || len(got) != 22 {
+	if got, want := v.Types(), derived.Types(); !slices.Equal(got, want) || len(got) != 23 {
 		t.Errorf("types %v, want the %d of package derived", got, len(want))
 	}
 	if first, second := eventschema.Derived(), eventschema.Derived(); first != second {
@@ -162,6 +163,7 @@ func TestDerivedRejectsInvalid(t *testing.T) {
 		domain.TypePlacementWorkerChanged:       {{"egress", `"smtp"`}, {"stopping", `"yes"`}, {"capacity", ""}, {"tier", `""`}},
 		domain.TypePlacementWorkerHealthChanged: {{"health", `"sick"`}, {"from_health", ""}, {"sends", `1099511627777`}, {"window_seconds", `2592001`}, {"complaints", `-1`}},
 		domain.TypePlacementWorkerDied:          {{"last_seen", ""}, {"last_seen", `"yesterday"`}, {"worker_id", `"` + strings.ToUpper(dW) + `"`}},
+		domain.TypePlacementWorkerForgotten:     {{"last_seen", ""}, {"retention_seconds", `0`}, {"retention_seconds", `1.5`}, {"retention_seconds", ""}, {"worker_id", `"w-1"`}},
 		domain.TypePlacementWorkerPromoted:      {{"to_pool", `"dirty"`}, {"from_tier", ""}, {"org_id", `""`}, {"to_tier", `"premium"`}},
 		domain.TypePlacementWorkerReverted:      {{"to_tier", `"dedicated"`}, {"to_pool", ""}, {"org_id", `"org-1"`}},
 		domain.TypePlacementDedicatedBound:      {{"org_id", ""}, {"org_id", `null`}, {"worker_id", `7`}},
@@ -228,6 +230,7 @@ func TestDerivedGoZeroValuesConform(t *testing.T) {
 		&domain.PlacementWorkerChanged{PlacementMeta: meta, WorkerID: dW, Tier: domain.TierSharedPremium, Egress: domain.EgressOAuthAPI, Capacity: 1 << 31},
 		&domain.PlacementWorkerHealthChanged{PlacementMeta: meta, WorkerID: dW, FromHealth: domain.HealthWatch, Health: domain.HealthHealthy, Capacity: 3},
 		&domain.PlacementWorkerDied{PlacementMeta: meta, WorkerID: dW, LastSeen: at.Add(-time.Hour)},
+		&domain.PlacementWorkerForgotten{PlacementMeta: meta, WorkerID: dW, LastSeen: at.Add(-200 * time.Hour), RetentionSeconds: 1},
 		&domain.PlacementWorkerPromoted{PlacementMeta: meta, WorkerID: dW, FromTier: domain.TierSharedFree, ToTier: domain.TierSharedFree, FromPool: domain.RiskClean, ToPool: domain.RiskQuarantine},
 		&domain.PlacementWorkerReverted{PlacementMeta: meta, WorkerID: dW, FromTier: domain.TierSharedFree, ToTier: domain.TierSharedFree, FromPool: domain.RiskRisky, ToPool: domain.RiskClean},
 		&domain.PlacementDedicatedBound{PlacementMeta: meta, WorkerID: dW, OrgID: dO},

@@ -93,8 +93,15 @@
 // is the engine's changelog, a tick that decided nothing leaves no trace
 // and needs none. Ticks wait while the inputs are known to be behind
 // (a fetched partition below its high watermark), so a tick never expires
-// workers whose heartbeats are still waiting to be read. Every engine of a
-// deployment must share the placement configuration and clock discipline.
+// workers whose heartbeats are still waiting to be read. A tick also
+// forgets the dead workers last seen longer ago than the retention
+// (domain.PlacementConfig.WorkerRetention, `mailplane engine
+// --placement-worker-retention`), so the state, the projection and the
+// tick's work stay bounded by the workers heard from within it, however
+// many worker ids were ever sent. Every engine of a deployment must share
+// the placement configuration and clock discipline; the log stays
+// replayable under any configuration, since a worker_forgotten decision
+// carries its fact and its fold reads no configuration.
 //
 // # Restore
 //

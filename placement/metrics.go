@@ -185,6 +185,8 @@ func workerOf(d domain.PlacementDecision) (string, bool) {
 		return d.WorkerID, true
 	case *domain.PlacementWorkerDied:
 		return d.WorkerID, true
+	case *domain.PlacementWorkerForgotten:
+		return d.WorkerID, true
 	case *domain.PlacementWorkerPromoted:
 		return d.WorkerID, true
 	case *domain.PlacementWorkerReverted:

@@ -312,6 +312,7 @@ var (
 
 const (
 	plDeleteMailboxesSQL = `DELETE FROM placement_mailboxes WHERE mailbox_id = ANY($1)`
+	plDeleteWorkersSQL   = `DELETE FROM placement_workers WHERE worker_id = ANY($1)`
 	plUpsertOrgsSQL      = `INSERT INTO placement_orgs (org_id, plan, dedicated_workers, paid, source, plan_since_ns, decision_offset)
 SELECT * FROM unnest($1::uuid[], $2::text[], $3::int4[], $4::bool[], $5::text[], $6::int8[], $7::int8[])
 ON CONFLICT (org_id) DO UPDATE SET plan = EXCLUDED.plan, dedicated_workers = EXCLUDED.dedicated_workers,
@@ -355,13 +356,18 @@ func (m *plMailbox) row() []any {
 
 // write writes the fold's rows: new rows COPYed straight into their
 // tables, changed ones COPYed into staging tables and merged with one
-// UPDATE each, removed mailboxes deleted, plans upserted, history and
+// UPDATE each, removed mailboxes and forgotten workers deleted, plans upserted, history and
 // assignment changes COPYed.
 func (f *plFold) write(ctx context.Context, tx pgx.Tx) error {
 	var freshW, staleW, freshM, staleM [][]any
+	var goneW [][16]byte
 	for _, w := range f.workers {
 		switch {
 		case !w.dirty:
+		case !w.seen: // forgotten
+			if w.inDB {
+				goneW = append(goneW, w.id)
+			}
 		case w.inDB:
 			staleW = append(staleW, w.row())
 		default:
@@ -433,6 +439,9 @@ func (f *plFold) write(ctx context.Context, tx pgx.Tx) error {
 	}
 	if len(gone) > 0 {
 		b.Queue(plDeleteMailboxesSQL, gone)
+	}
+	if len(goneW) > 0 {
+		b.Queue(plDeleteWorkersSQL, goneW)
 	}
 	if len(f.orgs) > 0 {
 		n := len(f.orgs)

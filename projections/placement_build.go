@@ -92,7 +92,9 @@ func (b *PlacementBuilder) Finish(ctx context.Context, tx pgx.Tx, next int64) er
 	}
 	var workers [][]any
 	for _, w := range b.f.workers {
-		workers = append(workers, w.row())
+		if w.seen { // forgotten workers have no row
+			workers = append(workers, w.row())
+		}
 	}
 	if len(workers) > 0 {
 		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"placement_workers"}, plWorkerColumns, pgx.CopyFromRows(workers)); err != nil {

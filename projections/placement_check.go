@@ -46,11 +46,19 @@ FROM placement_mailboxes m
 WHERE m.worker_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM placement_workers w WHERE w.worker_id = m.worker_id)
 ORDER BY 1
 LIMIT 20`
+	// A dead worker carries nothing (its mailboxes moved or were refused
+	// when it died), which is also what lets the engine forget it.
+	plDeadIdleSQL = `
+SELECT worker_id::text, mailboxes, load_milli
+FROM placement_workers
+WHERE NOT live AND (mailboxes <> 0 OR load_milli <> 0)
+ORDER BY 1
+LIMIT 20`
 )
 
 // CheckPlacementInvariants checks invariants 3 and 4 on the placement
-// projection's rows and returns every violation found (at most 20 of
-// each kind), or nil. Run it in one snapshot (a repeatable-read
+// projection's rows, and that dead workers carry nothing, and returns
+// every violation found (at most 20 of each kind), or nil. Run it in one snapshot (a repeatable-read
 // transaction) when the projector may be writing. The rows hold the
 // invariants at every checkpoint that ends an input's decisions (the
 // engine's transactions do), not necessarily in the middle of one.
@@ -75,6 +83,14 @@ func CheckPlacementInvariants(ctx context.Context, q Querier) error {
 			errs = append(errs, fmt.Errorf("invariant 4: worker %s has load %d and %d mailboxes; its mailboxes weigh %d and number %d",
 				w, load, n, sum, count))
 		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("placement invariants: %w", err)
+	}
+	rows, _ = q.Query(ctx, plDeadIdleSQL)
+	_, err = pgx.ForEachRow(rows, []any{&w, &n, &load}, func() error {
+		errs = append(errs, fmt.Errorf("dead worker %s carries %d mailboxes (load %d)", w, n, load))
 		return nil
 	})
 	if err != nil {

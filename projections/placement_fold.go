@@ -34,20 +34,21 @@ type plKey = [16]byte
 
 // plWorker is a placement_workers row.
 type plWorker struct {
-	id                plKey
-	baseTier, tier    string
-	egress, address   string
-	pool, health      string
-	org               plKey // zero: none
-	hasOrg            bool
-	releasing         bool
-	firstSeen         int64 // Unix ns
-	lastSeen          int64
-	live, stopping    bool
-	load, capacity    int64
-	count             int64
-	offset            int64
-	inDB, dirty, seen bool
+	id              plKey
+	baseTier, tier  string
+	egress, address string
+	pool, health    string
+	org             plKey // zero: none
+	hasOrg          bool
+	releasing       bool
+	firstSeen       int64 // Unix ns
+	lastSeen        int64
+	live, stopping  bool
+	load, capacity  int64
+	count           int64
+	offset          int64
+	inDB, dirty     bool
+	seen            bool // registered and not forgotten since
 }
 
 // plMailbox is a placement_mailboxes row; present is false once removed.
@@ -138,6 +139,8 @@ func plTouched(d domain.PlacementDecision, worker, mailbox func(string)) {
 	case *domain.PlacementWorkerHealthChanged:
 		worker(d.WorkerID)
 	case *domain.PlacementWorkerDied:
+		worker(d.WorkerID)
+	case *domain.PlacementWorkerForgotten:
 		worker(d.WorkerID)
 	case *domain.PlacementWorkerPromoted:
 		worker(d.WorkerID)
@@ -331,6 +334,22 @@ func (f *plFold) apply(off int64, id string, d domain.PlacementDecision) error {
 		}
 		w.live = false
 		w.offset, w.dirty = off, true
+	case *domain.PlacementWorkerForgotten:
+		w, err := f.worker(d.WorkerID)
+		if err != nil {
+			return err
+		}
+		switch {
+		case w.live:
+			return bad("worker %s is live", d.WorkerID)
+		case w.count != 0 || w.tier == string(domain.TierDedicated) || w.hasOrg || w.releasing || w.pool != string(domain.RiskClean):
+			return bad("worker %s still holds mailboxes, an org or a pool", d.WorkerID)
+		case w.lastSeen != d.LastSeen.UnixNano():
+			return bad("worker %s was last seen at %d ns, not %s", d.WorkerID, w.lastSeen, d.LastSeen)
+		}
+		// Its row is deleted; a later registration of the id writes a
+		// new one.
+		w.seen, w.offset, w.dirty = false, off, true
 	case *domain.PlacementWorkerPromoted:
 		w, err := f.worker(d.WorkerID)
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,7 +31,8 @@ func plOrgID(i int) string     { return fmt.Sprintf("00000003-0000-4000-8000-%01
 
 var plT0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
-var plTestConfig = domain.PlacementConfig{HeartbeatInterval: 20 * time.Second, BandDwell: 2 * time.Minute}
+// WorkerRetention is short enough for random runs to forget dead workers.
+var plTestConfig = domain.PlacementConfig{HeartbeatInterval: 20 * time.Second, BandDwell: 2 * time.Minute, WorkerRetention: 60 * time.Hour}
 
 // plGen generates random but plausible inputs over a small universe (8
 // workers, 5 orgs, 40 mailboxes) so that capacity runs out, pools fill,
@@ -180,19 +182,30 @@ type plBoundary struct {
 // boundary invariants 3 and 4 hold on the tables and the pending view
 // agrees with the decider's pending placements; at the end the worker
 // API's change answers since every earlier token are exact, and projecting
-// the same log in one batch writes the very same rows.
+// the same log in one batch writes the very same rows. The runs forget
+// dead workers (their rows deleted) and register some of them again.
 func TestPlacementProjectionFoldsLikeTheDecider(t *testing.T) {
 	t.Parallel()
 	const seeds, steps = 12, 500
+	var mu sync.Mutex
+	forgotten := 0
+	t.Cleanup(func() {
+		if forgotten == 0 && !t.Failed() {
+			t.Errorf("no worker was forgotten in %d random runs: the retention is not exercised", seeds)
+		}
+	})
 	for seed := range uint64(seeds) {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			t.Parallel()
-			plRunRandom(t, seed, steps)
+			types := plRunRandom(t, seed, steps)
+			mu.Lock()
+			forgotten += types[domain.TypePlacementWorkerForgotten]
+			mu.Unlock()
 		})
 	}
 }
 
-func plRunRandom(t *testing.T, seed uint64, steps int) {
+func plRunRandom(t *testing.T, seed uint64, steps int) map[string]int {
 	ctx := context.Background()
 	db := plNewDB(t)
 	pool := db.Pool
@@ -294,6 +307,7 @@ func plRunRandom(t *testing.T, seed uint64, steps int) {
 	if diff := plDiffSchemas(t, pool, db.Schema, built.Schema); diff != "" {
 		t.Fatalf("projecting in batches and building from memory differ:\n%s", diff)
 	}
+	return types
 }
 
 // plCheckPending compares the placement_pending view with the decider's

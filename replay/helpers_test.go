@@ -35,8 +35,9 @@ var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // placementConfig is every engine's decider configuration in these tests:
 // short liveness and dwell, so workers die and bands recover within a
-// scenario's clock.
-var placementConfig = domain.PlacementConfig{HeartbeatInterval: 20 * time.Second, BandDwell: 2 * time.Minute}
+// scenario's clock; a retention short enough that a scenario's day jumps
+// forget dead workers.
+var placementConfig = domain.PlacementConfig{HeartbeatInterval: 20 * time.Second, BandDwell: 2 * time.Minute, WorkerRetention: 36 * time.Hour}
 
 func testLogger(t testing.TB) *slog.Logger {
 	level := slog.LevelWarn

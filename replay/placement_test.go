@@ -77,11 +77,19 @@ func verifyEqual(t testing.TB, rb *replay.Placement) replay.Report {
 // round invariants 3 and 4 hold on the projected tables; the projection
 // restores to exactly the state of the pure decider fed the same inputs;
 // a rebuild from offset 0 into a fresh schema equals the live projection
-// row for row (also after the live side pruned assignment changes); the
+// row for row (also after the live side pruned assignment changes, and
+// with dead workers forgotten in the log); the
 // rebuild swaps in while the projector runs, which goes on from the
 // rebuild's offset; and a second rebuild equals the swapped-in one.
 func TestReplayPlacementEqualsLive(t *testing.T) {
 	t.Parallel()
+	var mu sync.Mutex
+	forgotten := 0
+	t.Cleanup(func() {
+		if forgotten == 0 && !t.Failed() {
+			t.Error("no worker was forgotten in the scenarios: replay is not checked with worker_forgotten in the log")
+		}
+	})
 	for seed := range uint64(3) {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			t.Parallel()
@@ -98,6 +106,9 @@ func TestReplayPlacementEqualsLive(t *testing.T) {
 			if len(l) < 100 {
 				t.Fatalf("only %d decisions: the scenario is too tame", len(l))
 			}
+			mu.Lock()
+			forgotten += countDecisions[*domain.PlacementWorkerForgotten](l)
+			mu.Unlock()
 			if seed == 1 {
 				// The live side pruned old assignment changes; the
 				// rebuild adopts its horizon before comparing.

@@ -129,7 +129,11 @@ type Result struct {
 // AssignmentStore reads the placement projection.
 type AssignmentStore interface {
 	// Assignments returns the worker's mailboxes: all of them when since is
-	// zero, else what changed after since. An unknown worker has none. It
+	// zero, else what changed after since. An unknown worker has none,
+	// and so has one the engine forgot (dead beyond its retention: its row
+	// is gone, it held nothing): 200 with an empty list, not 404, so a
+	// worker polling before its first heartbeat is projected and one
+	// coming back after a long outage both simply start empty. It
 	// returns ErrTokenExpired when the changes since the token are no
 	// longer retained.
 	Assignments(ctx context.Context, workerID string, since Token) (Result, error)

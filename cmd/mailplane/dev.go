@@ -57,9 +57,14 @@ func runDev(ctx context.Context, args []string) error {
 	fleet := boolSetting(fs, cfgDevFleet)
 	warmupEvery := cfgDevWarmupInterval.Duration(fs)
 	seed := cfgDevSeed.Int(fs)
+	placementCfg := placementFlags(fs)
 	logLevel := cfgLogLevel.String(fs)
 	logFormat := cfgLogFormat.String(fs)
 	fs.Parse(args)
+	pc, err := placementCfg()
+	if err != nil {
+		return err
+	}
 	log := newLogger(*logLevel, *logFormat)
 
 	dir, err := filepath.Abs(*dataDir)
@@ -181,6 +186,7 @@ func runDev(ctx context.Context, args []string) error {
 		billing:     bc,
 		api:         true,
 		engine:      true,
+		placement:   pc,
 		stateProc:   true,
 		syncWorkers: *syncWorkers,
 		syncConfig:  syncCfg,

@@ -143,8 +143,9 @@ func renderProgress(p replay.Progress, tty bool) string {
 
 const placementUsage = `usage: mailplane placement show [--mailbox ID] [--summary]
 
-Shows the placement projection: workers by tier and pool with load and
-capacity, pending placements; --mailbox shows one mailbox's placement and
+Shows the placement projection: workers by tier and pool with load,
+capacity and last heartbeat, dead workers not yet forgotten, pending
+placements; --mailbox shows one mailbox's placement and
 its history of decisions.`
 
 // runPlacement is `mailplane placement show`.
@@ -203,16 +204,28 @@ FROM placement_pool_summary ORDER BY tier, array_position(ARRAY['clean','risky',
 	}
 	w.Flush()
 
+	// Dead workers stay listed until the engine forgets them.
+	var dead int64
+	var oldest *time.Time
+	if err := tx.QueryRow(ctx, `SELECT count(*), min(last_seen) FROM placement_workers WHERE NOT live`).Scan(&dead, &oldest); err != nil {
+		return fmt.Errorf("dead workers: %w", err)
+	}
+	if dead > 0 && oldest != nil {
+		fmt.Fprintf(out, "\ndead workers: %d, the oldest last seen %s; the engine forgets a dead worker once its last heartbeat is older than its --%s\n",
+			dead, oldest.UTC().Format(time.RFC3339), cfgWorkerRetention.flag)
+	}
+
 	if workers {
 		fmt.Fprintln(out)
 		w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(w, "TIER\tPOOL\tWORKER\tEGRESS\tHEALTH\tSTATE\tLOAD/CAPACITY\tUTIL\tMAILBOXES\tORG")
+		fmt.Fprintln(w, "TIER\tPOOL\tWORKER\tEGRESS\tHEALTH\tSTATE\tLOAD/CAPACITY\tUTIL\tMAILBOXES\tORG\tLAST SEEN")
 		rows, _ = tx.Query(ctx, `SELECT tier, pool, worker_id::text, egress, health, live, stopping, releasing, load_milli, capacity, mailboxes,
-    COALESCE(dedicated_org::text, '')
+    COALESCE(dedicated_org::text, ''), last_seen
 FROM placement_workers ORDER BY tier, array_position(ARRAY['clean','risky','quarantine'], pool), worker_id`)
 		var id, egress, health, org string
 		var live, stopping, releasing bool
-		if _, err := pgx.ForEachRow(rows, []any{&tier, &pl, &id, &egress, &health, &live, &stopping, &releasing, &load, &capacity, &mbs, &org}, func() error {
+		var lastSeen time.Time
+		if _, err := pgx.ForEachRow(rows, []any{&tier, &pl, &id, &egress, &health, &live, &stopping, &releasing, &load, &capacity, &mbs, &org, &lastSeen}, func() error {
 			state := "live"
 			switch {
 			case !live:
@@ -222,7 +235,8 @@ FROM placement_workers ORDER BY tier, array_position(ARRAY['clean','risky','quar
 			case stopping:
 				state = "stopping"
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s/%d\t%s\t%d\t%s\n", tier, pl, id, egress, health, state, milli(load), capacity, util(load, capacity), mbs, org)
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s/%d\t%s\t%d\t%s\t%s\n", tier, pl, id, egress, health, state, milli(load), capacity, util(load, capacity), mbs,
+				dash(org), lastSeen.UTC().Format(time.RFC3339))
 			return nil
 		}); err != nil {
 			return fmt.Errorf("workers: %w", err)

@@ -39,13 +39,24 @@ func TestReplayAndShowCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Decisions: two free workers, a premium one, a dedicated org, mailboxes.
-	st := domain.NewPlacementState(domain.PlacementConfig{})
+	// Decisions: a worker dead and forgotten, one dead, two free workers,
+	// a premium one, a dedicated org, mailboxes.
+	st := domain.NewPlacementState(domain.PlacementConfig{WorkerRetention: 90 * time.Second})
 	at := time.Date(2026, 4, 1, 9, 0, 0, 0, time.UTC)
 	var ds []domain.PlacementDecision
 	apply := func(d domain.Data) {
 		at = at.Add(time.Second)
 		ds = append(ds, st.Apply(domain.PlacementInput{At: at, Event: d})...)
+	}
+	apply(&domain.WorkerHeartbeat{WorkerID: plID(1, 5), Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP, Address: "10.0.0.5:25"})
+	apply(&domain.WorkerHeartbeat{WorkerID: plID(1, 4), Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP, Address: "10.0.0.4:25"})
+	at = at.Add(60 * time.Second)
+	apply(&domain.WorkerHeartbeat{WorkerID: plID(1, 4), Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP, Address: "10.0.0.4:25"})
+	apply(nil) // worker 5 dies
+	at = at.Add(60 * time.Second)
+	apply(nil) // worker 4 dies, worker 5 is forgotten
+	if _, ok := st.Worker(plID(1, 5)); ok {
+		t.Fatal("worker 5 not forgotten")
 	}
 	apply(&domain.WorkerHeartbeat{WorkerID: plID(1, 1), Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP, Address: "10.0.0.1:25"})
 	apply(&domain.WorkerHeartbeat{WorkerID: plID(1, 2), Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP, Address: "10.0.0.2:25"})
@@ -121,13 +132,17 @@ func TestReplayAndShowCommands(t *testing.T) {
 		t.Fatalf("show: exit %d\n%s\n%s", code, stdout, stderr)
 	}
 	for _, want := range []string{
-		fmt.Sprintf("offset %d", len(ds)), "shared_free", "dedicated", plID(1, 1), plID(1, 3), "TIER", "LOAD/CAPACITY",
+		fmt.Sprintf("offset %d", len(ds)), "shared_free", "dedicated", plID(1, 1), plID(1, 3), "TIER", "LOAD/CAPACITY", "LAST SEEN",
+		plID(1, 4), "dead workers: 1, the oldest last seen 2026-04-01T09:01:03Z", "--placement-worker-retention",
 		"pending: 1 refused (no eligible worker), 0 degraded",
 		"dedicated org " + plID(3, 2) + " has 1 of its 2 workers (short 1",
 	} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("placement show lacks %q:\n%s", want, stdout)
 		}
+	}
+	if strings.Contains(stdout, plID(1, 5)) {
+		t.Errorf("placement show lists forgotten worker %s:\n%s", plID(1, 5), stdout)
 	}
 	t.Logf("placement show:\n%s", stdout)
 	stdout, _, code = run("placement", "show", "--mailbox", plID(2, 0))

@@ -56,8 +56,10 @@ type roleConfig struct {
 
 	billing *billing.Config // mount the Stripe webhook when set
 
-	api       bool // serve the ingest API
-	engine    bool // run the placement engine (active or standby)
+	api    bool // serve the ingest API
+	engine bool // run the placement engine (active or standby)
+	// placement configures the engine's decider (zero fields: defaults).
+	placement domain.PlacementConfig
 	stateProc bool // run the mailbox.state processor
 	// syncWorkers sync workers run in the process (dev mode runs several
 	// to show partitions moving between them).
@@ -189,6 +191,7 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 		eng, err := placement.New(kcfg("placement-engine"),
 			placement.WithLogger(log.With("role", "engine")),
 			placement.WithRegisterer(reg),
+			placement.WithPlacementConfig(rc.placement),
 			// Restore from the placement projection and read only the
 			// decision log's tail.
 			placement.WithSnapshotter(projections.NewPlacementSnapshotter(pool)))
@@ -476,13 +479,34 @@ func billingConfig() (*billing.Config, error) {
 	return &cfg, nil
 }
 
+// Placement engine settings.
+var cfgWorkerRetention = register(setting{"placement-worker-retention", "MAILPLANE_PLACEMENT_WORKER_RETENTION", "168h", // domain.DefaultWorkerRetention
+	"placement engine: a sending worker dead this long (no heartbeat) is forgotten (worker_forgotten), so placement state stays bounded; every engine of a deployment must use the same"})
+
+// placementFlags registers the engine's decider settings on fs; the
+// returned func reads them once fs is parsed.
+func placementFlags(fs *flag.FlagSet) func() (domain.PlacementConfig, error) {
+	retention := cfgWorkerRetention.Duration(fs)
+	return func() (domain.PlacementConfig, error) {
+		if *retention < time.Minute || *retention > domain.MaxWorkerRetentionSeconds*time.Second {
+			return domain.PlacementConfig{}, fmt.Errorf("--%s %s: want a minute to ten years", cfgWorkerRetention.flag, *retention)
+		}
+		return domain.PlacementConfig{WorkerRetention: *retention}, nil
+	}
+}
+
 func runEngine(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("engine", flag.ExitOnError)
 	brokers, dbURL, opsAddr, logLevel, logFormat, parts := commonRoleFlags(fs)
+	placementCfg := placementFlags(fs)
 	fs.Parse(args)
+	pc, err := placementCfg()
+	if err != nil {
+		return err
+	}
 	return runRoles(ctx, &roleConfig{
 		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
-		opsAddr: *opsAddr, statePartitions: int32(*parts), engine: true,
+		opsAddr: *opsAddr, statePartitions: int32(*parts), engine: true, placement: pc,
 	}, nil)
 }
 

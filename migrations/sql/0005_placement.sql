@@ -23,7 +23,8 @@
 -- restored engine must see the very times the live one saw. A generated
 -- timestamptz next to each is for people.
 
--- Sending workers, one row per worker the engine ever registered.
+-- Sending workers, one row per worker the engine knows: registered and not
+-- forgotten (a worker_forgotten decision deletes the row).
 CREATE TABLE placement_workers (
     worker_id       uuid PRIMARY KEY,
     base_tier       text    NOT NULL CHECK (base_tier IN ('shared_free', 'shared_premium')), -- as its heartbeats say

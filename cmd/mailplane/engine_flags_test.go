@@ -1,0 +1,39 @@
+package main
+
+import (
+	"flag"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/mailplane/mailplane/domain"
+)
+
+// TestPlacementWorkerRetentionFlag: the flag's default is the decider's
+// default retention, a value given reaches the decider's configuration,
+// and a retention under a minute or over ten years is refused.
+func TestPlacementWorkerRetentionFlag(t *testing.T) {
+	parse := func(args ...string) (domain.PlacementConfig, error) {
+		fs := flag.NewFlagSet("engine", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		read := placementFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return read()
+	}
+	t.Setenv(cfgWorkerRetention.env, "")
+	pc, err := parse()
+	if err != nil || pc.WorkerRetention != domain.DefaultWorkerRetention {
+		t.Fatalf("default: %+v %v, want %s", pc, err, domain.DefaultWorkerRetention)
+	}
+	pc, err = parse("--placement-worker-retention", "36h")
+	if err != nil || pc.WorkerRetention != 36*time.Hour {
+		t.Fatalf("36h: %+v %v", pc, err)
+	}
+	for _, bad := range []string{"0s", "-1h", "59s", "100000h"} {
+		if _, err := parse("--placement-worker-retention", bad); err == nil {
+			t.Errorf("--placement-worker-retention %s accepted", bad)
+		}
+	}
+}
