@@ -19,7 +19,7 @@ func TestSyncRefusesToStartWithoutWarmupKey(t *testing.T) {
 	run := func(env []string, args ...string) (string, int) {
 		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, bin, append([]string{"sync", "--brokers", "127.0.0.1:1", "--database-url", "postgres://nobody@127.0.0.1:1/none", "--http", ""}, args...)...)
+		cmd := exec.CommandContext(ctx, bin, append([]string{"sync", "--brokers", "127.0.0.1:1", "--database-url", "postgres://nobody@127.0.0.1:1/none", "--ops-http", ""}, args...)...)
 		cmd.Env = append([]string{"PATH=/usr/bin:/bin"}, env...)
 		var errb bytes.Buffer
 		cmd.Stderr = &errb
