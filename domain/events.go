@@ -3,6 +3,7 @@ package domain
 import (
 	"encoding/json"
 	"math"
+	"strconv"
 	"time"
 )
 
@@ -193,11 +194,29 @@ func (s SealedSecret) Validate() Problems {
 	return ps
 }
 
-// CredentialsAAD binds sealed credentials to their mailbox, so a sealed blob
-// copied onto another mailbox does not open.
-func CredentialsAAD(mailboxID string) []byte {
-	return []byte("mailplane.mailbox.credentials.v1:" + mailboxID)
+// CredentialsAADPrefix starts the additional data of sealed credentials.
+// v1 bound the mailbox id only, so a copied blob opened for any endpoint:
+// v1 blobs do not open under v2.
+const CredentialsAADPrefix = "mailplane.mailbox.credentials.v2"
+
+// CredentialsAAD binds sealed credentials to their mailbox and to where
+// they may be presented: provider, IMAP host, port, TLS mode and username.
+// A sealed blob copied onto another mailbox or another endpoint does not
+// open. Each field is length-prefixed, so no two field lists share bytes.
+func CredentialsAAD(mailboxID string, provider Provider, ep IMAPEndpoint) []byte {
+	b := make([]byte, 0, len(CredentialsAADPrefix)+len(mailboxID)+len(provider)+len(ep.Host)+len(ep.TLS)+len(ep.Username)+40)
+	b = append(b, CredentialsAADPrefix...)
+	for _, f := range []string{mailboxID, string(provider), ep.Host, strconv.Itoa(ep.Port), string(ep.TLS), ep.Username} {
+		b = append(b, ';')
+		b = strconv.AppendInt(b, int64(len(f)), 10)
+		b = append(b, ':')
+		b = append(b, f...)
+	}
+	return b
 }
+
+// AAD returns the additional data binding this mailbox's credentials.
+func (m *MailboxAdded) AAD() []byte { return CredentialsAAD(m.MailboxID, m.Provider, m.IMAP) }
 
 // MailboxAdded registers a mailbox.
 type MailboxAdded struct {
@@ -242,7 +261,8 @@ func (m *MailboxAdded) Validate() Problems {
 }
 
 // SealWith replaces plain-text credentials with their sealed form. seal gets
-// the credentials' JSON and the additional data binding it to the mailbox.
+// the credentials' JSON and the additional data binding it to the mailbox
+// and its endpoint (AAD).
 func (m *MailboxAdded) SealWith(seal func(plain, aad []byte) (SealedSecret, error)) error {
 	if m.Credentials == nil {
 		return nil
@@ -251,7 +271,7 @@ func (m *MailboxAdded) SealWith(seal func(plain, aad []byte) (SealedSecret, erro
 	if err != nil {
 		return err
 	}
-	s, err := seal(plain, CredentialsAAD(m.MailboxID))
+	s, err := seal(plain, m.AAD())
 	clear(plain)
 	if err != nil {
 		return err

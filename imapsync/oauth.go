@@ -132,14 +132,10 @@ func (r *Runner) exchange(ctx context.Context, c OAuthClient, refresh string) (*
 		// Renewed a minute early, so a token never expires mid-login.
 		return &accessToken{token: []byte(tr.AccessToken), until: r.cfg.Now().Add(life - min(time.Minute, life/2))}, nil
 	case tr.Error == "invalid_grant" || tr.Error == "unauthorized_client" || tr.Error == "invalid_client":
-		reason := tr.Error
-		if tr.ErrorDescription != "" {
-			reason += ": " + clean(tr.ErrorDescription, 300)
-		}
-		return nil, &Error{Kind: KindAuth, Op: "oauth", Code: tr.Error, Reason: reason}
+		return nil, &Error{Kind: KindAuth, Op: "oauth", Code: tr.Error, Reason: "the token endpoint refused the grant"}
 	default:
-		return nil, &Error{Kind: KindProtocol, Op: "oauth", Code: tr.Error,
-			Reason: fmt.Sprintf("token endpoint answered %d %s", resp.StatusCode, clean(tr.Error, 100))}
+		return nil, &Error{Kind: KindProtocol, Op: "oauth", Code: knownCode(tr.Error),
+			Reason: fmt.Sprintf("token endpoint answered %d", resp.StatusCode)}
 	}
 }
 
@@ -184,7 +180,7 @@ func (m *mailboxRun) loginOAuth(ctx context.Context, c *conn, refresh string) er
 		var ie *imap.Error
 		if errors.As(err, &ie) {
 			m.forgetToken()
-			return &Error{Kind: KindAuth, Op: "authenticate", Code: string(ie.Code), Reason: ie.Text, Err: err}
+			return &Error{Kind: KindAuth, Op: "authenticate", Code: knownCode(string(ie.Code)), Reason: "the server refused the access token", Err: err}
 		}
 		return classify("authenticate", err, ctx)
 	}

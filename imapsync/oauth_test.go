@@ -65,11 +65,12 @@ func oauthSetup(t *testing.T, mem *memServer, te *tokenEndpoint, refreshToken st
 		j.PollWarm = 200 * time.Millisecond
 		c.OAuth = map[domain.Provider]imapsync.OAuthClient{domain.ProviderGmail: {TokenURL: te.srv.URL, ClientID: "mailplane-test", ClientSecret: "s3cret"}}
 		plain, _ := json.Marshal(domain.Credentials{OAuthRefreshToken: refreshToken})
-		sealed, err := c.Keyring.Seal(plain, domain.CredentialsAAD(mailboxID))
+		j.Mailbox.Provider = domain.ProviderGmail
+		sealed, err := c.Keyring.Seal(plain, domain.CredentialsAAD(j.Mailbox.MailboxID, j.Mailbox.Provider, j.Mailbox.IMAP))
 		if err != nil {
 			t.Fatal(err)
 		}
-		j.Mailbox.Provider, j.Mailbox.SealedCredentials = domain.ProviderGmail, &sealed
+		j.Mailbox.SealedCredentials = &sealed
 		if tune != nil {
 			tune(c)
 		}

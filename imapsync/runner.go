@@ -104,7 +104,16 @@ type Config struct {
 	// WarmupKey, when set, is the key warmup headers must be signed with
 	// (MAILPLANE_WARMUP_KEY); unsigned or forged ones are ignored.
 	WarmupKey []byte
-	// Dial opens TCP connections (default a net.Dialer with keep-alives).
+	// Transport is the operator's allowlist of internal hosts and networks
+	// (MAILPLANE_IMAP_ALLOW): the runner connects to no loopback, private,
+	// link-local, CGNAT, unspecified or multicast address outside it, and
+	// sends plain text (tls none) only to loopback or allowlisted servers,
+	// checked on the resolved address before connecting. The zero value
+	// allows public addresses with TLS only.
+	Transport domain.TransportPolicy
+	// Dial opens TCP connections (default a net.Dialer with keep-alives
+	// that applies Transport to each resolved address before connecting);
+	// a custom one has the connected peer's address checked instead.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Now is the clock (default time.Now).
 	Now func() time.Time
@@ -163,10 +172,6 @@ func New(cfg Config) (*Runner, error) {
 	}
 	if cfg.WarmupHeader == "" {
 		cfg.WarmupHeader = DefaultWarmupHeader
-	}
-	if cfg.Dial == nil {
-		nd := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 60 * time.Second, Interval: 15 * time.Second, Count: 4}}
-		cfg.Dial = nd.DialContext
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -474,10 +479,10 @@ func (m *mailboxRun) failed(ctx context.Context, err error, consecutive int, cei
 	var e *Error
 	if !errors.As(err, &e) {
 		// Not from the IMAP side (those are classified): the database.
-		e = &Error{Kind: KindStore, Op: "store", Err: err}
+		e = &Error{Kind: KindStore, Op: "store", Reason: "database operation failed", Err: err}
 		var ie *imap.Error
 		if errors.As(err, &ie) {
-			e.Kind, e.Code, e.Reason = KindProtocol, string(ie.Code), ie.Text
+			e.Kind, e.Code, e.Reason = KindProtocol, knownCode(string(ie.Code)), "the server answered "+string(ie.Type)
 		}
 	}
 	d := m.backoff(consecutive, ceiling)
@@ -510,7 +515,12 @@ func (m *mailboxRun) failed(ctx context.Context, err error, consecutive int, cei
 	} else {
 		m.r.rep.SyncFailed(ctx, f)
 	}
-	m.log.Info("imap sync failed", "kind", e.Kind, "op", e.Op, "err", e.Error(), "retry_in", d)
+	if e.Kind == KindStore {
+		// Our database's words, for the operator (no remote bytes).
+		m.log.Info("imap sync failed", "category", e.Kind, "op", e.Op, "err", e.Error(), "cause", e.Err, "retry_in", d)
+	} else {
+		m.log.Info("imap sync failed", "category", e.Kind, "op", e.Op, "err", e.Error(), "retry_in", d)
+	}
 	return d
 }
 
@@ -552,9 +562,11 @@ func (r *Runner) unseal(mb mailboxstate.Mailbox) (*secret, error) {
 	if mb.SealedCredentials == nil {
 		return nil, &Error{Kind: KindCredentials, Op: "credentials", Reason: "the mailbox has no credentials"}
 	}
-	plain, err := r.cfg.Keyring.Open(*mb.SealedCredentials, domain.CredentialsAAD(mb.MailboxID))
+	// Bound to the endpoint: credentials sealed for another host, port,
+	// TLS mode, username or provider do not open, and are never presented.
+	plain, err := r.cfg.Keyring.Open(*mb.SealedCredentials, domain.CredentialsAAD(mb.MailboxID, mb.Provider, mb.IMAP))
 	if err != nil {
-		return nil, &Error{Kind: KindCredentials, Op: "credentials", Reason: "sealed credentials do not open", Err: err}
+		return nil, &Error{Kind: KindUnbound, Op: "credentials", Reason: "sealed credentials do not open for this mailbox's endpoint", Err: err}
 	}
 	s := &secret{buf: plain}
 	var raw struct {

@@ -47,7 +47,8 @@ type Mailbox struct {
 	WarmupEnabled bool                `json:"warmup_enabled"`
 	IMAP          domain.IMAPEndpoint `json:"imap"`
 	// SealedCredentials open only with the sealing keyring and
-	// domain.CredentialsAAD(MailboxID); they are never in plain text here.
+	// domain.CredentialsAAD(MailboxID, Provider, IMAP); they are never in
+	// plain text here.
 	SealedCredentials *domain.SealedSecret `json:"sealed_credentials,omitempty"`
 	// Enabled is false for a mailbox that is registered but must not be
 	// synced: a mailbox.disabled event (persistent authentication failures,

@@ -109,7 +109,7 @@ func TestPublishSealsAndRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := ev.Data.(*domain.MailboxAdded)
-	plain, err := keys.Open(*m.SealedCredentials, domain.CredentialsAAD(mailboxID))
+	plain, err := keys.Open(*m.SealedCredentials, m.AAD())
 	if err != nil {
 		t.Fatal(err)
 	}

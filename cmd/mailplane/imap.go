@@ -27,6 +27,7 @@ var (
 	cfgOutlookClientID     = register(setting{"oauth-outlook-client-id", "MAILPLANE_OAUTH_OUTLOOK_CLIENT_ID", "", "OAuth client id for outlook mailboxes whose credentials are a refresh token"})
 	cfgOutlookClientSecret = register(setting{"oauth-outlook-client-secret", "MAILPLANE_OAUTH_OUTLOOK_CLIENT_SECRET", "", "OAuth client secret for outlook (prefer the environment to the flag)"})
 	cfgOutlookTokenURL     = register(setting{"oauth-outlook-token-url", "MAILPLANE_OAUTH_OUTLOOK_TOKEN_URL", imapsync.MicrosoftTokenURL, "OAuth token endpoint for outlook"})
+	cfgIMAPAllow           = register(setting{"imap-allow", "MAILPLANE_IMAP_ALLOW", "", "comma-separated CIDRs, IPs and host names IMAP may reach although internal (loopback, private, link-local, CGNAT) and send plain text (tls none) to; checked at ingest and on the resolved address at dial time (dev mode adds its IMAP server)"})
 	cfgSyncRunner          = register(setting{"sync-runner", "MAILPLANE_SYNC_RUNNER", "imap", "what sync workers run per mailbox: imap, or record (logs what it is told, syncs nothing)"})
 )
 
@@ -104,6 +105,7 @@ func newRunner(rc *roleConfig, kc *kgo.Client, log *slog.Logger) (mailsync.Runne
 		WarmupHeader: rc.imapWarmupHeader,
 		WarmupKey:    rc.imapWarmupKey,
 		OAuth:        rc.imapOAuth,
+		Transport:    rc.imapTransport,
 	})
 }
 

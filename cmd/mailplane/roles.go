@@ -62,6 +62,9 @@ type roleConfig struct {
 	imapWarmupHeader string
 	imapWarmupKey    []byte
 	imapOAuth        map[domain.Provider]imapsync.OAuthClient
+	// imapTransport is the IMAP allowlist (MAILPLANE_IMAP_ALLOW), applied
+	// by the API at ingest and by the IMAP runner at dial time.
+	imapTransport domain.TransportPolicy
 
 	reg       *prometheus.Registry // set by runRoles
 	project   bool                 // run the projectors
@@ -234,6 +237,7 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 			api.WithAddr(rc.httpAddr),
 			api.WithTokens(rc.tokens...),
 			api.WithSealer(rc.keyring),
+			api.WithTransportPolicy(rc.imapTransport),
 			api.WithSchemaValidator(eventschema.Default()),
 			api.WithBrokerCheck(kc),
 			api.WithDatabaseCheck(dbCheck),
@@ -350,7 +354,12 @@ func runAPI(ctx context.Context, args []string) error {
 	tokens := cfgAPITokens.String(fs)
 	sealKeys := cfgSealKeys.String(fs)
 	sealKeyID := cfgSealKeyID.String(fs)
+	imapAllow := cfgIMAPAllow.String(fs)
 	fs.Parse(args)
+	transport, err := domain.ParseTransportPolicy(*imapAllow)
+	if err != nil {
+		return err
+	}
 	if len(splitList(*tokens)) == 0 {
 		return errors.New("no API tokens: set MAILPLANE_API_TOKEN (or --api-token)")
 	}
@@ -368,6 +377,7 @@ func runAPI(ctx context.Context, args []string) error {
 	return runRoles(ctx, &roleConfig{billing: bc,
 		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
 		httpAddr: *httpAddr, tokens: splitList(*tokens), keyring: keyring, statePartitions: int32(*parts), api: true,
+		imapTransport: transport,
 	}, nil)
 }
 
