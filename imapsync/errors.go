@@ -84,7 +84,9 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Err }
 
 // IsAuth reports whether the failure is about the credentials.
-func (e *Error) IsAuth() bool { return e.Kind == KindAuth || e.Kind == KindCredentials || e.Kind == KindUnbound }
+func (e *Error) IsAuth() bool {
+	return e.Kind == KindAuth || e.Kind == KindCredentials || e.Kind == KindUnbound
+}
 
 // knownCodes are the standard IMAP response codes (RFC 5530, RFC 9051) and
 // OAuth error codes (RFC 6749 section 5.2) a failure may carry; any other

@@ -442,6 +442,14 @@ func (m *mailboxRun) connect(ctx context.Context) (*conn, error) {
 	if err := m.loadCursors(ctx); err != nil {
 		return nil, err
 	}
+	// Credentials that do not open for this endpoint (a sealed blob copied
+	// onto another host, port, TLS mode or username) end the attempt here:
+	// no connection is made to an endpoint they were not sealed for.
+	sec, err := m.r.unseal(m.job.Mailbox)
+	if err != nil {
+		return nil, err
+	}
+	sec.wipe()
 	// An OAuth mailbox gets its access token before it connects: a revoked
 	// grant costs no connection to the server.
 	if err := m.ensureToken(ctx); err != nil {
