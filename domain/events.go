@@ -14,6 +14,9 @@ const (
 	TypeMailboxRemoved      = "mailplane.mailbox.removed.v1"
 	TypeMailboxHealthScored = "mailplane.mailbox.health_scored.v1"
 	TypeMailboxDisabled     = "mailplane.mailbox.disabled.v1"
+	// TypeCredentialsRotated is internal: only mailplane writes it (a
+	// re-seal under the active key, a provider's rotated refresh token).
+	TypeCredentialsRotated  = "mailplane.mailbox.credentials_rotated.v1"
 	TypeWarmupObserved      = "mailplane.mailbox.warmup_observed.v1"
 	TypeOrgPlanChanged      = "mailplane.org.plan_changed.v1"
 	TypeUserActive          = "mailplane.user.active.v1"
@@ -53,6 +56,7 @@ var registry = map[string]typeInfo{
 	TypeMailboxRemoved:      {AggregateMailbox, func() Data { return new(MailboxRemoved) }},
 	TypeMailboxHealthScored: {AggregateMailbox, func() Data { return new(MailboxHealthScored) }},
 	TypeMailboxDisabled:     {AggregateMailbox, func() Data { return new(MailboxDisabled) }},
+	TypeCredentialsRotated:  {AggregateMailbox, func() Data { return new(CredentialsRotated) }},
 	TypeWarmupObserved:      {AggregateMailbox, func() Data { return new(WarmupObserved) }},
 	TypeOrgPlanChanged:      {AggregateOrg, func() Data { return new(OrgPlanChanged) }},
 	TypeUserActive:          {AggregateUser, func() Data { return new(UserActive) }},
@@ -63,7 +67,7 @@ var registry = map[string]typeInfo{
 // EventTypes returns every domain event type, sorted.
 func EventTypes() []string {
 	return []string{
-		TypeMailboxAdded, TypeMailboxDisabled, TypeMailboxHealthScored, TypeMailboxRemoved,
+		TypeMailboxAdded, TypeCredentialsRotated, TypeMailboxDisabled, TypeMailboxHealthScored, TypeMailboxRemoved,
 		TypeWarmupObserved, TypeOrgPlanChanged, TypeUserActive, TypeWorkerHealthSampled, TypeWorkerHeartbeat,
 	}
 }
@@ -342,6 +346,47 @@ func (m *MailboxDisabled) Validate() Problems {
 	checkUUID(&ps, "mailbox_id", m.MailboxID)
 	checkEnum(&ps, "cause", m.Cause, true, DisableAuthFailing, DisableOperator)
 	checkText(&ps, "reason", m.Reason, true, 500)
+	return ps
+}
+
+// RotationCause says why a mailbox's credentials were sealed anew.
+type RotationCause string
+
+// Rotation causes.
+const (
+	// RotationReseal: an operator re-sealed every live mailbox's
+	// credentials under the active key (`mailplane credentials reseal`),
+	// so an old key can be retired.
+	RotationReseal RotationCause = "reseal"
+	// RotationOAuth: the OAuth provider returned a new refresh token
+	// (Microsoft rotates them on use); the old one stops working.
+	RotationOAuth RotationCause = "oauth_rotation"
+)
+
+// CredentialsRotated replaces a live mailbox's sealed credentials, bound
+// to the same mailbox and endpoint as those of its mailbox.added (see
+// CredentialsAAD). It is internal: mailplane writes it, producers cannot.
+// A mailbox.added later replaces it as a whole; for a mailbox that is not
+// registered it changes nothing.
+type CredentialsRotated struct {
+	MailboxID         string        `json:"mailbox_id"`
+	SealedCredentials *SealedSecret `json:"sealed_credentials"`
+	Cause             RotationCause `json:"cause"`
+}
+
+func (*CredentialsRotated) EventType() string     { return TypeCredentialsRotated }
+func (c *CredentialsRotated) AggregateID() string { return c.MailboxID }
+
+// Validate checks the event.
+func (c *CredentialsRotated) Validate() Problems {
+	var ps Problems
+	checkUUID(&ps, "mailbox_id", c.MailboxID)
+	if c.SealedCredentials == nil {
+		ps.Add("sealed_credentials", CodeRequired, "is required")
+	} else {
+		ps = append(ps, c.SealedCredentials.Validate().Prefixed("sealed_credentials")...)
+	}
+	checkEnum(&ps, "cause", c.Cause, true, RotationReseal, RotationOAuth)
 	return ps
 }
 

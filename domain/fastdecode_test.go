@@ -35,6 +35,10 @@ var fastSamples = map[string][]string{
 		`{}`,
 	},
 	TypeMailboxRemoved: {`{"mailbox_id":"a","reason":"r"}`, `{"reason":1}`},
+	TypeCredentialsRotated: {
+		`{"mailbox_id":"a","sealed_credentials":{"key_id":"k2","alg":"A256GCM","nonce":"AAAA","ciphertext":"c2Vh"},"cause":"reseal"}`,
+		`{"sealed_credentials":null}`, `{"cause":"reseal","cause":"oauth_rotation"}`, `{"sealed_credentials":{"key_id":1}}`,
+	},
 	TypeMailboxHealthScored: {
 		`{"mailbox_id":"a","state":"healthy","score":12.5,"reason":"r","until":"2024-07-12T07:00:00Z"}`,
 		`{"score":-0.0e+1}`, `{"score":1e999}`, `{"score":.5}`, `{"score":1.}`,

@@ -158,3 +158,37 @@ func TestRunnerOAuth(t *testing.T) {
 		})
 	})
 }
+
+// TestRunnerAuthFailuresBackOff: a refused grant is not exchanged again at
+// the poll interval (or BackoffMax) for a day: the delay keeps doubling up
+// to AuthBackoffMax, and exchanges are spaced accordingly.
+func TestRunnerAuthFailuresBackOff(t *testing.T) {
+	t.Parallel()
+	mem := newMem(t).(*memServer)
+	mem.addUser(t, user, password)
+	te := newTokenEndpoint(t, mem)
+	h := oauthSetup(t, mem, te, "rt-revoked-7", func(c *imapsync.Config) {
+		c.AuthBackoffMax = 30 * time.Second
+		c.DisableAfter = time.Hour
+	})
+	h.start()
+	const n = 6
+	waitFor(t, 20*time.Second, fmt.Sprintf("%d auth failures", n), func() (bool, string) {
+		fs, _ := h.rep.snapshot()
+		return len(fs) >= n, fmt.Sprint(len(fs))
+	})
+	fs, _ := h.rep.snapshot()
+	for i, f := range fs[:n] {
+		// BackoffMin 50 ms doubled: at least half of 50 ms × 2^(i).
+		min := 25 * time.Millisecond << i
+		if f.Err.Kind != imapsync.KindAuth || f.RetryIn < min {
+			t.Errorf("failure %d: %s, retry in %s; want an auth failure retried in at least %s", i+1, f.Err, f.RetryIn, min)
+		}
+	}
+	if last := fs[n-1].RetryIn; last <= h.cfg.BackoffMax || last <= h.job.PollWarm {
+		t.Errorf("the %dth refusal is retried in %s: capped by BackoffMax %s or the poll interval %s", n, last, h.cfg.BackoffMax, h.job.PollWarm)
+	}
+	if c := te.count(); c > n+1 {
+		t.Errorf("%d exchanges of a refused refresh token for %d failures", c, n)
+	}
+}

@@ -82,6 +82,12 @@ type Config struct {
 	// BackoffMin and BackoffMax bound the retry delay after a failure
 	// (doubling, full jitter; defaults 1 s and 5 min).
 	BackoffMin, BackoffMax time.Duration
+	// AuthBackoffMax caps the retry delay after refused credentials
+	// (default 1 h): the delay keeps doubling past BackoffMax and the poll
+	// interval, so a revoked grant or a wrong password is not tried (nor a
+	// refresh token exchanged) every few minutes for the day before the
+	// mailbox is disabled.
+	AuthBackoffMax time.Duration
 	// DisableAfter: authentication failing for this long (with no success
 	// in between, across restarts and owners) requests the mailbox's
 	// disabling (IMAP_AUTH_DISABLE_AFTER, default 24 h).
@@ -128,6 +134,7 @@ func DefaultConfig() Config {
 		DialTimeout:    15 * time.Second,
 		BackoffMin:     time.Second,
 		BackoffMax:     5 * time.Minute,
+		AuthBackoffMax: time.Hour,
 		DisableAfter:   24 * time.Hour,
 		FetchBatch:     500,
 		FlagWindow:     500,
@@ -160,9 +167,13 @@ func New(cfg Config) (*Runner, error) {
 	setDefault(&cfg.DialTimeout, d.DialTimeout)
 	setDefault(&cfg.BackoffMin, d.BackoffMin)
 	setDefault(&cfg.BackoffMax, d.BackoffMax)
+	setDefault(&cfg.AuthBackoffMax, d.AuthBackoffMax)
 	setDefault(&cfg.DisableAfter, d.DisableAfter)
 	if cfg.BackoffMax < cfg.BackoffMin {
 		cfg.BackoffMax = cfg.BackoffMin
+	}
+	if cfg.AuthBackoffMax < cfg.BackoffMax {
+		cfg.AuthBackoffMax = cfg.BackoffMax
 	}
 	if cfg.FetchBatch <= 0 {
 		cfg.FetchBatch = d.FetchBatch
@@ -494,6 +505,9 @@ func (m *mailboxRun) failed(ctx context.Context, err error, consecutive int, cei
 		}
 	}
 	d := m.backoff(consecutive, ceiling)
+	if e.Kind == KindAuth {
+		d = m.authBackoff(consecutive)
+	}
 	now := m.r.cfg.Now()
 	f := Failure{MailboxID: m.job.Mailbox.MailboxID, Partition: m.job.Partition, Epoch: m.job.Epoch,
 		Tier: string(m.currentTier()), Err: e, Consecutive: consecutive, RetryIn: d, At: now}
@@ -540,6 +554,17 @@ func (m *mailboxRun) backoff(n int, ceiling time.Duration) time.Duration {
 	}
 	d = min(d, m.r.cfg.BackoffMax, max(ceiling, m.r.cfg.BackoffMin))
 	// Half fixed, half random: never a zero wait, never a thundering herd.
+	return d/2 + rand.N(d/2+1)
+}
+
+// authBackoff is the delay after the n-th refused login in a row: doubling
+// from BackoffMin up to AuthBackoffMax, half fixed and half random.
+func (m *mailboxRun) authBackoff(n int) time.Duration {
+	d := m.r.cfg.BackoffMin
+	for i := 1; i < n && d < m.r.cfg.AuthBackoffMax; i++ {
+		d *= 2
+	}
+	d = min(d, m.r.cfg.AuthBackoffMax)
 	return d/2 + rand.N(d/2+1)
 }
 

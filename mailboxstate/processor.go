@@ -479,6 +479,26 @@ func (p *Processor) fold(r *kgo.Record, a *applied, batch *batchState, out []*kg
 			}
 			next, kind = current{m: m, live: true}, outcomeUpserted
 		}
+	case *domain.CredentialsRotated:
+		cur, ok := batch.get(d.MailboxID)
+		switch {
+		case cur.err != nil:
+			p.log.Warn("credentials_rotated sent to the DLQ: the mailbox's mailbox.state record does not decode", "partition", r.Partition, "offset", r.Offset, "mailbox_id", d.MailboxID, "err", cur.err)
+			return deadLetter(domain.ErrorCode(cur.err), "the mailbox's current mailbox.state record does not decode: "+cur.err.Error())
+		case !ok || !cur.live:
+			// Not registered: nothing to rotate (as for mailbox.disabled).
+			next, kind = cur, outcomeIgnored
+			if !ok {
+				next = current{m: Mailbox{MailboxID: d.MailboxID}}
+			}
+		default:
+			m := Rotated(cur.m, e, d)
+			state, err = Record(m, e.Time)
+			if err != nil {
+				return deadLetter(domain.CodeInternal, err.Error())
+			}
+			next, kind = current{m: m, live: true}, outcomeUpserted
+		}
 	default:
 		return out, outcomeIgnored
 	}

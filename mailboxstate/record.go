@@ -108,6 +108,15 @@ func Disabled(m Mailbox, e domain.Event) Mailbox {
 	return m
 }
 
+// Rotated returns the state of mailbox m once the credentials_rotated
+// event e is folded: m with e's sealed credentials, folded from e. Every
+// other field (Enabled, AddedAt) stays.
+func Rotated(m Mailbox, e domain.Event, d *domain.CredentialsRotated) Mailbox {
+	m.SealedCredentials = d.SealedCredentials
+	m.SourceEventID = e.ID
+	return m
+}
+
 // Validate checks a state record's value.
 func (m Mailbox) Validate() domain.Problems {
 	// The same rules as the event it comes from, and never a plain secret

@@ -61,6 +61,8 @@ func TestHealthLoop(t *testing.T) {
 		brokers: brokers, databaseURL: db.URL, keyring: keyring, statePartitions: 4,
 		engine: true, stateProc: true, project: true,
 		syncWorkers: 1, syncConfig: sc, syncRunner: "imap", imapCAFile: caFile, imapDisableAfter: time.Hour,
+		// Dovecot listens on loopback, which IMAP reaches only when allowlisted.
+		imapTransport: domain.MustTransportPolicy("127.0.0.0/8"),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
