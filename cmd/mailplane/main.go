@@ -33,6 +33,7 @@ Operate:
   topics list      show the topic catalog
   migrate          apply database migrations
   publish TYPE     publish one event (data as --data JSON or on stdin)
+  credentials reseal  re-seal every live mailbox's credentials under the active key (to retire a key)
   dlq list         show dead letters
   replay placement rebuild the placement projection into a fresh schema (--verify, --swap)
   placement show   workers by tier and pool, pending placements (--mailbox ID: its decisions)
@@ -71,6 +72,8 @@ func main() {
 		err = runMigrate(ctx, args)
 	case "publish":
 		err = runPublish(ctx, args)
+	case "credentials":
+		err = runCredentials(ctx, args)
 	case "dlq":
 		err = runDLQ(ctx, args)
 	case "replay":
