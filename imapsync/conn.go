@@ -168,7 +168,7 @@ func (m *mailboxRun) login(ctx context.Context, c *conn) error {
 	if c.c.State() == imap.ConnStateAuthenticated {
 		return nil // PREAUTH (never over STARTTLS: imapclient refuses it)
 	}
-	sec, err := m.r.unseal(m.job.Mailbox)
+	sec, err := m.unseal()
 	if err != nil {
 		return err
 	}

@@ -231,6 +231,22 @@ type mailboxRun struct {
 	disableSent bool
 	authFailing bool
 	access      *accessToken // OAuth mailboxes: the current access token
+	// sealed replaces the job's sealed credentials once the provider
+	// rotated the refresh token (nil: the job's); pending is that rotation
+	// while its credentials_rotated is not recorded yet.
+	sealed  *domain.SealedSecret
+	pending *domain.SealedSecret
+}
+
+// unseal opens the run's current credentials; the caller wipes them.
+func (m *mailboxRun) unseal() (*secret, error) {
+	mb := m.job.Mailbox
+	m.mu.Lock()
+	if m.sealed != nil {
+		mb.SealedCredentials = m.sealed
+	}
+	m.mu.Unlock()
+	return m.r.unseal(mb)
 }
 
 func (m *mailboxRun) run(ctx context.Context) error {
@@ -456,7 +472,7 @@ func (m *mailboxRun) connect(ctx context.Context) (*conn, error) {
 	// Credentials that do not open for this endpoint (a sealed blob copied
 	// onto another host, port, TLS mode or username) end the attempt here:
 	// no connection is made to an endpoint they were not sealed for.
-	sec, err := m.r.unseal(m.job.Mailbox)
+	sec, err := m.unseal()
 	if err != nil {
 		return nil, err
 	}
