@@ -32,7 +32,8 @@ var (
 )
 
 // auditReporter sends IMAP failures to sync.audit and logs disable
-// requests. Messages carry the server's reason, never a secret.
+// requests. Failures carry a category and mailplane's own words: never a
+// secret, never the remote server's bytes.
 type auditReporter struct {
 	kc    *kgo.Client
 	log   *slog.Logger
@@ -44,7 +45,7 @@ func (r *auditReporter) SyncFailed(ctx context.Context, f imapsync.Failure) {
 		ID: producer.NewEventID(), Type: mailsync.TypeSyncFailed, Source: "mailplane/sync/" + r.owner,
 		Time: f.At.UTC(), Subject: f.MailboxID,
 		Data: &mailsync.SyncFailed{MailboxID: f.MailboxID, Partition: f.Partition, Epoch: f.Epoch, Owner: r.owner,
-			Error: truncate(f.Err.Error(), 500), Attempt: max(f.Consecutive, 1), At: f.At.UTC()},
+			Error: truncate(f.Err.Error(), 500), Category: string(f.Err.Kind), Attempt: max(f.Consecutive, 1), At: f.At.UTC()},
 	})
 	if err != nil {
 		r.log.Error("encode sync.failed", "err", err)
