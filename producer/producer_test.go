@@ -251,3 +251,36 @@ func TestPublishDisabledAndWarmupObserved(t *testing.T) {
 		}
 	})
 }
+
+// TestPublishRefusesSealedCredentials: a client that seals never passes on
+// sealed credentials it was handed (a copy from the log, redirected to
+// another endpoint), and a mailbox.added needs credentials; nothing is
+// produced.
+func TestPublishRefusesSealedCredentials(t *testing.T) {
+	t.Parallel()
+	kc, _ := newBroker(t)
+	c := producer.New(kc, producer.WithSealer(testKeyring(t)))
+	copied := mailboxAdded()
+	copied.Credentials = nil
+	copied.IMAP = domain.IMAPEndpoint{Host: "attacker.example", Port: 143, TLS: domain.TLSNone, Username: copied.IMAP.Username}
+	copied.SealedCredentials = &domain.SealedSecret{KeyID: "k1", Alg: domain.SealAlg, Nonce: "AAAA", Ciphertext: "AAAA"}
+	if _, err := c.PublishMailboxAdded(context.Background(), copied); domain.ErrorCode(err) != domain.CodeSealedCredentialsRefused {
+		t.Errorf("copied sealed credentials: %v", err)
+	}
+	none := mailboxAdded()
+	none.Credentials = nil
+	if _, err := c.PublishMailboxAdded(context.Background(), none); domain.ErrorCode(err) != domain.CodeCredentialsRequired {
+		t.Errorf("no credentials: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ends, err := kadmEnds(ctx, kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for topic, n := range ends {
+		if n != 0 {
+			t.Errorf("%s has %d records after refused publishes", topic, n)
+		}
+	}
+}
