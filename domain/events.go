@@ -372,6 +372,10 @@ type CredentialsRotated struct {
 	MailboxID         string        `json:"mailbox_id"`
 	SealedCredentials *SealedSecret `json:"sealed_credentials"`
 	Cause             RotationCause `json:"cause"`
+	// AddedAt is the added_at of the mailbox.state record whose credentials
+	// these replace: a rotation computed before a later mailbox.added (new
+	// endpoint, new credentials) does not overwrite that add's.
+	AddedAt time.Time `json:"added_at"`
 }
 
 func (*CredentialsRotated) EventType() string     { return TypeCredentialsRotated }
@@ -387,6 +391,9 @@ func (c *CredentialsRotated) Validate() Problems {
 		ps = append(ps, c.SealedCredentials.Validate().Prefixed("sealed_credentials")...)
 	}
 	checkEnum(&ps, "cause", c.Cause, true, RotationReseal, RotationOAuth)
+	if c.AddedAt.IsZero() {
+		ps.Add("added_at", CodeRequired, "is required")
+	}
 	return ps
 }
 

@@ -395,6 +395,8 @@ func (c *CredentialsRotated) decodeFast(s *scanner) bool {
 			}
 			c.SealedCredentials = new(SealedSecret)
 			return c.SealedCredentials.decodeFast(s)
+		case "added_at":
+			return once(&seen, 1<<3) && s.time(&c.AddedAt)
 		}
 		return false
 	})

@@ -43,7 +43,7 @@ var schemaValidData = map[string]string{
 		"imap":{"host":"imap.example.com","port":993,"tls":"implicit","username":"ada@example.com"},
 		"sealed_credentials":{"key_id":"k1","alg":"A256GCM","nonce":"AAECAwQFBgcICQoL","ciphertext":"c2VhbGVkIGNyZWRlbnRpYWxz"}}`,
 	domain.TypeMailboxRemoved: `{"mailbox_id":"` + sampleMailboxID + `","reason":"closed by the user"}`,
-	domain.TypeCredentialsRotated: `{"mailbox_id":"` + sampleMailboxID + `","cause":"oauth_rotation",
+	domain.TypeCredentialsRotated: `{"mailbox_id":"` + sampleMailboxID + `","cause":"oauth_rotation","added_at":"2024-07-12T06:47:24Z",
 		"sealed_credentials":{"key_id":"k2","alg":"A256GCM","nonce":"AAECAwQFBgcICQoL","ciphertext":"c2VhbGVkIGNyZWRlbnRpYWxz"}}`,
 	domain.TypeMailboxHealthScored: `{"mailbox_id":"` + sampleMailboxID + `","state":"watch","score":62.5,"reason":"bounces","until":"2024-07-19T06:47:24Z"}`,
 	domain.TypeMailboxDisabled:     `{"mailbox_id":"` + sampleMailboxID + `","cause":"auth_failing","reason":"AUTHENTICATIONFAILED Invalid credentials (Failure)","failing_since":"2024-07-10T06:47:24Z"}`,
@@ -271,6 +271,9 @@ func schemaHandSamples() map[string][]schemaSample {
 		schemaSample{"bad key id", schemaEdit(cr, sealed+".key_id", "k 2"), domain.CodeInvalid, "data.sealed_credentials.key_id"},
 		schemaSample{"bad alg", schemaEdit(cr, sealed+".alg", "A128GCM"), domain.CodeInvalid, "data.sealed_credentials.alg"},
 		schemaSample{"nonce not base64", schemaEdit(cr, sealed+".nonce", "not base64!"), domain.CodeInvalid, "data.sealed_credentials.nonce"},
+		schemaSample{"missing added_at", schemaEdit(cr, "added_at", schemaDel), domain.CodeRequired, "data.added_at"},
+		schemaSample{"added_at with offset", schemaEdit(cr, "added_at", "2024-07-12T08:47:24.25+02:00"), "", ""},
+		schemaSample{"added_at not a time", schemaEdit(cr, "added_at", "yesterday"), domain.CodeInvalid, "data.added_at"},
 	)
 
 	md := schemaValidData[domain.TypeMailboxDisabled]

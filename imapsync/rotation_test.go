@@ -139,7 +139,10 @@ func TestOAuthRotationPersistedAcrossOwners(t *testing.T) {
 		t.Logf("first run ended: %v", err)
 	}
 	before := re.uses("rt-2")
-	next := mailboxstate.Rotated(mb, rot[0], cr)
+	next, ok := mailboxstate.Rotated(mb, rot[0], cr)
+	if !ok {
+		t.Fatalf("the rotation does not apply to the registration it came from: added_at %s, state %s", cr.AddedAt, mb.AddedAt)
+	}
 	mem.deliver(t, user, "INBOX", readMsg(t, "inbox2.eml"))
 	job, _ := mailsync.NewJob(next, 0, epochs[0], "second-owner", h.fence.Writer(0, epochs[0], "second-owner", mailboxID), mailsync.TierWarm,
 		func(time.Time, bool) {})

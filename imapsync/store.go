@@ -307,7 +307,7 @@ func (m *mailboxRun) recordPending(ctx context.Context) error {
 	}
 	id := m.job.Mailbox.MailboxID
 	rec, err := topics.Encode(domain.Event{ID: producer.NewEventID(), Type: domain.TypeCredentialsRotated, Source: warmupSource,
-		Time: m.r.cfg.Now().UTC(), Subject: id, Data: &domain.CredentialsRotated{MailboxID: id, SealedCredentials: s, Cause: domain.RotationOAuth}})
+		Time: m.r.cfg.Now().UTC(), Subject: id, Data: &domain.CredentialsRotated{MailboxID: id, SealedCredentials: s, Cause: domain.RotationOAuth, AddedAt: m.job.Mailbox.AddedAt}})
 	if err != nil {
 		return err
 	}

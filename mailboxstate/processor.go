@@ -459,13 +459,13 @@ func (p *Processor) fold(r *kgo.Record, a *applied, batch *batchState, out []*kg
 		next = current{m: Mailbox{MailboxID: d.MailboxID}}
 	case *domain.MailboxDisabled:
 		var dl *dlq.Failure
-		state, next, kind, dl = p.foldIntoCurrent(r, batch, d.MailboxID, e, func(m Mailbox) Mailbox { return Disabled(m, e) })
+		state, next, kind, dl = p.foldIntoCurrent(r, batch, d.MailboxID, e, func(m Mailbox) (Mailbox, bool) { return Disabled(m, e), true })
 		if dl != nil {
 			return deadLetter(dl.Code, dl.Err)
 		}
 	case *domain.CredentialsRotated:
 		var dl *dlq.Failure
-		state, next, kind, dl = p.foldIntoCurrent(r, batch, d.MailboxID, e, func(m Mailbox) Mailbox { return Rotated(m, e, d) })
+		state, next, kind, dl = p.foldIntoCurrent(r, batch, d.MailboxID, e, func(m Mailbox) (Mailbox, bool) { return Rotated(m, e, d) })
 		if dl != nil {
 			return deadLetter(dl.Code, dl.Err)
 		}
@@ -498,11 +498,12 @@ type metrics struct {
 
 // foldIntoCurrent folds an event that changes a registered mailbox's
 // current record (mailbox.disabled, credentials_rotated) with change. An
-// event about a mailbox that is not registered (never added, or removed)
-// changes nothing, but its id is remembered all the same, so that a copy
-// of it after a later mailbox.added does not apply to that mailbox. dl is
-// set when the event goes to the DLQ instead.
-func (p *Processor) foldIntoCurrent(r *kgo.Record, batch *batchState, id string, e domain.Event, change func(Mailbox) Mailbox) (state *kgo.Record, next current, kind outcome, dl *dlq.Failure) {
+// event about a mailbox that is not registered (never added, or removed),
+// or that change declines (false), changes nothing, but its id is
+// remembered all the same, so that a copy of it after a later
+// mailbox.added does not apply to that mailbox. dl is set when the event
+// goes to the DLQ instead.
+func (p *Processor) foldIntoCurrent(r *kgo.Record, batch *batchState, id string, e domain.Event, change func(Mailbox) (Mailbox, bool)) (state *kgo.Record, next current, kind outcome, dl *dlq.Failure) {
 	cur, ok := batch.get(id)
 	switch {
 	case cur.err != nil:
@@ -514,7 +515,10 @@ func (p *Processor) foldIntoCurrent(r *kgo.Record, batch *batchState, id string,
 		}
 		return nil, cur, outcomeIgnored, nil
 	}
-	m := change(cur.m)
+	m, ok := change(cur.m)
+	if !ok {
+		return nil, cur, outcomeIgnored, nil
+	}
 	state, err := Record(m, e.Time)
 	if err != nil {
 		return nil, current{}, 0, &dlq.Failure{Code: domain.CodeInternal, Err: err.Error()}

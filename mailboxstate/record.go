@@ -109,12 +109,17 @@ func Disabled(m Mailbox, e domain.Event) Mailbox {
 }
 
 // Rotated returns the state of mailbox m once the credentials_rotated
-// event e is folded: m with e's sealed credentials, folded from e. Every
-// other field (Enabled, AddedAt) stays.
-func Rotated(m Mailbox, e domain.Event, d *domain.CredentialsRotated) Mailbox {
+// event e is folded: m with e's sealed credentials, folded from e; every
+// other field (Enabled, AddedAt) stays. ok is false, and m unchanged, when
+// the rotation was computed from another registration than m's (its
+// added_at differs: a mailbox.added came in between).
+func Rotated(m Mailbox, e domain.Event, d *domain.CredentialsRotated) (Mailbox, bool) {
+	if !d.AddedAt.Equal(m.AddedAt) {
+		return m, false
+	}
 	m.SealedCredentials = d.SealedCredentials
 	m.SourceEventID = e.ID
-	return m
+	return m, true
 }
 
 // Validate checks a state record's value.

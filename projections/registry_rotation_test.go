@@ -38,7 +38,7 @@ func TestRegistryCredentialsRotated(t *testing.T) {
 			SealedCredentials: sealed(key)})
 	}
 	rotated := func(id, key string) domain.Event {
-		return ev(&domain.CredentialsRotated{MailboxID: id, SealedCredentials: sealed(key), Cause: domain.RotationReseal})
+		return ev(&domain.CredentialsRotated{MailboxID: id, SealedCredentials: sealed(key), Cause: domain.RotationReseal, AddedAt: t0})
 	}
 	r := NewRegistry()
 	apply := func(events ...domain.Event) {

@@ -122,7 +122,7 @@ func reseal(ctx context.Context, kcfg kafka.Config, keyring *sealing.Keyring, pc
 		if err != nil {
 			return res, err
 		}
-		batch = append(batch, pc.NewEvent(&domain.CredentialsRotated{MailboxID: id, SealedCredentials: &s, Cause: domain.RotationReseal}))
+		batch = append(batch, pc.NewEvent(&domain.CredentialsRotated{MailboxID: id, SealedCredentials: &s, Cause: domain.RotationReseal, AddedAt: m.AddedAt}))
 		if len(batch) == resealBatch {
 			if err := flush(); err != nil {
 				return res, err
