@@ -215,3 +215,28 @@ func resealFor(t *testing.T, h *harness, ep domain.IMAPEndpoint) {
 	}
 	h.job.Mailbox.SealedCredentials = &sealed
 }
+
+// TestRunnerNoPlainLoginWithoutSTARTTLS: a starttls endpoint whose server
+// does not upgrade (a stripping attacker, or a server without STARTTLS)
+// never gets the password in plain text.
+func TestRunnerNoPlainLoginWithoutSTARTTLS(t *testing.T) {
+	t.Parallel()
+	fake := newFakeIMAP(t, "* OK [CAPABILITY IMAP4rev1 AUTH=PLAIN] ready\r\n")
+	mem := newMem(t).(*memServer)
+	ep := domain.IMAPEndpoint{Host: "127.0.0.1", Port: fake.port(), TLS: domain.TLSStartTLS, Username: user}
+	h := setup(t, mem, mailsync.TierWarm, func(cfg *imapsync.Config, j *mailsync.Job) { j.PollWarm = 100 * time.Millisecond }, "")
+	resealFor(t, h, ep)
+	h.start()
+	waitFor(t, 10*time.Second, "two failed attempts", func() (bool, string) {
+		fs, _ := h.rep.snapshot()
+		return len(fs) >= 2, fmt.Sprint(fs)
+	})
+	h.stop()
+	n, got := fake.seen()
+	if n == 0 {
+		t.Fatal("the runner never connected: the test proves nothing")
+	}
+	if u := strings.ToUpper(got); strings.Contains(u, "LOGIN") || strings.Contains(u, "AUTHENTICATE") || strings.Contains(got, password) {
+		t.Errorf("the server received credentials in plain text: %q", got)
+	}
+}
