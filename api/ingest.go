@@ -408,6 +408,12 @@ func (s *Server) prepare(items []item) error {
 			}
 			continue
 		}
+		if s.cfg.transport != nil {
+			if ps := s.cfg.transport.CheckTransport(it.ev.Data); len(ps) > 0 {
+				it.problems = ps.Prefixed("data")
+				continue
+			}
+		}
 		recs, err := s.prod.Prepare([]domain.Event{it.ev})
 		var be *producer.BatchError
 		switch {

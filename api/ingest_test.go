@@ -73,11 +73,11 @@ func (e *env) checkLanded(rc Receipt, want domain.Event) *kgo.Record {
 		if gm.SealedCredentials == nil || gm.Credentials != nil {
 			e.t.Fatalf("mailbox.added on the log: sealed %v, plain %v", gm.SealedCredentials != nil, gm.Credentials != nil)
 		}
-		plain, err := e.keyring.Open(*gm.SealedCredentials, domain.CredentialsAAD(gm.MailboxID))
+		plain, err := e.keyring.Open(*gm.SealedCredentials, gm.AAD())
 		if err != nil {
 			e.t.Fatalf("sealed credentials do not open: %v", err)
 		}
-		wantPlain, _ := e.keyring.Open(*wm.SealedCredentials, domain.CredentialsAAD(wm.MailboxID))
+		wantPlain, _ := e.keyring.Open(*wm.SealedCredentials, wm.AAD())
 		if !bytes.Equal(plain, wantPlain) {
 			e.t.Errorf("sealed credentials open to something else")
 		}

@@ -117,6 +117,7 @@ type config struct {
 	maxInflight    int64
 	admit          Admission
 	sealer         producer.Sealer
+	transport      *domain.TransportPolicy
 	schema         SchemaValidator
 	broker         Pinger
 	database       func(context.Context) error
@@ -162,6 +163,14 @@ func WithMaxInflightBytes(n int64) Option { return func(c *config) { c.maxInflig
 // WithSealer seals plain mailbox credentials at ingest. Without one,
 // events carrying plain credentials are refused (plaintext_secret).
 func WithSealer(s producer.Sealer) Option { return func(c *config) { c.sealer = s } }
+
+// WithTransportPolicy refuses mailbox endpoints the policy does not allow
+// (internal IP addresses not allowlisted, tls none to a host that is
+// neither loopback nor allowlisted) before anything is produced. Sync
+// workers check the same policy again when they dial.
+func WithTransportPolicy(p domain.TransportPolicy) Option {
+	return func(c *config) { c.transport = &p }
+}
 
 // WithSchemaValidator adds JSON Schema validation of every event's data,
 // after Go validation and sealing.

@@ -125,8 +125,10 @@ var (
 //     not on the log yet are published, so a restart publishes nothing
 //     again: re-publishing would be harmless to the projections (they
 //     dedupe by id) but the placement engine would take a repeated plan
-//     change as a new one. The mailbox.added id covers the IMAP endpoint,
-//     so moving the server to another port registers the new endpoint.
+//     change as a new one. The mailbox.added id covers the IMAP endpoint
+//     and the version of the credentials' seal binding
+//     (domain.CredentialsAADPrefix), so moving the server to another port,
+//     or a data dir sealed under an older binding, registers again.
 //   - Heartbeat publishes one worker.heartbeat per simulated worker.
 //   - Warmup delivers a round of warmup messages. Senders take turns; each
 //     message goes to a random other sample mailbox, into INBOX or Junk
@@ -278,7 +280,10 @@ func (s *Simulator) SetupEvents() []domain.Event {
 		d := &domain.MailboxAdded{MailboxID: m.ID, OrgID: m.OrgID, UserID: m.UserID, Address: m.Address,
 			Provider: domain.ProviderSMTPIMAP, WarmupEnabled: true, IMAP: imapEP,
 			Credentials: &domain.Credentials{Password: DevPassword}}
-		out = append(out, domain.Event{ID: FixedEventID("mailbox.added/" + m.ID + "/" + ep + "/tls=none"),
+		// The seal binding's version is in the id: a data dir from before
+		// the endpoint binding holds credentials that no longer open, and
+		// gets the mailboxes registered again, sealed the new way.
+		out = append(out, domain.Event{ID: FixedEventID("mailbox.added/" + m.ID + "/" + ep + "/tls=none/" + domain.CredentialsAADPrefix),
 			Type: d.EventType(), Source: Source, Time: now, Subject: m.ID, Data: d})
 	}
 	return out

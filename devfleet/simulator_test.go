@@ -143,7 +143,7 @@ func TestSimulatorPublishesSetupOnceAndHeartbeats(t *testing.T) {
 			t.Errorf("mailbox.added %s: %+v", e.ID, d)
 			continue
 		}
-		plain, err := kr.Open(*d.SealedCredentials, domain.CredentialsAAD(d.MailboxID))
+		plain, err := kr.Open(*d.SealedCredentials, d.AAD())
 		if err != nil {
 			t.Fatalf("open %s's credentials: %v", d.Address, err)
 		}

@@ -288,8 +288,9 @@ type SealFunc func(plain, aad []byte) (SealedSecret, error)
 
 // FromAttributes builds and validates an event from raw attributes and JSON
 // data, strictly (unknown data fields are problems). When seal is not nil,
-// plain credentials are checked and sealed before validation, so the event
-// returned carries only the sealed form. prior problems are included.
+// the data is a producer's: sealed credentials are refused (RefuseSealed),
+// plain ones are checked and sealed before validation (SealData), so the
+// event returned carries only the sealed form. prior problems are included.
 func FromAttributes(a Attributes, data []byte, now time.Time, seal SealFunc, prior *Problems) (Event, Problems) {
 	var ps Problems
 	if prior != nil {
@@ -328,7 +329,14 @@ func FromAttributes(a Attributes, data []byte, now time.Time, seal SealFunc, pri
 			return Event{}, append(ps, dps...)
 		}
 		ev.Data = d
-		if sps := SealData(d, seal); len(sps) > 0 {
+		var sps Problems
+		if seal != nil {
+			sps = RefuseSealed(d)
+		}
+		if len(sps) == 0 {
+			sps = SealData(d, seal)
+		}
+		if len(sps) > 0 {
 			return Event{}, append(ps, sps.Prefixed("data")...)
 		}
 	}
@@ -361,17 +369,53 @@ func MarshalStructured(e Event) ([]byte, error) {
 	})
 }
 
-// SealData seals plain secrets in d, if any and if seal is not nil. Problems
-// with the plain secrets themselves are returned (field paths relative to d).
-func SealData(d Data, seal SealFunc) Problems {
+// RefuseSealed refuses a mailbox.added that arrives with
+// sealed_credentials from a producer (sealed_credentials_refused): only
+// mailplane seals, so a sealed blob copied from the log cannot register a
+// mailbox anew, at the endpoint of the attacker's choosing or any other.
+// Callers that seal (the ingest API, the Go client with a sealer) call it
+// on what producers hand them, before SealData.
+func RefuseSealed(d Data) Problems {
 	m, ok := d.(*MailboxAdded)
-	if !ok || m.Credentials == nil || seal == nil {
+	if !ok || m.SealedCredentials == nil {
 		return nil
 	}
 	var ps Problems
-	if m.SealedCredentials != nil {
-		ps.Add("credentials", CodeInvalid, "give credentials or sealed_credentials, not both")
+	ps.Add("sealed_credentials", CodeSealedCredentialsRefused, "sealed credentials are not accepted from producers: send credentials in plain text, mailplane seals them")
+	return ps
+}
+
+// SealData seals plain secrets in d when seal is not nil, bound to the
+// mailbox's endpoint. A mailbox.added without any credentials is refused
+// (credentials_required: a new or changed endpoint needs fresh
+// credentials), and so is a gmail or outlook mailbox at another endpoint
+// than its provider's (provider_endpoint). It is idempotent: data it
+// sealed already passes again (the API seals, then its producer
+// prepares). Problems are returned with field paths relative to d. With
+// seal nil (a consumer of the log) nothing is checked here.
+func SealData(d Data, seal SealFunc) Problems {
+	m, ok := d.(*MailboxAdded)
+	if !ok || seal == nil {
+		return nil
+	}
+	var ps Problems
+	// A gmail or outlook mailbox only at its provider's endpoint: checked
+	// where credentials are sealed bound to the endpoint, so no sealed
+	// OAuth token ever opens for another host. (The log form stays as
+	// released: records written before this rule still decode.)
+	checkProviderEndpoint(&ps, m.Provider, m.IMAP)
+	if len(ps) > 0 {
+		return ps.Prefixed("imap")
+	}
+	switch {
+	case m.Credentials != nil && m.SealedCredentials != nil:
+		ps.Add("sealed_credentials", CodeSealedCredentialsRefused, "give credentials in plain text only: mailplane seals them")
 		return ps
+	case m.Credentials == nil && m.SealedCredentials == nil:
+		ps.Add("credentials", CodeCredentialsRequired, "a mailbox.added needs its credentials (password or oauth_refresh_token) for the endpoint it names")
+		return ps
+	case m.Credentials == nil:
+		return nil // sealed here already
 	}
 	if cps := m.Credentials.Validate(); len(cps) > 0 {
 		return cps.Prefixed("credentials")

@@ -55,6 +55,24 @@ const (
 	// line-separator or bidi character (domain.TextPattern), or is not
 	// valid UTF-8.
 	CodeForbiddenCharacter Code = "forbidden_character"
+	// CodeSealedCredentialsRefused: a producer sent sealed_credentials;
+	// only mailplane seals (a copied sealed blob must not re-register a
+	// mailbox at another endpoint).
+	CodeSealedCredentialsRefused Code = "sealed_credentials_refused"
+	// CodeCredentialsRequired: a mailbox.added without fresh plain-text
+	// credentials for the endpoint it names.
+	CodeCredentialsRequired Code = "credentials_required"
+	// CodeProviderEndpoint: a gmail or outlook mailbox names an IMAP
+	// endpoint other than its provider's (host, port 993, implicit TLS).
+	CodeProviderEndpoint Code = "provider_endpoint"
+	// CodeEndpointRefused: the IMAP host is an internal address (loopback,
+	// private, link-local, ...) the operator has not allowlisted.
+	CodeEndpointRefused Code = "endpoint_refused"
+	// CodePlaintextRefused: tls none to a host that is neither loopback nor
+	// allowlisted.
+	CodePlaintextRefused Code = "plaintext_refused"
+	// CodeDuplicateKeyID: two sealing keys share an id.
+	CodeDuplicateKeyID Code = "duplicate_key_id"
 )
 
 // Problem is one thing wrong with an input, at a field path such as

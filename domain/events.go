@@ -3,6 +3,7 @@ package domain
 import (
 	"encoding/json"
 	"math"
+	"strconv"
 	"time"
 )
 
@@ -13,6 +14,9 @@ const (
 	TypeMailboxRemoved      = "mailplane.mailbox.removed.v1"
 	TypeMailboxHealthScored = "mailplane.mailbox.health_scored.v1"
 	TypeMailboxDisabled     = "mailplane.mailbox.disabled.v1"
+	// TypeCredentialsRotated is internal: only mailplane writes it (a
+	// re-seal under the active key, a provider's rotated refresh token).
+	TypeCredentialsRotated  = "mailplane.mailbox.credentials_rotated.v1"
 	TypeWarmupObserved      = "mailplane.mailbox.warmup_observed.v1"
 	TypeOrgPlanChanged      = "mailplane.org.plan_changed.v1"
 	TypeUserActive          = "mailplane.user.active.v1"
@@ -52,6 +56,7 @@ var registry = map[string]typeInfo{
 	TypeMailboxRemoved:      {AggregateMailbox, func() Data { return new(MailboxRemoved) }},
 	TypeMailboxHealthScored: {AggregateMailbox, func() Data { return new(MailboxHealthScored) }},
 	TypeMailboxDisabled:     {AggregateMailbox, func() Data { return new(MailboxDisabled) }},
+	TypeCredentialsRotated:  {AggregateMailbox, func() Data { return new(CredentialsRotated) }},
 	TypeWarmupObserved:      {AggregateMailbox, func() Data { return new(WarmupObserved) }},
 	TypeOrgPlanChanged:      {AggregateOrg, func() Data { return new(OrgPlanChanged) }},
 	TypeUserActive:          {AggregateUser, func() Data { return new(UserActive) }},
@@ -62,7 +67,7 @@ var registry = map[string]typeInfo{
 // EventTypes returns every domain event type, sorted.
 func EventTypes() []string {
 	return []string{
-		TypeMailboxAdded, TypeMailboxDisabled, TypeMailboxHealthScored, TypeMailboxRemoved,
+		TypeMailboxAdded, TypeCredentialsRotated, TypeMailboxDisabled, TypeMailboxHealthScored, TypeMailboxRemoved,
 		TypeWarmupObserved, TypeOrgPlanChanged, TypeUserActive, TypeWorkerHealthSampled, TypeWorkerHeartbeat,
 	}
 }
@@ -193,11 +198,29 @@ func (s SealedSecret) Validate() Problems {
 	return ps
 }
 
-// CredentialsAAD binds sealed credentials to their mailbox, so a sealed blob
-// copied onto another mailbox does not open.
-func CredentialsAAD(mailboxID string) []byte {
-	return []byte("mailplane.mailbox.credentials.v1:" + mailboxID)
+// CredentialsAADPrefix starts the additional data of sealed credentials.
+// v1 bound the mailbox id only, so a copied blob opened for any endpoint:
+// v1 blobs do not open under v2.
+const CredentialsAADPrefix = "mailplane.mailbox.credentials.v2"
+
+// CredentialsAAD binds sealed credentials to their mailbox and to where
+// they may be presented: provider, IMAP host, port, TLS mode and username.
+// A sealed blob copied onto another mailbox or another endpoint does not
+// open. Each field is length-prefixed, so no two field lists share bytes.
+func CredentialsAAD(mailboxID string, provider Provider, ep IMAPEndpoint) []byte {
+	b := make([]byte, 0, len(CredentialsAADPrefix)+len(mailboxID)+len(provider)+len(ep.Host)+len(ep.TLS)+len(ep.Username)+40)
+	b = append(b, CredentialsAADPrefix...)
+	for _, f := range []string{mailboxID, string(provider), ep.Host, strconv.Itoa(ep.Port), string(ep.TLS), ep.Username} {
+		b = append(b, ';')
+		b = strconv.AppendInt(b, int64(len(f)), 10)
+		b = append(b, ':')
+		b = append(b, f...)
+	}
+	return b
 }
+
+// AAD returns the additional data binding this mailbox's credentials.
+func (m *MailboxAdded) AAD() []byte { return CredentialsAAD(m.MailboxID, m.Provider, m.IMAP) }
 
 // MailboxAdded registers a mailbox.
 type MailboxAdded struct {
@@ -242,7 +265,8 @@ func (m *MailboxAdded) Validate() Problems {
 }
 
 // SealWith replaces plain-text credentials with their sealed form. seal gets
-// the credentials' JSON and the additional data binding it to the mailbox.
+// the credentials' JSON and the additional data binding it to the mailbox
+// and its endpoint (AAD).
 func (m *MailboxAdded) SealWith(seal func(plain, aad []byte) (SealedSecret, error)) error {
 	if m.Credentials == nil {
 		return nil
@@ -251,7 +275,7 @@ func (m *MailboxAdded) SealWith(seal func(plain, aad []byte) (SealedSecret, erro
 	if err != nil {
 		return err
 	}
-	s, err := seal(plain, CredentialsAAD(m.MailboxID))
+	s, err := seal(plain, m.AAD())
 	clear(plain)
 	if err != nil {
 		return err
@@ -322,6 +346,54 @@ func (m *MailboxDisabled) Validate() Problems {
 	checkUUID(&ps, "mailbox_id", m.MailboxID)
 	checkEnum(&ps, "cause", m.Cause, true, DisableAuthFailing, DisableOperator)
 	checkText(&ps, "reason", m.Reason, true, 500)
+	return ps
+}
+
+// RotationCause says why a mailbox's credentials were sealed anew.
+type RotationCause string
+
+// Rotation causes.
+const (
+	// RotationReseal: an operator re-sealed every live mailbox's
+	// credentials under the active key (`mailplane credentials reseal`),
+	// so an old key can be retired.
+	RotationReseal RotationCause = "reseal"
+	// RotationOAuth: the OAuth provider returned a new refresh token
+	// (Microsoft rotates them on use); the old one stops working.
+	RotationOAuth RotationCause = "oauth_rotation"
+)
+
+// CredentialsRotated replaces a live mailbox's sealed credentials, bound
+// to the same mailbox and endpoint as those of its mailbox.added (see
+// CredentialsAAD). It is internal: mailplane writes it, producers cannot.
+// A mailbox.added later replaces it as a whole; for a mailbox that is not
+// registered it changes nothing.
+type CredentialsRotated struct {
+	MailboxID         string        `json:"mailbox_id"`
+	SealedCredentials *SealedSecret `json:"sealed_credentials"`
+	Cause             RotationCause `json:"cause"`
+	// AddedAt is the added_at of the mailbox.state record whose credentials
+	// these replace: a rotation computed before a later mailbox.added (new
+	// endpoint, new credentials) does not overwrite that add's.
+	AddedAt time.Time `json:"added_at"`
+}
+
+func (*CredentialsRotated) EventType() string     { return TypeCredentialsRotated }
+func (c *CredentialsRotated) AggregateID() string { return c.MailboxID }
+
+// Validate checks the event.
+func (c *CredentialsRotated) Validate() Problems {
+	var ps Problems
+	checkUUID(&ps, "mailbox_id", c.MailboxID)
+	if c.SealedCredentials == nil {
+		ps.Add("sealed_credentials", CodeRequired, "is required")
+	} else {
+		ps = append(ps, c.SealedCredentials.Validate().Prefixed("sealed_credentials")...)
+	}
+	checkEnum(&ps, "cause", c.Cause, true, RotationReseal, RotationOAuth)
+	if c.AddedAt.IsZero() {
+		ps.Add("added_at", CodeRequired, "is required")
+	}
 	return ps
 }
 

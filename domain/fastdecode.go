@@ -31,6 +31,8 @@ func decodeFast(d Data, raw []byte) bool {
 		ok = d.decodeFast(&s)
 	case *MailboxDisabled:
 		ok = d.decodeFast(&s)
+	case *CredentialsRotated:
+		ok = d.decodeFast(&s)
 	case *WarmupObserved:
 		ok = d.decodeFast(&s)
 	case *OrgPlanChanged:
@@ -374,6 +376,27 @@ func (m *MailboxDisabled) decodeFast(s *scanner) bool {
 			}
 			m.FailingSince = new(time.Time)
 			return s.time(m.FailingSince)
+		}
+		return false
+	})
+}
+
+func (c *CredentialsRotated) decodeFast(s *scanner) bool {
+	var seen uint32
+	return s.object(func(name []byte) bool {
+		switch string(name) { // no allocation
+		case "mailbox_id":
+			return once(&seen, 1<<0) && s.str(&c.MailboxID)
+		case "cause":
+			return once(&seen, 1<<1) && s.str((*string)(&c.Cause))
+		case "sealed_credentials":
+			if !once(&seen, 1<<2) {
+				return false
+			}
+			c.SealedCredentials = new(SealedSecret)
+			return c.SealedCredentials.decodeFast(s)
+		case "added_at":
+			return once(&seen, 1<<3) && s.time(&c.AddedAt)
 		}
 		return false
 	})

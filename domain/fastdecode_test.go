@@ -35,6 +35,10 @@ var fastSamples = map[string][]string{
 		`{}`,
 	},
 	TypeMailboxRemoved: {`{"mailbox_id":"a","reason":"r"}`, `{"reason":1}`},
+	TypeCredentialsRotated: {
+		`{"mailbox_id":"a","sealed_credentials":{"key_id":"k2","alg":"A256GCM","nonce":"AAAA","ciphertext":"c2Vh"},"cause":"reseal","added_at":"2024-07-12T06:47:24Z"}`,
+		`{"sealed_credentials":null}`, `{"added_at":"2024-07-12T06:47:24.5+02:00"}`, `{"added_at":"bad"}`, `{"cause":"reseal","cause":"oauth_rotation"}`, `{"sealed_credentials":{"key_id":1}}`,
+	},
 	TypeMailboxHealthScored: {
 		`{"mailbox_id":"a","state":"healthy","score":12.5,"reason":"r","until":"2024-07-12T07:00:00Z"}`,
 		`{"score":-0.0e+1}`, `{"score":1e999}`, `{"score":.5}`, `{"score":1.}`,

@@ -42,7 +42,9 @@ var schemaValidData = map[string]string{
 		"address":"ada@example.com","provider":"smtp_imap","warmup_enabled":true,
 		"imap":{"host":"imap.example.com","port":993,"tls":"implicit","username":"ada@example.com"},
 		"sealed_credentials":{"key_id":"k1","alg":"A256GCM","nonce":"AAECAwQFBgcICQoL","ciphertext":"c2VhbGVkIGNyZWRlbnRpYWxz"}}`,
-	domain.TypeMailboxRemoved:      `{"mailbox_id":"` + sampleMailboxID + `","reason":"closed by the user"}`,
+	domain.TypeMailboxRemoved: `{"mailbox_id":"` + sampleMailboxID + `","reason":"closed by the user"}`,
+	domain.TypeCredentialsRotated: `{"mailbox_id":"` + sampleMailboxID + `","cause":"oauth_rotation","added_at":"2024-07-12T06:47:24Z",
+		"sealed_credentials":{"key_id":"k2","alg":"A256GCM","nonce":"AAECAwQFBgcICQoL","ciphertext":"c2VhbGVkIGNyZWRlbnRpYWxz"}}`,
 	domain.TypeMailboxHealthScored: `{"mailbox_id":"` + sampleMailboxID + `","state":"watch","score":62.5,"reason":"bounces","until":"2024-07-19T06:47:24Z"}`,
 	domain.TypeMailboxDisabled:     `{"mailbox_id":"` + sampleMailboxID + `","cause":"auth_failing","reason":"AUTHENTICATIONFAILED Invalid credentials (Failure)","failing_since":"2024-07-10T06:47:24Z"}`,
 	domain.TypeWarmupObserved: `{"mailbox_id":"` + sampleMailboxID + `","warmup_id":"wu-01J2ZK5Q8X.c001_7","placement":"junk","landed_at":"2024-07-12T06:40:11Z",
@@ -255,6 +257,23 @@ func schemaHandSamples() map[string][]schemaSample {
 		schemaSample{"until in words", schemaEdit(hs, "until", "next week"), domain.CodeInvalid, "data.until"},
 		schemaSample{"until as number", schemaEdit(hs, "until", 1721371644), domain.CodeInvalidType, "data.until"},
 		schemaSample{"until null", schemaEdit(hs, "until", nil), domain.CodeInvalidType, "data.until"},
+	)
+
+	cr := schemaValidData[domain.TypeCredentialsRotated]
+	out[domain.TypeCredentialsRotated] = append(schemaCommonCases(domain.TypeCredentialsRotated, "mailbox_id"),
+		schemaSample{"cause reseal", schemaEdit(cr, "cause", "reseal"), "", ""},
+		schemaSample{"missing cause", schemaEdit(cr, "cause", schemaDel), domain.CodeRequired, "data.cause"},
+		schemaSample{"bad cause", schemaEdit(cr, "cause", "expired"), domain.CodeInvalid, "data.cause"},
+		schemaSample{"cause in upper case", schemaEdit(cr, "cause", "RESEAL"), domain.CodeInvalid, "data.cause"},
+		schemaSample{"missing sealed credentials", schemaEdit(cr, sealed, schemaDel), domain.CodeRequired, "data.sealed_credentials"},
+		schemaSample{"sealed credentials null", schemaEdit(cr, sealed, nil), domain.CodeInvalidType, "data.sealed_credentials"},
+		schemaSample{"plain credentials", schemaEdit(cr, "credentials", creds), domain.CodeUnknownField, "data.credentials"},
+		schemaSample{"bad key id", schemaEdit(cr, sealed+".key_id", "k 2"), domain.CodeInvalid, "data.sealed_credentials.key_id"},
+		schemaSample{"bad alg", schemaEdit(cr, sealed+".alg", "A128GCM"), domain.CodeInvalid, "data.sealed_credentials.alg"},
+		schemaSample{"nonce not base64", schemaEdit(cr, sealed+".nonce", "not base64!"), domain.CodeInvalid, "data.sealed_credentials.nonce"},
+		schemaSample{"missing added_at", schemaEdit(cr, "added_at", schemaDel), domain.CodeRequired, "data.added_at"},
+		schemaSample{"added_at with offset", schemaEdit(cr, "added_at", "2024-07-12T08:47:24.25+02:00"), "", ""},
+		schemaSample{"added_at not a time", schemaEdit(cr, "added_at", "yesterday"), domain.CodeInvalid, "data.added_at"},
 	)
 
 	md := schemaValidData[domain.TypeMailboxDisabled]

@@ -83,7 +83,7 @@ var derivedValidData = map[string]string{
 	mailsync.TypeOwnershipLost:      `{"partition":3,"epoch":7,"owner":"sync-1","reason":"revoked","runners":12,"at":"` + dvT + `"}`,
 	mailsync.TypeOwnershipSuspended: `{"partition":3,"epoch":7,"owner":"sync-1","reason":"watchdog","runners":12,"at":"` + dvT + `"}`,
 	mailsync.TypeTierChanged:        `{"mailbox_id":"` + dvM + `","from":"warm","to":"hot","reason":"session","partition":3,"epoch":7,"owner":"sync-1","at":"` + dvT + `"}`,
-	mailsync.TypeSyncFailed:         `{"mailbox_id":"` + dvM + `","partition":3,"epoch":7,"owner":"sync-1","error":"dial tcp: connection refused","attempt":2,"at":"` + dvT + `"}`,
+	mailsync.TypeSyncFailed:         `{"mailbox_id":"` + dvM + `","partition":3,"epoch":7,"owner":"sync-1","error":"imapsync: connect: connect: no IMAP server answered","category":"connect","attempt":2,"at":"` + dvT + `"}`,
 }
 
 // derivedSample is one generated sample: kind says what was done to which

@@ -159,7 +159,7 @@ func newBenchWorld(b *testing.B, srv *benchServer, mode domain.TLSMode) *benchWo
 	w.kr, w.fence, w.epochs = kr, fence, epochs
 	// The runner's defaults (timeouts, backoff, IDLE refresh) but for the
 	// CA bundle trusting the server's certificate.
-	w.runner, err = imapsync.New(imapsync.Config{Keyring: kr, RootCAs: srv.cert.Pool, Reporter: w.rep, Registerer: w.reg})
+	w.runner, err = imapsync.New(imapsync.Config{Keyring: kr, RootCAs: srv.cert.Pool, Reporter: w.rep, Registerer: w.reg, Transport: domain.MustTransportPolicy("127.0.0.0/8")})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func (w *benchWorld) addJobs(n int, tier mailsync.Tier, pollWarm time.Duration) 
 	for i := range n {
 		id := fmt.Sprintf("0190a1b2-c3d4-7e5f-8a9b-%012x", i)
 		plain, _ := json.Marshal(domain.Credentials{Password: benchPass(i)})
-		sealed, err := kr.Seal(plain, domain.CredentialsAAD(id))
+		sealed, err := kr.Seal(plain, domain.CredentialsAAD(id, domain.ProviderSMTPIMAP, domain.IMAPEndpoint{Host: w.host, Port: w.port, TLS: w.mode, Username: benchUser(i)}))
 		if err != nil {
 			b.Fatal(err)
 		}

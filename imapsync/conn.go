@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/emersion/go-imap/v2"
@@ -96,12 +98,14 @@ func (m *mailboxRun) dial(ctx context.Context) (*conn, error) {
 		return nil, err
 	}
 	ep := m.job.Mailbox.IMAP
-	addr := net.JoinHostPort(ep.Host, strconv.Itoa(ep.Port))
 	dctx, cancel := context.WithTimeout(ctx, m.r.cfg.DialTimeout)
-	rawNet, err := m.r.cfg.Dial(dctx, "tcp", addr)
+	rawNet, err := m.r.dialEndpoint(dctx, ep)
 	cancel()
 	if err != nil {
-		return nil, &Error{Kind: KindNetwork, Op: "dial", Err: err}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, dialError(err)
 	}
 	m.r.metrics.connects.WithLabelValues(string(m.tier)).Inc()
 	raw := &deadlineConn{Conn: rawNet}
@@ -133,7 +137,7 @@ func (m *mailboxRun) dial(ctx context.Context) (*conn, error) {
 	case domain.TLSNone:
 		c.c = imapclient.New(raw, opts)
 		if err := c.c.WaitGreeting(); err != nil {
-			return nil, classify("greeting", err, ctx)
+			return nil, greetingError(err, ctx)
 		}
 	case domain.TLSStartTLS:
 		opts.TLSConfig = tlsCfg
@@ -149,7 +153,7 @@ func (m *mailboxRun) dial(ctx context.Context) (*conn, error) {
 		}
 		c.c = imapclient.New(tc, opts)
 		if err := c.c.WaitGreeting(); err != nil {
-			return nil, classify("greeting", err, ctx)
+			return nil, greetingError(err, ctx)
 		}
 	}
 	if err := m.login(ctx, c); err != nil {
@@ -164,7 +168,7 @@ func (m *mailboxRun) login(ctx context.Context, c *conn) error {
 	if c.c.State() == imap.ConnStateAuthenticated {
 		return nil // PREAUTH (never over STARTTLS: imapclient refuses it)
 	}
-	sec, err := m.r.unseal(m.job.Mailbox)
+	sec, err := m.unseal()
 	if err != nil {
 		return err
 	}
@@ -183,8 +187,7 @@ func (m *mailboxRun) login(ctx context.Context, c *conn) error {
 	if err != nil {
 		var ie *imap.Error
 		if errors.As(err, &ie) {
-			// The server's words, never ours: the password is not in them.
-			return &Error{Kind: KindAuth, Op: "login", Code: string(ie.Code), Reason: ie.Text, Err: err}
+			return &Error{Kind: KindAuth, Op: "login", Code: knownCode(string(ie.Code)), Reason: "the server refused the credentials", Err: err}
 		}
 		return classify("login", err, ctx)
 	}
@@ -220,19 +223,104 @@ func classify(op string, err error, ctx context.Context) error {
 		recErr   tls.RecordHeaderError
 		alertErr tls.AlertError
 	)
+	// Fixed texts: a certificate's names and a server's words are the
+	// remote's bytes.
 	switch {
-	case errors.As(err, &certErr), errors.As(err, &unknown), errors.As(err, &hostErr), errors.As(err, &invalid), errors.As(err, &recErr), errors.As(err, &alertErr):
-		return &Error{Kind: KindTLS, Op: op, Reason: err.Error(), Err: err}
+	case errors.As(err, &hostErr):
+		return &Error{Kind: KindTLS, Op: op, Reason: "certificate is not valid for the host", Err: err}
+	case errors.As(err, &certErr), errors.As(err, &unknown), errors.As(err, &invalid):
+		return &Error{Kind: KindTLS, Op: op, Reason: "certificate not trusted", Err: err}
+	case errors.As(err, &recErr):
+		return &Error{Kind: KindTLS, Op: op, Reason: "the server does not speak TLS", Err: err}
+	case errors.As(err, &alertErr):
+		return &Error{Kind: KindTLS, Op: op, Reason: "the server refused the TLS handshake", Err: err}
 	}
 	var ie *imap.Error
 	if errors.As(err, &ie) {
-		return &Error{Kind: KindProtocol, Op: op, Code: string(ie.Code), Reason: ie.Text, Err: err}
+		return &Error{Kind: KindProtocol, Op: op, Code: knownCode(string(ie.Code)), Reason: "the server answered " + string(ie.Type), Err: err}
 	}
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
-		return &Error{Kind: KindTimeout, Op: op, Err: err}
+		return &Error{Kind: KindTimeout, Op: op, Reason: "the server did not answer in time", Err: err}
 	}
-	return &Error{Kind: KindNetwork, Op: op, Err: err}
+	return &Error{Kind: KindNetwork, Op: op, Reason: "connection failed", Err: err}
+}
+
+// noServer is the one text of every failure before an IMAP greeting: a
+// refused port, an open port that is not IMAP and a silent one read alike,
+// so the runner is no port scanner.
+const noServer = "no IMAP server answered"
+
+// greetingError classifies a failure to read the greeting as KindNetwork.
+func greetingError(err error, ctx context.Context) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return &Error{Kind: KindNetwork, Op: "connect", Reason: noServer, Err: err}
+}
+
+// dialError classifies a failed TCP connect: refused by the transport
+// policy, a name that does not resolve, or no server (KindNetwork, the
+// same as a failed greeting).
+func dialError(err error) error {
+	var pe *policyError
+	if errors.As(err, &pe) {
+		return &Error{Kind: KindPolicy, Op: "connect", Reason: pe.why, Err: err}
+	}
+	var de *net.DNSError
+	if errors.As(err, &de) {
+		return &Error{Kind: KindDNS, Op: "connect", Reason: "the host name did not resolve", Err: err}
+	}
+	return &Error{Kind: KindNetwork, Op: "connect", Reason: noServer, Err: err}
+}
+
+// policyError is a connection the transport policy refused.
+type policyError struct{ why string }
+
+func (e *policyError) Error() string { return "transport policy: " + e.why }
+
+// dialEndpoint opens the TCP connection to ep, refusing before any packet
+// is sent an address the transport policy does not allow. The check runs
+// on the resolved address (net.Dialer.Control sees each address the
+// dialer is about to connect to), so a host name resolving to an internal
+// address, at once or after a rebinding, is refused too. A custom
+// Config.Dial is checked on the connected peer's address instead, before a
+// byte is read or written.
+func (r *Runner) dialEndpoint(ctx context.Context, ep domain.IMAPEndpoint) (net.Conn, error) {
+	addr := net.JoinHostPort(ep.Host, strconv.Itoa(ep.Port))
+	check := func(a netip.Addr) error {
+		if why := r.cfg.Transport.DialRefusal(ep.Host, a, ep.TLS); why != "" {
+			return &policyError{why: why}
+		}
+		return nil
+	}
+	if r.cfg.Dial == nil {
+		nd := &net.Dialer{
+			KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 60 * time.Second, Interval: 15 * time.Second, Count: 4},
+			Control: func(_, address string, _ syscall.RawConn) error {
+				ap, err := netip.ParseAddrPort(address)
+				if err != nil {
+					return &policyError{why: "unparsable peer address"}
+				}
+				return check(ap.Addr())
+			},
+		}
+		return nd.DialContext(ctx, "tcp", addr)
+	}
+	c, err := r.cfg.Dial(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	ta, ok := c.RemoteAddr().(*net.TCPAddr)
+	if !ok {
+		_ = c.Close()
+		return nil, &policyError{why: "peer is not a TCP address"}
+	}
+	if err := check(ta.AddrPort().Addr()); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	return c, nil
 }
 
 func wrapf(op string, err error) error {

@@ -14,6 +14,7 @@ type metrics struct {
 	expunged       prometheus.Counter
 	warmupObserved *prometheus.CounterVec
 	warmupRejected *prometheus.CounterVec
+	rotations      prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -23,7 +24,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		connects: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mailplane_imap_connects_total",
 			Help: "TCP connections opened to IMAP servers, by tier."}, []string{"tier"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mailplane_imap_failures_total",
-			Help: "Failed sync attempts, by kind (auth, credentials, tls, network, timeout, protocol)."}, []string{"kind"}),
+			Help: "Failed sync attempts, by category (auth_failed, credentials, credentials_unbound, policy_refused, dns, connect, tls, timeout, protocol, store)."}, []string{"kind"}),
 		idles: prometheus.NewCounter(prometheus.CounterOpts{Name: "mailplane_imap_idle_starts_total",
 			Help: "IDLE commands issued (starts and restarts)."}),
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mailplane_imap_messages_synced_total",
@@ -39,9 +40,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Warmup messages found for the first time and reported, by folder role (inbox, junk)."}, []string{"role"}),
 		warmupRejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mailplane_imap_warmup_rejected_total",
 			Help: "Warmup headers ignored, by reason (malformed; with a warmup key: unsigned, forged)."}, []string{"reason"}),
+		rotations: prometheus.NewCounter(prometheus.CounterOpts{Name: "mailplane_imap_oauth_rotations_total",
+			Help: "Refresh tokens an OAuth provider rotated on use, sealed and recorded (credentials_rotated)."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.open, m.connects, m.failures, m.idles, m.messages, m.resets, m.lag, m.expunged, m.warmupObserved, m.warmupRejected)
+		reg.MustRegister(m.open, m.connects, m.failures, m.idles, m.messages, m.resets, m.lag, m.expunged, m.warmupObserved, m.warmupRejected, m.rotations)
 	}
 	return m
 }

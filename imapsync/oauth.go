@@ -14,6 +14,7 @@ import (
 	"github.com/emersion/go-imap/v2"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/mailsync"
 )
 
 // OAuth mailboxes (gmail, outlook) carry a refresh token in their sealed
@@ -40,17 +41,23 @@ const (
 type accessToken struct {
 	token []byte
 	until time.Time
+	// rotated is a new refresh token the endpoint returned (nil: none).
+	rotated []byte
 }
 
 func (a *accessToken) wipe() {
 	if a != nil {
 		clear(a.token)
+		clear(a.rotated)
 	}
 }
 
 // tokenResponse is the token endpoint's answer (RFC 6749 section 5).
 type tokenResponse struct {
-	AccessToken      string `json:"access_token"`
+	AccessToken string `json:"access_token"`
+	// RefreshToken is set when the provider rotates the refresh token on
+	// use (Microsoft does): the old one stops working soon.
+	RefreshToken     string `json:"refresh_token"`
 	ExpiresIn        int64  `json:"expires_in"`
 	Error            string `json:"error"`
 	ErrorDescription string `json:"error_description"`
@@ -74,6 +81,17 @@ func (m *mailboxRun) oauthToken(ctx context.Context, refresh string) ([]byte, er
 	tok, err := m.r.exchange(ctx, client, refresh)
 	if err != nil {
 		return nil, err
+	}
+	if len(tok.rotated) > 0 && string(tok.rotated) != refresh {
+		// The old refresh token is spent: seal the new one, use it from
+		// now on, and record it for the next owner.
+		err := m.rotated(ctx, tok.rotated)
+		clear(tok.rotated)
+		tok.rotated = nil
+		if err != nil {
+			tok.wipe()
+			return nil, err
+		}
 	}
 	m.mu.Lock()
 	m.access.wipe()
@@ -122,7 +140,8 @@ func (r *Runner) exchange(ctx context.Context, c OAuthClient, refresh string) (*
 	}
 	var tr tokenResponse
 	_ = json.Unmarshal(body, &tr)
-	defer func() { tr.AccessToken = "" }()
+	clear(body)
+	defer func() { tr.AccessToken, tr.RefreshToken = "", "" }()
 	switch {
 	case resp.StatusCode == http.StatusOK && tr.AccessToken != "":
 		life := time.Duration(tr.ExpiresIn) * time.Second
@@ -130,16 +149,16 @@ func (r *Runner) exchange(ctx context.Context, c OAuthClient, refresh string) (*
 			life = time.Hour
 		}
 		// Renewed a minute early, so a token never expires mid-login.
-		return &accessToken{token: []byte(tr.AccessToken), until: r.cfg.Now().Add(life - min(time.Minute, life/2))}, nil
-	case tr.Error == "invalid_grant" || tr.Error == "unauthorized_client" || tr.Error == "invalid_client":
-		reason := tr.Error
-		if tr.ErrorDescription != "" {
-			reason += ": " + clean(tr.ErrorDescription, 300)
+		at := &accessToken{token: []byte(tr.AccessToken), until: r.cfg.Now().Add(life - min(time.Minute, life/2))}
+		if tr.RefreshToken != "" {
+			at.rotated = []byte(tr.RefreshToken)
 		}
-		return nil, &Error{Kind: KindAuth, Op: "oauth", Code: tr.Error, Reason: reason}
+		return at, nil
+	case tr.Error == "invalid_grant" || tr.Error == "unauthorized_client" || tr.Error == "invalid_client":
+		return nil, &Error{Kind: KindAuth, Op: "oauth", Code: tr.Error, Reason: "the token endpoint refused the grant"}
 	default:
-		return nil, &Error{Kind: KindProtocol, Op: "oauth", Code: tr.Error,
-			Reason: fmt.Sprintf("token endpoint answered %d %s", resp.StatusCode, clean(tr.Error, 100))}
+		return nil, &Error{Kind: KindProtocol, Op: "oauth", Code: knownCode(tr.Error),
+			Reason: fmt.Sprintf("token endpoint answered %d", resp.StatusCode)}
 	}
 }
 
@@ -184,7 +203,7 @@ func (m *mailboxRun) loginOAuth(ctx context.Context, c *conn, refresh string) er
 		var ie *imap.Error
 		if errors.As(err, &ie) {
 			m.forgetToken()
-			return &Error{Kind: KindAuth, Op: "authenticate", Code: string(ie.Code), Reason: ie.Text, Err: err}
+			return &Error{Kind: KindAuth, Op: "authenticate", Code: knownCode(string(ie.Code)), Reason: "the server refused the access token", Err: err}
 		}
 		return classify("authenticate", err, ctx)
 	}
@@ -197,7 +216,10 @@ func (m *mailboxRun) ensureToken(ctx context.Context) error {
 	if !m.job.Mailbox.Provider.IsOAuth() {
 		return nil
 	}
-	sec, err := m.r.unseal(m.job.Mailbox)
+	if err := m.recordPending(ctx); errors.Is(err, mailsync.ErrFenced) {
+		return err
+	}
+	sec, err := m.unseal()
 	if err != nil {
 		return err
 	}

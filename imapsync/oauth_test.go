@@ -65,11 +65,12 @@ func oauthSetup(t *testing.T, mem *memServer, te *tokenEndpoint, refreshToken st
 		j.PollWarm = 200 * time.Millisecond
 		c.OAuth = map[domain.Provider]imapsync.OAuthClient{domain.ProviderGmail: {TokenURL: te.srv.URL, ClientID: "mailplane-test", ClientSecret: "s3cret"}}
 		plain, _ := json.Marshal(domain.Credentials{OAuthRefreshToken: refreshToken})
-		sealed, err := c.Keyring.Seal(plain, domain.CredentialsAAD(mailboxID))
+		j.Mailbox.Provider = domain.ProviderGmail
+		sealed, err := c.Keyring.Seal(plain, domain.CredentialsAAD(j.Mailbox.MailboxID, j.Mailbox.Provider, j.Mailbox.IMAP))
 		if err != nil {
 			t.Fatal(err)
 		}
-		j.Mailbox.Provider, j.Mailbox.SealedCredentials = domain.ProviderGmail, &sealed
+		j.Mailbox.SealedCredentials = &sealed
 		if tune != nil {
 			tune(c)
 		}
@@ -131,8 +132,10 @@ func TestRunnerOAuth(t *testing.T) {
 		})
 		fs, _ := h.rep.snapshot()
 		for _, f := range fs {
-			if f.Err.Kind != imapsync.KindAuth || f.Err.Code != "invalid_grant" || !strings.Contains(f.Err.Reason, "revoked") {
-				t.Errorf("failure %+v: want an auth failure with the provider's reason", f.Err)
+			// A category and the standard code; the endpoint's own words
+			// (error_description) stay out of sync.audit.
+			if f.Err.Kind != imapsync.KindAuth || f.Err.Code != "invalid_grant" || f.Err.Reason == "" || strings.Contains(f.Err.Error(), "revoked") {
+				t.Errorf("failure %+v: want an auth failure with invalid_grant and our words only", f.Err)
 			}
 			if s := fmt.Sprintf("%+v %s", f, f.Err.Error()); strings.Contains(s, "rt-revoked-42") || strings.Contains(s, "s3cret") {
 				t.Errorf("a failure carries a secret: %s", s)
@@ -154,4 +157,38 @@ func TestRunnerOAuth(t *testing.T) {
 			return len(fs) > 0 && fs[0].Err.Kind == imapsync.KindCredentials, fmt.Sprint(fs)
 		})
 	})
+}
+
+// TestRunnerAuthFailuresBackOff: a refused grant is not exchanged again at
+// the poll interval (or BackoffMax) for a day: the delay keeps doubling up
+// to AuthBackoffMax, and exchanges are spaced accordingly.
+func TestRunnerAuthFailuresBackOff(t *testing.T) {
+	t.Parallel()
+	mem := newMem(t).(*memServer)
+	mem.addUser(t, user, password)
+	te := newTokenEndpoint(t, mem)
+	h := oauthSetup(t, mem, te, "rt-revoked-7", func(c *imapsync.Config) {
+		c.AuthBackoffMax = 30 * time.Second
+		c.DisableAfter = time.Hour
+	})
+	h.start()
+	const n = 6
+	waitFor(t, 20*time.Second, fmt.Sprintf("%d auth failures", n), func() (bool, string) {
+		fs, _ := h.rep.snapshot()
+		return len(fs) >= n, fmt.Sprint(len(fs))
+	})
+	fs, _ := h.rep.snapshot()
+	for i, f := range fs[:n] {
+		// BackoffMin 50 ms doubled: at least half of 50 ms × 2^(i).
+		min := 25 * time.Millisecond << i
+		if f.Err.Kind != imapsync.KindAuth || f.RetryIn < min {
+			t.Errorf("failure %d: %s, retry in %s; want an auth failure retried in at least %s", i+1, f.Err, f.RetryIn, min)
+		}
+	}
+	if last := fs[n-1].RetryIn; last <= h.cfg.BackoffMax || last <= h.job.PollWarm {
+		t.Errorf("the %dth refusal is retried in %s: capped by BackoffMax %s or the poll interval %s", n, last, h.cfg.BackoffMax, h.job.PollWarm)
+	}
+	if c := te.count(); c > n+1 {
+		t.Errorf("%d exchanges of a refused refresh token for %d failures", c, n)
+	}
 }

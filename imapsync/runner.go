@@ -82,6 +82,12 @@ type Config struct {
 	// BackoffMin and BackoffMax bound the retry delay after a failure
 	// (doubling, full jitter; defaults 1 s and 5 min).
 	BackoffMin, BackoffMax time.Duration
+	// AuthBackoffMax caps the retry delay after refused credentials
+	// (default 1 h): the delay keeps doubling past BackoffMax and the poll
+	// interval, so a revoked grant or a wrong password is not tried (nor a
+	// refresh token exchanged) every few minutes for the day before the
+	// mailbox is disabled.
+	AuthBackoffMax time.Duration
 	// DisableAfter: authentication failing for this long (with no success
 	// in between, across restarts and owners) requests the mailbox's
 	// disabling (IMAP_AUTH_DISABLE_AFTER, default 24 h).
@@ -104,7 +110,16 @@ type Config struct {
 	// WarmupKey, when set, is the key warmup headers must be signed with
 	// (MAILPLANE_WARMUP_KEY); unsigned or forged ones are ignored.
 	WarmupKey []byte
-	// Dial opens TCP connections (default a net.Dialer with keep-alives).
+	// Transport is the operator's allowlist of internal hosts and networks
+	// (MAILPLANE_IMAP_ALLOW): the runner connects to no loopback, private,
+	// link-local, CGNAT, unspecified or multicast address outside it, and
+	// sends plain text (tls none) only to loopback or allowlisted servers,
+	// checked on the resolved address before connecting. The zero value
+	// allows public addresses with TLS only.
+	Transport domain.TransportPolicy
+	// Dial opens TCP connections (default a net.Dialer with keep-alives
+	// that applies Transport to each resolved address before connecting);
+	// a custom one has the connected peer's address checked instead.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Now is the clock (default time.Now).
 	Now func() time.Time
@@ -119,6 +134,7 @@ func DefaultConfig() Config {
 		DialTimeout:    15 * time.Second,
 		BackoffMin:     time.Second,
 		BackoffMax:     5 * time.Minute,
+		AuthBackoffMax: time.Hour,
 		DisableAfter:   24 * time.Hour,
 		FetchBatch:     500,
 		FlagWindow:     500,
@@ -151,9 +167,13 @@ func New(cfg Config) (*Runner, error) {
 	setDefault(&cfg.DialTimeout, d.DialTimeout)
 	setDefault(&cfg.BackoffMin, d.BackoffMin)
 	setDefault(&cfg.BackoffMax, d.BackoffMax)
+	setDefault(&cfg.AuthBackoffMax, d.AuthBackoffMax)
 	setDefault(&cfg.DisableAfter, d.DisableAfter)
 	if cfg.BackoffMax < cfg.BackoffMin {
 		cfg.BackoffMax = cfg.BackoffMin
+	}
+	if cfg.AuthBackoffMax < cfg.BackoffMax {
+		cfg.AuthBackoffMax = cfg.BackoffMax
 	}
 	if cfg.FetchBatch <= 0 {
 		cfg.FetchBatch = d.FetchBatch
@@ -163,10 +183,6 @@ func New(cfg Config) (*Runner, error) {
 	}
 	if cfg.WarmupHeader == "" {
 		cfg.WarmupHeader = DefaultWarmupHeader
-	}
-	if cfg.Dial == nil {
-		nd := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 60 * time.Second, Interval: 15 * time.Second, Count: 4}}
-		cfg.Dial = nd.DialContext
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -215,6 +231,22 @@ type mailboxRun struct {
 	disableSent bool
 	authFailing bool
 	access      *accessToken // OAuth mailboxes: the current access token
+	// sealed replaces the job's sealed credentials once the provider
+	// rotated the refresh token (nil: the job's); pending is that rotation
+	// while its credentials_rotated is not recorded yet.
+	sealed  *domain.SealedSecret
+	pending *domain.SealedSecret
+}
+
+// unseal opens the run's current credentials; the caller wipes them.
+func (m *mailboxRun) unseal() (*secret, error) {
+	mb := m.job.Mailbox
+	m.mu.Lock()
+	if m.sealed != nil {
+		mb.SealedCredentials = m.sealed
+	}
+	m.mu.Unlock()
+	return m.r.unseal(mb)
 }
 
 func (m *mailboxRun) run(ctx context.Context) error {
@@ -437,6 +469,14 @@ func (m *mailboxRun) connect(ctx context.Context) (*conn, error) {
 	if err := m.loadCursors(ctx); err != nil {
 		return nil, err
 	}
+	// Credentials that do not open for this endpoint (a sealed blob copied
+	// onto another host, port, TLS mode or username) end the attempt here:
+	// no connection is made to an endpoint they were not sealed for.
+	sec, err := m.unseal()
+	if err != nil {
+		return nil, err
+	}
+	sec.wipe()
 	// An OAuth mailbox gets its access token before it connects: a revoked
 	// grant costs no connection to the server.
 	if err := m.ensureToken(ctx); err != nil {
@@ -474,13 +514,16 @@ func (m *mailboxRun) failed(ctx context.Context, err error, consecutive int, cei
 	var e *Error
 	if !errors.As(err, &e) {
 		// Not from the IMAP side (those are classified): the database.
-		e = &Error{Kind: KindStore, Op: "store", Err: err}
+		e = &Error{Kind: KindStore, Op: "store", Reason: "database operation failed", Err: err}
 		var ie *imap.Error
 		if errors.As(err, &ie) {
-			e.Kind, e.Code, e.Reason = KindProtocol, string(ie.Code), ie.Text
+			e.Kind, e.Code, e.Reason = KindProtocol, knownCode(string(ie.Code)), "the server answered "+string(ie.Type)
 		}
 	}
 	d := m.backoff(consecutive, ceiling)
+	if e.Kind == KindAuth {
+		d = m.authBackoff(consecutive)
+	}
 	now := m.r.cfg.Now()
 	f := Failure{MailboxID: m.job.Mailbox.MailboxID, Partition: m.job.Partition, Epoch: m.job.Epoch,
 		Tier: string(m.currentTier()), Err: e, Consecutive: consecutive, RetryIn: d, At: now}
@@ -510,7 +553,12 @@ func (m *mailboxRun) failed(ctx context.Context, err error, consecutive int, cei
 	} else {
 		m.r.rep.SyncFailed(ctx, f)
 	}
-	m.log.Info("imap sync failed", "kind", e.Kind, "op", e.Op, "err", e.Error(), "retry_in", d)
+	if e.Kind == KindStore {
+		// Our database's words, for the operator (no remote bytes).
+		m.log.Info("imap sync failed", "category", e.Kind, "op", e.Op, "err", e.Error(), "cause", e.Err, "retry_in", d)
+	} else {
+		m.log.Info("imap sync failed", "category", e.Kind, "op", e.Op, "err", e.Error(), "retry_in", d)
+	}
 	return d
 }
 
@@ -522,6 +570,17 @@ func (m *mailboxRun) backoff(n int, ceiling time.Duration) time.Duration {
 	}
 	d = min(d, m.r.cfg.BackoffMax, max(ceiling, m.r.cfg.BackoffMin))
 	// Half fixed, half random: never a zero wait, never a thundering herd.
+	return d/2 + rand.N(d/2+1)
+}
+
+// authBackoff is the delay after the n-th refused login in a row: doubling
+// from BackoffMin up to AuthBackoffMax, half fixed and half random.
+func (m *mailboxRun) authBackoff(n int) time.Duration {
+	d := m.r.cfg.BackoffMin
+	for i := 1; i < n && d < m.r.cfg.AuthBackoffMax; i++ {
+		d *= 2
+	}
+	d = min(d, m.r.cfg.AuthBackoffMax)
 	return d/2 + rand.N(d/2+1)
 }
 
@@ -552,9 +611,11 @@ func (r *Runner) unseal(mb mailboxstate.Mailbox) (*secret, error) {
 	if mb.SealedCredentials == nil {
 		return nil, &Error{Kind: KindCredentials, Op: "credentials", Reason: "the mailbox has no credentials"}
 	}
-	plain, err := r.cfg.Keyring.Open(*mb.SealedCredentials, domain.CredentialsAAD(mb.MailboxID))
+	// Bound to the endpoint: credentials sealed for another host, port,
+	// TLS mode, username or provider do not open, and are never presented.
+	plain, err := r.cfg.Keyring.Open(*mb.SealedCredentials, domain.CredentialsAAD(mb.MailboxID, mb.Provider, mb.IMAP))
 	if err != nil {
-		return nil, &Error{Kind: KindCredentials, Op: "credentials", Reason: "sealed credentials do not open", Err: err}
+		return nil, &Error{Kind: KindUnbound, Op: "credentials", Reason: "sealed credentials do not open for this mailbox's endpoint", Err: err}
 	}
 	s := &secret{buf: plain}
 	var raw struct {

@@ -103,17 +103,18 @@ func setup(t *testing.T, srv testServer, tier mailsync.Tier, tune func(*imapsync
 	if sealPassword == "" {
 		sealPassword = password
 	}
-	plain, _ := json.Marshal(domain.Credentials{Password: sealPassword})
-	sealed, err := kr.Seal(plain, domain.CredentialsAAD(mailboxID))
-	if err != nil {
-		t.Fatal(err)
-	}
 	mb := mailboxstate.Mailbox{
 		MailboxID: mailboxID, OrgID: "0190a1b2-0000-7000-8000-000000000001", UserID: "0190a1b2-0000-7000-8000-000000000002",
 		Address: user + "@example.org", Provider: domain.ProviderSMTPIMAP,
-		IMAP:              domain.IMAPEndpoint{Host: h.proxy.Host(), Port: h.proxy.Port(), TLS: srv.tls(), Username: user},
-		SealedCredentials: &sealed, Enabled: true, AddedAt: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC),
+		IMAP:    domain.IMAPEndpoint{Host: h.proxy.Host(), Port: h.proxy.Port(), TLS: srv.tls(), Username: user},
+		Enabled: true, AddedAt: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC),
 	}
+	plain, _ := json.Marshal(domain.Credentials{Password: sealPassword})
+	sealed, err := kr.Seal(plain, domain.CredentialsAAD(mb.MailboxID, mb.Provider, mb.IMAP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb.SealedCredentials = &sealed
 	h.job, h.setTier = mailsync.NewJob(mb, 0, epochs[0], owner, h.fence.Writer(0, epochs[0], owner, mailboxID), tier,
 		func(newest time.Time, known bool) {
 			h.mu.Lock()
@@ -130,6 +131,9 @@ func setup(t *testing.T, srv testServer, tier mailsync.Tier, tune func(*imapsync
 		Keyring: kr, RootCAs: srv.pool(), Reporter: h.rep,
 		IdleRefresh: 3 * time.Second, IdleMargin: time.Second, CommandTimeout: 2 * time.Second, DialTimeout: 2 * time.Second,
 		BackoffMin: 50 * time.Millisecond, BackoffMax: 300 * time.Millisecond,
+		// The test servers listen on loopback, which the runner refuses
+		// unless allowlisted.
+		Transport: domain.MustTransportPolicy("127.0.0.0/8"),
 	}
 	if tune != nil {
 		tune(&h.cfg, h.job)

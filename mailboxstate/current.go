@@ -64,13 +64,14 @@ type batchState struct {
 	folded map[string]current
 }
 
-// disabledKeys returns the keys (mailbox ids) of the mailbox.disabled
-// records in recs, nil if there are none. It reads headers only: a record
+// disabledKeys returns the keys (mailbox ids) of the mailbox.disabled and
+// mailbox.credentials_rotated records in recs, nil if there are none. It reads headers only: a record
 // that turns out not to decode is dead-lettered by the fold.
 func disabledKeys(recs []*kgo.Record) map[string]bool {
 	var keys map[string]bool
 	for _, r := range recs {
-		if t, ok := topics.Header(r, topics.HeaderType); ok && t == domain.TypeMailboxDisabled && len(r.Key) > 0 {
+		// Both fold into the mailbox's current record.
+		if t, ok := topics.Header(r, topics.HeaderType); ok && (t == domain.TypeMailboxDisabled || t == domain.TypeCredentialsRotated) && len(r.Key) > 0 {
 			if keys == nil {
 				keys = map[string]bool{}
 			}

@@ -458,26 +458,16 @@ func (p *Processor) fold(r *kgo.Record, a *applied, batch *batchState, out []*kg
 		state, kind = Tombstone(d.MailboxID, e.ID, e.Time), outcomeTombstoned
 		next = current{m: Mailbox{MailboxID: d.MailboxID}}
 	case *domain.MailboxDisabled:
-		cur, ok := batch.get(d.MailboxID)
-		switch {
-		case cur.err != nil:
-			p.log.Warn("mailbox.disabled sent to the DLQ: the mailbox's mailbox.state record does not decode", "partition", r.Partition, "offset", r.Offset, "mailbox_id", d.MailboxID, "err", cur.err)
-			return deadLetter(domain.ErrorCode(cur.err), "the mailbox's current mailbox.state record does not decode: "+cur.err.Error())
-		case !ok || !cur.live:
-			// Not registered: nothing to disable. The id is remembered all
-			// the same, so that a copy of the event after a later
-			// mailbox.added does not disable that mailbox.
-			next, kind = cur, outcomeIgnored
-			if !ok {
-				next = current{m: Mailbox{MailboxID: d.MailboxID}}
-			}
-		default:
-			m := Disabled(cur.m, e)
-			state, err = Record(m, e.Time)
-			if err != nil {
-				return deadLetter(domain.CodeInternal, err.Error())
-			}
-			next, kind = current{m: m, live: true}, outcomeUpserted
+		var dl *dlq.Failure
+		state, next, kind, dl = p.foldIntoCurrent(r, batch, d.MailboxID, e, func(m Mailbox) (Mailbox, bool) { return Disabled(m, e), true })
+		if dl != nil {
+			return deadLetter(dl.Code, dl.Err)
+		}
+	case *domain.CredentialsRotated:
+		var dl *dlq.Failure
+		state, next, kind, dl = p.foldIntoCurrent(r, batch, d.MailboxID, e, func(m Mailbox) (Mailbox, bool) { return Rotated(m, e, d) })
+		if dl != nil {
+			return deadLetter(dl.Code, dl.Err)
 		}
 	default:
 		return out, outcomeIgnored
@@ -504,6 +494,36 @@ type metrics struct {
 	transactions *prometheus.CounterVec
 	dedupeIDs    prometheus.Gauge
 	restores     prometheus.Counter
+}
+
+// foldIntoCurrent folds an event that changes a registered mailbox's
+// current record (mailbox.disabled, credentials_rotated) with change. An
+// event about a mailbox that is not registered (never added, or removed),
+// or that change declines (false), changes nothing, but its id is
+// remembered all the same, so that a copy of it after a later
+// mailbox.added does not apply to that mailbox. dl is set when the event
+// goes to the DLQ instead.
+func (p *Processor) foldIntoCurrent(r *kgo.Record, batch *batchState, id string, e domain.Event, change func(Mailbox) (Mailbox, bool)) (state *kgo.Record, next current, kind outcome, dl *dlq.Failure) {
+	cur, ok := batch.get(id)
+	switch {
+	case cur.err != nil:
+		p.log.Warn(e.Type+" sent to the DLQ: the mailbox's mailbox.state record does not decode", "partition", r.Partition, "offset", r.Offset, "mailbox_id", id, "err", cur.err)
+		return nil, current{}, 0, &dlq.Failure{Code: domain.ErrorCode(cur.err), Err: "the mailbox's current mailbox.state record does not decode: " + cur.err.Error()}
+	case !ok || !cur.live:
+		if !ok {
+			cur = current{m: Mailbox{MailboxID: id}}
+		}
+		return nil, cur, outcomeIgnored, nil
+	}
+	m, ok := change(cur.m)
+	if !ok {
+		return nil, cur, outcomeIgnored, nil
+	}
+	state, err := Record(m, e.Time)
+	if err != nil {
+		return nil, current{}, 0, &dlq.Failure{Code: domain.CodeInternal, Err: err.Error()}
+	}
+	return state, current{m: m, live: true}, outcomeUpserted, nil
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/kafka"
 )
 
 // readTimeout bounds one read to the end, which may wait for transactions
@@ -103,4 +106,39 @@ func (p *Processor) readToEnd(ctx context.Context, clientSuffix, topic string, p
 		})
 	}
 	return n, nil
+}
+
+// ReadLive returns every live mailbox of the mailbox.state topic, read from
+// its start to its end as of the call (read-committed), by mailbox id.
+// Records that do not decode are skipped and counted in bad. Operator
+// commands use it (`mailplane credentials reseal`); the processor and the
+// sync workers have their own readers.
+func ReadLive(ctx context.Context, kcfg kafka.Config, topic string, log *slog.Logger) (live map[string]Mailbox, bad int, err error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	p := &Processor{kcfg: kcfg, log: log}
+	live = map[string]Mailbox{}
+	all := func(n int) []int32 {
+		ps := make([]int32, n)
+		for i := range ps {
+			ps[i] = int32(i)
+		}
+		return ps
+	}
+	_, err = p.readToEnd(ctx, "read-live", topic, all, func(r *kgo.Record) {
+		m, ok, err := Decode(r)
+		switch {
+		case err != nil:
+			bad++
+		case !ok:
+			delete(live, m.MailboxID)
+		default:
+			live[m.MailboxID] = m
+		}
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	return live, bad, nil
 }

@@ -47,7 +47,8 @@ type Mailbox struct {
 	WarmupEnabled bool                `json:"warmup_enabled"`
 	IMAP          domain.IMAPEndpoint `json:"imap"`
 	// SealedCredentials open only with the sealing keyring and
-	// domain.CredentialsAAD(MailboxID); they are never in plain text here.
+	// domain.CredentialsAAD(MailboxID, Provider, IMAP); they are never in
+	// plain text here.
 	SealedCredentials *domain.SealedSecret `json:"sealed_credentials,omitempty"`
 	// Enabled is false for a mailbox that is registered but must not be
 	// synced: a mailbox.disabled event (persistent authentication failures,
@@ -105,6 +106,20 @@ func Disabled(m Mailbox, e domain.Event) Mailbox {
 	m.Enabled = false
 	m.SourceEventID = e.ID
 	return m
+}
+
+// Rotated returns the state of mailbox m once the credentials_rotated
+// event e is folded: m with e's sealed credentials, folded from e; every
+// other field (Enabled, AddedAt) stays. ok is false, and m unchanged, when
+// the rotation was computed from another registration than m's (its
+// added_at differs: a mailbox.added came in between).
+func Rotated(m Mailbox, e domain.Event, d *domain.CredentialsRotated) (Mailbox, bool) {
+	if !d.AddedAt.Equal(m.AddedAt) {
+		return m, false
+	}
+	m.SealedCredentials = d.SealedCredentials
+	m.SourceEventID = e.ID
+	return m, true
 }
 
 // Validate checks a state record's value.

@@ -135,13 +135,17 @@ func (*TierChanged) Validate() domain.Problems {
 
 // SyncFailed: a runner returned an error (it is restarted after a backoff).
 type SyncFailed struct {
-	MailboxID string    `json:"mailbox_id"`
-	Partition int32     `json:"partition"`
-	Epoch     int64     `json:"epoch"`
-	Owner     string    `json:"owner"`
-	Error     string    `json:"error"`
-	Attempt   int       `json:"attempt"`
-	At        time.Time `json:"at"`
+	MailboxID string `json:"mailbox_id"`
+	Partition int32  `json:"partition"`
+	Epoch     int64  `json:"epoch"`
+	Owner     string `json:"owner"`
+	Error     string `json:"error"`
+	// Category classifies an IMAP runner's failure (imapsync.Kind:
+	// auth_failed, credentials_unbound, policy_refused, connect, ...);
+	// empty for other runners' failures.
+	Category string    `json:"category,omitempty"`
+	Attempt  int       `json:"attempt"`
+	At       time.Time `json:"at"`
 }
 
 func (*SyncFailed) EventType() string     { return TypeSyncFailed }

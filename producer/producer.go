@@ -112,7 +112,9 @@ func (c *Client) NewEvent(d domain.Data) domain.Event {
 
 // Prepare seals and validates events and encodes them as records. It is
 // all-or-nothing: on any problem it returns a *BatchError listing every
-// problem of every event, and no records.
+// problem of every event, and no records. Unlike Publish it passes sealed
+// credentials through: it is for callers that sealed them (the ingest API
+// after parsing a producer's request with domain.FromAttributes).
 func (c *Client) Prepare(events []domain.Event) ([]*kgo.Record, error) {
 	recs := make([]*kgo.Record, len(events))
 	var be BatchError
@@ -162,6 +164,19 @@ func (c *Client) Prepare(events []domain.Event) ([]*kgo.Record, error) {
 // fails part-way, some events may have landed: retrying with the same event
 // ids is safe, because projections recognise ids they have applied.
 func (c *Client) Publish(ctx context.Context, events ...domain.Event) ([]Receipt, error) {
+	if c.sealer != nil {
+		// A client that seals is a producer's: it never passes on sealed
+		// credentials it was handed (a copy from the log).
+		var be BatchError
+		for i, e := range events {
+			if ps := domain.RefuseSealed(e.Data); len(ps) > 0 {
+				be.add(i, ps.Prefixed("data"))
+			}
+		}
+		if len(be.Events) > 0 {
+			return nil, &be
+		}
+	}
 	recs, err := c.Prepare(events)
 	if err != nil {
 		return nil, err

@@ -109,7 +109,7 @@ func TestPublishSealsAndRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := ev.Data.(*domain.MailboxAdded)
-	plain, err := keys.Open(*m.SealedCredentials, domain.CredentialsAAD(mailboxID))
+	plain, err := keys.Open(*m.SealedCredentials, m.AAD())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,4 +256,27 @@ func TestPublishDisabledAndWarmupObserved(t *testing.T) {
 			t.Errorf("%s/%d ends at %d after the refused events", o.Topic, o.Partition, o.Offset)
 		}
 	})
+}
+
+// TestPublishRefusesSealedCredentials: a client that seals never passes on
+// sealed credentials it was handed (a copy from the log, redirected to
+// another endpoint), and a mailbox.added needs credentials; nothing is
+// produced.
+func TestPublishRefusesSealedCredentials(t *testing.T) {
+	t.Parallel()
+	kc, _ := newBroker(t)
+	c := producer.New(kc, producer.WithSealer(testKeyring(t)))
+	copied := mailboxAdded()
+	copied.Credentials = nil
+	copied.IMAP = domain.IMAPEndpoint{Host: "attacker.example", Port: 143, TLS: domain.TLSNone, Username: copied.IMAP.Username}
+	copied.SealedCredentials = &domain.SealedSecret{KeyID: "k1", Alg: domain.SealAlg, Nonce: "AAAA", Ciphertext: "AAAA"}
+	if _, err := c.PublishMailboxAdded(context.Background(), copied); domain.ErrorCode(err) != domain.CodeSealedCredentialsRefused {
+		t.Errorf("copied sealed credentials: %v", err)
+	}
+	none := mailboxAdded()
+	none.Credentials = nil
+	if _, err := c.PublishMailboxAdded(context.Background(), none); domain.ErrorCode(err) != domain.CodeCredentialsRequired {
+		t.Errorf("no credentials: %v", err)
+	}
+	assertNothingProduced(t, kc, "refused publishes")
 }

@@ -107,7 +107,8 @@ ON CONFLICT (mailbox_id) DO UPDATE SET
     imap_port          = CASE WHEN EXCLUDED.added_at IS NOT NULL THEN EXCLUDED.imap_port ELSE m.imap_port END,
     imap_tls           = CASE WHEN EXCLUDED.added_at IS NOT NULL THEN EXCLUDED.imap_tls ELSE m.imap_tls END,
     imap_username      = CASE WHEN EXCLUDED.added_at IS NOT NULL THEN EXCLUDED.imap_username ELSE m.imap_username END,
-    sealed_credentials = CASE WHEN EXCLUDED.added_at IS NOT NULL THEN EXCLUDED.sealed_credentials ELSE m.sealed_credentials END,
+    sealed_credentials = CASE WHEN EXCLUDED.added_at IS NOT NULL OR EXCLUDED.sealed_credentials IS NOT NULL
+                              THEN EXCLUDED.sealed_credentials ELSE m.sealed_credentials END,
     added_at           = COALESCE(EXCLUDED.added_at, m.added_at),
     health_state       = COALESCE(EXCLUDED.health_state, m.health_state),
     health_score       = CASE WHEN EXCLUDED.health_state IS NOT NULL THEN EXCLUDED.health_score ELSE m.health_score END,
@@ -504,17 +505,23 @@ func mailboxRows(cs []*mailboxChange) (*tuples, error) {
 			b = appendInt4(b, int32(a.IMAP.Port))
 			b = appendText(b, string(a.IMAP.TLS))
 			b = appendText(b, a.IMAP.Username)
-			if a.SealedCredentials != nil {
-				if b, err = appendSealedJSONB(b, a.SealedCredentials); err != nil {
-					return nil, fmt.Errorf("registry: marshal sealed credentials: %w", err)
-				}
-			} else {
+		} else {
+			for range 9 {
 				b = appendNull(b)
+			}
+		}
+		// A rotation (credentials_rotated) replaces the added credentials;
+		// alone, it touches only this column.
+		sealed := c.Sealed
+		if sealed == nil && c.Added != nil {
+			sealed = c.Added.SealedCredentials
+		}
+		if sealed != nil {
+			if b, err = appendSealedJSONB(b, sealed); err != nil {
+				return nil, fmt.Errorf("registry: marshal sealed credentials: %w", err)
 			}
 		} else {
-			for range 10 {
-				b = appendNull(b)
-			}
+			b = appendNull(b)
 		}
 		if h := c.Health; h != nil {
 			b = appendText(b, string(h.State))

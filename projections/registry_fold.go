@@ -25,6 +25,9 @@ type mailboxChange struct {
 	// its time. An add also clears a removal that came before it.
 	Added   *domain.MailboxAdded
 	AddedAt time.Time
+	// Sealed is the credentials of the last credentials_rotated not
+	// followed by an add (nil: none); they replace the added ones.
+	Sealed *domain.SealedSecret
 	// Health is the last mailbox.health_scored (nil: none).
 	Health *domain.MailboxHealthScored
 	// RemovedAt and RemovalReason are set by the last mailbox.removed not
@@ -100,6 +103,7 @@ func foldRegistry(events []domain.Event) registryChanges {
 		case *domain.MailboxAdded:
 			c := mailbox(d.MailboxID)
 			c.Added, c.AddedAt = d, e.Time
+			c.Sealed = nil
 			c.RemovedAt, c.RemovalReason = nil, nil
 			c.DisabledAt, c.DisabledReason = nil, nil
 			c.UpdatedAt, c.LastEventID = e.Time, e.ID
@@ -112,6 +116,10 @@ func foldRegistry(events []domain.Event) registryChanges {
 			c := mailbox(d.MailboxID)
 			t, reason := e.Time, string(d.Cause)+": "+d.Reason
 			c.DisabledAt, c.DisabledReason = &t, &reason
+			c.UpdatedAt, c.LastEventID = e.Time, e.ID
+		case *domain.CredentialsRotated:
+			c := mailbox(d.MailboxID)
+			c.Sealed = d.SealedCredentials
 			c.UpdatedAt, c.LastEventID = e.Time, e.ID
 		case *domain.MailboxHealthScored:
 			c := mailbox(d.MailboxID)

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/mailplane/mailplane/domain"
@@ -52,7 +53,8 @@ func NewKeyring(active string, keys map[string][]byte) (*Keyring, error) {
 }
 
 // ParseKeys parses "id:base64key[,id:base64key...]"; the first is active
-// unless activeID names another.
+// unless activeID names another. A key id given twice is refused
+// (duplicate_key_id).
 func ParseKeys(spec, activeID string) (*Keyring, error) {
 	keys := map[string][]byte{}
 	first := ""
@@ -72,6 +74,11 @@ func ParseKeys(spec, activeID string) (*Keyring, error) {
 		if first == "" {
 			first = id
 		}
+		// A second key under an id would silently replace the first, and
+		// every blob sealed with it would stop opening.
+		if _, dup := keys[id]; dup {
+			return nil, domain.Errorf(domain.CodeDuplicateKeyID, "seal key id %q is given twice", id)
+		}
 		keys[id] = key
 	}
 	if first == "" {
@@ -81,6 +88,16 @@ func ParseKeys(spec, activeID string) (*Keyring, error) {
 		activeID = first
 	}
 	return NewKeyring(activeID, keys)
+}
+
+// KeyIDs returns the ids of the keys in the ring.
+func (k *Keyring) KeyIDs() []string {
+	ids := make([]string, 0, len(k.aeads))
+	for id := range k.aeads {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
 }
 
 // ActiveKeyID returns the id of the key that seals.
@@ -122,7 +139,7 @@ func (k *Keyring) Open(s domain.SealedSecret, aad []byte) ([]byte, error) {
 	}
 	plain, err := aead.Open(nil, nonce, ct, aad)
 	if err != nil {
-		return nil, domain.Errorf(domain.CodeInvalid, "sealed secret does not open (wrong key, or bound to another mailbox)")
+		return nil, domain.Errorf(domain.CodeInvalid, "sealed secret does not open (wrong key, or bound to another mailbox or endpoint)")
 	}
 	return plain, nil
 }

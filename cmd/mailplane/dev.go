@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -174,6 +175,16 @@ func runDev(ctx context.Context, args []string) error {
 		defer sim.Close()
 	}
 
+	// Dev mode's own IMAP server is on loopback, in plain text: allowlist
+	// exactly it (its host), on top of the operator's list.
+	devHost, _, err := net.SplitHostPort(imapSrv.Addr())
+	if err != nil {
+		return err
+	}
+	transport, err := sf.transport(devHost)
+	if err != nil {
+		return err
+	}
 	syncCfg := sf.config()
 	if syncCfg.WorkerID == "" {
 		syncCfg.WorkerID = "dev-sync"
@@ -198,6 +209,7 @@ func runDev(ctx context.Context, args []string) error {
 		imapWarmupHeader: *sf.warmupHeader,
 		imapWarmupKey:    warmupKey,
 		imapOAuth:        sf.oauth(),
+		imapTransport:    transport,
 		project:          true,
 		applyTops:        true,
 		log:              log,

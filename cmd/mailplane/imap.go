@@ -27,11 +27,13 @@ var (
 	cfgOutlookClientID     = register(setting{"oauth-outlook-client-id", "MAILPLANE_OAUTH_OUTLOOK_CLIENT_ID", "", "OAuth client id for outlook mailboxes whose credentials are a refresh token"})
 	cfgOutlookClientSecret = register(setting{"oauth-outlook-client-secret", "MAILPLANE_OAUTH_OUTLOOK_CLIENT_SECRET", "", "OAuth client secret for outlook (prefer the environment to the flag)"})
 	cfgOutlookTokenURL     = register(setting{"oauth-outlook-token-url", "MAILPLANE_OAUTH_OUTLOOK_TOKEN_URL", imapsync.MicrosoftTokenURL, "OAuth token endpoint for outlook"})
+	cfgIMAPAllow           = register(setting{"imap-allow", "MAILPLANE_IMAP_ALLOW", "", "comma-separated CIDRs, IPs and host names IMAP may reach although internal (loopback, private, link-local, CGNAT) and send plain text (tls none) to; checked at ingest and on the resolved address at dial time (dev mode adds its IMAP server)"})
 	cfgSyncRunner          = register(setting{"sync-runner", "MAILPLANE_SYNC_RUNNER", "imap", "what sync workers run per mailbox: imap, or record (logs what it is told, syncs nothing)"})
 )
 
 // auditReporter sends IMAP failures to sync.audit and logs disable
-// requests. Messages carry the server's reason, never a secret.
+// requests. Failures carry a category and mailplane's own words: never a
+// secret, never the remote server's bytes.
 type auditReporter struct {
 	kc    *kgo.Client
 	log   *slog.Logger
@@ -43,7 +45,7 @@ func (r *auditReporter) SyncFailed(ctx context.Context, f imapsync.Failure) {
 		ID: producer.NewEventID(), Type: mailsync.TypeSyncFailed, Source: "mailplane/sync/" + r.owner,
 		Time: f.At.UTC(), Subject: f.MailboxID,
 		Data: &mailsync.SyncFailed{MailboxID: f.MailboxID, Partition: f.Partition, Epoch: f.Epoch, Owner: r.owner,
-			Error: truncate(f.Err.Error(), 500), Attempt: max(f.Consecutive, 1), At: f.At.UTC()},
+			Error: truncate(f.Err.Error(), 500), Category: string(f.Err.Kind), Attempt: max(f.Consecutive, 1), At: f.At.UTC()},
 	})
 	if err != nil {
 		r.log.Error("encode sync.failed", "err", err)
@@ -104,6 +106,7 @@ func newRunner(rc *roleConfig, kc *kgo.Client, log *slog.Logger) (mailsync.Runne
 		WarmupHeader: rc.imapWarmupHeader,
 		WarmupKey:    rc.imapWarmupKey,
 		OAuth:        rc.imapOAuth,
+		Transport:    rc.imapTransport,
 	})
 }
 

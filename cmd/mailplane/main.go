@@ -35,6 +35,7 @@ Operate:
   publish TYPE     publish one event (data as --data JSON or on stdin)
   token            make an API caller's token and its tokens-file line (--name, --scopes, --source)
   token worker     print a sending worker's credential (--worker-id)
+  credentials reseal  re-seal every live mailbox's credentials under the active key (to retire a key)
   dlq list         show dead letters
   replay placement rebuild the placement projection into a fresh schema (--verify, --swap)
   placement show   workers by tier and pool, pending placements (--mailbox ID: its decisions)
@@ -75,6 +76,8 @@ func main() {
 		err = runPublish(ctx, args)
 	case "token":
 		err = runToken(args, os.Stdout)
+	case "credentials":
+		err = runCredentials(ctx, args)
 	case "dlq":
 		err = runDLQ(ctx, args)
 	case "replay":

@@ -95,12 +95,9 @@ func runPublish(ctx context.Context, args []string) error {
 		return err
 	}
 	defer kc.Close()
-	var opts []producer.Option
-	if keyring != nil {
-		opts = append(opts, producer.WithSealer(keyring))
-	}
-	opts = append(opts, producer.WithSchema(eventschema.Default()))
-	rs, err := producer.New(kc, opts...).Publish(ctx, ev)
+	// FromAttributes sealed (and refused producer-sealed credentials)
+	// already: the client only validates and produces.
+	rs, err := producer.New(kc, producer.WithSchema(eventschema.Default())).Publish(ctx, ev)
 	if err != nil {
 		var be *producer.BatchError
 		if errors.As(err, &be) {

@@ -55,6 +55,13 @@ func TestPublishCommand(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, `"offset":0`) {
 		t.Fatalf("sealed publish: exit %d, stdout %s, stderr %s", code, stdout, stderr)
 	}
+	// Sealed credentials copied from the log are refused: only mailplane
+	// seals.
+	copied := strings.Replace(mailbox, `"credentials":{"password":"s3cret"}`, `"sealed_credentials":{"key_id":"cli-1","alg":"A256GCM","nonce":"AAAA","ciphertext":"AAAA"}`, 1)
+	_, stderr, code = run("", "publish", "mailbox.added", "--data", copied, "--seal-keys", key)
+	if code != 1 || !strings.Contains(stderr, "sealed_credentials_refused") {
+		t.Fatalf("copied sealed credentials: exit %d, stderr %s", code, stderr)
+	}
 	_, stderr, code = run("", "publish", "mailbox.exploded", "--data", "{}")
 	if code != 1 || !strings.Contains(stderr, "unknown_type") {
 		t.Fatalf("unknown type: exit %d, stderr %s", code, stderr)

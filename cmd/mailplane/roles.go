@@ -71,6 +71,9 @@ type roleConfig struct {
 	imapWarmupHeader string
 	imapWarmupKey    []byte
 	imapOAuth        map[domain.Provider]imapsync.OAuthClient
+	// imapTransport is the IMAP allowlist (MAILPLANE_IMAP_ALLOW), applied
+	// by the API at ingest and by the IMAP runner at dial time.
+	imapTransport domain.TransportPolicy
 
 	reg       *prometheus.Registry // set by runRoles
 	project   bool                 // run the projectors
@@ -261,6 +264,7 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 			api.WithAdmission(limiter.Admit),
 			api.WithMaxInflightBytes(rc.inflightBytes),
 			api.WithSealer(rc.keyring),
+			api.WithTransportPolicy(rc.imapTransport),
 			api.WithSchemaValidator(eventschema.Default()),
 			api.WithBrokerCheck(kc),
 			api.WithDatabaseCheck(dbCheck),
@@ -416,7 +420,12 @@ func runAPI(ctx context.Context, args []string) error {
 	af := registerAPIFlags(fs)
 	sealKeys := cfgSealKeys.String(fs)
 	sealKeyID := cfgSealKeyID.String(fs)
+	imapAllow := cfgIMAPAllow.String(fs)
 	fs.Parse(args)
+	transport, err := domain.ParseTransportPolicy(*imapAllow)
+	if err != nil {
+		return err
+	}
 	if *af.tokensFile == "" {
 		return errors.New("no API tokens file: set MAILPLANE_API_TOKENS_FILE (or --api-tokens-file); `mailplane token` makes its lines")
 	}
@@ -434,6 +443,7 @@ func runAPI(ctx context.Context, args []string) error {
 	rc := &roleConfig{billing: bc,
 		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
 		opsAddr: *opsAddr, keyring: keyring, statePartitions: int32(*parts), api: true,
+		imapTransport: transport,
 	}
 	af.apply(rc)
 	return runRoles(ctx, rc, nil)

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
@@ -38,7 +39,7 @@ type syncFlags struct {
 	workerID                                                      *string
 	session, heartbeat, warm, cold, grace, hotActivity, coldAfter *time.Duration
 	budget, connectRate                                           *int
-	runner, caFile, warmupHeader, warmupKey                       *string
+	runner, caFile, warmupHeader, warmupKey, imapAllow            *string
 	disableAfter                                                  *time.Duration
 	oauth                                                         func() map[domain.Provider]imapsync.OAuthClient
 }
@@ -50,7 +51,14 @@ func registerSyncFlags(fs *flag.FlagSet) *syncFlags {
 		hotActivity: cfgHotActivity.Duration(fs), coldAfter: cfgColdAfter.Duration(fs), budget: cfgHotBudget.Int(fs), connectRate: cfgConnectRate.Int(fs),
 		runner: cfgSyncRunner.String(fs), caFile: cfgIMAPCAFile.String(fs), disableAfter: cfgIMAPDisableAfter.Duration(fs),
 		warmupHeader: cfgWarmupHeader.String(fs), warmupKey: cfgWarmupKey.String(fs), oauth: oauthFlags(fs),
+		imapAllow: cfgIMAPAllow.String(fs),
 	}
+}
+
+// transport parses the IMAP allowlist, plus extra entries (dev mode's own
+// IMAP server).
+func (f *syncFlags) transport(extra ...string) (domain.TransportPolicy, error) {
+	return domain.ParseTransportPolicy(strings.Join(append([]string{*f.imapAllow}, extra...), ","))
 }
 
 func (f *syncFlags) config() mailsync.Config {
@@ -78,6 +86,10 @@ func runSync(ctx context.Context, args []string) error {
 	if err := checkWarmupKey(*sf.warmupKey, *insecureWarmup, log); err != nil {
 		return err
 	}
+	transport, err := sf.transport()
+	if err != nil {
+		return err
+	}
 	var keyring *sealing.Keyring
 	if *sealKeys != "" {
 		var err error
@@ -90,6 +102,7 @@ func runSync(ctx context.Context, args []string) error {
 		opsAddr: *opsAddr, statePartitions: int32(*parts), syncWorkers: 1, syncConfig: sf.config(), stateProc: *state,
 		keyring: keyring, syncRunner: *sf.runner, imapCAFile: *sf.caFile, imapDisableAfter: *sf.disableAfter,
 		imapWarmupHeader: *sf.warmupHeader, imapWarmupKey: []byte(*sf.warmupKey), imapOAuth: sf.oauth(),
+		imapTransport: transport,
 	}, nil)
 }
 

@@ -1,0 +1,170 @@
+package domain_test
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/mailplane/mailplane/domain"
+)
+
+func sealStub(plain, aad []byte) (domain.SealedSecret, error) {
+	return domain.SealedSecret{KeyID: "k1", Alg: domain.SealAlg, Nonce: "AAAA", Ciphertext: "AAAA"}, nil
+}
+
+func addedFor(provider domain.Provider, ep domain.IMAPEndpoint) *domain.MailboxAdded {
+	return &domain.MailboxAdded{MailboxID: "0190a5b2-4c5e-7b1a-9c3d-00000000c001", OrgID: "0190a5b2-4c5e-7b1a-9c3d-00000000a001",
+		UserID: "0190a5b2-4c5e-7b1a-9c3d-00000000b001", Address: "ada@example.com", Provider: provider, IMAP: ep,
+		Credentials: &domain.Credentials{Password: "dev-password"}}
+}
+
+// TestSealDataRefusesClientSealedAndMissingCredentials: only the sealer
+// makes sealed credentials, and a mailbox.added always brings fresh ones.
+func TestSealDataRefusesClientSealedAndMissingCredentials(t *testing.T) {
+	t.Parallel()
+	ep := domain.IMAPEndpoint{Host: "imap.example.com", Port: 993, TLS: domain.TLSImplicit, Username: "ada"}
+	copied := addedFor(domain.ProviderSMTPIMAP, ep)
+	copied.Credentials = nil
+	copied.SealedCredentials = &domain.SealedSecret{KeyID: "k1", Alg: domain.SealAlg, Nonce: "AAAA", Ciphertext: "AAAA"}
+	if ps := domain.RefuseSealed(copied); !ps.Has(domain.CodeSealedCredentialsRefused) {
+		t.Errorf("client-supplied sealed credentials: %v", ps)
+	}
+	// Through the parse path producers' requests take, with a sealer.
+	raw := `{"specversion":"1.0","id":"0190a5b2-4c5e-7b1a-9c3d-00000000e005","type":"mailplane.mailbox.added.v1","source":"/x",
+		"data":{"mailbox_id":"0190a5b2-4c5e-7b1a-9c3d-00000000c001","org_id":"0190a5b2-4c5e-7b1a-9c3d-00000000a001",
+		"user_id":"0190a5b2-4c5e-7b1a-9c3d-00000000b001","address":"ada@example.com","provider":"smtp_imap",
+		"imap":{"host":"attacker.example","port":143,"tls":"none","username":"ada@example.com"},
+		"sealed_credentials":{"key_id":"k1","alg":"A256GCM","nonce":"AAAA","ciphertext":"AAAA"}}}`
+	if _, ps := domain.ParseStructured([]byte(raw), time.Now(), sealStub); !ps.Has(domain.CodeSealedCredentialsRefused) {
+		t.Errorf("parsed with a sealer: %v", ps)
+	}
+	if ev, ps := domain.ParseStructured([]byte(raw), time.Now(), nil); len(ps) > 0 || ev.Data == nil {
+		t.Errorf("parsed as a log consumer: %v", ps)
+	}
+	both := addedFor(domain.ProviderSMTPIMAP, ep)
+	both.SealedCredentials = copied.SealedCredentials
+	if ps := domain.SealData(both, sealStub); !ps.Has(domain.CodeSealedCredentialsRefused) {
+		t.Errorf("plain and sealed: %v", ps)
+	}
+	none := addedFor(domain.ProviderSMTPIMAP, ep)
+	none.Credentials = nil
+	if ps := domain.SealData(none, sealStub); !ps.Has(domain.CodeCredentialsRequired) {
+		t.Errorf("no credentials: %v", ps)
+	}
+	ok := addedFor(domain.ProviderSMTPIMAP, ep)
+	if ps := domain.SealData(ok, sealStub); len(ps) > 0 || ok.SealedCredentials == nil || ok.Credentials != nil {
+		t.Errorf("fresh credentials: %v", ps)
+	}
+	// A log consumer (no sealer) reads sealed credentials as before.
+	if ps := domain.SealData(copied, nil); len(ps) > 0 {
+		t.Errorf("without a sealer: %v", ps)
+	}
+}
+
+// TestSealDataFixesProviderEndpoints: gmail and outlook credentials are
+// sealed only for their provider's IMAP endpoint.
+func TestSealDataFixesProviderEndpoints(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		p     domain.Provider
+		ep    domain.IMAPEndpoint
+		field string
+	}{
+		{domain.ProviderGmail, domain.IMAPEndpoint{Host: "imap.gmail.com", Port: 993, TLS: domain.TLSImplicit, Username: "a"}, ""},
+		{domain.ProviderOutlook, domain.IMAPEndpoint{Host: "outlook.office365.com", Port: 993, TLS: domain.TLSImplicit, Username: "a"}, ""},
+		{domain.ProviderGmail, domain.IMAPEndpoint{Host: "attacker.example", Port: 993, TLS: domain.TLSImplicit, Username: "a"}, "imap.host"},
+		{domain.ProviderGmail, domain.IMAPEndpoint{Host: "IMAP.GMAIL.COM.attacker.example", Port: 993, TLS: domain.TLSImplicit, Username: "a"}, "imap.host"},
+		{domain.ProviderGmail, domain.IMAPEndpoint{Host: "imap.gmail.com", Port: 143, TLS: domain.TLSImplicit, Username: "a"}, "imap.port"},
+		{domain.ProviderOutlook, domain.IMAPEndpoint{Host: "outlook.office365.com", Port: 993, TLS: domain.TLSNone, Username: "a"}, "imap.tls"},
+		{domain.ProviderOutlook, domain.IMAPEndpoint{Host: "outlook.office365.com", Port: 993, TLS: domain.TLSStartTLS, Username: "a"}, "imap.tls"},
+	}
+	for _, c := range cases {
+		m := addedFor(c.p, c.ep)
+		ps := domain.SealData(m, sealStub)
+		switch {
+		case c.field == "" && len(ps) > 0:
+			t.Errorf("%s %+v: %v", c.p, c.ep, ps)
+		case c.field != "" && (len(ps) == 0 || ps[0].Code != domain.CodeProviderEndpoint || ps[0].Field != c.field):
+			t.Errorf("%s %+v: %v; want provider_endpoint at %s", c.p, c.ep, ps, c.field)
+		case c.field != "" && m.SealedCredentials != nil:
+			t.Errorf("%s %+v: sealed although refused", c.p, c.ep)
+		}
+	}
+}
+
+func TestTransportPolicyEndpoint(t *testing.T) {
+	t.Parallel()
+	none := domain.TransportPolicy{}
+	allow := domain.MustTransportPolicy("10.1.0.0/16, imap.corp.internal ,192.168.7.7")
+	cases := []struct {
+		p    domain.TransportPolicy
+		host string
+		tls  domain.TLSMode
+		code domain.Code
+	}{
+		{none, "imap.example.com", domain.TLSImplicit, ""},
+		{none, "imap.example.com", domain.TLSStartTLS, ""},
+		{none, "imap.example.com", domain.TLSNone, domain.CodePlaintextRefused},
+		{none, "127.0.0.1", domain.TLSNone, domain.CodeEndpointRefused}, // loopback is internal: allowlist it
+		{none, "10.1.2.3", domain.TLSImplicit, domain.CodeEndpointRefused},
+		{none, "169.254.169.254", domain.TLSImplicit, domain.CodeEndpointRefused},
+		{none, "100.64.1.1", domain.TLSImplicit, domain.CodeEndpointRefused},
+		{none, "0.0.0.0", domain.TLSImplicit, domain.CodeEndpointRefused},
+		{none, "224.0.0.1", domain.TLSImplicit, domain.CodeEndpointRefused},
+		{none, "8.8.8.8", domain.TLSImplicit, ""},
+		{allow, "10.1.2.3", domain.TLSNone, ""},
+		{allow, "10.2.2.3", domain.TLSImplicit, domain.CodeEndpointRefused},
+		{allow, "imap.corp.internal", domain.TLSNone, ""},
+		{allow, "IMAP.CORP.INTERNAL", domain.TLSNone, ""},
+		{allow, "192.168.7.7", domain.TLSNone, ""},
+		{allow, "192.168.7.8", domain.TLSImplicit, domain.CodeEndpointRefused},
+		{domain.MustTransportPolicy("127.0.0.1"), "127.0.0.1", domain.TLSNone, ""},
+	}
+	for _, c := range cases {
+		ps := c.p.CheckEndpoint(domain.IMAPEndpoint{Host: c.host, Port: 993, TLS: c.tls, Username: "a"})
+		if (c.code == "") != (len(ps) == 0) || (c.code != "" && !ps.Has(c.code)) {
+			t.Errorf("%s tls %s under %q: %v; want %q", c.host, c.tls, c.p, ps, c.code)
+		}
+	}
+	if _, err := domain.ParseTransportPolicy("10.0.0.0/33"); err == nil {
+		t.Error("bad CIDR accepted")
+	}
+	if _, err := domain.ParseTransportPolicy("bad host!"); err == nil {
+		t.Error("bad host accepted")
+	}
+}
+
+// TestTransportPolicyDial is the dial-time half, on resolved addresses: a
+// public host name resolving to an internal address is refused.
+func TestTransportPolicyDial(t *testing.T) {
+	t.Parallel()
+	none := domain.TransportPolicy{}
+	loop := domain.MustTransportPolicy("127.0.0.0/8")
+	cases := []struct {
+		p      domain.TransportPolicy
+		host   string
+		addr   string
+		tls    domain.TLSMode
+		refuse bool
+	}{
+		{none, "imap.example.com", "93.184.216.34", domain.TLSImplicit, false},
+		{none, "imap.example.com", "93.184.216.34", domain.TLSNone, true},
+		{none, "rebind.example.com", "127.0.0.1", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "169.254.169.254", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "::ffff:10.0.0.1", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "fd00::1", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "fe80::1", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "::1", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "::", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "ff02::1", domain.TLSImplicit, true},
+		{loop, "localhost", "127.0.0.1", domain.TLSNone, false},
+		{loop, "imap.example.com", "93.184.216.34", domain.TLSNone, true},
+		{domain.MustTransportPolicy("imap.corp.internal"), "imap.corp.internal", "10.9.9.9", domain.TLSNone, false},
+	}
+	for _, c := range cases {
+		why := c.p.DialRefusal(c.host, netip.MustParseAddr(c.addr), c.tls)
+		if (why != "") != c.refuse {
+			t.Errorf("%s at %s tls %s under %q: refusal %q, want refused %v", c.host, c.addr, c.tls, c.p, why, c.refuse)
+		}
+	}
+}
