@@ -50,6 +50,10 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 	const flood = 1000
 	ctx := context.Background()
 	e := newEnv(t)
+	// A liveness window of an hour: the clock walks to the retention in
+	// half-hour steps, the real workers heartbeating at each, so they stay
+	// live across the jumps while the silent flood dies and is forgotten.
+	e.cfg.HeartbeatInterval = 20 * time.Minute
 	pool := e.db.Pool
 	reg := prometheus.NewRegistry()
 	stopEngine := e.engine(placement.WithRegisterer(reg))
@@ -62,29 +66,50 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 		}
 		e.publish(at, hbs...)
 	}
-	// beat heartbeats the real workers at at and waits until the engine
-	// has decided those heartbeats: only then may the clock move to at,
-	// or a tick could expire them before their heartbeats are read.
+	// beat walks the engine's clock to at in steps of half the liveness
+	// window, the real workers heartbeating at each step. The engine
+	// decides an input at its record timestamp but never after its own
+	// clock, so the clock moves first; a tick at a step finds the real
+	// workers' last heartbeat half a window old, still live.
+	step := e.cfg.HeartbeatInterval * 3 / 2
+	cur := t0
 	beat := func(at time.Time) {
 		t.Helper()
-		real(at)
-		deadline := time.Now().Add(60 * time.Second)
-		for {
-			n := 0
-			for _, en := range e.readLog() {
-				if c, ok := en.d.Data.(*domain.PlacementWorkerChanged); ok && c.At.Equal(at) {
-					n++
-				}
-			}
-			if n == 3 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the engine did not decide the heartbeats at %s", at)
-			}
-			time.Sleep(20 * time.Millisecond)
+		// Even steps, each at least a heartbeat interval (a heartbeat that
+		// changes nothing is recorded only that often).
+		n := (at.Sub(cur) + step - 1) / step
+		if n < 1 {
+			return
 		}
-		e.clock.Set(at)
+		// Whole seconds: record timestamps carry milliseconds.
+		each := (at.Sub(cur) / n).Truncate(time.Second)
+		if each < e.cfg.HeartbeatInterval {
+			t.Fatalf("beat(%s): a step of %s is shorter than the heartbeat interval", at, each)
+		}
+		for i := time.Duration(1); i <= n; i++ {
+			cur = cur.Add(each)
+			if i == n {
+				cur = at
+			}
+			e.clock.Set(cur)
+			real(cur)
+			deadline := time.Now().Add(60 * time.Second)
+			for {
+				n := 0
+				for _, en := range e.readLog() {
+					if c, ok := en.d.Data.(*domain.PlacementWorkerChanged); ok && c.At.Equal(cur) {
+						n++
+					}
+				}
+				if n == 3 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the engine did not decide the heartbeats at %s", cur)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
 	}
 	real(t0)
 	e.publish(t0, &domain.OrgPlanChanged{OrgID: orgID(1), Plan: domain.PlanPremium, Paid: true, Source: "evt"})
@@ -97,13 +122,14 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 		floodIDs[id] = true
 		hbs = append(hbs, &domain.WorkerHeartbeat{WorkerID: id, Tier: domain.TierSharedPremium, Egress: domain.EgressColdSMTP, Address: "198.51.100.7:25"})
 	}
+	e.clock.Set(t0.Add(time.Second))
 	e.publish(t0.Add(time.Second), hbs...)
 	var boxes []domain.Data
 	for mb := range 20 {
 		boxes = append(boxes, mailboxAdded(mb, 1, domain.ProviderSMTPIMAP, false))
 	}
-	e.publish(t0.Add(2*time.Second), boxes...)
 	e.clock.Set(t0.Add(2 * time.Second))
+	e.publish(t0.Add(2*time.Second), boxes...)
 	e.settledLog(pool)
 	if n := countWorkers(t, pool); n != flood+3 {
 		t.Fatalf("the projection holds %d workers after the flood, want %d", n, flood+3)
@@ -120,7 +146,7 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 	}
 
 	// The flood dies; just within the retention it is still known.
-	beat(t0.Add(2 * time.Minute))
+	beat(t0.Add(2 * time.Hour))
 	waitDecisions[*domain.PlacementWorkerDied](t, e, flood)
 	l := e.settledLog(pool)
 	if n := countDecisions[*domain.PlacementWorkerDied](l); n != flood {
@@ -137,7 +163,7 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 	}
 
 	// Past it, a tick forgets the whole flood.
-	past := within.Add(time.Minute)
+	past := within.Add(step)
 	beat(past)
 	waitDecisions[*domain.PlacementWorkerForgotten](t, e, flood)
 	l = e.settledLog(pool)
@@ -200,7 +226,7 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 	// forgotten ids: one heartbeating again is a new worker.
 	stopEngine()
 	e.engine(placement.WithSnapshotter(projections.NewPlacementSnapshotter(pool)))
-	again := later.Add(30 * time.Second) // within liveness of the real workers: a tick first decides nothing
+	again := later.Add(time.Minute) // within liveness of the real workers: a tick first decides nothing
 	e.publish(again, &domain.WorkerHeartbeat{WorkerID: gone, Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP, Address: "198.51.100.7:25"})
 	e.clock.Set(again)
 	deadline = time.Now().Add(60 * time.Second)

@@ -69,6 +69,7 @@ type env struct {
 	db     *pgtest.DB
 	pub    *producer.Client
 	clock  *clock
+	cfg    domain.PlacementConfig // the engines' and the verifier's decider configuration
 	mu     sync.Mutex
 	events map[string]domain.Event
 
@@ -87,7 +88,7 @@ func (e *env) pubNow() time.Time {
 func newEnv(t testing.TB) *env {
 	t.Helper()
 	e := &env{t: t, kcfg: kafka.Config{Brokers: kafkatest.Brokers(t, 4), ClientID: "replay-test"}, db: pgtest.New(t),
-		clock: &clock{now: t0}, events: map[string]domain.Event{}}
+		clock: &clock{now: t0}, cfg: placementConfig, events: map[string]domain.Event{}}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := migrations.Apply(ctx, e.db.Pool); err != nil {
@@ -133,7 +134,7 @@ func (e *env) engine(opts ...placement.Option) (stop func()) {
 	base := []placement.Option{
 		placement.WithSessionTimeout(kafkatest.SessionTimeout(time.Second)), placement.WithHeartbeatInterval(100 * time.Millisecond),
 		placement.WithClock(e.clock.Now), placement.WithTickInterval(20 * time.Millisecond),
-		placement.WithPlacementConfig(placementConfig), placement.WithLogger(testLogger(e.t)),
+		placement.WithPlacementConfig(e.cfg), placement.WithLogger(testLogger(e.t)),
 	}
 	eng, err := placement.New(e.kcfg, append(base, opts...)...)
 	if err != nil {
@@ -439,7 +440,7 @@ func (e *env) verifyLog(l []logEntry) *domain.PlacementState {
 	e.mu.Lock()
 	events := e.events
 	e.mu.Unlock()
-	decider := domain.NewPlacementState(placementConfig)
+	decider := domain.NewPlacementState(e.cfg)
 	lastID := ""
 	seen := map[string]bool{}
 	for i := 0; i < len(l); {
