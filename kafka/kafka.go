@@ -53,6 +53,13 @@ func (t tolerant) MustRegister(cs ...prometheus.Collector) {
 	}
 }
 
+// WithClientID returns c with another client id: a role's second client
+// keeps the brokers, credentials and metrics of the first.
+func (c Config) WithClientID(id string) Config {
+	c.ClientID = id
+	return c
+}
+
 // ParseBrokers splits a comma-separated broker list.
 func ParseBrokers(s string) []string {
 	var out []string

@@ -26,10 +26,8 @@ const readTimeout = 2 * time.Minute
 func (p *Processor) readToEnd(ctx context.Context, clientSuffix, topic string, pick func(partitions int) []int32, fn func(*kgo.Record)) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, readTimeout)
 	defer cancel()
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(p.kcfg.Brokers...),
+	cl, err := kgo.NewClient(append(kafka.ConnOptions(p.kcfg),
 		kgo.ClientID(p.kcfg.ClientID+"-"+clientSuffix),
-		kgo.DialTimeout(5*time.Second),
 		kgo.RequestTimeoutOverhead(10*time.Second),
 		kgo.RetryTimeout(30*time.Second),
 		kgo.MetadataMinAge(250*time.Millisecond),
@@ -37,7 +35,7 @@ func (p *Processor) readToEnd(ctx context.Context, clientSuffix, topic string, p
 		kgo.KeepControlRecords(),
 		kgo.FetchMaxWait(100*time.Millisecond),
 		kgo.WithLogger(kgoLogger{p.log}),
-	)
+	)...)
 	if err != nil {
 		return 0, fmt.Errorf("%s client: %w", clientSuffix, err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/kafka"
 	"github.com/mailplane/mailplane/outbox"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -22,8 +23,7 @@ import (
 // the latest activity per user and promoting the user's owned mailboxes.
 func (w *Worker) followUsers(ctx context.Context) {
 	since := time.Now().Add(-w.cfg.TierSessionGrace)
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(w.kcfg.Brokers...),
+	cl, err := kgo.NewClient(append(kafka.ConnOptions(w.kcfg),
 		kgo.ClientID(w.kcfg.ClientID+"-users"),
 		kgo.ConsumeTopics(topics.UserEvents),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(since.UnixMilli())),
@@ -31,7 +31,7 @@ func (w *Worker) followUsers(ctx context.Context) {
 		kgo.FetchMaxWait(500*time.Millisecond),
 		kgo.MetadataMinAge(250*time.Millisecond),
 		kgo.WithLogger(kgoLogger{w.log}),
-	)
+	)...)
 	if err != nil {
 		w.log.Error("user events consumer; sessions will not promote", "err", err)
 		return

@@ -218,7 +218,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.running = true
 	w.mu.Unlock()
 
-	out, err := kafka.NewProducer(kafka.Config{Brokers: w.kcfg.Brokers, ClientID: w.kcfg.ClientID + "-out", Registerer: w.kcfg.Registerer},
+	out, err := kafka.NewProducer(w.kcfg.WithClientID(w.kcfg.ClientID+"-out"),
 		kgo.WithLogger(kgoLogger{w.log}))
 	if err != nil {
 		return fmt.Errorf("mailsync: producer: %w", err)
@@ -255,7 +255,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.cfg.NoOutboxRelay {
 		close(relayDone)
 	} else {
-		rcfg := kafka.Config{Brokers: w.kcfg.Brokers, ClientID: w.kcfg.ClientID + "-outbox", Registerer: w.kcfg.Registerer}
+		rcfg := w.kcfg.WithClientID(w.kcfg.ClientID + "-outbox")
 		relay := outbox.NewRelay(w.pool, rcfg, outbox.WithLogger(w.log.With("component", "outbox-relay")),
 			outbox.WithRegisterer(lenientRegisterer{w.cfg.Registerer}))
 		go func() { defer close(relayDone); _ = relay.Run(relayCtx) }()
@@ -818,10 +818,11 @@ func (w *Worker) readTiers(ctx context.Context, ids []int32) (map[int32]map[stri
 	if len(want) == 0 {
 		return out, nil
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(w.kcfg.Brokers...), kgo.ClientID(w.kcfg.ClientID+"-tiers"),
+	cl, err := kgo.NewClient(append(kafka.ConnOptions(w.kcfg),
+		kgo.ClientID(w.kcfg.ClientID+"-tiers"),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topics.SyncTier: offsets}),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords(),
-		kgo.FetchMaxWait(100*time.Millisecond), kgo.WithLogger(kgoLogger{w.log}))
+		kgo.FetchMaxWait(100*time.Millisecond), kgo.WithLogger(kgoLogger{w.log}))...)
 	if err != nil {
 		return out, err
 	}

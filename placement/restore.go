@@ -56,20 +56,18 @@ func restoreClientOptions(kcfg kafka.Config, from int64) []kgo.Opt {
 	if id == "" {
 		id = "mailplane-placement"
 	}
-	return []kgo.Opt{
-		kgo.SeedBrokers(kcfg.Brokers...),
-		kgo.ClientID(id + "-restore"),
-		kgo.DialTimeout(5 * time.Second),
-		kgo.RequestTimeoutOverhead(10 * time.Second),
-		kgo.RetryTimeout(30 * time.Second),
+	return append(kafka.ConnOptions(kcfg),
+		kgo.ClientID(id+"-restore"),
+		kgo.RequestTimeoutOverhead(10*time.Second),
+		kgo.RetryTimeout(30*time.Second),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.KeepControlRecords(),
-		kgo.FetchMaxWait(100 * time.Millisecond),
+		kgo.FetchMaxWait(100*time.Millisecond),
 		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{
 			topics.PlacementDecisions: {0: kgo.NewOffset().At(from)},
 		}),
-	}
+	)
 }
 
 // ErrLogGap is returned when a checkpoint points outside the decision log.

@@ -285,17 +285,15 @@ func (p *PlacementProjector) session(ctx context.Context) error {
 		return err
 	}
 	next := ck.NextOffset
-	opts := []kgo.Opt{
-		kgo.SeedBrokers(p.kcfg.Brokers...),
+	opts := append(kafka.ConnOptions(p.kcfg),
 		kgo.ClientID(p.kcfg.ClientID),
-		kgo.DialTimeout(5 * time.Second),
-		kgo.RequestTimeoutOverhead(10 * time.Second),
-		kgo.RetryTimeout(30 * time.Second),
+		kgo.RequestTimeoutOverhead(10*time.Second),
+		kgo.RetryTimeout(30*time.Second),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		// Markers count: the position reaches the log's end, so a change
 		// token of a caught-up projection is the end of the log.
 		kgo.KeepControlRecords(),
-		kgo.FetchMaxWait(100 * time.Millisecond),
+		kgo.FetchMaxWait(100*time.Millisecond),
 		kgo.FetchMaxBytes(int32(min(max(p.cfg.batchSize, 512)*1024, 50<<20))),
 		// A checkpoint outside the log (records deleted, another
 		// cluster's database) is an error, never a silent skip.
@@ -306,7 +304,7 @@ func (p *PlacementProjector) session(ctx context.Context) error {
 		// Decode as fetches are buffered, in the client's goroutine, so
 		// decoding the next batch overlaps the transaction of this one.
 		kgo.WithHooks(plDecodeHook{}),
-	}
+	)
 	cl, err := kgo.NewClient(append(opts, p.cfg.kgoOpts...)...)
 	if err != nil {
 		return fmt.Errorf("decision-log reader: %w", err)

@@ -552,7 +552,8 @@ func (p *Placement) reporter(from, to int64, start time.Time, applied, offset *a
 func logEnd(kcfg kafka.Config) (int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(kcfg.Brokers...), kgo.ClientID(kcfg.ClientID), kgo.DialTimeout(5*time.Second))
+	cl, err := kgo.NewClient(append(kafka.ConnOptions(kcfg),
+		kgo.ClientID(kcfg.ClientID), kgo.DialTimeout(5*time.Second))...)
 	if err != nil {
 		return 0, err
 	}

@@ -26,10 +26,8 @@ import (
 // returns the end offset.
 func readParallel(ctx context.Context, kcfg kafka.Config, from int64, out chan<- []projections.PlacementRecord) (int64, error) {
 	defer close(out)
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(kcfg.Brokers...),
+	cl, err := kgo.NewClient(append(kafka.ConnOptions(kcfg),
 		kgo.ClientID(kcfg.ClientID),
-		kgo.DialTimeout(5*time.Second),
 		kgo.RequestTimeoutOverhead(10*time.Second),
 		kgo.RetryTimeout(30*time.Second),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
@@ -39,7 +37,7 @@ func readParallel(ctx context.Context, kcfg kafka.Config, from int64, out chan<-
 		kgo.FetchMaxPartitionBytes(64<<20),
 		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topics.PlacementDecisions: {0: kgo.NewOffset().At(from)}}),
-	)
+	)...)
 	if err != nil {
 		return 0, fmt.Errorf("replay: decision-log reader: %w", err)
 	}

@@ -12,7 +12,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/kafka"
+	"github.com/mailplane/mailplane/mailboxstate"
+	"github.com/mailplane/mailplane/placement"
+	"github.com/mailplane/mailplane/producer"
+	"github.com/mailplane/mailplane/sealing"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -215,5 +220,77 @@ func TestParsePrincipals(t *testing.T) {
 		if _, err := topics.ParsePrincipals(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+// The real roles run under their own principals on a broker enforcing the
+// plan: the API's producer publishes, the placement engine decides (its
+// group, transactional id and decision log) and the mailbox.state processor
+// folds (its group, transactional ids, dedupe changelog), and an analyst
+// reads the decision. A grant missing from the plan fails this test.
+func TestRolesRunUnderTheirACLs(t *testing.T) {
+	t.Parallel()
+	brokers, _ := aclCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+
+	eng, err := placement.New(as(brokers, topics.RoleEngine), placement.WithSessionTimeout(6*time.Second),
+		placement.WithHeartbeatInterval(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc, err := mailboxstate.New(as(brokers, topics.RoleState),
+		mailboxstate.WithGroup(kafka.GroupConfig{SessionTimeout: 6 * time.Second, HeartbeatInterval: 500 * time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	errs := make(chan error, 2)
+	go func() { errs <- eng.Run(rctx) }()
+	go func() { errs <- proc.Run(rctx) }()
+	defer func() {
+		stop()
+		for range 2 {
+			if err := <-errs; err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("role stopped with %v", err)
+			}
+		}
+	}()
+
+	key := make([]byte, sealing.KeySize)
+	keyring, err := sealing.NewKeyring("k1", map[string][]byte{"k1": key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := kafka.NewProducer(as(brokers, topics.RoleAPI))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	pc := producer.New(kc, producer.WithSealer(keyring), producer.WithSource("/acl-test"))
+	const worker, mailbox = "0190a5b2-4c5e-7b1a-9c3d-00000000d0a1", "0190a5b2-4c5e-7b1a-9c3d-00000000c0a1"
+	if _, err := pc.Publish(ctx, domain.Event{ID: producer.NewEventID(), Type: domain.TypeWorkerHeartbeat, Source: "/acl-test", Time: time.Now(),
+		Data: &domain.WorkerHeartbeat{WorkerID: worker, Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP, Address: "10.0.0.1:25"}}); err != nil {
+		t.Fatalf("api publishing a heartbeat: %v", err)
+	}
+	if _, err := pc.Publish(ctx, domain.Event{ID: producer.NewEventID(), Type: domain.TypeMailboxAdded, Source: "/acl-test", Time: time.Now(),
+		Data: &domain.MailboxAdded{MailboxID: mailbox, OrgID: "0190a5b2-4c5e-7b1a-9c3d-00000000a0a1", UserID: "0190a5b2-4c5e-7b1a-9c3d-00000000b0a1",
+			Address: "acl@example.com", Provider: domain.ProviderSMTPIMAP,
+			IMAP:        domain.IMAPEndpoint{Host: "imap.example.com", Port: 993, TLS: domain.TLSImplicit, Username: "acl@example.com"},
+			Credentials: &domain.Credentials{Password: "pw"}}}); err != nil {
+		t.Fatalf("api publishing a mailbox: %v", err)
+	}
+
+	// The engine's decision, read by an analyst.
+	if err := consumeOne(ctx, as(brokers, topics.RoleAnalyst), topics.PlacementDecisions, topics.GroupAnalystPrefix+"decisions"); err != nil {
+		t.Fatalf("no decision readable by the analyst (the engine could not decide under its ACLs?): %v", err)
+	}
+	// The processor's mailbox.state record, read as ops.
+	ops := roleConfig(brokers, "ops", "ops-pw")
+	for ctx.Err() == nil && endOffset(ctx, t, brokers, topics.MailboxState) == 0 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the mailbox.state processor wrote nothing under its ACLs (%v)", ops.ClientID)
 	}
 }

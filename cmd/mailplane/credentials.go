@@ -31,7 +31,7 @@ Flags:
 
 func runCredentials(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("credentials reseal", flag.ExitOnError)
-	brokers := cfgBrokers.String(fs)
+	brokers := registerBrokerFlags(fs)
 	source := cfgSource.String(fs)
 	sealKeys, sealKeyID := cfgSealKeys.String(fs), cfgSealKeyID.String(fs)
 	dataDir := cfgDataDir.String(fs)
@@ -53,7 +53,7 @@ func runCredentials(ctx context.Context, args []string) error {
 		return errors.New("no sealing keys: set MAILPLANE_SEAL_KEYS (the old keys and the new one, active)")
 	}
 	log := newLogger(*logLevel, *logFormat)
-	kcfg := kafka.Config{Brokers: kafka.ParseBrokers(*brokers), ClientID: "mailplane-reseal"}
+	kcfg := brokers.config("mailplane-reseal")
 	kc, err := kafka.NewProducer(kcfg)
 	if err != nil {
 		return err

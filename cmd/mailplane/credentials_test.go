@@ -117,7 +117,7 @@ func TestKeyRotationEndToEnd(t *testing.T) {
 		}
 	}
 	// The state processor folds the registrations: every mailbox under k1.
-	stop := startRoles(t, &roleConfig{log: log, brokers: brokers, databaseURL: db.URL, statePartitions: 4, stateProc: true})
+	stop := startRoles(t, &roleConfig{log: log, kafka: kafka.Config{Brokers: brokers}, databaseURL: db.URL, statePartitions: 4, stateProc: true})
 	waitFor(t, 60*time.Second, "every mailbox in mailbox.state under k1", stateUnder("k1"))
 
 	// k2 added and active; reseal; the processor folds the rotations.
@@ -145,7 +145,7 @@ func TestKeyRotationEndToEnd(t *testing.T) {
 	sc.WorkerID = "rotation-sync"
 	sc.SessionTimeout, sc.HeartbeatInterval = kafkatest.SessionTimeout(time.Second), 200*time.Millisecond
 	sc.PollWarm = 300 * time.Millisecond
-	startRoles(t, &roleConfig{log: log, brokers: brokers, databaseURL: db.URL, keyring: k2only, statePartitions: 4,
+	startRoles(t, &roleConfig{log: log, kafka: kafka.Config{Brokers: brokers}, databaseURL: db.URL, keyring: k2only, statePartitions: 4,
 		stateProc: true, syncWorkers: 1, syncConfig: sc, syncRunner: "imap", imapDisableAfter: time.Hour,
 		imapTransport: domain.MustTransportPolicy(host)})
 	waitFor(t, 90*time.Second, "every mailbox synced the message delivered after the rotation", func() bool {

@@ -213,7 +213,7 @@ func runDev(ctx context.Context, args []string) error {
 		project:          true,
 		applyTops:        true,
 		log:              log,
-		brokers:          brokers,
+		kafka:            kafka.Config{Brokers: brokers},
 		databaseURL:      url,
 		opsAddr:          *opsAddr,
 		keyring:          keyring,

@@ -7,7 +7,6 @@ import (
 	"os"
 
 	"github.com/mailplane/mailplane/dlq"
-	"github.com/mailplane/mailplane/kafka"
 )
 
 func runDLQ(ctx context.Context, args []string) error {
@@ -15,10 +14,10 @@ func runDLQ(ctx context.Context, args []string) error {
 		return errors.New("usage: mailplane dlq list [--limit N]")
 	}
 	fs := flag.NewFlagSet("dlq list", flag.ExitOnError)
-	brokers := cfgBrokers.String(fs)
+	brokers := registerBrokerFlags(fs)
 	limit := fs.Int("limit", 100, "show at most the newest N dead letters (0: all)")
 	fs.Parse(args[1:])
-	entries, err := dlq.List(ctx, kafka.Config{Brokers: kafka.ParseBrokers(*brokers), ClientID: "mailplane-dlq"}, *limit)
+	entries, err := dlq.List(ctx, brokers.config("mailplane-dlq"), *limit)
 	if err != nil {
 		return err
 	}

@@ -57,7 +57,7 @@ func TestHealthLoop(t *testing.T) {
 	sc.PollWarm = 300 * time.Millisecond
 	rc := &roleConfig{
 		log:     slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		brokers: brokers, databaseURL: db.URL, keyring: keyring, statePartitions: 4,
+		kafka: kafka.Config{Brokers: brokers}, databaseURL: db.URL, keyring: keyring, statePartitions: 4,
 		engine: true, stateProc: true, project: true,
 		syncWorkers: 1, syncConfig: sc, syncRunner: "imap", imapCAFile: caFile, imapDisableAfter: time.Hour,
 		// Dovecot listens on loopback, which IMAP reaches only when allowlisted.

@@ -36,6 +36,7 @@ Operate:
   token            make an API caller's token and its tokens-file line (--name, --scopes, --source)
   token worker     print a sending worker's credential (--worker-id)
   credentials reseal  re-seal every live mailbox's credentials under the active key (to retire a key)
+  acls plan|apply  broker ACLs giving each role only what it needs (--principals role=user,...)
   dlq list         show dead letters
   replay placement rebuild the placement projection into a fresh schema (--verify, --swap)
   placement show   workers by tier and pool, pending placements (--mailbox ID: its decisions)
@@ -78,6 +79,8 @@ func main() {
 		err = runToken(args, os.Stdout)
 	case "credentials":
 		err = runCredentials(ctx, args)
+	case "acls":
+		err = runACLs(ctx, args, os.Stdout)
 	case "dlq":
 		err = runDLQ(ctx, args)
 	case "replay":

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/kafka"
 	"github.com/mailplane/mailplane/projections"
 	"github.com/mailplane/mailplane/replay"
 )
@@ -37,7 +36,7 @@ func runReplay(ctx context.Context, args []string) error {
 	}
 	fs := flag.NewFlagSet("replay placement", flag.ExitOnError)
 	fs.Usage = func() { fmt.Fprintln(fs.Output(), replayUsage); fs.PrintDefaults() }
-	brokers, dbURL := cfgBrokers.String(fs), cfgDatabaseURL.String(fs)
+	brokers, dbURL := registerBrokerFlags(fs), cfgDatabaseURL.String(fs)
 	logLevel, logFormat := cfgLogLevel.String(fs), cfgLogFormat.String(fs)
 	verify := fs.Bool("verify", false, "compare the rebuild with the live projection row for row")
 	swap := fs.Bool("swap", false, "swap the rebuild in (atomically)")
@@ -57,7 +56,7 @@ func runReplay(ctx context.Context, args []string) error {
 
 	bar := newProgressBar(os.Stderr)
 	rb, err := replay.RebuildPlacement(ctx, replay.Config{
-		Kafka:     kafka.Config{Brokers: kafka.ParseBrokers(*brokers), ClientID: "mailplane-replay"},
+		Kafka:     brokers.config("mailplane-replay"),
 		Live:      pool,
 		Schema:    *schema,
 		BatchSize: *batch,

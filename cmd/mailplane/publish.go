@@ -34,7 +34,7 @@ func runPublish(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("publish", flag.ExitOnError)
 	data := fs.String("data", "", "event data as JSON (default: read stdin)")
 	id := fs.String("id", "", "event id (UUIDv7); a new one when empty (reuse one to retry safely)")
-	brokers := cfgBrokers.String(fs)
+	brokers := registerBrokerFlags(fs)
 	source := cfgSource.String(fs)
 	sealKeys := cfgSealKeys.String(fs)
 	sealKeyID := cfgSealKeyID.String(fs)
@@ -90,7 +90,7 @@ func runPublish(ctx context.Context, args []string) error {
 		printProblems(ps)
 		return ps.Err()
 	}
-	kc, err := kafka.NewProducer(kafka.Config{Brokers: kafka.ParseBrokers(*brokers), ClientID: "mailplane-publish"})
+	kc, err := kafka.NewProducer(brokers.config("mailplane-publish"))
 	if err != nil {
 		return err
 	}

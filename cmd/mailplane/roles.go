@@ -42,7 +42,7 @@ import (
 // roleConfig is what the roles of one process share.
 type roleConfig struct {
 	log             *slog.Logger
-	brokers         []string
+	kafka           kafka.Config // brokers, SASL and TLS; each client adds its id
 	databaseURL     string
 	httpAddr        string // the public API (api role)
 	opsAddr         string // metrics and detailed health, every role; "" for none
@@ -88,7 +88,9 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 	rc.reg = reg
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	kcfg := func(role string) kafka.Config {
-		return kafka.Config{Brokers: rc.brokers, ClientID: "mailplane-" + role, Registerer: reg}
+		c := rc.kafka.WithClientID("mailplane-" + role)
+		c.Registerer = reg
+		return c
 	}
 
 	if rc.databaseURL == "" {
@@ -290,7 +292,7 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 	}
 	if rc.opsAddr != "" {
 		if ops == nil {
-			kc, err := kgo.NewClient(kgo.SeedBrokers(rc.brokers...), kgo.DialTimeout(5*time.Second))
+			kc, err := kgo.NewClient(kafka.ConnOptions(rc.kafka)...)
 			if err != nil {
 				return err
 			}
@@ -327,7 +329,7 @@ func openDB(ctx context.Context, url string, log *slog.Logger) (*pgxpool.Pool, e
 }
 
 func applyTopics(ctx context.Context, rc *roleConfig) error {
-	kc, err := kgo.NewClient(kgo.SeedBrokers(rc.brokers...), kgo.DialTimeout(5*time.Second))
+	kc, err := kgo.NewClient(kafka.ConnOptions(rc.kafka)...)
 	if err != nil {
 		return err
 	}
@@ -390,8 +392,8 @@ func serveOps(ctx context.Context, addr string, h http.Handler, log *slog.Logger
 }
 
 // commonRoleFlags registers the flags every production role takes.
-func commonRoleFlags(fs *flag.FlagSet) (brokers, dbURL, opsAddr, logLevel, logFormat *string, parts *int) {
-	return cfgBrokers.String(fs), cfgDatabaseURL.String(fs), cfgOpsHTTP.String(fs), cfgLogLevel.String(fs), cfgLogFormat.String(fs), cfgStatePartitions.Int(fs)
+func commonRoleFlags(fs *flag.FlagSet) (brokers *brokerFlags, dbURL, opsAddr, logLevel, logFormat *string, parts *int) {
+	return registerBrokerFlags(fs), cfgDatabaseURL.String(fs), cfgOpsHTTP.String(fs), cfgLogLevel.String(fs), cfgLogFormat.String(fs), cfgStatePartitions.Int(fs)
 }
 
 // apiFlags are the api role's own settings (dev mode takes them too).
@@ -441,7 +443,7 @@ func runAPI(ctx context.Context, args []string) error {
 		return err
 	}
 	rc := &roleConfig{billing: bc,
-		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
+		log: newLogger(*logLevel, *logFormat), kafka: brokers.config(""), databaseURL: *dbURL,
 		opsAddr: *opsAddr, keyring: keyring, statePartitions: int32(*parts), api: true,
 		imapTransport: transport,
 	}
@@ -454,7 +456,7 @@ func runProject(ctx context.Context, args []string) error {
 	brokers, dbURL, opsAddr, logLevel, logFormat, parts := commonRoleFlags(fs)
 	fs.Parse(args)
 	return runRoles(ctx, &roleConfig{
-		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
+		log: newLogger(*logLevel, *logFormat), kafka: brokers.config(""), databaseURL: *dbURL,
 		opsAddr: *opsAddr, statePartitions: int32(*parts), project: true,
 	}, nil)
 }
@@ -515,7 +517,7 @@ func runEngine(ctx context.Context, args []string) error {
 		return err
 	}
 	return runRoles(ctx, &roleConfig{
-		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
+		log: newLogger(*logLevel, *logFormat), kafka: brokers.config(""), databaseURL: *dbURL,
 		opsAddr: *opsAddr, statePartitions: int32(*parts), engine: true, placement: pc,
 	}, nil)
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/imapsync"
-	"github.com/mailplane/mailplane/kafka"
 	"github.com/mailplane/mailplane/mailsync"
 	"github.com/mailplane/mailplane/sealing"
 )
@@ -98,7 +97,7 @@ func runSync(ctx context.Context, args []string) error {
 		}
 	}
 	return runRoles(ctx, &roleConfig{
-		log: log, brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
+		log: log, kafka: brokers.config(""), databaseURL: *dbURL,
 		opsAddr: *opsAddr, statePartitions: int32(*parts), syncWorkers: 1, syncConfig: sf.config(), stateProc: *state,
 		keyring: keyring, syncRunner: *sf.runner, imapCAFile: *sf.caFile, imapDisableAfter: *sf.disableAfter,
 		imapWarmupHeader: *sf.warmupHeader, imapWarmupKey: []byte(*sf.warmupKey), imapOAuth: sf.oauth(),
@@ -131,7 +130,7 @@ func runState(ctx context.Context, args []string) error {
 	brokers, dbURL, opsAddr, logLevel, logFormat, parts := commonRoleFlags(fs)
 	fs.Parse(args)
 	return runRoles(ctx, &roleConfig{
-		log: newLogger(*logLevel, *logFormat), brokers: kafka.ParseBrokers(*brokers), databaseURL: *dbURL,
+		log: newLogger(*logLevel, *logFormat), kafka: brokers.config(""), databaseURL: *dbURL,
 		opsAddr: *opsAddr, statePartitions: int32(*parts), stateProc: true,
 	}, nil)
 }

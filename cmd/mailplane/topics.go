@@ -20,7 +20,7 @@ func runTopics(ctx context.Context, args []string) error {
 		return errors.New("usage: mailplane topics apply|list [flags]")
 	}
 	fs := flag.NewFlagSet("topics "+args[0], flag.ExitOnError)
-	brokers := cfgBrokers.String(fs)
+	brokers := registerBrokerFlags(fs)
 	parts := cfgStatePartitions.Int(fs)
 	fs.Parse(args[1:])
 	specs := topics.Catalog(topics.Config{StatePartitions: int32(*parts)})
@@ -32,7 +32,7 @@ func runTopics(ctx context.Context, args []string) error {
 		}
 		return tw.Flush()
 	}
-	kc, err := kgo.NewClient(kgo.SeedBrokers(kafka.ParseBrokers(*brokers)...), kgo.DialTimeout(5*time.Second))
+	kc, err := kgo.NewClient(kafka.ConnOptions(brokers.config("mailplane-topics"))...)
 	if err != nil {
 		return err
 	}
