@@ -157,6 +157,15 @@ func TestIngestExamples(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if domain.FromRolesOnly(typ) {
+			// Written by mailplane's roles only: refused from any caller,
+			// an all-scopes one included.
+			resp, body := e.do(req{ct: ContentTypeStructured, body: raw, token: ptr(tokenExamples)})
+			if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), string(domain.CodeSealedCredentialsRefused)) {
+				t.Fatalf("%s: status %d: %s", typ, resp.StatusCode, body)
+			}
+			continue
+		}
 		raws = append(raws, raw)
 		resp, body := e.do(req{ct: ContentTypeStructured, body: raw, token: ptr(tokenExamples)})
 		if resp.StatusCode != http.StatusAccepted {

@@ -375,15 +375,28 @@ func MarshalStructured(e Event) ([]byte, error) {
 // mailbox anew, at the endpoint of the attacker's choosing or any other.
 // Callers that seal (the ingest API, the Go client with a sealer) call it
 // on what producers hand them, before SealData.
+//
+// A mailbox.credentials_rotated is refused whole, whatever the caller's
+// scopes: it is nothing but sealed credentials, written by mailplane's own
+// roles (credentials reseal, OAuth rotation) straight to the log; from a
+// producer it could only put back an older password or refresh token.
 func RefuseSealed(d Data) Problems {
-	m, ok := d.(*MailboxAdded)
-	if !ok || m.SealedCredentials == nil {
-		return nil
-	}
 	var ps Problems
-	ps.Add("sealed_credentials", CodeSealedCredentialsRefused, "sealed credentials are not accepted from producers: send credentials in plain text, mailplane seals them")
+	switch m := d.(type) {
+	case *MailboxAdded:
+		if m.SealedCredentials != nil {
+			ps.Add("sealed_credentials", CodeSealedCredentialsRefused, "sealed credentials are not accepted from producers: send credentials in plain text, mailplane seals them")
+		}
+	case *CredentialsRotated:
+		ps.Add("sealed_credentials", CodeSealedCredentialsRefused, "mailbox.credentials_rotated is written by mailplane's roles only; to change a mailbox's credentials send a mailbox.added with fresh ones")
+	}
 	return ps
 }
+
+// FromRolesOnly reports whether events of eventType are written only by
+// mailplane's roles and refused from producers (RefuseSealed), so no
+// example of them is publishable.
+func FromRolesOnly(eventType string) bool { return eventType == TypeCredentialsRotated }
 
 // SealData seals plain secrets in d when seal is not nil, bound to the
 // mailbox's endpoint. A mailbox.added without any credentials is refused

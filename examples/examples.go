@@ -8,7 +8,9 @@
 // examples are about the same worker. mailbox.added carries
 // plain credentials, which the ingest API and the Go client seal before
 // anything reaches the log; its IMAP endpoint is the dev server on
-// 127.0.0.1:1143 (no TLS).
+// 127.0.0.1:1143 (no TLS). mailbox.credentials_rotated is the exception:
+// only mailplane's roles write it (domain.FromRolesOnly), so its example
+// shows the log form, which ingest refuses.
 package examples
 
 import (

@@ -39,7 +39,13 @@ func parseAll(t *testing.T) map[string]domain.Event {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ev, ps := domain.ParseStructured(raw, now, seal)
+		// A type only mailplane's roles write is shown in its log form,
+		// sealed credentials and all, which ingest refuses.
+		s := seal
+		if typ, ok := domain.ResolveType(strings.TrimSuffix(name, ".json")); ok && domain.FromRolesOnly(typ) {
+			s = nil
+		}
+		ev, ps := domain.ParseStructured(raw, now, s)
 		if len(ps) > 0 {
 			t.Errorf("%s: %s", name, ps)
 			continue

@@ -56,7 +56,7 @@ func TestHealthLoop(t *testing.T) {
 	sc.SessionTimeout, sc.HeartbeatInterval = kafkatest.SessionTimeout(time.Second), 200*time.Millisecond
 	sc.PollWarm = 300 * time.Millisecond
 	rc := &roleConfig{
-		log:     slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		log:   slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		kafka: kafka.Config{Brokers: brokers}, databaseURL: db.URL, keyring: keyring, statePartitions: 4,
 		engine: true, stateProc: true, project: true,
 		syncWorkers: 1, syncConfig: sc, syncRunner: "imap", imapCAFile: caFile, imapDisableAfter: time.Hour,
