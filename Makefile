@@ -57,9 +57,9 @@ lint: ## go vet and staticcheck
 	$(GO) run $(STATICCHECK) $(PKGS)
 
 .PHONY: deps
-deps: ## install the Debian packages the tests need (root)
+deps: ## install the Debian packages the tests need (root): PostgreSQL, kcat, Dovecot, docker-compose
 	DEBIAN_FRONTEND=noninteractive apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql kcat dovecot-imapd
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql kcat dovecot-imapd docker-compose
 
 .PHONY: topics
 topics: ## apply the topic catalog to MAILPLANE_BROKERS
