@@ -37,7 +37,11 @@ func exampleEvents(tb testing.TB) []domain.Event {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		ev, ps := domain.ParseStructured(raw, exampleNow, k.Seal)
+		seal := k.Seal
+		if domain.FromRolesOnly(typ) {
+			seal = nil // its example is the log form, sealed credentials and all
+		}
+		ev, ps := domain.ParseStructured(raw, exampleNow, seal)
 		if len(ps) > 0 {
 			tb.Fatalf("%s: %s", typ, ps)
 		}
