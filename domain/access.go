@@ -6,8 +6,9 @@ import (
 	"strings"
 )
 
-// Scopes a caller may hold (docs/design.md section 11, callers; SECURITY.md). A scope grants
-// one kind of request; a caller holds a set of them.
+// Scopes a caller may hold (docs/design.md section 11, callers;
+// SECURITY.md). A scope grants one kind of request; a caller holds a set
+// of them.
 const (
 	// ScopePublishPrefix + a short event type ("publish:mailbox.added")
 	// grants publishing that one type through POST /v1/events.
