@@ -90,7 +90,7 @@ var (
 	cfgStatePartitions   = register(setting{"state-partitions", "MAILPLANE_STATE_PARTITIONS", "256", "partitions of mailbox.state and sync.tier (bounds the sync fleet size)"})
 	cfgLogLevel          = register(setting{"log-level", "MAILPLANE_LOG_LEVEL", "info", "debug, info, warn or error"})
 	cfgLogFormat         = register(setting{"log-format", "MAILPLANE_LOG_FORMAT", "text", "text or json"})
-	cfgSource            = register(setting{"source", "MAILPLANE_SOURCE", "mailplane/cli", "ce_source of events published by the CLI"})
+	cfgSource            = register(setting{"source", "MAILPLANE_SOURCE", "/cli", "ce_source of events published by the CLI (through --api: the caller's source or a path below it)"})
 	cfgAPIURL            = register(setting{"api", "MAILPLANE_API_URL", "", "publish through this API (e.g. http://127.0.0.1:8080) instead of straight to the brokers"})
 )
 
