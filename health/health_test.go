@@ -67,9 +67,10 @@ func run(t *testing.T, f func(ctx context.Context) error) {
 	t.Cleanup(func() { cancel(); <-done })
 }
 
-func (e *env) startScorer(m *health.Metrics) {
+func (e *env) startScorer(m *health.Metrics, opts ...health.ScorerOption) {
 	e.t.Helper()
-	s, err := health.NewScorer(domain.DefaultHealthPolicy(), health.WithEmitted(func(ev domain.Event) { m.Committed([]domain.Event{ev}) }))
+	opts = append([]health.ScorerOption{health.WithEmitted(func(ev domain.Event) { m.Committed([]domain.Event{ev}) })}, opts...)
+	s, err := health.NewScorer(domain.DefaultHealthPolicy(), opts...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -316,5 +317,37 @@ func TestTickerEndsPenalties(t *testing.T) {
 	clock = t0.Add(400 * 24 * time.Hour)
 	if n, err := tk.Tick(ctx); err != nil || n != 0 {
 		t.Fatalf("tick with nothing due: %d rows, %v", n, err)
+	}
+}
+
+// TestScorerBoundsFutureStamps: observations written straight to the topic
+// with record timestamps in 2099 are scored at the scorer's clock, so the
+// block they earn ends 30 days after that reading, not in 2099.
+func TestScorerBoundsFutureStamps(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	m := health.NewMetrics(prometheus.NewRegistry())
+	clock := t0.Add(time.Hour)
+	e.startScorer(m, health.WithScorerClock(func() time.Time { return clock }))
+	e.startRelay()
+	future := time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)
+	var evs []domain.Event
+	for i := range 20 {
+		evs = append(evs, observation(sender, i, i%2 == 0, future)) // 50%: blocked 30 days
+	}
+	e.publishAt(future, evs...)
+	if s := e.waitObservations(sender, 20); s != "blocked" {
+		t.Fatalf("state %s", s)
+	}
+	got := e.scored(sender, 1)[0]
+	if want := clock.Add(30 * 24 * time.Hour); got.Until == nil || !got.Until.Equal(want) {
+		t.Fatalf("blocked until %v, want %s (30 days after the scorer's clock, not the record's 2099 stamp)", got.Until, want)
+	}
+	var lastEval time.Time
+	if err := e.pool.QueryRow(context.Background(), `SELECT last_eval FROM mailbox_health WHERE mailbox_id = $1`, sender).Scan(&lastEval); err != nil {
+		t.Fatal(err)
+	}
+	if !lastEval.Equal(clock) {
+		t.Fatalf("the scorer's clock is at %s, want %s", lastEval, clock)
 	}
 }

@@ -37,6 +37,7 @@ const Source = "mailplane/health-scorer"
 type Scorer struct {
 	policy  domain.HealthPolicy
 	emitted func(ev domain.Event)
+	now     func() time.Time
 }
 
 // ScorerOption configures a Scorer.
@@ -47,12 +48,19 @@ type ScorerOption func(*Scorer)
 // roll back.
 func WithEmitted(fn func(domain.Event)) ScorerOption { return func(s *Scorer) { s.emitted = fn } }
 
+// WithScorerClock sets the clock bounding observations' record timestamps
+// (default time.Now): a record stamped ahead of it is scored at its
+// reading, so one record written straight to the topic with a far-future
+// stamp cannot move a mailbox's scoring clock, and the end of the penalty
+// it earns, years ahead.
+func WithScorerClock(now func() time.Time) ScorerOption { return func(s *Scorer) { s.now = now } }
+
 // NewScorer returns the scorer with policy.
 func NewScorer(policy domain.HealthPolicy, opts ...ScorerOption) (*Scorer, error) {
 	if err := policy.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Scorer{policy: policy}
+	s := &Scorer{policy: policy, now: time.Now}
 	for _, o := range opts {
 		o(s)
 	}
@@ -98,7 +106,7 @@ func (s *Scorer) Apply(ctx context.Context, tx pgx.Tx, events []domain.Event) er
 			r = &domain.HealthRecord{MailboxID: o.MailboxID}
 			recs[o.MailboxID] = r
 		}
-		next, scored := s.policy.Observe(*r, o, observedAt(e))
+		next, scored := s.policy.Observe(*r, o, s.observedAt(e))
 		*r = next
 		counts[o.MailboxID]++
 		if scored != nil {
@@ -254,11 +262,14 @@ func bucketArrays(bs []domain.HealthBucket) (hours, inbox, junk string) {
 // observedAt is the scorer's clock for an observation: the time mailplane
 // received it (its record timestamp: the sync runner's outbox relay, or the
 // ingest API), not the time its producer claims; the claim, and landed_at,
-// can only be earlier (Observe bounds landed_at by it). Events not read
-// from a record (none in production) fall back to their own time.
-func observedAt(e domain.Event) time.Time {
+// can only be earlier (Observe bounds landed_at by it). A stamp ahead of
+// the scorer's clock counts as the clock's reading (domain.TrustedTime):
+// only a writer straight to the topic makes one, and replaying such a
+// record later scores it at that later reading. Events not read from a
+// record (none in production) fall back to their own time.
+func (s *Scorer) observedAt(e domain.Event) time.Time {
 	if e.Logged.IsZero() {
 		return e.Time
 	}
-	return e.Logged
+	return domain.TrustedTime(e.Logged, s.now())
 }
