@@ -66,6 +66,18 @@ func TrustedTime(logged, now time.Time) time.Time {
 	return logged
 }
 
+// ClaimNoLaterThanLogged is the event's claimed time, but never later than
+// when mailplane received it (its record timestamp, when it was read from
+// one). Facts kept from the claim (a mailbox's registration time, which
+// keeps it out of the cold sync tier) can then only be dated back, which
+// hurts nobody but the producer's own mailbox, never forward.
+func (e Event) ClaimNoLaterThanLogged() time.Time {
+	if !e.Logged.IsZero() && e.Time.After(e.Logged) {
+		return e.Logged
+	}
+	return e.Time
+}
+
 // Validate checks the envelope and the data and returns every problem; data
 // problems carry field paths under "data.".
 func (e Event) Validate() Problems {

@@ -2,6 +2,7 @@ package mailboxstate_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -411,5 +412,40 @@ func TestDecodeRejects(t *testing.T) {
 		if _, _, err := mailboxstate.Decode(&r); err == nil {
 			t.Errorf("%s: decoded", name)
 		}
+	}
+}
+
+// A mailbox.added claiming a time after its record timestamp (written
+// straight to the topic) is registered at the record timestamp: a claim
+// dated forward cannot keep a mailbox out of the cold sync tier. One dated
+// back keeps its claim.
+func TestAddedAtNeverAfterReceived(t *testing.T) {
+	t.Parallel()
+	kcfg := broker(t)
+	start(t, kcfg)
+	g := newGen(7)
+	received := g.t0.Add(time.Hour)
+	ahead, behind := g.uuid(), g.uuid()
+	ea, eb := g.added(ahead), g.added(behind)
+	ea.Time = received.Add(48 * time.Hour)
+	eb.Time = received.Add(-48 * time.Hour)
+	recs := encode(t, ea, eb)
+	for _, r := range recs {
+		r.Timestamp = received
+	}
+	produceDated(t, kcfg, recs...)
+	got := map[string]time.Time{}
+	for _, r := range waitCommitted(t, kcfg, topics.MailboxState, 2) {
+		var m mailboxstate.Mailbox
+		if err := json.Unmarshal(r.Value, &m); err != nil {
+			t.Fatal(err)
+		}
+		got[m.MailboxID] = m.AddedAt
+	}
+	if !got[ahead].Equal(received) {
+		t.Errorf("a claim 48 h after its record: added_at %s, want the record's %s", got[ahead], received)
+	}
+	if !got[behind].Equal(eb.Time) {
+		t.Errorf("a claim 48 h before its record: added_at %s, want the claim %s", got[behind], eb.Time)
 	}
 }

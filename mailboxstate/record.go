@@ -55,8 +55,10 @@ type Mailbox struct {
 	// or an operator) disables it, keeping every other field, until a
 	// mailbox.added (say with new credentials) enables it again.
 	Enabled bool `json:"enabled"`
-	// AddedAt is the ce_time of the mailbox.added this record comes from
-	// (a mailbox.disabled leaves it as it was).
+	// AddedAt is the ce_time of the mailbox.added this record comes from,
+	// never later than its record timestamp (the producer may date it
+	// back, not forward: Event.ClaimNoLaterThanLogged); a mailbox.disabled
+	// leaves it as it was.
 	AddedAt time.Time `json:"added_at"`
 	// SourceEventID is the ce_id of the event this record was folded from,
 	// the mailbox.added or the mailbox.disabled (also the record's ce_id, so
@@ -94,7 +96,7 @@ func FromAdded(e domain.Event, d *domain.MailboxAdded) Mailbox {
 		IMAP:              d.IMAP,
 		SealedCredentials: d.SealedCredentials,
 		Enabled:           true,
-		AddedAt:           e.Time.UTC(),
+		AddedAt:           e.ClaimNoLaterThanLogged().UTC(),
 		SourceEventID:     e.ID,
 	}
 }

@@ -102,7 +102,7 @@ func foldRegistry(events []domain.Event) registryChanges {
 		switch d := e.Data.(type) {
 		case *domain.MailboxAdded:
 			c := mailbox(d.MailboxID)
-			c.Added, c.AddedAt = d, e.Time
+			c.Added, c.AddedAt = d, e.ClaimNoLaterThanLogged()
 			c.Sealed = nil
 			c.RemovedAt, c.RemovalReason = nil, nil
 			c.DisabledAt, c.DisabledReason = nil, nil
