@@ -99,15 +99,17 @@ func checkText(ps *Problems, field, v string, required bool, max int) bool {
 		}
 		return false
 	}
-	if i, r := firstUncleanRune(v); i >= 0 {
+	// One pass finds the first refused character and counts the runes.
+	runes, i, r := scanText(v)
+	if i >= 0 {
 		if r == utf8.RuneError {
 			ps.Add(field, CodeForbiddenCharacter, "must be valid UTF-8 (invalid byte at offset %d)", i)
 		} else {
-			ps.Add(field, CodeForbiddenCharacter, "must not contain control, line-separator or bidi characters (%U at character %d)", r, utf8.RuneCountInString(v[:i])+1)
+			ps.Add(field, CodeForbiddenCharacter, "must not contain control, line-separator or bidi characters (%U at character %d)", r, runes+1)
 		}
 		return false
 	}
-	if utf8.RuneCountInString(v) > max {
+	if runes > max {
 		ps.Add(field, CodeTooLong, "must be at most %d characters", max)
 		return false
 	}
@@ -125,7 +127,7 @@ func checkSource(ps *Problems, field, v string) {
 // IsCleanText reports whether s is valid UTF-8 without a character
 // TextPattern refuses.
 func IsCleanText(s string) bool {
-	i, _ := firstUncleanRune(s)
+	_, i, _ := scanText(s)
 	return i < 0
 }
 
@@ -148,28 +150,27 @@ func CleanText(s string) string {
 	return b.String()
 }
 
-// firstUncleanRune returns the byte offset and the rune of the first
-// character TextPattern refuses, utf8.RuneError for invalid UTF-8, or -1.
-func firstUncleanRune(s string) (int, rune) {
-	for i := 0; i < len(s); {
+// scanText walks s once: it returns the offset of the first character
+// TextPattern refuses, or of the first invalid UTF-8 byte (bad, -1 when
+// none), that character (utf8.RuneError for an invalid byte), and the runes
+// before it (all of s's runes when bad is -1).
+func scanText(s string) (runes, bad int, r rune) {
+	for i := 0; i < len(s); runes++ {
 		c := s[i]
 		if c < utf8.RuneSelf {
 			if c < 0x20 || c == 0x7f {
-				return i, rune(c)
+				return runes, i, rune(c)
 			}
 			i++
 			continue
 		}
 		r, n := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && n == 1 {
-			return i, r
-		}
-		if isForbiddenRune(r) {
-			return i, r
+		if r == utf8.RuneError && n == 1 || isForbiddenRune(r) {
+			return runes, i, r
 		}
 		i += n
 	}
-	return -1, 0
+	return runes, -1, 0
 }
 
 // isForbiddenRune is the class TextPattern refuses.
@@ -268,6 +269,15 @@ func isURIReference(s string) bool {
 	return isURIChars(rest)
 }
 
+// uriPunct marks the RFC 3986 punctuation a URI may hold besides '%' and
+// '#' (isURIChars runs on every decoded event's source).
+var uriPunct = func() (t [256]bool) {
+	for _, c := range []byte("-._~!$&'()*+,;=:@/?[]") {
+		t[c] = true
+	}
+	return t
+}()
+
 // isURIChars reports whether s holds only RFC 3986 URI characters other
 // than '#' (a '%' only as %XX).
 func isURIChars(s string) bool {
@@ -280,7 +290,7 @@ func isURIChars(s string) bool {
 				return false
 			}
 			i += 2
-		case strings.IndexByte("-._~!$&'()*+,;=:@/?[]", c) >= 0:
+		case uriPunct[c]:
 		default:
 			return false
 		}
