@@ -42,6 +42,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/promreg"
 )
 
 // DefaultPollInterval is how often Watch looks at the file's mtime.
@@ -377,9 +378,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"kind"}),
 	}
 	if reg != nil {
-		m.reloads = register(reg, m.reloads)
-		m.callers = register(reg, m.callers)
-		m.refusals = register(reg, m.refusals)
+		m.reloads = promreg.MustRegister(reg, m.reloads)
+		m.callers = promreg.MustRegister(reg, m.callers)
+		m.refusals = promreg.MustRegister(reg, m.refusals)
 	}
 	m.reloads.WithLabelValues("ok")
 	m.reloads.WithLabelValues("error")
@@ -390,19 +391,4 @@ func (m *metrics) auth(ok bool, kind string) {
 	if !ok {
 		m.refusals.WithLabelValues(kind).Inc()
 	}
-}
-
-// register registers c on reg, or returns the collector already registered
-// under the same description (two authenticators on one registry share).
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		panic(fmt.Sprintf("access: register metrics: %v", err))
-	}
-	return c
 }

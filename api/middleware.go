@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -15,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/promreg"
 )
 
 // typeUnknown labels events whose type could not be read or is not a
@@ -64,28 +64,28 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	var err error
-	if m.refused, err = register(reg, m.refused); err != nil {
+	if m.refused, err = promreg.Register(reg, m.refused); err != nil {
 		return nil, err
 	}
-	if m.shed, err = register(reg, m.shed); err != nil {
+	if m.shed, err = promreg.Register(reg, m.shed); err != nil {
 		return nil, err
 	}
-	if m.inflight, err = register(reg, m.inflight); err != nil {
+	if m.inflight, err = promreg.Register(reg, m.inflight); err != nil {
 		return nil, err
 	}
-	m.accepted, err = register(reg, m.accepted)
+	m.accepted, err = promreg.Register(reg, m.accepted)
 	if err != nil {
 		return nil, err
 	}
-	m.rejected, err = register(reg, m.rejected)
+	m.rejected, err = promreg.Register(reg, m.rejected)
 	if err != nil {
 		return nil, err
 	}
-	m.requests, err = register(reg, m.requests)
+	m.requests, err = promreg.Register(reg, m.requests)
 	if err != nil {
 		return nil, err
 	}
-	m.seconds, err = register(reg, m.seconds)
+	m.seconds, err = promreg.Register(reg, m.seconds)
 	if err != nil {
 		return nil, err
 	}
@@ -93,22 +93,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.accepted.WithLabelValues(t)
 	}
 	return m, nil
-}
-
-// register registers c, or returns the collector already registered under
-// the same description (two servers on one registry share series).
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		var zero C
-		return zero, fmt.Errorf("api: register metrics: %w", err)
-	}
-	return c, nil
 }
 
 func (s *Server) metricsHandler() http.Handler {

@@ -65,6 +65,7 @@ import (
 
 	"github.com/mailplane/mailplane/api"
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/promreg"
 )
 
 // Route is the webhook's route.
@@ -169,12 +170,9 @@ func Register(s *api.Server, cfg Config, opts ...Option) error {
 		Name: "mailplane_billing_stale_events_total",
 		Help: "Stripe subscription events ignored as older than the last one applied for their subscription.",
 	})
-	if err := o.reg.Register(stale); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			return fmt.Errorf("billing: metrics: %w", err)
-		}
-		stale = are.ExistingCollector.(prometheus.Counter)
+	stale, err := promreg.Register(o.reg, stale)
+	if err != nil {
+		return fmt.Errorf("billing: metrics: %w", err)
 	}
 	// Copy what the caller may still change.
 	cfg.Secrets = append([]string(nil), cfg.Secrets...)

@@ -142,12 +142,12 @@ var (
 // come from math/rand/v2 seeded with the seed: the same seed yields the
 // same deliveries.
 type Simulator struct {
-	cfg     simConfig
-	brokers []string
-	kc      *kgo.Client
-	pc      *producer.Client
-	srv     *Server
-	imap    domain.IMAPEndpoint
+	cfg  simConfig
+	kcfg kafka.Config
+	kc   *kgo.Client
+	pc   *producer.Client
+	srv  *Server
+	imap domain.IMAPEndpoint
 
 	mu    sync.Mutex
 	rnd   *rand.Rand
@@ -198,7 +198,7 @@ func New(kcfg kafka.Config, sealer producer.Sealer, srv *Server, opts ...Option)
 	}
 	boxes := Mailboxes()
 	return &Simulator{
-		cfg: cfg, brokers: kcfg.Brokers, kc: kc, srv: srv,
+		cfg: cfg, kcfg: kcfg, kc: kc, srv: srv,
 		pc: producer.New(kc, producer.WithSealer(sealer), producer.WithSchema(eventschema.Default()),
 			producer.WithSource(Source), producer.WithClock(cfg.now)),
 		imap:  domain.IMAPEndpoint{Host: host, Port: p, TLS: domain.TLSNone},
@@ -363,8 +363,8 @@ func (s *Simulator) publishedIDs(ctx context.Context, names ...string) (map[stri
 	if len(until) == 0 {
 		return ids, nil
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(s.brokers...), kgo.ConsumePartitions(from),
-		kgo.ClientID("mailplane-devfleet-scan"), kgo.DialTimeout(5*time.Second))
+	cl, err := kgo.NewClient(append(kafka.ConnOptions(s.kcfg), kgo.ConsumePartitions(from),
+		kgo.ClientID("mailplane-devfleet-scan"))...)
 	if err != nil {
 		return nil, err
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/mailplane/mailplane/dlq"
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/promreg"
 	"github.com/mailplane/mailplane/kafka"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -545,26 +546,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Input partitions whose dedupe state was restored from the changelog (assignment, restart, aborted transaction).",
 		}),
 	}
-	m.records = register(reg, m.records)
-	m.transactions = register(reg, m.transactions)
-	m.dedupeIDs = register(reg, m.dedupeIDs)
-	m.restores = register(reg, m.restores)
+	m.records = promreg.MustRegister(reg, m.records)
+	m.transactions = promreg.MustRegister(reg, m.transactions)
+	m.dedupeIDs = promreg.MustRegister(reg, m.dedupeIDs)
+	m.restores = promreg.MustRegister(reg, m.restores)
 	return m
-}
-
-// register registers c, or returns the collector already registered under
-// its name, so two processors on one registry share their series.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		panic(err)
-	}
-	return c
 }
 
 // kgoLogger passes franz-go's warnings and errors to slog.

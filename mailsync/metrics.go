@@ -1,7 +1,7 @@
 package mailsync
 
 import (
-	"errors"
+	"github.com/mailplane/mailplane/internal/promreg"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -72,35 +72,20 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "mailbox.state, sync.tier or user records that did not decode and were skipped.",
 		}),
 	}
-	m.partitionsOwned = register(reg, m.partitionsOwned)
-	m.runners = register(reg, m.runners)
-	m.fencedWrites = register(reg, m.fencedWrites)
-	m.watchdogStops = register(reg, m.watchdogStops)
-	m.watchdogProbes = register(reg, m.watchdogProbes)
-	m.rebalances = register(reg, m.rebalances)
-	m.rebalanceSeconds = register(reg, m.rebalanceSeconds)
-	m.promotionSeconds = register(reg, m.promotionSeconds)
-	m.tierChanges = register(reg, m.tierChanges)
-	m.runnerFailures = register(reg, m.runnerFailures)
-	m.badRecords = register(reg, m.badRecords)
+	m.partitionsOwned = promreg.MustRegister(reg, m.partitionsOwned)
+	m.runners = promreg.MustRegister(reg, m.runners)
+	m.fencedWrites = promreg.MustRegister(reg, m.fencedWrites)
+	m.watchdogStops = promreg.MustRegister(reg, m.watchdogStops)
+	m.watchdogProbes = promreg.MustRegister(reg, m.watchdogProbes)
+	m.rebalances = promreg.MustRegister(reg, m.rebalances)
+	m.rebalanceSeconds = promreg.MustRegister(reg, m.rebalanceSeconds)
+	m.promotionSeconds = promreg.MustRegister(reg, m.promotionSeconds)
+	m.tierChanges = promreg.MustRegister(reg, m.tierChanges)
+	m.runnerFailures = promreg.MustRegister(reg, m.runnerFailures)
+	m.badRecords = promreg.MustRegister(reg, m.badRecords)
 	for _, t := range allTiers {
 		m.runners.WithLabelValues(string(t))
 		m.tierChanges.WithLabelValues(string(t))
 	}
 	return m
-}
-
-// register registers c, or returns the collector of the same name already
-// registered, so that workers on one registerer share series.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		panic(err)
-	}
-	return c
 }

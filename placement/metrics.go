@@ -1,12 +1,12 @@
 package placement
 
 import (
-	"errors"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/promreg"
 )
 
 // metrics are the engine's series. Labels are bounded sets (decision kinds,
@@ -79,34 +79,19 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Decisions folded from the decision log by the last restore.",
 		}),
 	}
-	m.decisions = register(reg, m.decisions)
-	m.pending = register(reg, m.pending)
-	m.promotions = register(reg, m.promotions)
-	m.migrations = register(reg, m.migrations)
-	m.workers = register(reg, m.workers)
-	m.active = register(reg, m.active)
-	m.latency = register(reg, m.latency)
-	m.commits = register(reg, m.commits)
-	m.aborts = register(reg, m.aborts)
-	m.deadLetter = register(reg, m.deadLetter)
-	m.restore = register(reg, m.restore)
-	m.restoreLen = register(reg, m.restoreLen)
+	m.decisions = promreg.MustRegister(reg, m.decisions)
+	m.pending = promreg.MustRegister(reg, m.pending)
+	m.promotions = promreg.MustRegister(reg, m.promotions)
+	m.migrations = promreg.MustRegister(reg, m.migrations)
+	m.workers = promreg.MustRegister(reg, m.workers)
+	m.active = promreg.MustRegister(reg, m.active)
+	m.latency = promreg.MustRegister(reg, m.latency)
+	m.commits = promreg.MustRegister(reg, m.commits)
+	m.aborts = promreg.MustRegister(reg, m.aborts)
+	m.deadLetter = promreg.MustRegister(reg, m.deadLetter)
+	m.restore = promreg.MustRegister(reg, m.restore)
+	m.restoreLen = promreg.MustRegister(reg, m.restoreLen)
 	return m
-}
-
-// register registers c, or returns the collector already registered under
-// its name (two engines in one process share the series).
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		panic(err)
-	}
-	return c
 }
 
 // decisionKind is the kind label of a decision type:

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/promreg"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -76,15 +77,7 @@ func WithRegisterer(reg prometheus.Registerer) Option {
 			Help:    "Time from produce call to acknowledgement by all in-sync replicas, per request.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		})
-		if err := reg.Register(h); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if errors.As(err, &are) {
-				h = are.ExistingCollector.(prometheus.Histogram)
-			} else {
-				panic(err)
-			}
-		}
-		c.latency = h
+		c.latency = promreg.MustRegister(reg, h)
 	}
 }
 

@@ -1,7 +1,7 @@
 package projections
 
 import (
-	"errors"
+	"github.com/mailplane/mailplane/internal/promreg"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -45,26 +45,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Failed batch attempts that were retried, by kind (transient, permanent, fenced).",
 		}, []string{"projector", "kind"}),
 	}
-	m.applied = register(reg, m.applied)
-	m.batchSeconds = register(reg, m.batchSeconds)
-	m.lag = register(reg, m.lag)
-	m.dlq = register(reg, m.dlq)
-	m.duplicates = register(reg, m.duplicates)
-	m.retries = register(reg, m.retries)
+	m.applied = promreg.MustRegister(reg, m.applied)
+	m.batchSeconds = promreg.MustRegister(reg, m.batchSeconds)
+	m.lag = promreg.MustRegister(reg, m.lag)
+	m.dlq = promreg.MustRegister(reg, m.dlq)
+	m.duplicates = promreg.MustRegister(reg, m.duplicates)
+	m.retries = promreg.MustRegister(reg, m.retries)
 	return m
-}
-
-// register registers c, or returns the collector already registered under
-// its name, so several projectors in one process share the series.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-		panic(err)
-	}
-	return c
 }

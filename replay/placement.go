@@ -553,7 +553,7 @@ func logEnd(kcfg kafka.Config) (int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cl, err := kgo.NewClient(append(kafka.ConnOptions(kcfg),
-		kgo.ClientID(kcfg.ClientID), kgo.DialTimeout(5*time.Second))...)
+		kgo.ClientID(kcfg.ClientID))...)
 	if err != nil {
 		return 0, err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/promreg"
 )
 
 // Defaults of NewWorkerLimiter: a fleet brings up a few workers a second
@@ -66,11 +67,7 @@ func NewWorkerLimiter(known KnownWorkers, rate float64, burst int, reg prometheu
 			Help: "Heartbeats of worker ids placement did not know yet, by outcome (admitted, limited).",
 		}, []string{"outcome"})}
 	if reg != nil {
-		if err := reg.Register(l.outcomes); err != nil {
-			if are, ok := err.(prometheus.AlreadyRegisteredError); ok { //nolint:errorlint // Register returns it unwrapped
-				l.outcomes = are.ExistingCollector.(*prometheus.CounterVec)
-			}
-		}
+		l.outcomes = promreg.MustRegister(reg, l.outcomes)
 	}
 	return l
 }
