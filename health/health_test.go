@@ -168,6 +168,17 @@ func (e *env) state(mailbox string) (state string, n int64) {
 	return state, n
 }
 
+// lastEval is the scorer's clock for mailbox: the time of its last
+// evaluation.
+func (e *env) lastEval(mailbox string) time.Time {
+	e.t.Helper()
+	var at time.Time
+	if err := e.pool.QueryRow(context.Background(), `SELECT last_eval FROM mailbox_health WHERE mailbox_id = $1`, mailbox).Scan(&at); err != nil {
+		e.t.Fatal(err)
+	}
+	return at
+}
+
 func (e *env) waitObservations(mailbox string, n int64) string {
 	e.t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
@@ -261,10 +272,7 @@ func TestScorerRunsOnReceivedTime(t *testing.T) {
 	if want := t0.Add(30 * 24 * time.Hour); got.Until == nil || !got.Until.Equal(want) {
 		t.Fatalf("blocked until %v, want %s (30 days after the received time)", got.Until, want)
 	}
-	var lastEval time.Time
-	if err := e.pool.QueryRow(context.Background(), `SELECT last_eval FROM mailbox_health WHERE mailbox_id = $1`, sender).Scan(&lastEval); err != nil {
-		t.Fatal(err)
-	}
+	lastEval := e.lastEval(sender)
 	if !lastEval.Equal(t0) {
 		t.Fatalf("the scorer's clock is at %s, want the received time %s", lastEval, t0)
 	}
@@ -343,10 +351,7 @@ func TestScorerBoundsFutureStamps(t *testing.T) {
 	if want := clock.Add(30 * 24 * time.Hour); got.Until == nil || !got.Until.Equal(want) {
 		t.Fatalf("blocked until %v, want %s (30 days after the scorer's clock, not the record's 2099 stamp)", got.Until, want)
 	}
-	var lastEval time.Time
-	if err := e.pool.QueryRow(context.Background(), `SELECT last_eval FROM mailbox_health WHERE mailbox_id = $1`, sender).Scan(&lastEval); err != nil {
-		t.Fatal(err)
-	}
+	lastEval := e.lastEval(sender)
 	if !lastEval.Equal(clock) {
 		t.Fatalf("the scorer's clock is at %s, want %s", lastEval, clock)
 	}
