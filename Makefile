@@ -34,15 +34,15 @@ race: ## the tests under the race detector
 
 .PHONY: bench
 bench: ## the benchmarks recorded in BENCHMARKS.md (a few minutes; loopback only)
-	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./producer/ ./api/
-	$(GO) test -run '^$$' -bench 'Projection$$' -benchtime 100000x ./projections/
-	$(GO) test -run '^$$' -bench 'PublishToProjected' -benchtime 20000x ./projections/
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./producer/ ./internal/api/
+	$(GO) test -run '^$$' -bench 'Projection$$' -benchtime 100000x ./internal/projections/
+	$(GO) test -run '^$$' -bench 'PublishToProjected' -benchtime 20000x ./internal/projections/
 	$(GO) test -run '^$$' -bench 'Placement' -benchtime 2s ./domain/
-	$(GO) test -run '^$$' -bench 'EngineLatency' -benchtime 10000x ./placement/
-	$(GO) test -run '^$$' -bench 'EngineThroughput|EngineRestore' -benchtime 100000x ./placement/
-	$(GO) test -run '^$$' -bench 'ReplayPlacement' -benchtime 1000000x ./replay/
-	$(GO) test -run '^$$' -bench 'EventToProjectedRow' -benchtime 10000x ./replay/
-	$(GO) test -run '^$$' -bench 'IMAPHot|IMAPWarm' -benchtime 1x -timeout 30m ./imapsync/
+	$(GO) test -run '^$$' -bench 'EngineLatency' -benchtime 10000x ./internal/placement/
+	$(GO) test -run '^$$' -bench 'EngineThroughput|EngineRestore' -benchtime 100000x ./internal/placement/
+	$(GO) test -run '^$$' -bench 'ReplayPlacement' -benchtime 1000000x ./internal/replay/
+	$(GO) test -run '^$$' -bench 'EventToProjectedRow' -benchtime 10000x ./internal/replay/
+	$(GO) test -run '^$$' -bench 'IMAPHot|IMAPWarm' -benchtime 1x -timeout 30m ./internal/imapsync/
 
 .PHONY: fuzz
 fuzz: ## fuzz the record decoder, the schema/Go agreement and text hygiene, a minute each

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/eventschema"
+	"github.com/mailplane/mailplane/internal/eventschema"
 )
 
 // FuzzSchemaAgreement looks for data that the Go validation and the JSON

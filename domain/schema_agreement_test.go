@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/eventschema"
+	"github.com/mailplane/mailplane/internal/eventschema"
 )
 
 // The agreement test runs every sample through the Go validation (strict

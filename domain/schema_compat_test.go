@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/eventschema"
+	"github.com/mailplane/mailplane/internal/eventschema"
 )
 
 const baselineDir = "schemas/baseline"

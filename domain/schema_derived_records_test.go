@@ -14,10 +14,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/eventschema"
-	"github.com/mailplane/mailplane/mailboxstate"
-	"github.com/mailplane/mailplane/mailsync"
-	"github.com/mailplane/mailplane/placement"
+	"github.com/mailplane/mailplane/internal/eventschema"
+	"github.com/mailplane/mailplane/internal/mailboxstate"
+	"github.com/mailplane/mailplane/internal/mailsync"
+	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/topics"
 )
 

@@ -12,9 +12,9 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/domain/schemas/derived"
-	"github.com/mailplane/mailplane/eventschema"
-	"github.com/mailplane/mailplane/mailboxstate"
-	"github.com/mailplane/mailplane/mailsync"
+	"github.com/mailplane/mailplane/internal/eventschema"
+	"github.com/mailplane/mailplane/internal/mailboxstate"
+	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/topics"
 )
 

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/eventschema"
+	"github.com/mailplane/mailplane/internal/eventschema"
 )
 
 // hostileRunes are characters every text field refuses (domain.TextPattern):

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/eventschema"
 	"github.com/mailplane/mailplane/examples"
-	"github.com/mailplane/mailplane/sealing"
+	"github.com/mailplane/mailplane/internal/eventschema"
+	"github.com/mailplane/mailplane/internal/sealing"
 )
 
 var now = time.Date(2024, 7, 12, 7, 0, 0, 0, time.UTC)

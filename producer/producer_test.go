@@ -14,11 +14,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/eventschema"
-	"github.com/mailplane/mailplane/kafka"
-	"github.com/mailplane/mailplane/kafkatest"
+	"github.com/mailplane/mailplane/internal/eventschema"
+	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/sealing"
 	"github.com/mailplane/mailplane/producer"
-	"github.com/mailplane/mailplane/sealing"
 	"github.com/mailplane/mailplane/topics"
 )
 

@@ -13,11 +13,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/kafka"
-	"github.com/mailplane/mailplane/mailboxstate"
-	"github.com/mailplane/mailplane/placement"
+	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/mailboxstate"
+	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/sealing"
 	"github.com/mailplane/mailplane/producer"
-	"github.com/mailplane/mailplane/sealing"
 	"github.com/mailplane/mailplane/topics"
 )
 

@@ -8,7 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/mailplane/mailplane/kafka"
+	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/topics"
 )
 

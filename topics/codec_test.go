@@ -11,7 +11,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/examples"
-	"github.com/mailplane/mailplane/sealing"
+	"github.com/mailplane/mailplane/internal/sealing"
 	"github.com/mailplane/mailplane/topics"
 )
 

@@ -3,7 +3,7 @@ package main
 import (
 	"flag"
 
-	"github.com/mailplane/mailplane/kafka"
+	"github.com/mailplane/mailplane/internal/kafka"
 )
 
 // Broker connection settings, shared by every command that talks to Kafka.

@@ -9,10 +9,10 @@ import (
 	"os"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/kafka"
-	"github.com/mailplane/mailplane/mailboxstate"
+	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/mailboxstate"
+	"github.com/mailplane/mailplane/internal/sealing"
 	"github.com/mailplane/mailplane/producer"
-	"github.com/mailplane/mailplane/sealing"
 	"github.com/mailplane/mailplane/topics"
 )
 

@@ -16,11 +16,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mailplane/mailplane/access"
-	"github.com/mailplane/mailplane/devfleet"
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/kafka"
-	"github.com/mailplane/mailplane/pgcluster"
+	"github.com/mailplane/mailplane/internal/access"
+	"github.com/mailplane/mailplane/internal/devfleet"
+	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/pgcluster"
 )
 
 // Dev mode's IMAP server and simulated fleet (package devfleet).

@@ -19,9 +19,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/mailplane/mailplane/devfleet"
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/examples"
+	"github.com/mailplane/mailplane/internal/devfleet"
 	"github.com/mailplane/mailplane/topics"
 )
 

@@ -6,7 +6,7 @@ import (
 	"flag"
 	"os"
 
-	"github.com/mailplane/mailplane/dlq"
+	"github.com/mailplane/mailplane/internal/dlq"
 )
 
 func runDLQ(ctx context.Context, args []string) error {

@@ -13,13 +13,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/dovecottest"
-	"github.com/mailplane/mailplane/kafka"
-	"github.com/mailplane/mailplane/kafkatest"
-	"github.com/mailplane/mailplane/mailsync"
-	"github.com/mailplane/mailplane/pgtest"
+	"github.com/mailplane/mailplane/internal/dovecottest"
+	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/mailsync"
+	"github.com/mailplane/mailplane/internal/pgtest"
+	"github.com/mailplane/mailplane/internal/sealing"
 	"github.com/mailplane/mailplane/producer"
-	"github.com/mailplane/mailplane/sealing"
 	"github.com/mailplane/mailplane/topics"
 )
 

@@ -12,8 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/imapsync"
-	"github.com/mailplane/mailplane/mailsync"
+	"github.com/mailplane/mailplane/internal/imapsync"
+	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
 )

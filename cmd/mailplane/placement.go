@@ -15,8 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/projections"
-	"github.com/mailplane/mailplane/replay"
+	"github.com/mailplane/mailplane/internal/projections"
+	"github.com/mailplane/mailplane/internal/replay"
 )
 
 const replayUsage = `usage: mailplane replay placement [--verify] [--swap] [--schema NAME] [--batch N] [--wait D]

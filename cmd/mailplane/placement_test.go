@@ -13,11 +13,11 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/kafkatest"
-	"github.com/mailplane/mailplane/migrations"
-	"github.com/mailplane/mailplane/pgtest"
+	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/migrations"
+	"github.com/mailplane/mailplane/internal/pgtest"
+	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/producer"
-	"github.com/mailplane/mailplane/projections"
 	"github.com/mailplane/mailplane/topics"
 )
 

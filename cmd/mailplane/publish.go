@@ -15,10 +15,10 @@ import (
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/eventschema"
-	"github.com/mailplane/mailplane/kafka"
+	"github.com/mailplane/mailplane/internal/eventschema"
+	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/sealing"
 	"github.com/mailplane/mailplane/producer"
-	"github.com/mailplane/mailplane/sealing"
 )
 
 const publishUsage = `usage: mailplane publish TYPE [--data JSON] [flags]

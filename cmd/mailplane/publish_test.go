@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/mailplane/mailplane/kafkatest"
+	"github.com/mailplane/mailplane/internal/kafkatest"
 )
 
 func TestPublishCommand(t *testing.T) {

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/imapsync"
-	"github.com/mailplane/mailplane/mailsync"
-	"github.com/mailplane/mailplane/sealing"
+	"github.com/mailplane/mailplane/internal/imapsync"
+	"github.com/mailplane/mailplane/internal/mailsync"
+	"github.com/mailplane/mailplane/internal/sealing"
 )
 
 // Sync worker settings. The tier knobs keep the names operators of the

@@ -12,8 +12,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/mailplane/mailplane/access"
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/access"
 )
 
 const tokenUsage = `Usage:

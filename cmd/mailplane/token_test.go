@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/mailplane/mailplane/access"
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/access"
 )
 
 // TestTokenCommand: the printed line, added to a tokens file, makes the

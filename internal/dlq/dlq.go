@@ -1,0 +1,397 @@
+// Package dlq builds and reads dead letters: records a consumer could not
+// apply, copied to the DLQ topic with headers naming where they came from and
+// why they failed, so that the partition they came from keeps moving.
+//
+// A dead letter keeps the original key and headers. Its value is the
+// original value, except when the value holds (or may hold) a plain-text
+// secret: then the value is withheld (empty) and the
+// mailplane_dlq_value_withheld header says why, so the DLQ never stores a
+// secret that the log refused.
+package dlq
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/topics"
+)
+
+// Header names of a dead letter. Every one starts with HeaderPrefix.
+const (
+	HeaderPrefix          = "mailplane_dlq_"
+	HeaderSourceTopic     = "mailplane_dlq_source_topic"
+	HeaderSourcePartition = "mailplane_dlq_source_partition"
+	HeaderSourceOffset    = "mailplane_dlq_source_offset"
+	HeaderConsumer        = "mailplane_dlq_consumer"
+	HeaderErrorCode       = "mailplane_dlq_error_code"
+	HeaderError           = "mailplane_dlq_error"
+	HeaderAttempts        = "mailplane_dlq_attempts"
+	HeaderValueWithheld   = "mailplane_dlq_value_withheld"
+)
+
+// Reasons a value is withheld (values of HeaderValueWithheld).
+const (
+	// WithheldPlaintextSecret: the consumer found a plain-text secret.
+	WithheldPlaintextSecret = string(domain.CodePlaintextSecret)
+	// WithheldPossibleSecret: the record failed for another reason, but
+	// its value looks like it may carry a secret, so it is not copied.
+	WithheldPossibleSecret = "possible_secret"
+)
+
+// MaxErrorLen bounds the error header: a dead letter says why, it does not
+// carry a stack of wrapped messages.
+const MaxErrorLen = 1024
+
+// Failure says why a record became a dead letter.
+type Failure struct {
+	// Consumer names the consumer that gave up (a projector's name).
+	Consumer string
+	// Code is the stable error code.
+	Code domain.Code
+	// Err is the human-readable error.
+	Err string
+	// Attempts is how many times the consumer tried to apply the record.
+	Attempts int
+}
+
+// NewRecord returns the dead letter of src for the DLQ topic.
+func NewRecord(src *kgo.Record, f Failure) *kgo.Record {
+	withheld := ""
+	switch {
+	case f.Code == domain.CodePlaintextSecret:
+		withheld = WithheldPlaintextSecret
+	case MayHoldSecret(src.Value):
+		withheld = WithheldPossibleSecret
+	}
+	hs := make([]kgo.RecordHeader, 0, 8+len(src.Headers))
+	add := func(k, v string) { hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
+	add(HeaderSourceTopic, src.Topic)
+	add(HeaderSourcePartition, strconv.FormatInt(int64(src.Partition), 10))
+	add(HeaderSourceOffset, strconv.FormatInt(src.Offset, 10))
+	add(HeaderConsumer, f.Consumer)
+	add(HeaderErrorCode, string(f.Code))
+	add(HeaderError, truncate(f.Err, MaxErrorLen))
+	add(HeaderAttempts, strconv.Itoa(f.Attempts))
+	if withheld != "" {
+		add(HeaderValueWithheld, withheld)
+	}
+	for _, h := range src.Headers {
+		// A record redriven from the DLQ and failing again gets fresh
+		// dead-letter headers, not two sets.
+		if strings.HasPrefix(h.Key, HeaderPrefix) {
+			continue
+		}
+		hs = append(hs, kgo.RecordHeader{Key: h.Key, Value: bytes.Clone(h.Value)})
+	}
+	var value []byte
+	if withheld == "" {
+		value = bytes.Clone(src.Value)
+	}
+	return &kgo.Record{
+		Topic:   topics.DLQ,
+		Key:     bytes.Clone(src.Key),
+		Value:   value,
+		Headers: hs,
+	}
+}
+
+// secretKeys are JSON object keys whose values are secrets. Matching is
+// case-insensitive because encoding/json matches field names that way: a
+// "Credentials" key would decode into MailboxAdded.Credentials.
+var secretKeys = []string{"credentials", "password", "oauth_refresh_token", "refresh_token", "access_token", "secret"}
+
+// secretWords are looked for in values that are not JSON at all.
+var secretWords = [][]byte{[]byte("credential"), []byte("password"), []byte("token"), []byte("secret")}
+
+// MayHoldSecret reports whether value may carry a plain-text secret: a JSON
+// value with a non-null secret-named key at any depth, or a non-JSON value
+// mentioning one. It errs on the side of withholding.
+func MayHoldSecret(value []byte) bool {
+	if len(value) == 0 {
+		return false
+	}
+	var v any
+	if err := json.Unmarshal(value, &v); err != nil {
+		lower := bytes.ToLower(value)
+		for _, w := range secretWords {
+			if bytes.Contains(lower, w) {
+				return true
+			}
+		}
+		return false
+	}
+	return holdsSecret(v)
+}
+
+func holdsSecret(v any) bool {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, x := range v {
+			if x == nil {
+				continue
+			}
+			for _, s := range secretKeys {
+				if strings.EqualFold(k, s) {
+					return true
+				}
+			}
+			if holdsSecret(x) {
+				return true
+			}
+		}
+	case []any:
+		for _, x := range v {
+			if holdsSecret(x) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	s = s[:n]
+	for len(s) > 0 && !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s + "…"
+}
+
+// Entry is a dead letter as read back from the DLQ topic.
+type Entry struct {
+	// Partition, Offset and Time locate the dead letter in the DLQ topic;
+	// Time is when it was written.
+	Partition int32
+	Offset    int64
+	Time      time.Time
+
+	SourceTopic     string
+	SourcePartition int32
+	SourceOffset    int64
+	Consumer        string
+	ErrorCode       domain.Code
+	Error           string
+	Attempts        int
+	// ValueWithheld is empty when Value is the original value, else the
+	// reason it was withheld (Value is then empty).
+	ValueWithheld string
+
+	Key   []byte
+	Value []byte
+	// Headers are the original record's headers (ce_* and the like),
+	// without the dead-letter headers.
+	Headers []kgo.RecordHeader
+}
+
+// Parse reads a dead letter. It is lenient: a missing or malformed
+// dead-letter header leaves its field zero (a record written by another
+// tool still lists).
+func Parse(r *kgo.Record) Entry {
+	e := Entry{
+		Partition: r.Partition, Offset: r.Offset, Time: r.Timestamp,
+		Key: r.Key, Value: r.Value,
+	}
+	for _, h := range r.Headers {
+		v := string(h.Value)
+		switch h.Key {
+		case HeaderSourceTopic:
+			e.SourceTopic = v
+		case HeaderSourcePartition:
+			p, _ := strconv.ParseInt(v, 10, 32)
+			e.SourcePartition = int32(p)
+		case HeaderSourceOffset:
+			e.SourceOffset, _ = strconv.ParseInt(v, 10, 64)
+		case HeaderConsumer:
+			e.Consumer = v
+		case HeaderErrorCode:
+			e.ErrorCode = domain.Code(v)
+		case HeaderError:
+			e.Error = v
+		case HeaderAttempts:
+			e.Attempts, _ = strconv.Atoi(v)
+		case HeaderValueWithheld:
+			e.ValueWithheld = v
+		default:
+			if !strings.HasPrefix(h.Key, HeaderPrefix) {
+				e.Headers = append(e.Headers, h)
+			}
+		}
+	}
+	return e
+}
+
+// Header returns the value of the original record's header key.
+func (e Entry) Header(key string) (string, bool) {
+	for _, h := range e.Headers {
+		if h.Key == key {
+			return string(h.Value), true
+		}
+	}
+	return "", false
+}
+
+// DefaultListTimeout bounds List when ctx has no deadline.
+const DefaultListTimeout = 30 * time.Second
+
+// List reads the DLQ topic up to its current end, without joining a group,
+// and returns its dead letters oldest first: all of them when limit <= 0,
+// else the newest limit. It stops at the end offsets it saw when it started,
+// so a DLQ being written to does not keep it reading. When ctx has no
+// deadline, DefaultListTimeout applies.
+func List(ctx context.Context, cfg kafka.Config, limit int) ([]Entry, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultListTimeout)
+		defer cancel()
+	}
+	// A plain client: the producer options carry the shared timeouts and
+	// metrics hooks, and a client that never produces is just a client.
+	// read_committed, so dead letters of aborted transactions (the
+	// placement engine writes them inside its transactions) are not shown;
+	// control records are kept so a transaction marker at the end of the
+	// log still counts as reaching it.
+	cl, err := kgo.NewClient(kafka.ProducerOptions(cfg, kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())...)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: client: %w", err)
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+
+	starts, err := adm.ListStartOffsets(ctx, topics.DLQ)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: list start offsets: %w", err)
+	}
+	if err := starts.Error(); err != nil {
+		return nil, fmt.Errorf("dlq: list start offsets: %w", err)
+	}
+	// The last stable offset: what read_committed can reach.
+	ends, err := adm.ListCommittedOffsets(ctx, topics.DLQ)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: list end offsets: %w", err)
+	}
+	if err := ends.Error(); err != nil {
+		return nil, fmt.Errorf("dlq: list end offsets: %w", err)
+	}
+
+	from := map[int32]kgo.Offset{}
+	remaining := map[int32]int64{} // partition -> end offset still to reach
+	ends.Each(func(o kadm.ListedOffset) {
+		start := int64(0)
+		if s, ok := starts.Lookup(o.Topic, o.Partition); ok {
+			start = s.Offset
+		}
+		if limit > 0 && o.Offset-int64(limit) > start {
+			// No partition contributes more than limit entries to the
+			// newest limit overall.
+			start = o.Offset - int64(limit)
+		}
+		if start < o.Offset {
+			from[o.Partition] = kgo.NewOffset().At(start)
+			remaining[o.Partition] = o.Offset
+		}
+	})
+	var out []Entry
+	if len(from) > 0 {
+		cl.AddConsumePartitions(map[string]map[int32]kgo.Offset{topics.DLQ: from})
+		for len(remaining) > 0 {
+			fs := cl.PollFetches(ctx)
+			if err := ctx.Err(); err != nil {
+				return nil, fmt.Errorf("dlq: read to the end (%d partition(s) short): %w", len(remaining), err)
+			}
+			var ferr error
+			fs.EachError(func(_ string, _ int32, err error) {
+				if ferr == nil {
+					ferr = err
+				}
+			})
+			if ferr != nil {
+				return nil, fmt.Errorf("dlq: fetch: %w", ferr)
+			}
+			fs.EachRecord(func(r *kgo.Record) {
+				end, ok := remaining[r.Partition]
+				if !ok || r.Offset >= end {
+					return
+				}
+				if !r.Attrs.IsControl() {
+					out = append(out, Parse(r))
+				}
+				if r.Offset >= end-1 {
+					delete(remaining, r.Partition)
+				}
+			})
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if !a.Time.Equal(b.Time) {
+			return a.Time.Before(b.Time)
+		}
+		if a.Partition != b.Partition {
+			return a.Partition < b.Partition
+		}
+		return a.Offset < b.Offset
+	})
+	if limit > 0 && len(out) > limit {
+		out = out[len(out)-limit:]
+	}
+	return out, nil
+}
+
+// Format writes entries as a table for operators: where each dead letter
+// came from, which consumer gave up, why, and whether its value was kept.
+func Format(w io.Writer, entries []Entry) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DLQ OFFSET\tTIME\tSOURCE\tKEY\tCONSUMER\tCODE\tATTEMPTS\tVALUE\tERROR")
+	for _, e := range entries {
+		value := fmt.Sprintf("%d bytes", len(e.Value))
+		if e.ValueWithheld != "" {
+			value = "withheld (" + e.ValueWithheld + ")"
+		}
+		fmt.Fprintf(tw, "%d/%d\t%s\t%s[%d]@%d\t%s\t%s\t%s\t%d\t%s\t%s\n",
+			e.Partition, e.Offset,
+			e.Time.UTC().Format(time.RFC3339),
+			e.SourceTopic, e.SourcePartition, e.SourceOffset,
+			printable(string(e.Key), 40),
+			e.Consumer, e.ErrorCode, e.Attempts, value,
+			printable(e.Error, 120))
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("dlq: write table: %w", err)
+	}
+	return nil
+}
+
+// printable keeps a table cell on one line and bounded.
+func printable(s string, n int) string {
+	s = strings.Map(func(r rune) rune {
+		if r == '\t' || r == '\n' || r == '\r' || !strconv.IsPrint(r) {
+			return ' '
+		}
+		return r
+	}, s)
+	if utf8.RuneCountInString(s) > n {
+		rs := []rune(s)
+		s = string(rs[:n-1]) + "…"
+	}
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,658 @@
+// Package imapsync is the IMAP runner of the sync fleet: it implements
+// mailsync.Runner on go-imap v2 and writes message metadata and per-folder
+// cursors to Postgres through the job's fenced writer.
+//
+// Per tier (changes take effect at once, without a restart):
+//   - hot: one persistent connection in IDLE on INBOX, re-issued every
+//     Config.IdleRefresh (at most 25 min); EXISTS, EXPUNGE or FETCH wake it
+//     and INBOX is synced incrementally. Alongside, the special-use folders
+//     (Junk, Sent) are polled every PollWarm on a second, short-lived
+//     connection. A mailbox never holds more than these two.
+//   - warm / cold: connect, sync INBOX and the special-use folders,
+//     disconnect, every PollWarm / PollCold.
+//
+// Sync is incremental by UID per folder. UIDVALIDITY is checked on every
+// SELECT; a change deletes the folder's rows of the old UIDVALIDITY and
+// resyncs it. Flag changes come from CONDSTORE (CHANGEDSINCE the folder's
+// stored HIGHESTMODSEQ) where the server offers it, else from re-fetching
+// the flags of the last Config.FlagWindow messages. When a folder holds
+// another number of messages than rows are stored for it, a UID SEARCH ALL
+// finds the messages gone (expunged, or moved away) and their rows are
+// deleted; a steady poll costs no extra command.
+//
+// go-imap v2 takes no context: every command runs under a deadline set on
+// the socket (Config.CommandTimeout; IdleRefresh + IdleMargin while in
+// IDLE), ctx being done closes the socket, and the IDLE command's Wait is
+// watched, so a dropped, half-open or black-holed connection is noticed and
+// replaced, after a backoff with jitter.
+package imapsync
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"math/rand/v2"
+	"mime"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/emersion/go-imap/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/mailboxstate"
+	"github.com/mailplane/mailplane/internal/mailsync"
+	"github.com/mailplane/mailplane/internal/sealing"
+)
+
+// MaxIdleRefresh is the longest an IDLE is left running: RFC 9051 lets
+// servers drop an idle client after 30 minutes of inactivity.
+const MaxIdleRefresh = 25 * time.Minute
+
+// Config tunes the runner. Zero fields take the defaults of DefaultConfig.
+type Config struct {
+	// Keyring opens the mailboxes' sealed credentials (required).
+	Keyring *sealing.Keyring
+	// RootCAs is the CA bundle server certificates are verified against
+	// (IMAP_CA_FILE); nil: the system's. Verification is never off.
+	RootCAs *x509.CertPool
+	// Reporter receives failures and disable requests (nil: dropped).
+	Reporter Reporter
+	// Logger (nil: discarded). Lines name mailboxes, never credentials.
+	Logger *slog.Logger
+	// Registerer registers the runner's metrics (nil: not registered).
+	Registerer prometheus.Registerer
+
+	// IdleRefresh: an IDLE is ended and re-issued this often (INBOX is
+	// re-selected and synced in between). Default and maximum 25 min.
+	IdleRefresh time.Duration
+	// IdleMargin is added to IdleRefresh for the socket's read deadline
+	// while in IDLE (default 30 s).
+	IdleMargin time.Duration
+	// CommandTimeout bounds every command and the TLS handshake (default
+	// 30 s); DialTimeout the TCP connect (default 15 s).
+	CommandTimeout time.Duration
+	DialTimeout    time.Duration
+	// BackoffMin and BackoffMax bound the retry delay after a failure
+	// (doubling, full jitter; defaults 1 s and 5 min).
+	BackoffMin, BackoffMax time.Duration
+	// AuthBackoffMax caps the retry delay after refused credentials
+	// (default 1 h): the delay keeps doubling past BackoffMax and the poll
+	// interval, so a revoked grant or a wrong password is not tried (nor a
+	// refresh token exchanged) every few minutes for the day before the
+	// mailbox is disabled.
+	AuthBackoffMax time.Duration
+	// DisableAfter: authentication failing for this long (with no success
+	// in between, across restarts and owners) requests the mailbox's
+	// disabling (IMAP_AUTH_DISABLE_AFTER, default 24 h).
+	DisableAfter time.Duration
+	// FetchBatch is how many messages are written per fenced transaction
+	// (default 500).
+	FetchBatch int
+	// FlagWindow is how many of a folder's newest messages get their flags
+	// re-fetched on servers without CONDSTORE (default 500).
+	FlagWindow int
+	// OAuth holds the OAuth clients of the providers whose mailboxes log
+	// in with a refresh token (gmail, outlook).
+	OAuth map[domain.Provider]OAuthClient
+	// HTTP is the client for token endpoints (default: 30 s timeout).
+	HTTP *http.Client
+	// WarmupHeader names the header that marks warmup messages (default
+	// DefaultWarmupHeader). Where each lands (INBOX or Junk) is reported
+	// once per message as a warmup_observed through the outbox.
+	WarmupHeader string
+	// WarmupKey, when set, is the key warmup headers must be signed with
+	// (MAILPLANE_WARMUP_KEY); unsigned or forged ones are ignored.
+	WarmupKey []byte
+	// Transport is the operator's allowlist of internal hosts and networks
+	// (MAILPLANE_IMAP_ALLOW): the runner connects to no loopback, private,
+	// link-local, CGNAT, unspecified or multicast address outside it, and
+	// sends plain text (tls none) only to loopback or allowlisted servers,
+	// checked on the resolved address before connecting. The zero value
+	// allows public addresses with TLS only.
+	Transport domain.TransportPolicy
+	// Dial opens TCP connections (default a net.Dialer with keep-alives
+	// that applies Transport to each resolved address before connecting);
+	// a custom one has the connected peer's address checked instead.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// DefaultConfig returns the defaults (without a keyring).
+func DefaultConfig() Config {
+	return Config{
+		IdleRefresh:    MaxIdleRefresh,
+		IdleMargin:     30 * time.Second,
+		CommandTimeout: 30 * time.Second,
+		DialTimeout:    15 * time.Second,
+		BackoffMin:     time.Second,
+		BackoffMax:     5 * time.Minute,
+		AuthBackoffMax: time.Hour,
+		DisableAfter:   24 * time.Hour,
+		FetchBatch:     500,
+		FlagWindow:     500,
+	}
+}
+
+// Runner is the IMAP runner. One Runner serves every mailbox of a worker;
+// it is safe for concurrent Runs.
+type Runner struct {
+	cfg     Config
+	http    *http.Client
+	rep     Reporter
+	log     *slog.Logger
+	metrics *metrics
+}
+
+var _ mailsync.Runner = (*Runner)(nil)
+
+// New returns a runner.
+func New(cfg Config) (*Runner, error) {
+	d := DefaultConfig()
+	if cfg.Keyring == nil {
+		return nil, errors.New("imapsync: a keyring is required")
+	}
+	if cfg.IdleRefresh <= 0 || cfg.IdleRefresh > MaxIdleRefresh {
+		cfg.IdleRefresh = d.IdleRefresh
+	}
+	setDefault(&cfg.IdleMargin, d.IdleMargin)
+	setDefault(&cfg.CommandTimeout, d.CommandTimeout)
+	setDefault(&cfg.DialTimeout, d.DialTimeout)
+	setDefault(&cfg.BackoffMin, d.BackoffMin)
+	setDefault(&cfg.BackoffMax, d.BackoffMax)
+	setDefault(&cfg.AuthBackoffMax, d.AuthBackoffMax)
+	setDefault(&cfg.DisableAfter, d.DisableAfter)
+	if cfg.BackoffMax < cfg.BackoffMin {
+		cfg.BackoffMax = cfg.BackoffMin
+	}
+	if cfg.AuthBackoffMax < cfg.BackoffMax {
+		cfg.AuthBackoffMax = cfg.BackoffMax
+	}
+	if cfg.FetchBatch <= 0 {
+		cfg.FetchBatch = d.FetchBatch
+	}
+	if cfg.FlagWindow <= 0 {
+		cfg.FlagWindow = d.FlagWindow
+	}
+	if cfg.WarmupHeader == "" {
+		cfg.WarmupHeader = DefaultWarmupHeader
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	r := &Runner{cfg: cfg, http: cfg.HTTP, rep: cfg.Reporter, log: cfg.Logger, metrics: newMetrics(cfg.Registerer)}
+	if r.http == nil {
+		r.http = &http.Client{Timeout: cfg.CommandTimeout}
+	}
+	if r.rep == nil {
+		r.rep = nopReporter{}
+	}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	return r, nil
+}
+
+func setDefault(p *time.Duration, d time.Duration) {
+	if *p <= 0 {
+		*p = d
+	}
+}
+
+// Run syncs job's mailbox until ctx is done. It retries failures itself
+// (backoff with jitter) and returns only when ctx is done (nil) or a write
+// was fenced (an error wrapping mailsync.ErrFenced).
+func (r *Runner) Run(ctx context.Context, job *mailsync.Job) error {
+	m := &mailboxRun{r: r, job: job, log: r.log.With("mailbox", job.Mailbox.MailboxID)}
+	defer m.forgetToken()
+	return m.run(ctx)
+}
+
+// mailboxRun is the state of one Run.
+type mailboxRun struct {
+	r   *Runner
+	job *mailsync.Job
+	log *slog.Logger
+
+	mu          sync.Mutex
+	tier        mailsync.Tier
+	cursors     map[string]cursor // by folder name
+	loaded      bool
+	newest      time.Time
+	lastPoll    time.Time // last complete poll of all folders
+	lastSpecial time.Time // last complete poll of the special-use folders
+	disableSent bool
+	authFailing bool
+	access      *accessToken // OAuth mailboxes: the current access token
+	// sealed replaces the job's sealed credentials once the provider
+	// rotated the refresh token (nil: the job's); pending is that rotation
+	// while its credentials_rotated is not recorded yet.
+	sealed  *domain.SealedSecret
+	pending *domain.SealedSecret
+}
+
+// unseal opens the run's current credentials; the caller wipes them.
+func (m *mailboxRun) unseal() (*secret, error) {
+	mb := m.job.Mailbox
+	m.mu.Lock()
+	if m.sealed != nil {
+		mb.SealedCredentials = m.sealed
+	}
+	m.mu.Unlock()
+	return m.r.unseal(mb)
+}
+
+func (m *mailboxRun) run(ctx context.Context) error {
+	for {
+		tier, changed := m.job.Tier()
+		m.mu.Lock()
+		m.tier = tier
+		m.mu.Unlock()
+		tctx, cancel := context.WithCancel(ctx)
+		stop := make(chan struct{})
+		go func() {
+			select {
+			case <-changed:
+				cancel()
+			case <-stop:
+			}
+		}()
+		var err error
+		if tier == mailsync.TierHot {
+			err = m.hot(tctx)
+		} else {
+			err = m.poller(tctx, tier, false)
+		}
+		close(stop)
+		cancel()
+		if errors.Is(err, mailsync.ErrFenced) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		// The tier changed: go on in the new one.
+	}
+}
+
+// poller syncs every interval on a short-lived connection: all folders
+// (warm, cold) or only the special-use ones (alongside a hot IDLE).
+func (m *mailboxRun) poller(ctx context.Context, tier mailsync.Tier, specialOnly bool) error {
+	interval := m.job.PollInterval(tier)
+	m.mu.Lock()
+	last := m.lastPoll
+	if specialOnly {
+		last = m.lastSpecial
+	}
+	m.mu.Unlock()
+	next := last.Add(interval)
+	failures := 0
+	for {
+		if d := time.Until(next); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			case <-t.C:
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		err := m.pollOnce(ctx, specialOnly)
+		if errors.Is(err, mailsync.ErrFenced) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			failures++
+			next = time.Now().Add(m.failed(ctx, err, failures, interval))
+			continue
+		}
+		failures = 0
+		now := time.Now()
+		m.mu.Lock()
+		if specialOnly {
+			m.lastSpecial = now
+		} else {
+			m.lastPoll, m.lastSpecial = now, now
+		}
+		m.mu.Unlock()
+		next = now.Add(interval)
+	}
+}
+
+// pollOnce connects, syncs the folders and disconnects.
+func (m *mailboxRun) pollOnce(ctx context.Context, specialOnly bool) error {
+	c, err := m.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer m.disconnect(c)
+	folders, err := m.discover(ctx, c)
+	if err != nil {
+		return err
+	}
+	for _, f := range folders {
+		if specialOnly && f.role == RoleInbox {
+			continue
+		}
+		if err := m.syncFolder(ctx, c, f); err != nil {
+			return err
+		}
+	}
+	m.mu.Lock()
+	none := m.newest.IsZero()
+	m.mu.Unlock()
+	if none && !specialOnly {
+		m.job.ReportNoMail()
+	}
+	return nil
+}
+
+// hot holds INBOX in IDLE and polls the special-use folders alongside.
+func (m *mailboxRun) hot(ctx context.Context) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := m.poller(ctx, mailsync.TierWarm, true); err != nil {
+			cancel(err)
+		}
+	}()
+	failures := 0
+	var err error
+	for ctx.Err() == nil {
+		var synced bool
+		synced, err = m.idleSession(ctx)
+		if errors.Is(err, mailsync.ErrFenced) {
+			cancel(err)
+			break
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		if synced {
+			failures = 0 // the connection worked for a while
+		}
+		failures++
+		d := m.failed(ctx, err, failures, m.r.cfg.BackoffMax)
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	wg.Wait()
+	if cause := context.Cause(ctx); errors.Is(cause, mailsync.ErrFenced) {
+		return cause
+	}
+	return nil
+}
+
+// idleSession runs one IDLE connection until it fails or ctx is done.
+// synced reports whether INBOX was synced on it at least once.
+func (m *mailboxRun) idleSession(ctx context.Context) (synced bool, err error) {
+	c, err := m.connect(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer m.disconnect(c)
+	inbox := folder{name: "INBOX", role: RoleInbox}
+	if !c.has(imap.CapIdle) && !c.has(imap.CapIMAP4rev2) {
+		return false, &Error{Kind: KindProtocol, Op: "idle", Reason: "server does not support IDLE"}
+	}
+	refresh := m.r.cfg.IdleRefresh
+	for {
+		c.drain()
+		if err := m.syncFolder(ctx, c, inbox); err != nil {
+			return synced, err
+		}
+		synced = true
+		m.r.metrics.idles.Inc()
+		c.armFor(refresh + m.r.cfg.IdleMargin)
+		c.idling = true
+		idle, err := c.c.Idle()
+		if err != nil {
+			return synced, classify("idle", err, ctx)
+		}
+		waited := make(chan error, 1)
+		go func() { waited <- idle.Wait() }()
+		t := time.NewTimer(refresh)
+		var ended error
+		select {
+		case <-ctx.Done():
+		case err := <-waited:
+			// The IDLE ended without our DONE: the server hung up (BYE,
+			// kick, restart) or the socket broke.
+			if err == nil {
+				err = errors.New("server ended IDLE")
+			}
+			ended = err
+		case <-c.notify:
+		case <-t.C:
+		}
+		t.Stop()
+		if ctx.Err() != nil {
+			return synced, nil
+		}
+		if ended != nil {
+			return synced, &Error{Kind: KindNetwork, Op: "idle", Reason: "connection dropped during IDLE", Err: ended}
+		}
+		c.arm()
+		if err := idle.Close(); err != nil {
+			return synced, classify("idle done", err, ctx)
+		}
+		if err := <-waited; err != nil {
+			return synced, classify("idle done", err, ctx)
+		}
+		c.idling = false
+	}
+}
+
+// connect opens a connection, reporting and recording authentication
+// outcomes.
+func (m *mailboxRun) connect(ctx context.Context) (*conn, error) {
+	if err := m.loadCursors(ctx); err != nil {
+		return nil, err
+	}
+	// Credentials that do not open for this endpoint (a sealed blob copied
+	// onto another host, port, TLS mode or username) end the attempt here:
+	// no connection is made to an endpoint they were not sealed for.
+	sec, err := m.unseal()
+	if err != nil {
+		return nil, err
+	}
+	sec.wipe()
+	// An OAuth mailbox gets its access token before it connects: a revoked
+	// grant costs no connection to the server.
+	if err := m.ensureToken(ctx); err != nil {
+		return nil, err
+	}
+	c, err := m.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m.r.metrics.open.WithLabelValues(string(m.currentTier())).Inc()
+	if err := m.authSucceeded(ctx); err != nil {
+		m.disconnect(c)
+		return nil, err
+	}
+	return c, nil
+}
+
+func (m *mailboxRun) disconnect(c *conn) {
+	c.close()
+	m.r.metrics.open.WithLabelValues(string(m.currentTier())).Dec()
+}
+
+func (m *mailboxRun) currentTier() mailsync.Tier {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.tier
+}
+
+// failed reports a failure and returns the delay before the next attempt
+// (at most ceiling).
+func (m *mailboxRun) failed(ctx context.Context, err error, consecutive int, ceiling time.Duration) time.Duration {
+	if err == nil {
+		err = errors.New("unknown failure")
+	}
+	var e *Error
+	if !errors.As(err, &e) {
+		// Not from the IMAP side (those are classified): the database.
+		e = &Error{Kind: KindStore, Op: "store", Reason: "database operation failed", Err: err}
+		var ie *imap.Error
+		if errors.As(err, &ie) {
+			e.Kind, e.Code, e.Reason = KindProtocol, knownCode(string(ie.Code)), "the server answered "+string(ie.Type)
+		}
+	}
+	d := m.backoff(consecutive, ceiling)
+	if e.Kind == KindAuth {
+		d = m.authBackoff(consecutive)
+	}
+	now := m.r.cfg.Now()
+	f := Failure{MailboxID: m.job.Mailbox.MailboxID, Partition: m.job.Partition, Epoch: m.job.Epoch,
+		Tier: string(m.currentTier()), Err: e, Consecutive: consecutive, RetryIn: d, At: now}
+	m.r.metrics.failures.WithLabelValues(string(e.Kind)).Inc()
+	// Only the server's refusal counts towards disabling: credentials that
+	// do not open (a keyring problem) or an OAuth-only mailbox are ours to
+	// fix, not the user's.
+	if e.Kind == KindAuth {
+		since, ferr := m.authFailed(ctx, e, now)
+		if errors.Is(ferr, mailsync.ErrFenced) {
+			// The next write will be fenced too and end the run.
+			m.log.Warn("auth failure not recorded: fenced")
+		}
+		f.AuthFailingSince = since
+		m.r.rep.SyncFailed(ctx, f)
+		if !since.IsZero() && now.Sub(since) >= m.r.cfg.DisableAfter && !m.disableSent {
+			req := DisableRequest{MailboxID: f.MailboxID, Partition: f.Partition, Epoch: f.Epoch,
+				AuthFailingSince: since, Reason: e.Reason, At: now}
+			if err := m.disableRequested(ctx, req); err != nil {
+				// Tried again at the next failure.
+				m.log.Warn("disable request not recorded", "err", err)
+			} else {
+				m.disableSent = true
+				m.r.rep.DisableRequested(ctx, req)
+			}
+		}
+	} else {
+		m.r.rep.SyncFailed(ctx, f)
+	}
+	if e.Kind == KindStore {
+		// Our database's words, for the operator (no remote bytes).
+		m.log.Info("imap sync failed", "category", e.Kind, "op", e.Op, "err", e.Error(), "cause", e.Err, "retry_in", d)
+	} else {
+		m.log.Info("imap sync failed", "category", e.Kind, "op", e.Op, "err", e.Error(), "retry_in", d)
+	}
+	return d
+}
+
+// backoff is full jitter over an exponential ceiling.
+func (m *mailboxRun) backoff(n int, ceiling time.Duration) time.Duration {
+	d := m.r.cfg.BackoffMin
+	for i := 1; i < n && d < m.r.cfg.BackoffMax; i++ {
+		d *= 2
+	}
+	d = min(d, m.r.cfg.BackoffMax, max(ceiling, m.r.cfg.BackoffMin))
+	// Half fixed, half random: never a zero wait, never a thundering herd.
+	return d/2 + rand.N(d/2+1)
+}
+
+// authBackoff is the delay after the n-th refused login in a row: doubling
+// from BackoffMin up to AuthBackoffMax, half fixed and half random.
+func (m *mailboxRun) authBackoff(n int) time.Duration {
+	d := m.r.cfg.BackoffMin
+	for i := 1; i < n && d < m.r.cfg.AuthBackoffMax; i++ {
+		d *= 2
+	}
+	d = min(d, m.r.cfg.AuthBackoffMax)
+	return d/2 + rand.N(d/2+1)
+}
+
+// secret holds unsealed credentials in a buffer that wipe zeroes.
+type secret struct {
+	buf     []byte
+	pw      []byte // a window of buf, or a decoded copy
+	refresh []byte // an OAuth refresh token (no password)
+}
+
+func (s *secret) password() string {
+	if len(s.pw) == 0 {
+		return ""
+	}
+	// A view of the buffer, not a copy: wiping the buffer wipes it. It is
+	// used only for the LOGIN command, which copies it to the socket.
+	return unsafe.String(&s.pw[0], len(s.pw))
+}
+
+func (s *secret) wipe() {
+	clear(s.buf)
+	clear(s.pw)
+	clear(s.refresh)
+}
+
+// unseal opens the mailbox's credentials; the caller wipes them.
+func (r *Runner) unseal(mb mailboxstate.Mailbox) (*secret, error) {
+	if mb.SealedCredentials == nil {
+		return nil, &Error{Kind: KindCredentials, Op: "credentials", Reason: "the mailbox has no credentials"}
+	}
+	// Bound to the endpoint: credentials sealed for another host, port,
+	// TLS mode, username or provider do not open, and are never presented.
+	plain, err := r.cfg.Keyring.Open(*mb.SealedCredentials, domain.CredentialsAAD(mb.MailboxID, mb.Provider, mb.IMAP))
+	if err != nil {
+		return nil, &Error{Kind: KindUnbound, Op: "credentials", Reason: "sealed credentials do not open for this mailbox's endpoint", Err: err}
+	}
+	s := &secret{buf: plain}
+	var raw struct {
+		Password json.RawMessage `json:"password"`
+		Refresh  json.RawMessage `json:"oauth_refresh_token"`
+	}
+	if err := json.Unmarshal(plain, &raw); err != nil {
+		s.wipe()
+		return nil, &Error{Kind: KindCredentials, Op: "credentials", Reason: "sealed credentials are not JSON"}
+	}
+	// RawMessage is a copy of the quoted value: keep it to wipe it too.
+	q := []byte(raw.Password)
+	if len(q) < 2 || q[0] != '"' {
+		clear(q)
+		var rt string
+		if len(raw.Refresh) > 2 && raw.Refresh[0] == '"' && json.Unmarshal(raw.Refresh, &rt) == nil && rt != "" {
+			clear(raw.Refresh)
+			s.refresh = []byte(rt)
+			return s, nil
+		}
+		clear(raw.Refresh)
+		s.wipe()
+		return nil, &Error{Kind: KindCredentials, Op: "credentials", Reason: "neither a password nor an OAuth refresh token"}
+	}
+	clear(raw.Refresh)
+	inner := q[1 : len(q)-1]
+	if bytes.IndexByte(inner, '\\') < 0 {
+		// q is wiped with pw (same backing array).
+		s.pw = inner
+		return s, nil
+	}
+	// Escapes: decode (the decoded string is garbage at once).
+	var pw string
+	_ = json.Unmarshal(q, &pw)
+	clear(q)
+	s.pw = []byte(pw)
+	return s, nil
+}
+
+var wordDecoder = &mime.WordDecoder{}

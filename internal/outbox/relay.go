@@ -1,0 +1,318 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/internal/kafka"
+)
+
+// lockSQL takes the advisory lock that elects the publishing relay. Advisory
+// locks are database-wide, so the key names the schema: the outbox of each
+// schema (a replay's, a test's) has its own relay.
+const lockSQL = `SELECT pg_try_advisory_lock(hashtext('mailplane_outbox:' || current_schema())::bigint),
+       current_database() || '.' || current_schema()`
+
+// Relay publishes the outbox. Run it in every process that writes to the
+// outbox; one publishes, the others wait to take over.
+//
+// The publisher holds a session advisory lock on a connection whose
+// idle_session_timeout is the lease: a publisher that stops (SIGSTOP, a
+// hung process) loses its connection, and so the lock, after the lease,
+// and a standby takes over. It produces each batch in a Kafka transaction
+// under one transactional id per outbox (database and schema), so a
+// publisher that resumes after it was replaced is fenced by the broker: a
+// batch it produces late is aborted, never seen by read_committed
+// consumers, and per-key order holds.
+type Relay struct {
+	pool  *pgxpool.Pool
+	kcfg  kafka.Config
+	log   *slog.Logger
+	batch int
+	poll  time.Duration
+	op    time.Duration
+	lease time.Duration
+	m     *metrics
+
+	// beforeProduce, when set, runs between reading a batch and producing
+	// it (tests pause a publisher there).
+	beforeProduce func()
+}
+
+// Option configures a Relay.
+type Option func(*Relay)
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l *slog.Logger) Option { return func(r *Relay) { r.log = l } }
+
+// WithRegisterer registers the relay's metrics on reg.
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(r *Relay) { r.m = newMetrics(reg) }
+}
+
+// WithBatch sets how many records are produced and deleted per round
+// (default 1000).
+func WithBatch(n int) Option { return func(r *Relay) { r.batch = max(1, n) } }
+
+// WithPollInterval sets how often the outbox is checked without a
+// notification, and how often a standby relay tries to take over
+// (default 1 s).
+func WithPollInterval(d time.Duration) Option {
+	return func(r *Relay) { r.poll = max(time.Millisecond, d) }
+}
+
+// WithOperationTimeout bounds each database round trip and each Kafka
+// transaction (default 10 s).
+func WithOperationTimeout(d time.Duration) Option { return func(r *Relay) { r.op = d } }
+
+// WithLease sets how long a publisher that stopped keeps the lock (its
+// connection's idle_session_timeout; default 15 s). It must exceed the
+// poll interval and the operation timeout.
+func WithLease(d time.Duration) Option { return func(r *Relay) { r.lease = d } }
+
+// NewRelay returns a relay that reads pool's outbox and produces to the
+// brokers of kcfg.
+func NewRelay(pool *pgxpool.Pool, kcfg kafka.Config, opts ...Option) *Relay {
+	r := &Relay{pool: pool, kcfg: kcfg, batch: 1000, poll: time.Second, op: 10 * time.Second, lease: 15 * time.Second}
+	for _, o := range opts {
+		o(r)
+	}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	if r.m == nil {
+		r.m = newMetrics(nil)
+	}
+	r.lease = max(r.lease, 2*r.poll, r.op+r.poll)
+	return r
+}
+
+// Run publishes until ctx is done. Failures (the database or the broker
+// gone) are logged and retried; Run returns only ctx's error.
+func (r *Relay) Run(ctx context.Context) error {
+	backoff := r.poll
+	for {
+		err := r.session(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			r.log.Warn("outbox relay failed; retrying", "err", err, "retry_in", backoff)
+			r.m.failures.Inc()
+		} else {
+			backoff = r.poll // standby: try again soon
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		if err != nil {
+			backoff = min(2*backoff, 30*time.Second)
+		}
+	}
+}
+
+// session takes the lock on one connection and publishes on it until an
+// error. It returns nil when another relay holds the lock.
+func (r *Relay) session(ctx context.Context) error {
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("acquire: %w", err)
+	}
+	var (
+		got  bool
+		name string
+	)
+	if err := r.round(ctx, func(ctx context.Context) error {
+		return conn.QueryRow(ctx, lockSQL).Scan(&got, &name)
+	}); err != nil {
+		conn.Release()
+		return fmt.Errorf("lock: %w", err)
+	}
+	if !got {
+		// A standby: the connection holds nothing, so it goes back to the
+		// pool (no new connection per attempt).
+		conn.Release()
+		r.m.active.Set(0)
+		return nil
+	}
+	// The session lock lives as long as the connection: never give it back
+	// to the pool holding the lock.
+	pc := conn.Hijack()
+	defer pc.Close(context.Background())
+	if err := r.round(ctx, func(ctx context.Context) error {
+		// The lease: a publisher that stops sending anything loses its
+		// session, and the lock with it.
+		_, err := pc.Exec(ctx, fmt.Sprintf("SET idle_session_timeout = %d", r.lease.Milliseconds()))
+		return err
+	}); err != nil {
+		return fmt.Errorf("lease: %w", err)
+	}
+	r.m.active.Set(1)
+	defer r.m.active.Set(0)
+	// One transactional id per outbox: the id of a new publisher fences
+	// the transactions of the one it replaced.
+	cl, err := kafka.NewProducer(r.kcfg, kgo.TransactionalID("mailplane-outbox-"+name),
+		kgo.TransactionTimeout(r.op+r.lease))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	// Take the producer epoch now, before reading anything: from here on a
+	// publisher that took over later fences this one, whatever it read.
+	if err := r.round(ctx, func(ctx context.Context) error {
+		_, _, err := cl.ProducerID(ctx)
+		return err
+	}); err != nil {
+		return fmt.Errorf("init producer id: %w", err)
+	}
+	r.log.Info("outbox relay publishing", "transactional_id", "mailplane-outbox-"+name)
+	if err := r.round(ctx, func(ctx context.Context) error {
+		_, err := pc.Exec(ctx, `LISTEN `+Channel)
+		return err
+	}); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	for {
+		n, err := r.publish(ctx, pc, cl)
+		if err != nil {
+			return err
+		}
+		if n == r.batch {
+			continue // more waiting
+		}
+		// Wait for a commit's notification, or poll: a notification can
+		// be missed only across a reconnect, which starts with a publish.
+		wctx, cancel := context.WithTimeout(ctx, r.poll)
+		_, err = pc.WaitForNotification(wctx)
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("wait: %w", err)
+		}
+	}
+}
+
+func (r *Relay) round(ctx context.Context, f func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, r.op)
+	defer cancel()
+	return f(ctx)
+}
+
+const readSQL = `SELECT seq, topic, key, value, headers, created_at FROM event_outbox ORDER BY seq LIMIT $1`
+
+// publish produces one batch in a transaction and deletes it; it returns
+// the batch size.
+func (r *Relay) publish(ctx context.Context, pc *pgx.Conn, cl *kgo.Client) (int, error) {
+	var (
+		seqs   []int64
+		recs   []*kgo.Record
+		oldest time.Time
+	)
+	err := r.round(ctx, func(ctx context.Context) error {
+		rows, err := pc.Query(ctx, readSQL, r.batch)
+		if err != nil {
+			return err
+		}
+		var (
+			seq        int64
+			topic      string
+			key, value []byte
+			hdr        []byte
+			at         time.Time
+		)
+		_, err = pgx.ForEachRow(rows, []any{&seq, &topic, &key, &value, &hdr, &at}, func() error {
+			hs, err := decodeHeaders(hdr)
+			if err != nil {
+				return fmt.Errorf("outbox row %d: %w", seq, err)
+			}
+			if len(seqs) == 0 {
+				oldest = at
+			}
+			seqs = append(seqs, seq)
+			recs = append(recs, &kgo.Record{Topic: topic, Key: clone(key), Value: clone(value), Headers: hs})
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("read: %w", err)
+	}
+	if len(recs) == 0 {
+		r.m.lag.Set(0)
+		return 0, nil
+	}
+	r.m.lag.Set(time.Since(oldest).Seconds())
+	if r.beforeProduce != nil {
+		r.beforeProduce()
+	}
+	if err := r.round(ctx, func(ctx context.Context) error {
+		if err := cl.BeginTransaction(); err != nil {
+			return err
+		}
+		perr := cl.ProduceSync(ctx, recs...).FirstErr()
+		commit := kgo.TryCommit
+		if perr != nil {
+			commit = kgo.TryAbort
+		}
+		if err := cl.EndTransaction(ctx, commit); err != nil {
+			return err
+		}
+		return perr
+	}); err != nil {
+		return 0, fmt.Errorf("produce: %w", err)
+	}
+	if err := r.round(ctx, func(ctx context.Context) error {
+		_, err := pc.Exec(ctx, `DELETE FROM event_outbox WHERE seq = ANY($1)`, seqs)
+		return err
+	}); err != nil {
+		return 0, fmt.Errorf("delete: %w", err)
+	}
+	r.m.published.Add(float64(len(recs)))
+	return len(recs), nil
+}
+
+// clone copies a scanned buffer, keeping nil (a tombstone) nil.
+func clone(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	return append([]byte{}, b...)
+}
+
+type metrics struct {
+	published prometheus.Counter
+	failures  prometheus.Counter
+	lag       prometheus.Gauge
+	active    prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		published: prometheus.NewCounter(prometheus.CounterOpts{Name: "mailplane_outbox_published_total",
+			Help: "Outbox records produced to Kafka."}),
+		failures: prometheus.NewCounter(prometheus.CounterOpts{Name: "mailplane_outbox_failures_total",
+			Help: "Relay sessions ended by an error (database or broker)."}),
+		lag: prometheus.NewGauge(prometheus.GaugeOpts{Name: "mailplane_outbox_lag_seconds",
+			Help: "Age of the oldest record waiting in the outbox at the last read (0: empty)."}),
+		active: prometheus.NewGauge(prometheus.GaugeOpts{Name: "mailplane_outbox_relay_active",
+			Help: "1 while this process's relay holds the publishing lock."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.published, m.failures, m.lag, m.active)
+	}
+	return m
+}

@@ -1,0 +1,821 @@
+package placement
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/dlq"
+	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/topics"
+)
+
+// Defaults. See the package documentation for how they bound failover.
+const (
+	DefaultTransactionalID    = "mailplane-placement-engine"
+	DefaultGroup              = "mailplane-placement-engine"
+	DefaultSource             = "mailplane/placement-engine"
+	DefaultTickInterval       = 2 * time.Second
+	DefaultSessionTimeout     = 6 * time.Second
+	DefaultHeartbeatInterval  = 500 * time.Millisecond
+	DefaultRebalanceTimeout   = 30 * time.Second
+	DefaultTransactionTimeout = 20 * time.Second
+	DefaultMaxBatch           = 5000
+	DefaultRestoreTimeout     = 10 * time.Minute
+)
+
+// DeadLetterConsumer names the engine in the DLQ's consumer header.
+const DeadLetterConsumer = "placement-engine"
+
+// Option configures an Engine.
+type Option func(*config)
+
+type config struct {
+	logger         *slog.Logger
+	reg            prometheus.Registerer
+	now            func() time.Time
+	tick           time.Duration
+	session        time.Duration
+	heartbeat      time.Duration
+	rebalance      time.Duration
+	txnID          string
+	group          string
+	placement      domain.PlacementConfig
+	snapshotter    Snapshotter
+	maxBatch       int
+	source         string
+	txnTimeout     time.Duration
+	restoreTimeout time.Duration
+	committed      func(Commit)
+	kgoOpts        []kgo.Opt
+	beforeEnd      func() // tests: runs after the flush, before the commit
+}
+
+// WithLogger sets the logger. Default: discard.
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithRegisterer registers the engine's metrics on reg. Default: a private
+// registry.
+func WithRegisterer(reg prometheus.Registerer) Option { return func(c *config) { c.reg = reg } }
+
+// WithClock sets the clock ticks read their time from. Event inputs are
+// decided at their record timestamp (the time mailplane's producer stamped
+// at ingest, never the producer's ce_time), bounded by this clock: a record
+// stamped ahead of it is decided at its reading (domain.TrustedTime). The
+// decisions record the time they were made at, so replaying the log never
+// reads a clock. Default: time.Now.
+func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
+
+// WithTickInterval sets how often the active engine ticks (liveness expiry,
+// retries of pending placements, drains, dedicated shortfalls). Default 2s.
+func WithTickInterval(d time.Duration) Option { return func(c *config) { c.tick = d } }
+
+// WithSessionTimeout sets the group session timeout: how long after the
+// active engine's last heartbeat the group hands its inputs to a standby.
+// It bounds failover after a crash. Default 6s (the usual broker minimum).
+func WithSessionTimeout(d time.Duration) Option { return func(c *config) { c.session = d } }
+
+// WithHeartbeatInterval sets the group heartbeat interval. Default 500ms.
+func WithHeartbeatInterval(d time.Duration) Option { return func(c *config) { c.heartbeat = d } }
+
+// WithRebalanceTimeout sets how long the group waits for members to rejoin
+// during a rebalance. Default 30s.
+func WithRebalanceTimeout(d time.Duration) Option { return func(c *config) { c.rebalance = d } }
+
+// WithTransactionalID sets the transactional id. Every engine of one
+// deployment must use the same one: a new active engine's InitProducerID
+// fences the previous one. Default "mailplane-placement-engine".
+func WithTransactionalID(id string) Option { return func(c *config) { c.txnID = id } }
+
+// WithGroup sets the consumer group electing the active engine. Default
+// "mailplane-placement-engine".
+func WithGroup(g string) Option { return func(c *config) { c.group = g } }
+
+// WithPlacementConfig sets the decider's configuration. Every engine of one
+// deployment must use the same one, or decisions stop being a function of
+// the log.
+func WithPlacementConfig(pc domain.PlacementConfig) Option {
+	return func(c *config) { c.placement = pc }
+}
+
+// WithSnapshotter sets where a restore starts. Default LogSnapshotter.
+func WithSnapshotter(s Snapshotter) Option { return func(c *config) { c.snapshotter = s } }
+
+// WithMaxBatch bounds the input records decided in one transaction.
+// Default 5000.
+func WithMaxBatch(n int) Option { return func(c *config) { c.maxBatch = n } }
+
+// WithSource sets ce_source on decisions. Default "mailplane/placement-engine".
+func WithSource(s string) Option { return func(c *config) { c.source = s } }
+
+// WithTransactionTimeout sets the Kafka transaction timeout: how long an
+// abandoned transaction (an engine dying with no standby to fence it) holds
+// back read_committed readers of the decision log. A commit that takes
+// longer ends the session. Default 20s.
+func WithTransactionTimeout(d time.Duration) Option { return func(c *config) { c.txnTimeout = d } }
+
+// WithRestoreTimeout bounds one restore. Default 10m.
+func WithRestoreTimeout(d time.Duration) Option { return func(c *config) { c.restoreTimeout = d } }
+
+// WithCommitted calls fn after each committed transaction, on the engine's
+// goroutine; fn must be quick. Tests and benchmarks use it.
+func WithCommitted(fn func(Commit)) Option { return func(c *config) { c.committed = fn } }
+
+// WithKgoOptions adds franz-go options to the engine's group client.
+func WithKgoOptions(opts ...kgo.Opt) Option {
+	return func(c *config) { c.kgoOpts = append(c.kgoOpts, opts...) }
+}
+
+// Commit describes one committed transaction.
+type Commit struct {
+	// At is the wall-clock time the commit returned.
+	At time.Time
+	// Inputs are the event inputs decided in the transaction, in order.
+	Inputs []Input
+	// Tick is set when the transaction holds a tick's decisions.
+	Tick bool
+	// Decisions is the number of decisions written.
+	Decisions int
+	// DeadLetters is the number of inputs sent to the DLQ.
+	DeadLetters int
+}
+
+// Input is one event input of a committed transaction.
+type Input struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	EventID   string
+	// Produced is the input record's timestamp.
+	Produced  time.Time
+	Decisions int
+}
+
+// Engine is the placement engine. See the package documentation.
+type Engine struct {
+	kcfg kafka.Config
+	cfg  config
+	m    *metrics
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	running bool
+	active  atomic.Bool
+}
+
+// New returns an engine reading from and writing to the brokers in kcfg. It
+// connects to nothing until Run.
+func New(kcfg kafka.Config, opts ...Option) (*Engine, error) {
+	cfg := config{
+		now:            time.Now,
+		tick:           DefaultTickInterval,
+		session:        DefaultSessionTimeout,
+		heartbeat:      DefaultHeartbeatInterval,
+		rebalance:      DefaultRebalanceTimeout,
+		txnID:          DefaultTransactionalID,
+		group:          DefaultGroup,
+		snapshotter:    LogSnapshotter{},
+		maxBatch:       DefaultMaxBatch,
+		source:         DefaultSource,
+		txnTimeout:     DefaultTransactionTimeout,
+		restoreTimeout: DefaultRestoreTimeout,
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	switch {
+	case len(kcfg.Brokers) == 0:
+		return nil, errors.New("placement: no brokers")
+	case cfg.txnID == "" || cfg.group == "":
+		return nil, errors.New("placement: the transactional id and the group must be set")
+	case cfg.tick <= 0 || cfg.session <= 0 || cfg.heartbeat <= 0 || cfg.rebalance <= 0 || cfg.txnTimeout <= 0 || cfg.restoreTimeout <= 0:
+		return nil, errors.New("placement: intervals and timeouts must be positive")
+	case cfg.heartbeat >= cfg.session:
+		return nil, errors.New("placement: the heartbeat interval must be shorter than the session timeout")
+	case cfg.maxBatch <= 0:
+		return nil, errors.New("placement: the batch size must be positive")
+	case cfg.snapshotter == nil || cfg.now == nil:
+		return nil, errors.New("placement: nil snapshotter or clock")
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.reg == nil {
+		cfg.reg = prometheus.NewRegistry()
+	}
+	if kcfg.ClientID == "" {
+		kcfg.ClientID = "mailplane-placement-engine"
+	}
+	cfg.placement = domain.NewPlacementState(cfg.placement).Config()
+	return &Engine{kcfg: kcfg, cfg: cfg, m: newMetrics(cfg.reg), log: cfg.logger.With("component", "placement-engine")}, nil
+}
+
+// Active reports whether this engine is the active one (restored and
+// deciding).
+func (e *Engine) Active() bool { return e.active.Load() }
+
+// Run joins the engine group and, whenever this engine is elected, restores
+// the state and decides until it loses the election. It blocks until ctx
+// is done, then finishes the transaction in flight, leaves the group and
+// returns nil. A failed session (broker unreachable, fenced, restore
+// failed) is logged and retried with backoff. An engine runs once at a
+// time.
+func (e *Engine) Run(ctx context.Context) error {
+	e.mu.Lock()
+	if e.running {
+		e.mu.Unlock()
+		return errors.New("placement: engine already running")
+	}
+	e.running = true
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.running = false
+		e.mu.Unlock()
+	}()
+
+	backoff := 250 * time.Millisecond
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := e.runSession(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		if time.Since(start) > time.Minute {
+			backoff = 250 * time.Millisecond
+		}
+		if err != nil {
+			e.log.Warn("placement engine session ended; rejoining", "err", err, "backoff", backoff)
+		} else {
+			e.log.Info("placement engine session ended; rejoining as a standby")
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+	e.log.Info("placement engine stopped")
+	return nil
+}
+
+// errLeadership ends a session whose inputs were revoked or lost.
+var errLeadership = errors.New("placement: leadership lost")
+
+// session is one group membership: one client, one transactional producer
+// epoch (once active), and the state while active.
+type session struct {
+	e   *Engine
+	cl  *kgo.GroupTransactSession
+	log *slog.Logger
+
+	mu         sync.Mutex
+	fenced     bool  // assigned, and InitProducerID done (the previous owner is fenced)
+	fenceErr   error // the fence failed
+	ended      bool  // inputs revoked or lost
+	pollCancel context.CancelFunc
+
+	// Owned by the poll loop.
+	st          *domain.PlacementState // nil until restored, and after an abort
+	lastID      string                 // ce_id of the last decision in the log (or about to be)
+	workers     *workerGauge
+	nextTick    time.Time       // wall clock: ticks are scheduled in real time, timed by the clock option
+	lag         map[tpKey]lagAt // per input partition: how far behind its last fetch left it
+	lastCommit  time.Time
+	lastPending time.Time
+	restores    int
+}
+
+func (e *Engine) runSession(ctx context.Context) error {
+	s := &session{e: e, log: e.log, workers: newWorkerGauge(e.m.workers), lag: map[tpKey]lagAt{}}
+	opts := kafka.ConsumerOptions(e.kcfg, kafka.GroupConfig{
+		Group:             e.cfg.group,
+		Topics:            topics.DomainTopics(),
+		SessionTimeout:    e.cfg.session,
+		HeartbeatInterval: e.cfg.heartbeat,
+	},
+		kgo.Balancers(SingleOwnerBalancer{}),
+		kgo.RebalanceTimeout(e.cfg.rebalance),
+		kgo.TransactionalID(e.cfg.txnID),
+		kgo.TransactionTimeout(e.cfg.txnTimeout),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.ProducerLinger(0),
+		kgo.ProduceRequestTimeout(10*time.Second),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+		kgo.OnPartitionsAssigned(s.assigned),
+		kgo.OnPartitionsRevoked(s.revoked),
+		kgo.OnPartitionsLost(s.lost),
+		kgo.WithLogger(kgoLogger{e.log}),
+	)
+	opts = append(opts, e.cfg.kgoOpts...)
+	cl, err := kgo.NewGroupTransactSession(opts...)
+	if err != nil {
+		return fmt.Errorf("placement: group client: %w", err)
+	}
+	s.cl = cl
+	e.log.Info("placement engine joining", "group", e.cfg.group, "transactional_id", e.cfg.txnID)
+	defer func() {
+		e.active.Store(false)
+		e.m.active.Set(0)
+		cl.Close()
+	}()
+	return s.loop(ctx)
+}
+
+// assigned runs when the group gives this member partitions, before their
+// offsets are fetched. The first assignment of a session makes this engine
+// the active one: it fences the previous owner's transactional producer
+// (InitProducerID aborts its open transaction and bumps the epoch) before
+// anything is read, so the committed input offsets and the end of the
+// decision log read afterwards agree, and no zombie can commit after them.
+func (s *session) assigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
+	if len(assigned) == 0 {
+		return
+	}
+	s.mu.Lock()
+	done := s.fenced || s.fenceErr != nil
+	s.mu.Unlock()
+	if done {
+		return
+	}
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, epoch, err := cl.ProducerID(fctx)
+	s.mu.Lock()
+	if err != nil {
+		s.fenceErr = fmt.Errorf("placement: fencing the previous engine (InitProducerID): %w", err)
+	} else {
+		s.fenced = true
+	}
+	s.mu.Unlock()
+	if err == nil {
+		s.log.Info("placement engine elected; previous engine fenced", "producer_epoch", epoch, "took", time.Since(start))
+	}
+	s.wake()
+}
+
+func (s *session) revoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	if len(revoked) == 0 {
+		return
+	}
+	s.endLeadership("revoked")
+}
+
+func (s *session) lost(_ context.Context, _ *kgo.Client, _ map[string][]int32) {
+	s.endLeadership("lost")
+}
+
+func (s *session) endLeadership(how string) {
+	s.mu.Lock()
+	first := !s.ended
+	s.ended = true
+	s.mu.Unlock()
+	s.e.active.Store(false)
+	s.e.m.active.Set(0)
+	if first {
+		s.log.Info("placement engine inputs " + how + "; standing down")
+	}
+	s.wake()
+}
+
+func (s *session) wake() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pollCancel != nil {
+		s.pollCancel()
+	}
+}
+
+func (s *session) status() (fenced, ended bool, fenceErr error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fenced, s.ended, s.fenceErr
+}
+
+func (s *session) loop(ctx context.Context) error {
+	cfg := &s.e.cfg
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		fenced, ended, fenceErr := s.status()
+		switch {
+		case ended:
+			return errLeadership
+		case fenceErr != nil:
+			return fenceErr
+		case fenced && s.st == nil:
+			if err := s.restore(ctx); err != nil {
+				return err
+			}
+		}
+
+		wait := time.Second
+		if s.st != nil {
+			wait = min(wait, max(time.Millisecond, time.Until(s.nextTick)))
+		}
+		pctx, cancel := context.WithTimeout(ctx, wait)
+		s.mu.Lock()
+		s.pollCancel = cancel
+		s.mu.Unlock()
+		fs := s.cl.PollRecords(pctx, cfg.maxBatch)
+		s.mu.Lock()
+		s.pollCancel = nil
+		s.mu.Unlock()
+		cancel()
+		if fs.IsClientClosed() {
+			return nil
+		}
+		fs.EachError(func(topic string, partition int32, err error) {
+			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+				return
+			}
+			s.log.Warn("fetch error", "topic", topic, "partition", partition, "err", err)
+		})
+		recs := orderBatch(fs)
+		polled := time.Now()
+		fs.EachPartition(func(p kgo.FetchTopicPartition) {
+			end := p.LastStableOffset // read_committed: what can be read now
+			if end < 0 {
+				end = p.HighWatermark
+			}
+			if n := len(p.Records); n > 0 && end >= 0 {
+				s.lag[tpKey{p.Topic, p.Partition}] = lagAt{end - (p.Records[n-1].Offset + 1), polled}
+			}
+		})
+		fenced, ended, fenceErr = s.status()
+		switch {
+		case ended:
+			return errLeadership // the transaction session would abort anyway
+		case fenceErr != nil:
+			return fenceErr
+		case len(recs) > 0 && !fenced:
+			// Records only arrive for assigned partitions, and their
+			// offsets are fetched only after the fence: unreachable.
+			return errors.New("placement: records polled before the fence")
+		case len(recs) > 0 && s.st == nil:
+			// Elected during this poll: restore before deciding.
+			if err := s.restore(ctx); err != nil {
+				return err
+			}
+		}
+		if s.st == nil {
+			continue
+		}
+		tick := !time.Now().Before(s.nextTick) && !s.behind()
+		if len(recs) == 0 && !tick {
+			continue
+		}
+		if err := s.transact(ctx, recs, tick); err != nil {
+			return err
+		}
+	}
+}
+
+// orderBatch returns the polled records in the order they are decided: a
+// merge of the partitions (each kept in offset order, so per-key order
+// holds) by record timestamp, ties by topic, partition and offset. The
+// order depends only on the records, not on how the fetches happened to
+// arrive, so an engine re-deciding an aborted batch after a failover
+// (from the same committed state, with the same records and possibly
+// later ones) decides the same inputs in the same order and writes
+// byte-identical records. It also decides inputs produced close together
+// on different topics (a plan change and a mailbox added) in the order
+// they were produced.
+func orderBatch(fs kgo.Fetches) []*kgo.Record {
+	var parts [][]*kgo.Record
+	n := 0
+	fs.EachPartition(func(p kgo.FetchTopicPartition) {
+		if len(p.Records) > 0 {
+			parts = append(parts, p.Records)
+			n += len(p.Records)
+		}
+	})
+	if len(parts) <= 1 {
+		if len(parts) == 0 {
+			return nil
+		}
+		return parts[0]
+	}
+	before := func(a, b *kgo.Record) bool {
+		if !a.Timestamp.Equal(b.Timestamp) {
+			return a.Timestamp.Before(b.Timestamp)
+		}
+		if a.Topic != b.Topic {
+			return a.Topic < b.Topic
+		}
+		if a.Partition != b.Partition {
+			return a.Partition < b.Partition
+		}
+		return a.Offset < b.Offset
+	}
+	out := make([]*kgo.Record, 0, n)
+	for len(out) < n {
+		best := -1
+		for i, p := range parts {
+			if len(p) > 0 && (best < 0 || before(p[0], parts[best][0])) {
+				best = i
+			}
+		}
+		out = append(out, parts[best][0])
+		parts[best] = parts[best][1:]
+	}
+	return out
+}
+
+type tpKey struct {
+	topic     string
+	partition int32
+}
+
+type lagAt struct {
+	behind int64
+	at     time.Time
+}
+
+// lagFresh bounds how long a partition's measured backlog holds back ticks:
+// a partition with a backlog is fetched again within it, and a measure
+// that cannot be refreshed (a trailing control record, say) must not hold
+// ticks back for ever.
+const lagFresh = 2 * time.Second
+
+// behind reports whether the inputs are known to have a backlog. Ticks wait
+// while they do: a tick at the clock's time ahead of heartbeats still
+// waiting to be read would declare live workers dead.
+func (s *session) behind() bool {
+	for _, l := range s.lag {
+		if l.behind > 0 && time.Since(l.at) < lagFresh {
+			return true
+		}
+	}
+	return false
+}
+
+// restore rebuilds the state: checkpoint, then the decision log to its end.
+// The input offsets were committed in the transactions that wrote the
+// log, so the group resumes exactly after the last input the log holds.
+func (s *session) restore(ctx context.Context) error {
+	e := s.e
+	e.active.Store(false)
+	e.m.active.Set(0)
+	start := time.Now()
+	rctx, cancel := context.WithTimeout(ctx, e.cfg.restoreTimeout)
+	defer cancel()
+	r, err := restore(rctx, e.kcfg, e.cfg.placement, e.cfg.snapshotter)
+	if err != nil {
+		return err
+	}
+	if err := s.checkOffsets(rctx, r); err != nil {
+		return err
+	}
+	s.st, s.lastID = r.state, r.lastID
+	s.workers.reset()
+	for _, id := range r.workers {
+		s.workers.update(s.st, id)
+	}
+	s.updatePending(true)
+	s.nextTick = time.Now().Add(e.cfg.tick)
+	s.restores++
+	took := time.Since(start)
+	e.m.restore.Observe(took.Seconds())
+	e.m.restoreLen.Set(float64(r.decisions))
+	workers, mailboxes, refused := s.st.Counts()
+	s.log.Info("placement engine active", "restored_from", r.checkpoint, "log_end", r.end, "decisions_folded", r.decisions,
+		"workers", workers, "mailboxes", mailboxes, "refused", refused, "took", took, "restores", s.restores)
+	e.active.Store(true)
+	e.m.active.Set(1)
+	return nil
+}
+
+// checkOffsets refuses to decide when the decision log holds committed
+// decisions but the group has no committed input offsets (the group was
+// deleted or renamed): the inputs would be decided a second time on top of
+// a state that already holds them.
+func (s *session) checkOffsets(ctx context.Context, r *restored) error {
+	if !r.nonEmpty {
+		return nil
+	}
+	offs, err := kadm.NewClient(s.cl.Client()).FetchOffsets(ctx, s.e.cfg.group)
+	if err == nil {
+		err = offs.Error()
+	}
+	if err != nil {
+		return fmt.Errorf("placement: fetching the group's committed offsets: %w", err)
+	}
+	for _, t := range topics.DomainTopics() {
+		found := false
+		offs.Each(func(o kadm.OffsetResponse) {
+			if o.Topic == t && o.At >= 0 {
+				found = true
+			}
+		})
+		if found {
+			return nil
+		}
+	}
+	return fmt.Errorf("placement: the decision log holds %d decisions but group %q has no committed input offsets; refusing to decide the inputs twice (restore the group's offsets or rebuild the log)", r.decisions, s.e.cfg.group)
+}
+
+// idleCommitEvery: inputs that decide nothing (user.active, repeated
+// heartbeats) need no transaction of their own; their offsets ride with
+// the next transaction, or are committed alone after this long.
+const idleCommitEvery = time.Second
+
+// transact decides recs (and a tick) and writes the decisions with the
+// input offsets in one transaction. The state is folded as the decisions
+// are made; when the transaction does not commit, the state is dropped
+// and the next loop restores it from the log.
+func (s *session) transact(ctx context.Context, recs []*kgo.Record, tick bool) error {
+	e := s.e
+	c := Commit{Tick: tick}
+	var (
+		out     []*kgo.Record
+		decided []domain.PlacementDecision
+		dead    []string
+	)
+	err := func() (err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = fmt.Errorf("placement: the decider failed: %v", p)
+			}
+		}()
+		// One clock reading for the batch: inputs stamped ahead of it are
+		// decided at it (domain.TrustedTime).
+		now := e.cfg.now()
+		for _, r := range recs {
+			ev, derr := topics.Decode(r)
+			if derr != nil {
+				code := domain.ErrorCode(derr)
+				out = append(out, dlq.NewRecord(r, dlq.Failure{Consumer: DeadLetterConsumer, Code: code, Err: derr.Error(), Attempts: 1}))
+				dead = append(dead, string(code))
+				s.log.Warn("input sent to the DLQ", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "code", code)
+				continue
+			}
+			in := domain.PlacementEventInput(ev, r.Timestamp, now)
+			ds := s.st.Apply(in)
+			cause := topics.Cause{ID: ev.ID, Type: ev.Type, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}
+			if out, err = s.encode(out, ds, cause, in.At); err != nil {
+				return err
+			}
+			decided = append(decided, ds...)
+			c.Inputs = append(c.Inputs, Input{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, EventID: ev.ID, Produced: r.Timestamp, Decisions: len(ds)})
+		}
+		if tick {
+			ds := s.st.Apply(domain.PlacementTick(now))
+			if out, err = s.encode(out, ds, topics.Cause{ID: topics.CauseTick, Type: topics.CauseTick}, now); err != nil {
+				return err
+			}
+			decided = append(decided, ds...)
+			s.nextTick = time.Now().Add(e.cfg.tick)
+		}
+		return nil
+	}()
+	if err != nil {
+		// The state holds decisions that will never be written, and the
+		// same inputs would fail again: stop deciding (the session ends,
+		// nothing is committed, and a later session retries from the log).
+		s.st = nil
+		e.m.aborts.WithLabelValues("decider").Inc()
+		return err
+	}
+	c.Decisions, c.DeadLetters = len(decided), len(dead)
+	if len(out) == 0 && (len(recs) == 0 || time.Since(s.lastCommit) < idleCommitEvery) {
+		return nil // nothing to write; offsets, if any, ride with the next transaction
+	}
+
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.txnTimeout)
+	defer cancel()
+	if err := s.cl.Begin(); err != nil {
+		s.st = nil
+		return fmt.Errorf("placement: begin transaction: %w", err)
+	}
+	var (
+		pmu  sync.Mutex
+		perr error
+	)
+	for _, r := range out {
+		s.cl.Produce(wctx, r, func(_ *kgo.Record, err error) {
+			if err != nil {
+				pmu.Lock()
+				if perr == nil {
+					perr = err
+				}
+				pmu.Unlock()
+			}
+		})
+	}
+	// Flush waits for every promise, so perr is final once it returns;
+	// the transaction commits only if every record was written.
+	if err := s.cl.Client().Flush(wctx); err != nil {
+		pmu.Lock()
+		if perr == nil {
+			perr = err
+		}
+		pmu.Unlock()
+	}
+	if e.cfg.beforeEnd != nil {
+		e.cfg.beforeEnd()
+	}
+	pmu.Lock()
+	try := kgo.TransactionEndTry(perr == nil)
+	pmu.Unlock()
+	committed, err := s.cl.End(wctx, try)
+	if err != nil {
+		s.st = nil
+		e.m.aborts.WithLabelValues("end_error").Inc()
+		return fmt.Errorf("placement: end transaction: %w", err)
+	}
+	if !committed {
+		s.st = nil
+		reason := "not_committed"
+		if perr != nil {
+			reason = "produce_error"
+			s.log.Warn("transaction aborted after a produce error; restoring", "err", perr)
+		} else {
+			s.log.Info("transaction aborted (group rebalanced, membership lost or offset commit refused); restoring")
+		}
+		e.m.aborts.WithLabelValues(reason).Inc()
+		return nil
+	}
+	now := time.Now()
+	s.lastCommit = now
+	c.At = now
+	e.m.commits.Inc()
+	for _, d := range decided {
+		m := d.Meta()
+		e.m.decisions.WithLabelValues(decisionKind(d.EventType()), string(m.Reason)).Inc()
+		switch d.(type) {
+		case *domain.PlacementWorkerPromoted:
+			e.m.promotions.Inc()
+		case *domain.PlacementMigrated:
+			e.m.migrations.Inc()
+		}
+		if id, ok := workerOf(d); ok {
+			s.workers.update(s.st, id)
+		}
+	}
+	for _, code := range dead {
+		e.m.deadLetter.WithLabelValues(code).Inc()
+	}
+	for _, in := range c.Inputs {
+		if in.Decisions > 0 && !in.Produced.IsZero() {
+			e.m.latency.Observe(now.Sub(in.Produced).Seconds())
+		}
+	}
+	s.updatePending(len(decided) > 0 && now.Sub(s.lastPending) >= time.Second)
+	if e.cfg.committed != nil {
+		e.cfg.committed(c)
+	}
+	return nil
+}
+
+// encode appends the records of one input's decisions to out.
+func (s *session) encode(out []*kgo.Record, ds []domain.PlacementDecision, cause topics.Cause, at time.Time) ([]*kgo.Record, error) {
+	if len(ds) == 0 {
+		return out, nil
+	}
+	cause.Count = len(ds)
+	key := causeKey(cause, at.Round(0).UTC(), s.lastID)
+	for i, d := range ds {
+		cause.Index = i
+		id := DecisionID(d.Meta().At, key, i)
+		r, err := topics.EncodeDecision(topics.Decision{ID: id, Source: s.e.cfg.source, Data: d, Cause: cause})
+		if err != nil {
+			return out, fmt.Errorf("placement: encoding %s: %w", d.EventType(), err)
+		}
+		out = append(out, r)
+		s.lastID = id
+	}
+	return out, nil
+}
+
+func (s *session) updatePending(now bool) {
+	if !now || s.st == nil {
+		return
+	}
+	s.lastPending = time.Now()
+	s.e.m.pending.Set(float64(len(s.st.Pending())))
+}
+
+// kgoLogger passes franz-go's warnings and errors to slog.
+type kgoLogger struct{ l *slog.Logger }
+
+func (k kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
+
+func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	sl := slog.LevelWarn
+	if level == kgo.LogLevelError {
+		sl = slog.LevelError
+	}
+	k.l.Log(context.Background(), sl, "kafka: "+msg, keyvals...)
+}

@@ -1,0 +1,211 @@
+package placement
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/topics"
+)
+
+// Checkpoint is a state of the engine and where in the decision log it
+// stands: the fold of every decision before NextOffset.
+type Checkpoint struct {
+	State domain.PlacementSnapshot
+	// NextOffset is the first decision-log offset not folded into State.
+	NextOffset int64
+	// LastDecisionID is the ce_id of the last decision folded into State,
+	// or "" when there is none or the snapshotter does not know it. It
+	// only seeds tick decision ids (see DecisionID) and is replaced by the
+	// id of any decision read after NextOffset.
+	LastDecisionID string
+}
+
+// Snapshotter loads the checkpoint an engine restores from. The engine then
+// reads the decision log from the checkpoint's NextOffset to its end. The
+// placement projection in Postgres (which records the decision-log offset
+// it has applied, in the same transaction as its rows) is the production
+// snapshotter; LogSnapshotter is the one that needs nothing.
+type Snapshotter interface {
+	Load(ctx context.Context) (Checkpoint, error)
+}
+
+// LogSnapshotter starts from the empty state at offset 0: the engine folds
+// the whole decision log on every start. Correct at any size, and fast
+// enough for small logs; a projection-backed snapshotter bounds start-up
+// time for large ones.
+type LogSnapshotter struct{}
+
+// Load returns the empty checkpoint.
+func (LogSnapshotter) Load(context.Context) (Checkpoint, error) { return Checkpoint{}, nil }
+
+// restoreClientOptions are the options of the short-lived client that reads
+// the decision log directly (no group): read_committed, so aborted
+// transactions are never seen; control records kept, so the reader knows
+// when it has reached the end (the last offset before the end of a
+// transactional log is usually a commit marker); no offset reset, so a
+// checkpoint pointing below the log start is an error, not a silent skip.
+func restoreClientOptions(kcfg kafka.Config, from int64) []kgo.Opt {
+	id := kcfg.ClientID
+	if id == "" {
+		id = "mailplane-placement"
+	}
+	return append(kafka.ConnOptions(kcfg),
+		kgo.ClientID(id+"-restore"),
+		kgo.RequestTimeoutOverhead(10*time.Second),
+		kgo.RetryTimeout(30*time.Second),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
+		kgo.FetchMaxWait(100*time.Millisecond),
+		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{
+			topics.PlacementDecisions: {0: kgo.NewOffset().At(from)},
+		}),
+	)
+}
+
+// ErrLogGap is returned when a checkpoint points outside the decision log.
+var ErrLogGap = errors.New("placement: checkpoint offset outside the decision log")
+
+// ReadDecisions reads the decision log (read_committed) from offset from up
+// to its last stable offset as of the call, calling fn for each decision in
+// order, and returns that end offset. ctx bounds the whole read. The
+// decision log has one partition; its total order is the engine's.
+func ReadDecisions(ctx context.Context, kcfg kafka.Config, from int64, fn func(offset int64, d topics.Decision) error) (end int64, err error) {
+	if from < 0 {
+		return 0, fmt.Errorf("%w: offset %d", ErrLogGap, from)
+	}
+	cl, err := kgo.NewClient(restoreClientOptions(kcfg, from)...)
+	if err != nil {
+		return 0, fmt.Errorf("placement: decision-log reader: %w", err)
+	}
+	defer cl.Close()
+	start, end, err := logBounds(ctx, cl)
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case from > end:
+		return 0, fmt.Errorf("%w: offset %d is past the log's end %d", ErrLogGap, from, end)
+	case from < start:
+		return 0, fmt.Errorf("%w: offset %d is below the log's start %d (records deleted)", ErrLogGap, from, start)
+	case from == end:
+		return end, nil
+	}
+	last := from - 1
+	for last < end-1 {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return 0, fmt.Errorf("placement: reading the decision log at offset %d of %d: %w", last+1, end, err)
+		}
+		if fs.IsClientClosed() {
+			return 0, kgo.ErrClientClosed
+		}
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) {
+			if ferr == nil {
+				ferr = err
+			}
+		})
+		if ferr != nil {
+			return 0, fmt.Errorf("placement: reading the decision log: %w", ferr)
+		}
+		for it := fs.RecordIter(); !it.Done(); {
+			r := it.Next()
+			if r.Offset >= end {
+				last = end - 1
+				break
+			}
+			last = r.Offset
+			if r.Attrs.IsControl() {
+				continue
+			}
+			d, err := topics.DecodeDecision(r)
+			if err != nil {
+				return 0, fmt.Errorf("placement: decision at offset %d: %w", r.Offset, err)
+			}
+			if err := fn(r.Offset, d); err != nil {
+				return 0, fmt.Errorf("placement: decision at offset %d (%s): %w", r.Offset, d.Data.EventType(), err)
+			}
+		}
+	}
+	return end, nil
+}
+
+// logBounds returns the decision log's start offset and last stable offset.
+func logBounds(ctx context.Context, cl *kgo.Client) (start, end int64, err error) {
+	adm := kadm.NewClient(cl)
+	ends, err := adm.ListCommittedOffsets(ctx, topics.PlacementDecisions)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("placement: end of the decision log: %w", err)
+	}
+	starts, err := adm.ListStartOffsets(ctx, topics.PlacementDecisions)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("placement: start of the decision log: %w", err)
+	}
+	e, ok1 := ends.Lookup(topics.PlacementDecisions, 0)
+	s, ok2 := starts.Lookup(topics.PlacementDecisions, 0)
+	if !ok1 || !ok2 {
+		return 0, 0, fmt.Errorf("placement: topic %s has no partition 0", topics.PlacementDecisions)
+	}
+	return s.Offset, e.Offset, nil
+}
+
+// restored is a state rebuilt from a checkpoint and the log after it.
+type restored struct {
+	state      *domain.PlacementState
+	end        int64    // decision-log offset the state is as of
+	lastID     string   // last decision's ce_id
+	workers    []string // every worker the state knows
+	decisions  int      // decisions folded from the log
+	checkpoint int64    // where the log was read from
+	nonEmpty   bool     // the checkpoint or the log held committed decisions
+}
+
+// restore loads the checkpoint and folds the decision log from its offset to
+// the log's end.
+func restore(ctx context.Context, kcfg kafka.Config, cfg domain.PlacementConfig, snap Snapshotter) (*restored, error) {
+	ck, err := snap.Load(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("placement: loading the checkpoint: %w", err)
+	}
+	st, err := domain.NewPlacementStateFromSnapshot(cfg, ck.State)
+	if err != nil {
+		return nil, fmt.Errorf("placement: checkpoint at offset %d: %w", ck.NextOffset, err)
+	}
+	r := &restored{state: st, lastID: ck.LastDecisionID, checkpoint: ck.NextOffset}
+	seen := make(map[string]bool, len(ck.State.Workers))
+	for _, w := range ck.State.Workers {
+		seen[w.ID] = true
+		r.workers = append(r.workers, w.ID)
+	}
+	r.end, err = ReadDecisions(ctx, kcfg, ck.NextOffset, func(_ int64, d topics.Decision) error {
+		if err := st.ApplyDecision(d.Data); err != nil {
+			return err
+		}
+		if w, ok := d.Data.(*domain.PlacementWorkerRegistered); ok && !seen[w.WorkerID] {
+			seen[w.WorkerID] = true
+			r.workers = append(r.workers, w.WorkerID)
+		}
+		r.lastID = d.ID
+		r.decisions++
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.nonEmpty = r.decisions > 0 || len(ck.State.Workers)+len(ck.State.Mailboxes)+len(ck.State.Orgs) > 0
+	return r, nil
+}

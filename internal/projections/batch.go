@@ -1,0 +1,796 @@
+package projections
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/dlq"
+	"github.com/mailplane/mailplane/topics"
+)
+
+// accept queues the records of a poll on their partitions; those of a
+// partition in flight wait in its incoming list until it is handed back.
+// Called by the poll loop between rounds, or by a lane with qmu held.
+func (s *session) accept(fs kgo.Fetches) {
+	fs.EachPartition(func(fp kgo.FetchTopicPartition) {
+		pt := s.parts[topicPartition{fp.Topic, fp.Partition}]
+		if pt == nil {
+			// Not ours (any more): BlockRebalanceOnPoll makes this
+			// unexpected, and the owner reads the records.
+			return
+		}
+		pt.hwm = max(pt.hwm, fp.HighWatermark)
+		for _, r := range fp.Records {
+			var it *item
+			if d, ok := r.Context.(*decoded); ok {
+				it = &d.it
+			} else {
+				// Another hook (WithKgoOptions) replaced the context.
+				it = &item{rec: r}
+				it.decode()
+			}
+			it.pt = pt
+			if pt.busy {
+				pt.incoming = append(pt.incoming, it)
+				continue
+			}
+			pt.enqueue(it)
+		}
+	})
+}
+
+// decodeHook decodes every record as the client buffers it, in the
+// client's fetch goroutine, and hands the result to the poll loop in the
+// record's Context, franz-go's place for enriching consumed records in a
+// hook. Decoding (JSON and validation) is most of the projector's own work:
+// done there, it overlaps the transaction in flight instead of delaying the
+// next one.
+type decodeHook struct{}
+
+func (decodeHook) OnFetchRecordBuffered(r *kgo.Record) {
+	parent := r.Context
+	if parent == nil {
+		parent = context.Background()
+	}
+	d := &decoded{Context: parent, it: item{rec: r}}
+	d.it.decode()
+	r.Context = d
+}
+
+// decoded is a record's Context once decodeHook has seen it.
+type decoded struct {
+	context.Context
+	it item
+}
+
+func (it *item) decode() {
+	ev, err := topics.Decode(it.rec)
+	if err == nil {
+		var id uuid.UUID
+		if id, err = uuid.Parse(ev.ID); err == nil {
+			it.ev, it.id, it.ok = ev, id, true
+			return
+		}
+		// Decode has checked the id already; this is belt and braces.
+		err = domain.Errorf(domain.CodeInvalid, "event id %q is not a UUID", ev.ID)
+	}
+	it.code, it.err = domain.ErrorCode(err), err
+}
+
+// drain applies queued records until none is left to apply, or ctx (the
+// Run) is done, or the group waits, or rctx (the round) is canceled.
+// What is left stays queued for the next round.
+//
+// Up to WithConcurrency lanes apply batches side by side, each transaction
+// on its own connection and on partitions no other lane holds: a
+// partition's records are applied by one transaction after another, in
+// offset order, so each key's are too. Each lane takes its share of what
+// is queued, so that the lanes run side by side rather than one after
+// another; a lane that finds nothing to take polls what the client has
+// buffered meanwhile, for up to maxRound, so that the lanes need not wait
+// for each other at the end of every poll. It does so only while the
+// round's own poll holds the rebalance gate (see gateHeld).
+func (s *session) drain(ctx, rctx context.Context) {
+	s.roundEnd = time.Now().Add(maxRound)
+	var wg sync.WaitGroup
+	for range s.p.cfg.concurrency {
+		wg.Go(func() { s.lane(ctx, rctx) })
+	}
+	wg.Wait()
+}
+
+// maxRound bounds how long lanes keep polling for more records within a
+// round: the poll loop's housekeeping (pausing partitions, lag gauges,
+// committing to Kafka) and rebalances run between rounds.
+const maxRound = time.Second
+
+// minLaneBatch is the smallest share worth a transaction of its own: below
+// it, one lane takes what is queued (up to a batch).
+const minLaneBatch = 256
+
+// lane applies batches until take finds none left.
+func (s *session) lane(ctx, rctx context.Context) {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	for {
+		b := s.take(ctx, rctx)
+		if len(b) == 0 {
+			return
+		}
+		rs := runs(b)
+		for _, r := range rs {
+			r.pt.busy = true
+		}
+		s.inflight++
+		s.qmu.Unlock()
+
+		s.apply(ctx, rctx, b)
+
+		s.qmu.Lock()
+		for _, r := range rs {
+			r.pt.release()
+		}
+		s.inflight--
+		s.qcond.Broadcast()
+	}
+}
+
+// take returns a lane's next batch, or nil when the round is over for it:
+// interrupted, or nothing left to take for any lane. It waits while what
+// is left belongs to lanes in flight. Called with qmu held.
+func (s *session) take(ctx, rctx context.Context) []*item {
+	polled := false
+	for {
+		if s.interrupted(ctx, rctx) {
+			return nil
+		}
+		// A fair share of what the idle lanes may take.
+		idle := s.p.cfg.concurrency - s.inflight
+		share := (s.queued() + idle - 1) / idle
+		if b := s.nextBatch(time.Now(), max(share, minLaneBatch)); len(b) > 0 {
+			return b
+		}
+		if !polled && s.gateHeld && time.Now().Before(s.roundEnd) {
+			polled = true
+			if s.pollBuffered() > 0 {
+				continue
+			}
+		}
+		if s.inflight == 0 {
+			// Nothing left that any lane could take.
+			s.qcond.Broadcast()
+			return nil
+		}
+		// What is left belongs to partitions in flight (or failing ones,
+		// not yet due): wait for a lane to hand its back.
+		s.qcond.Wait()
+		polled = false
+	}
+}
+
+// pollBuffered takes what the client has buffered, without waiting, into
+// the queues, and returns how many records that was. Called by a lane with
+// qmu held.
+func (s *session) pollBuffered() int {
+	// A nil context takes what the client has buffered and returns.
+	//lint:ignore SA1012 kgo documents a nil context as "do not wait"
+	fs := s.cl.PollRecords(nil, s.pollSize())
+	if fs.IsClientClosed() {
+		return 0
+	}
+	s.logFetchErrors(fs)
+	s.accept(fs)
+	return fs.NumRecords()
+}
+
+// queued counts the records a lane could take now: those of the partitions
+// neither in flight nor failing.
+func (s *session) queued() int {
+	n := 0
+	for _, pt := range s.order {
+		if !pt.busy && !pt.failing() {
+			n += len(pt.queue)
+		}
+	}
+	return n
+}
+
+func (s *session) interrupted(ctx, rctx context.Context) bool {
+	return ctx.Err() != nil || rctx.Err() != nil || s.groupWaits()
+}
+
+// nextBatch returns the records of the next transaction, grouped by
+// partition in batch order, each partition's in offset order: a failing
+// partition due for a retry alone, else the heads of the healthy
+// partitions' queues, whole queues until there are at least share records
+// (so that a partition's records go to one transaction, not two side by
+// side), never more than a batch. Partitions in flight are skipped.
+func (s *session) nextBatch(now time.Time, share int) []*item {
+	size := s.p.cfg.batchSize
+	for _, pt := range s.order {
+		if !pt.busy && pt.due(now) {
+			return pt.retryBatch(size)
+		}
+	}
+	var b []*item
+	for _, pt := range s.order {
+		if pt.busy || pt.failing() || len(pt.queue) == 0 {
+			continue
+		}
+		n := min(len(pt.queue), size-len(b))
+		b = append(b, pt.queue[:n]...)
+		if len(b) >= min(share, size) {
+			break
+		}
+	}
+	return b
+}
+
+// apply commits b, taking the records at fault out of it. Every failure
+// sets partitions aside (they stay queued) and the rest goes on:
+//
+//   - the projection rejects the batch: it is halved, each half applied in
+//     order, until the event at fault stands alone; that event's partition
+//     is retried alone after a backoff, up to Attempts times, and the event
+//     then goes to the DLQ;
+//   - a transient failure (database down, a deadlock, a timeout): each
+//     partition of the batch is retried alone after a backoff, so one that
+//     keeps failing holds up no other;
+//   - a fence (another member or an operator moved an offset row): those
+//     partitions re-read their position and come back in the next batch.
+//
+// Halves and partitions are taken in order, so each partition's records
+// are still applied in offset order.
+func (s *session) apply(ctx, rctx context.Context, b []*item) {
+	p := s.p
+	maxBackoff := p.cfg.retry.MaxBackoff
+	b = s.deadLetterPoison(rctx, b)
+	aside := map[*partition]bool{}
+	work := [][]*item{b} // a stack: the next batch to commit is last
+	for len(work) > 0 && !s.interrupted(ctx, rctx) {
+		cur := work[len(work)-1]
+		work = work[:len(work)-1]
+		if len(aside) > 0 {
+			cur = without(cur, aside)
+		}
+		if len(cur) == 0 {
+			continue
+		}
+		err := s.commit(rctx, cur)
+		if err == nil {
+			continue
+		}
+		if rctx.Err() != nil {
+			return // stopping: not the batch's fault
+		}
+		var af *applyFailure
+		var fe *fenceError
+		switch {
+		case errors.As(err, &af):
+			p.m.retries.WithLabelValues(p.name, "permanent").Inc()
+			var live []int
+			for i, it := range cur {
+				if it.live() {
+					live = append(live, i)
+				}
+			}
+			if len(live) > 1 {
+				p.log.Warn("projection rejected a batch; halving it", "records", len(cur), "code", af.code, "err", af.err)
+				mid := live[len(live)/2]
+				work = append(work, cur[mid:], cur[:mid])
+				continue
+			}
+			if len(live) == 0 {
+				// commit never reports an apply failure without events.
+				for _, r := range runs(cur) {
+					r.pt.retryLater(maxBackoff)
+					aside[r.pt] = true
+				}
+				p.log.Error("apply failed with no events", "err", err)
+				continue
+			}
+			it := cur[live[0]]
+			pt := it.pt
+			if pt.suspect != it.rec.Offset {
+				pt.suspect, pt.attempts = it.rec.Offset, 0
+			}
+			pt.attempts++
+			if pt.attempts < p.cfg.retry.Attempts {
+				wait := pt.retryLater(maxBackoff)
+				aside[pt] = true
+				p.log.Warn("projection rejected an event; retrying it alone", "topic", pt.topic, "partition", pt.id,
+					"offset", it.rec.Offset, "attempt", pt.attempts, "backoff", wait, "code", af.code, "err", af.err)
+			} else if failed := s.deadLetter(rctx, []deadLetter{{it, af.code, af.err, pt.attempts}}); failed[pt] {
+				pt.retryLater(maxBackoff)
+				aside[pt] = true
+			}
+			// The event is dead now, or its partition is set aside; the
+			// other partitions' records in cur (dead ones) go on.
+			work = append(work, cur)
+		case errors.As(err, &fe):
+			p.m.retries.WithLabelValues(p.name, "fenced").Inc()
+			for pt, current := range fe.current {
+				s.refence(pt, current)
+				aside[pt] = true
+			}
+			work = append(work, cur)
+		default:
+			p.m.retries.WithLabelValues(p.name, "transient").Inc()
+			var wait time.Duration
+			for _, r := range runs(cur) {
+				wait = r.pt.retryLater(maxBackoff)
+				aside[r.pt] = true
+			}
+			p.log.Warn("transaction failed; retrying its partitions alone", "records", len(cur),
+				"first", cur[0].pt.topic, "partition", cur[0].pt.id, "offset", cur[0].rec.Offset, "backoff", wait, "err", err)
+		}
+	}
+}
+
+// refence adopts the offset another member or an operator left in a
+// partition's row.
+func (s *session) refence(pt *partition, current int64) {
+	if pt.next >= 0 && current > pt.next {
+		// Another member applied up to current (this one had lost the
+		// partition without knowing, or the other had it before): skip
+		// what it covered.
+		s.p.log.Info("the Postgres offset is ahead of this member's position; skipping forward",
+			"topic", pt.topic, "partition", pt.id, "offset", current, "position", pt.next)
+		pt.advance(current)
+		return
+	}
+	// Unknown position, or the row went backwards (an operator rewound the
+	// projector): read again from what Postgres says. Safe here: the round
+	// holds the client until AllowRebalance, and qmu keeps the other lanes
+	// from polling meanwhile, so no record read from before the seek is
+	// queued after it.
+	s.p.log.Warn("the Postgres offset is behind this member's position (rewound?); reading again from it",
+		"topic", pt.topic, "partition", pt.id, "offset", current, "position", pt.next)
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	s.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{pt.topic: {pt.id: {Epoch: -1, Offset: current}}})
+	pt.restart(current, s.p.cfg.retry.Backoff)
+}
+
+// run is one partition's records in a batch.
+type run struct {
+	pt    *partition
+	items []*item
+}
+
+// runs splits b, grouped by partition, into its partitions' runs.
+func runs(b []*item) []run {
+	var out []run
+	for i := 0; i < len(b); {
+		j := i + 1
+		for j < len(b) && b[j].pt == b[i].pt {
+			j++
+		}
+		out = append(out, run{b[i].pt, b[i:j]})
+		i = j
+	}
+	return out
+}
+
+func without(b []*item, aside map[*partition]bool) []*item {
+	out := make([]*item, 0, len(b))
+	for _, it := range b {
+		if !aside[it.pt] {
+			out = append(out, it)
+		}
+	}
+	return out
+}
+
+// applyFailure is a permanent failure of Apply on a batch.
+type applyFailure struct {
+	code domain.Code
+	err  error
+}
+
+func (e *applyFailure) Error() string { return e.err.Error() }
+func (e *applyFailure) Unwrap() error { return e.err }
+
+// fenceError says offset rows did not hold what the batch expected: current
+// is what they hold, by partition (0 for no row).
+type fenceError struct{ current map[*partition]int64 }
+
+func (e *fenceError) Error() string { return "projector offsets moved under this member" }
+
+// lockTimeout bounds a transaction's wait for a lock. Transactions wait
+// for each other only when two members briefly own one partition; a longer
+// wait means someone else holds a row (an operator's open transaction, say),
+// and the transaction had better fail, so that its partitions are retried
+// alone and the others flow meanwhile, than hold the poll loop until the
+// transaction timeout.
+const lockTimeout = time.Second
+
+var lockTimeoutSQL = fmt.Sprintf("SET LOCAL lock_timeout = %d", lockTimeout.Milliseconds())
+
+const (
+	asyncCommitSQL = `SET LOCAL synchronous_commit = off`
+
+	// Moving every partition's offset locks its row, and with it the keys
+	// the partition's events touch: a key lives in one partition, so no
+	// other projector transaction writes it until this one ends. The WHERE
+	// is the fence: a row must still hold the offset this member started
+	// from, or it is left alone (and the transaction rolled back), so a
+	// member that lost a partition without knowing writes nothing.
+	advanceOffsetsSQL = `UPDATE projector_offsets AS o
+SET next_offset = u.next_offset, updated_at = $6
+FROM unnest($2::text[], $3::int4[], $4::int8[], $5::int8[]) AS u(topic, partition, expected, next_offset)
+WHERE o.projector = $1 AND o.topic = u.topic AND o.partition = u.partition AND o.next_offset = u.expected`
+
+	// A partition expected at the start of the log may have no row yet. A
+	// row that does exist is the one just advanced, or else another
+	// member's: a fence.
+	insertOffsetsSQL = `INSERT INTO projector_offsets (projector, topic, partition, next_offset, updated_at)
+SELECT $1, u.topic, u.partition, u.next_offset, $5
+FROM unnest($2::text[], $3::int4[], $4::int8[]) AS u(topic, partition, next_offset)
+ON CONFLICT (projector, topic, partition) DO NOTHING`
+
+	// Recording the ids is the duplicate check. Nearly every batch is all
+	// new events, so the first try is a plain insert, which fails on the
+	// primary key if any id was applied before; the transaction is then
+	// run again with recordAppliedCheckedSQL, which skips those and
+	// returns the others. (ON CONFLICT costs a second index probe per row,
+	// over twice the insert.)
+	recordAppliedSQL = `INSERT INTO applied_events (projector, event_id)
+SELECT $1, unnest($2::uuid[])`
+
+	recordAppliedCheckedSQL = `INSERT INTO applied_events (projector, event_id)
+SELECT $1, unnest($2::uuid[])
+ON CONFLICT DO NOTHING
+RETURNING event_id`
+
+	currentOffsetsSQL = `SELECT topic, partition, next_offset FROM projector_offsets
+WHERE projector = $1 AND (topic, partition) IN (SELECT * FROM unnest($2::text[], $3::int4[]))`
+)
+
+// errAppliedBefore says a batch holds an event applied before.
+var errAppliedBefore = errors.New("an event of the batch was applied before")
+
+// commit applies b in one transaction: move every partition's offset past
+// its records (fenced), record the event ids (which finds the duplicates),
+// apply the new events, commit.
+func (s *session) commit(ctx context.Context, b []*item) error {
+	err := s.commitTx(ctx, b, false)
+	if errors.Is(err, errAppliedBefore) {
+		err = s.commitTx(ctx, b, true)
+	}
+	return err
+}
+
+// commitTx is one try of commit; checked says whether to expect events
+// applied before. Three round trips besides the projection's: the
+// statements before Apply go in one.
+func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err error) {
+	p := s.p
+	// Bounded: a connection that hangs without failing must not hold the
+	// loop for ever; a timeout is a transient failure, retried.
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.txTimeout)
+	defer cancel()
+	start := time.Now()
+
+	rs := runs(b)
+	all, fromStart := offsetMoves(rs)
+	live, ids, events := firstCopies(b)
+	now := p.cfg.now().UTC()
+
+	tx, err := p.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	rolledBack := false
+	rollback := func() {
+		if !rolledBack {
+			rolledBack = true
+			// The transaction may be broken; bound the rollback so a dead
+			// connection cannot hold the loop.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_ = tx.Rollback(rctx)
+			cancel()
+		}
+	}
+	defer func() {
+		if err != nil {
+			rollback()
+		}
+	}()
+
+	batch := &pgx.Batch{}
+	batch.Queue(lockTimeoutSQL)
+	if !p.cfg.syncCommit {
+		// Safe for a projection: rows and offsets commit or vanish
+		// together, so a commit lost in a Postgres crash is re-read from
+		// the log (the offset row is then behind and the partition
+		// re-seeks). It saves a WAL flush per transaction, which bounds
+		// small transactions at a steady rate.
+		batch.Queue(asyncCommitSQL)
+	}
+	batch.Queue(advanceOffsetsSQL, p.name, all.topics, all.partitions, all.expected, all.next, now)
+	if len(fromStart.topics) > 0 {
+		batch.Queue(insertOffsetsSQL, p.name, fromStart.topics, fromStart.partitions, fromStart.next, now)
+	}
+	if len(ids) > 0 {
+		// In key order: each insert then lands next to the one before it
+		// in the primary key, a fifth cheaper than in log order (the
+		// batch's partitions each span the same stretch of UUIDv7 time).
+		sorted := slices.Clone(ids)
+		slices.SortFunc(sorted, func(a, b [16]byte) int { return bytes.Compare(a[:], b[:]) })
+		if checked {
+			batch.Queue(recordAppliedCheckedSQL, p.name, sorted)
+		} else {
+			batch.Queue(recordAppliedSQL, p.name, sorted)
+		}
+	}
+	moved, fresh, err := sendPrologue(ctx, tx, batch, !p.cfg.syncCommit, len(fromStart.topics) > 0, len(ids) > 0, checked)
+	if moved >= 0 && moved != int64(len(rs)) {
+		// The fence, whatever else failed after it.
+		rollback()
+		return s.fenced(ctx, rs)
+	}
+	if err != nil {
+		return err
+	}
+
+	if checked {
+		kept := events[:0]
+		for i, ev := range events {
+			if _, ok := fresh[ids[i]]; ok {
+				kept = append(kept, ev)
+			}
+		}
+		events = kept
+	}
+	if len(events) > 0 {
+		if err := p.proj.Apply(ctx, tx, events); err != nil {
+			if code, ok := IsPermanent(err); ok {
+				return &applyFailure{code: code, err: err}
+			}
+			return fmt.Errorf("apply: %w", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+
+	for i, r := range rs {
+		r.pt.advance(all.next[i])
+		r.pt.healthy(p.cfg.retry.Backoff)
+	}
+	p.m.batchSeconds.WithLabelValues(p.name).Observe(time.Since(start).Seconds())
+	p.m.applied.WithLabelValues(p.name).Add(float64(len(events)))
+	if dups := live - len(events); dups > 0 {
+		p.m.duplicates.WithLabelValues(p.name).Add(float64(dups))
+	}
+	if p.cfg.committed != nil && len(events) > 0 {
+		p.committedMu.Lock()
+		p.cfg.committed(events)
+		p.committedMu.Unlock()
+	}
+	return nil
+}
+
+// moves are the arguments of the offset statements: partitions, the
+// offsets their rows must hold, and the offsets they move to.
+type moves struct {
+	topics     []string
+	partitions []int32
+	expected   []int64
+	next       []int64
+}
+
+func (m *moves) add(pt *partition, next int64) {
+	m.topics, m.partitions = append(m.topics, pt.topic), append(m.partitions, pt.id)
+	m.expected, m.next = append(m.expected, pt.next), append(m.next, next)
+}
+
+// offsetMoves returns the moves of every run, in order, and those of the
+// partitions expected at the start of the log, which may have no row.
+func offsetMoves(rs []run) (all, fromStart moves) {
+	for _, r := range rs {
+		next := r.items[len(r.items)-1].rec.Offset + 1
+		all.add(r.pt, next)
+		if r.pt.next == 0 {
+			fromStart.add(r.pt, next)
+		}
+	}
+	return all, fromStart
+}
+
+// firstCopies returns how many of b's records are live, and the ids and
+// events of the first copy of each event among them: that is the one
+// applied.
+func firstCopies(b []*item) (live int, ids [][16]byte, events []domain.Event) {
+	ids = make([][16]byte, 0, len(b))
+	events = make([]domain.Event, 0, len(b))
+	seen := make(map[[16]byte]struct{}, len(b))
+	for _, it := range b {
+		if !it.live() {
+			continue
+		}
+		live++
+		if _, dup := seen[it.id]; !dup {
+			seen[it.id] = struct{}{}
+			ids = append(ids, it.id)
+			events = append(events, it.ev)
+		}
+	}
+	return live, ids, events
+}
+
+// sendPrologue sends the statements before Apply in one round trip. It
+// returns how many offset rows moved (-1 if that is unknown) and, when
+// checked, the ids never applied before.
+func sendPrologue(ctx context.Context, tx pgx.Tx, batch *pgx.Batch, async, insert, record, checked bool) (moved int64, fresh map[[16]byte]struct{}, err error) {
+	moved = -1
+	br := tx.SendBatch(ctx, batch)
+	defer func() {
+		if cerr := br.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("prologue: %w", cerr)
+		}
+	}()
+	if _, err := br.Exec(); err != nil {
+		return -1, nil, fmt.Errorf("set lock_timeout: %w", err)
+	}
+	if async {
+		if _, err := br.Exec(); err != nil {
+			return -1, nil, fmt.Errorf("set synchronous_commit: %w", err)
+		}
+	}
+	tag, err := br.Exec()
+	if err != nil {
+		return -1, nil, fmt.Errorf("advance offsets: %w", err)
+	}
+	n := tag.RowsAffected()
+	if insert {
+		tag, err := br.Exec()
+		if err != nil {
+			return -1, nil, fmt.Errorf("insert offsets: %w", err)
+		}
+		n += tag.RowsAffected()
+	}
+	moved = n
+	switch {
+	case !record:
+	case !checked:
+		if _, err := br.Exec(); err != nil {
+			var pe *pgconn.PgError
+			if errors.As(err, &pe) && isUniqueViolation(err) && pe.TableName == "applied_events" {
+				return moved, nil, errAppliedBefore
+			}
+			return moved, nil, fmt.Errorf("record applied events: %w", err)
+		}
+	default:
+		rows, err := br.Query()
+		if err != nil {
+			return moved, nil, fmt.Errorf("record applied events: %w", err)
+		}
+		fresh = map[[16]byte]struct{}{}
+		var id [16]byte
+		if _, err := pgx.ForEachRow(rows, []any{&id}, func() error { fresh[id] = struct{}{}; return nil }); err != nil {
+			return moved, nil, fmt.Errorf("record applied events: %w", err)
+		}
+	}
+	return moved, fresh, nil
+}
+
+// fenced reads the offset rows that did not hold what rs expected.
+func (s *session) fenced(ctx context.Context, rs []run) error {
+	tps, parts := make([]string, len(rs)), make([]int32, len(rs))
+	for i, r := range rs {
+		tps[i], parts[i] = r.pt.topic, r.pt.id
+	}
+	rows, err := s.p.pool.Query(ctx, currentOffsetsSQL, s.p.name, tps, parts)
+	if err != nil {
+		return fmt.Errorf("read fenced offsets: %w", err)
+	}
+	pg := map[topicPartition]int64{}
+	var (
+		topic string
+		part  int32
+		next  int64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&topic, &part, &next}, func() error {
+		pg[topicPartition{topic, part}] = next
+		return nil
+	}); err != nil {
+		return fmt.Errorf("read fenced offsets: %w", err)
+	}
+	fe := &fenceError{current: map[*partition]int64{}}
+	for _, r := range rs {
+		if current := pg[topicPartition{r.pt.topic, r.pt.id}]; current != r.pt.next {
+			fe.current[r.pt] = current
+		}
+	}
+	if len(fe.current) == 0 {
+		// Rows moved and moved back under us, or a row inserted under us
+		// vanished again: try again.
+		return errors.New("projector offsets moved under this member and back")
+	}
+	return fe
+}
+
+// deadLetter is a record bound for the DLQ, and why.
+type deadLetter struct {
+	it       *item
+	code     domain.Code
+	cause    error
+	attempts int
+}
+
+// deadLetterPoison sends b's undecodable records to the DLQ before any
+// transaction moves an offset past them, so nothing is lost even if the
+// process dies right after. The partitions of those the DLQ did not take
+// are set aside, to be retried.
+func (s *session) deadLetterPoison(ctx context.Context, b []*item) []*item {
+	var dls []deadLetter
+	for _, it := range b {
+		if !it.ok && !it.dead {
+			dls = append(dls, deadLetter{it, it.code, it.err, 1})
+		}
+	}
+	if len(dls) == 0 {
+		return b
+	}
+	failed := s.deadLetter(ctx, dls)
+	if len(failed) == 0 {
+		return b
+	}
+	for pt := range failed {
+		pt.retryLater(s.p.cfg.retry.MaxBackoff)
+	}
+	return without(b, failed)
+}
+
+// deadLetter sends dls to the DLQ (acks from all in-sync replicas) and
+// marks the records dead. It returns the partitions of the records the DLQ
+// did not take: their offsets must not move past them.
+func (s *session) deadLetter(ctx context.Context, dls []deadLetter) (failed map[*partition]bool) {
+	p := s.p
+	recs := make([]*kgo.Record, len(dls))
+	byRec := make(map[*kgo.Record]*deadLetter, len(dls))
+	for i := range dls {
+		d := &dls[i]
+		if d.code == "" {
+			d.code = domain.CodeInternal
+		}
+		f := dlq.Failure{Consumer: p.name, Code: d.code, Err: d.cause.Error(), Attempts: d.attempts}
+		recs[i] = dlq.NewRecord(d.it.rec, f)
+		byRec[recs[i]] = d
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for _, res := range s.dlq.ProduceSync(ctx, recs...) {
+		d := byRec[res.Record]
+		rec := d.it.rec
+		if res.Err != nil {
+			if failed == nil {
+				failed = map[*partition]bool{}
+			}
+			failed[d.it.pt] = true
+			p.log.Error("producing to the DLQ failed; retrying later", "topic", rec.Topic, "partition", rec.Partition,
+				"offset", rec.Offset, "err", res.Err)
+			continue
+		}
+		d.it.dead = true
+		p.m.dlq.WithLabelValues(p.name, string(d.code)).Inc()
+		// The error text never holds a record's value (decode errors name
+		// fields and codes), so it is safe to log.
+		p.log.Warn("record sent to the DLQ", "topic", rec.Topic, "partition", rec.Partition,
+			"offset", rec.Offset, "code", d.code, "attempts", d.attempts, "err", d.cause)
+	}
+	return failed
+}

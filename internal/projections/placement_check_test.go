@@ -1,0 +1,73 @@
+package projections_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/projections"
+	"github.com/mailplane/mailplane/topics"
+)
+
+// TestCheckPlacementInvariantsDeadWorkers: a projection where a worker
+// died (its mailbox moved) and another was forgotten passes the checks,
+// and a dead worker row that carries mailboxes is reported.
+func TestCheckPlacementInvariantsDeadWorkers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := plNewDB(t)
+	st := domain.NewPlacementState(domain.PlacementConfig{HeartbeatInterval: 10 * time.Second, WorkerRetention: time.Hour})
+	at := plT0
+	var recs []projections.PlacementRecord
+	apply := func(ev domain.Data) {
+		for _, d := range st.Apply(domain.PlacementInput{At: at, Event: ev}) {
+			recs = append(recs, projections.PlacementRecord{Offset: int64(len(recs)), Decision: topics.Decision{ID: uuid.Must(uuid.NewV7()).String(), Data: d}})
+		}
+	}
+	hb := func(i int) {
+		apply(&domain.WorkerHeartbeat{WorkerID: plWorkerID(i), Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP})
+	}
+	hb(1)
+	hb(2)
+	hb(3)
+	apply(&domain.MailboxAdded{MailboxID: plMailboxID(1), OrgID: plOrgID(1), UserID: plOrgID(1), Address: "a@b.c", Provider: domain.ProviderSMTPIMAP})
+	at = at.Add(40 * time.Minute)
+	hb(2)
+	apply(nil) // 1 and 3 die; the mailbox moves to 2
+	at = at.Add(40 * time.Minute)
+	hb(2)
+	hb(3)      // 3 revives
+	apply(nil) // 1 is forgotten
+	if _, ok := st.Worker(plWorkerID(1)); ok {
+		t.Fatal("worker 1 not forgotten")
+	}
+	plApply(t, db.Pool, recs, int64(len(recs)))
+	if err := projections.CheckPlacementInvariants(ctx, db.Pool); err != nil {
+		t.Fatalf("a consistent projection: %v", err)
+	}
+	var n int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM placement_workers WHERE worker_id = $1`, plWorkerID(1)).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("the forgotten worker has %d rows (%v)", n, err)
+	}
+
+	// Worker 3 dies again; then its row claims the mailbox.
+	at = at.Add(40 * time.Minute)
+	hb(2)
+	from := len(recs)
+	apply(nil)
+	plApply(t, db.Pool, recs[from:], int64(len(recs)))
+	if _, err := db.Pool.Exec(ctx, `UPDATE placement_mailboxes SET worker_id = $1 WHERE mailbox_id = $2`, plWorkerID(3), plMailboxID(1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE placement_workers SET mailboxes = 1 - mailboxes, load_milli = 1000 - load_milli`); err != nil {
+		t.Fatal(err)
+	}
+	err := projections.CheckPlacementInvariants(ctx, db.Pool)
+	if err == nil || !strings.Contains(err.Error(), "dead worker "+plWorkerID(3)+" carries 1 mailboxes") {
+		t.Fatalf("a dead worker carrying a mailbox: %v", err)
+	}
+}

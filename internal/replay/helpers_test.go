@@ -1,0 +1,492 @@
+package replay_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/migrations"
+	"github.com/mailplane/mailplane/internal/pgtest"
+	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/projections"
+	"github.com/mailplane/mailplane/producer"
+	"github.com/mailplane/mailplane/topics"
+)
+
+func workerID(i int) string  { return fmt.Sprintf("00000001-0000-4000-8000-%012x", i) }
+func mailboxID(i int) string { return fmt.Sprintf("00000002-0000-4000-8000-%012x", i) }
+func orgID(i int) string     { return fmt.Sprintf("00000003-0000-4000-8000-%012x", i) }
+
+var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// placementConfig is every engine's decider configuration in these tests:
+// short liveness and dwell, so workers die and bands recover within a
+// scenario's clock; a retention short enough that a scenario's day jumps
+// forget dead workers.
+var placementConfig = domain.PlacementConfig{HeartbeatInterval: 20 * time.Second, BandDwell: 2 * time.Minute, WorkerRetention: 36 * time.Hour}
+
+func testLogger(t testing.TB) *slog.Logger {
+	level := slog.LevelWarn
+	if os.Getenv("MAILPLANE_TEST_LOG") == "debug" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: level}))
+}
+
+// clock is the engine's settable clock: ticks carry its time.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *clock) Set(t time.Time) {
+	c.mu.Lock()
+	if t.After(c.now) {
+		c.now = t
+	}
+	c.mu.Unlock()
+}
+
+// env is one test's broker, schema, publisher and clock.
+type env struct {
+	t      testing.TB
+	kcfg   kafka.Config
+	db     *pgtest.DB
+	pub    *producer.Client
+	clock  *clock
+	cfg    domain.PlacementConfig // the engines' and the verifier's decider configuration
+	mu     sync.Mutex
+	events map[string]domain.Event
+
+	pubMu sync.Mutex // one publish at a time: each sets the producer's clock
+	pubAt time.Time  // the producer's clock during a publish (zero: the wall clock)
+}
+
+// pubNow is the producer's clock: the record timestamps the engine decides at.
+func (e *env) pubNow() time.Time {
+	if e.pubAt.IsZero() {
+		return time.Now()
+	}
+	return e.pubAt
+}
+
+func newEnv(t testing.TB) *env {
+	t.Helper()
+	e := &env{t: t, kcfg: kafka.Config{Brokers: kafkatest.Brokers(t, 4), ClientID: "replay-test"}, db: pgtest.New(t),
+		clock: &clock{now: t0}, cfg: placementConfig, events: map[string]domain.Event{}}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := migrations.Apply(ctx, e.db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	// The producer's clock is the test's (record timestamps months behind
+	// the wall clock): no delivery timeout, which kgo reads from them.
+	kc, err := kafka.NewProducer(e.kcfg, kgo.RecordDeliveryTimeout(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kc.Close)
+	e.pub = producer.New(kc, producer.WithSource("test"), producer.WithClock(e.pubNow))
+	return e
+}
+
+// runUntil runs fn until the returned stop (also a cleanup).
+func runUntil(t testing.TB, what string, fn func(context.Context) error) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- fn(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("%s: %v", what, err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("%s did not stop within 30s", what)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// engine starts a placement engine on the test's clock.
+func (e *env) engine(opts ...placement.Option) (stop func()) {
+	e.t.Helper()
+	base := []placement.Option{
+		placement.WithSessionTimeout(kafkatest.SessionTimeout(time.Second)), placement.WithHeartbeatInterval(100 * time.Millisecond),
+		placement.WithClock(e.clock.Now), placement.WithTickInterval(20 * time.Millisecond),
+		placement.WithPlacementConfig(e.cfg), placement.WithLogger(testLogger(e.t)),
+	}
+	eng, err := placement.New(e.kcfg, append(base, opts...)...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return runUntil(e.t, "engine", eng.Run)
+}
+
+// projector starts the live placement projector.
+func (e *env) projector(pool *pgxpool.Pool) (stop func()) {
+	e.t.Helper()
+	p, err := projections.NewPlacementProjector(e.kcfg, pool, projections.WithPlacementLogger(testLogger(e.t)),
+		projections.WithPlacementStandbyPoll(50*time.Millisecond),
+		projections.WithPlacementRetry(projections.RetryPolicy{Backoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond}))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return runUntil(e.t, "placement projector", p.Run)
+}
+
+// publish publishes ds at time at.
+func (e *env) publish(at time.Time, ds ...domain.Data) {
+	e.t.Helper()
+	evs := make([]domain.Event, len(ds))
+	for i, d := range ds {
+		evs[i] = domain.Event{ID: producer.NewEventID(), Type: d.EventType(), Source: "test", Time: at, Subject: d.AggregateID(), Data: d}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	e.pubMu.Lock()
+	e.pubAt = at
+	_, err := e.pub.Publish(ctx, evs...)
+	e.pubAt = time.Time{}
+	e.pubMu.Unlock()
+	if err != nil {
+		e.t.Fatalf("publish: %v", err)
+	}
+	e.mu.Lock()
+	for _, ev := range evs {
+		e.events[ev.ID] = ev
+	}
+	e.mu.Unlock()
+}
+
+// logEnd is the decision log's last stable offset.
+func (e *env) logEnd() int64 {
+	e.t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kcfg.Brokers...))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ends, err := kadm.NewClient(cl).ListCommittedOffsets(ctx, topics.PlacementDecisions)
+	if err != nil || ends.Error() != nil {
+		e.t.Fatalf("log end: %v %v", err, ends.Error())
+	}
+	o, _ := ends.Lookup(topics.PlacementDecisions, 0)
+	return o.Offset
+}
+
+// engineCaughtUp reports whether the engine group committed every input.
+func (e *env) engineCaughtUp() bool {
+	return e.engineBehind() == ""
+}
+
+// engineBehind describes the input partitions whose records the engine
+// group has not committed ("" when none).
+func (e *env) engineBehind() string {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kcfg.Brokers...))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	adm := kadm.NewClient(cl)
+	ends, err := adm.ListEndOffsets(ctx, topics.DomainTopics()...)
+	if err != nil {
+		return err.Error()
+	}
+	committed, err := adm.FetchOffsets(ctx, placement.DefaultGroup)
+	if err != nil {
+		return err.Error()
+	}
+	var behind string
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset == 0 {
+			return
+		}
+		c, found := committed.Lookup(o.Topic, o.Partition)
+		if !found || c.At < o.Offset {
+			behind += fmt.Sprintf(" %s/%d: end %d, committed %d (%v)", o.Topic, o.Partition, o.Offset, c.At, found)
+		}
+	})
+	return behind
+}
+
+// settle waits until the engine has decided every input published and its
+// ticks have nothing more to decide (the log stands still: the engine
+// committed every input, or nothing changed for 2 s), and, when
+// pool is set, the projection there stands at the log's end. It returns
+// the log's end.
+func (e *env) settle(pool *pgxpool.Pool) int64 {
+	e.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	var last int64 = -1
+	stableSince := time.Now()
+	for {
+		end := e.logEnd()
+		if end != last {
+			last, stableSince = end, time.Now()
+		}
+		// The engine commits the offsets of inputs that decide nothing
+		// only with a later transaction, so a round whose last inputs
+		// decided nothing leaves them uncommitted for good; a log that
+		// stood still for 2 s (ticks run every 20 ms) is settled too.
+		stable := time.Since(stableSince)
+		ok := stable > 2*time.Second || (stable > 300*time.Millisecond && e.engineCaughtUp())
+		if ok && pool != nil {
+			ck, err := projections.ReadPlacementCheckpoint(context.Background(), pool)
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			ok = ck.NextOffset == end
+		}
+		if ok {
+			return end
+		}
+		if time.Now().After(deadline) {
+			var ck projections.PlacementCheckpoint
+			if pool != nil {
+				ck, _ = projections.ReadPlacementCheckpoint(context.Background(), pool)
+			}
+			e.t.Fatalf("not settled after 60s (log end %d, stable for %s, projection at %d); engine behind:%s",
+				end, time.Since(stableSince), ck.NextOffset, e.engineBehind())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// scenario publishes random but plausible inputs over a small universe (8
+// workers, 5 orgs, 40 mailboxes) in rounds, moving the engine's clock
+// along so that ticks expire silent workers and retry pending placements.
+type scenario struct {
+	e      *env
+	r      *rand.Rand
+	now    time.Time
+	tier   map[int]domain.Tier
+	egress map[int]domain.Egress
+	stop   map[int]bool
+	silent map[int]bool
+}
+
+func newScenario(e *env, seed uint64) *scenario {
+	return &scenario{e: e, r: rand.New(rand.NewPCG(seed, seed^0x51ed)), now: t0,
+		tier: map[int]domain.Tier{}, egress: map[int]domain.Egress{}, stop: map[int]bool{}, silent: map[int]bool{}}
+}
+
+func (s *scenario) pick(n int) int { return 1 + s.r.IntN(n) }
+
+// round publishes n inputs (one at a time, at increasing times) and then
+// moves the clock to the last one's time.
+func (s *scenario) round(n int) {
+	s.e.t.Helper()
+	for range n {
+		r := s.r
+		switch x := r.IntN(100); {
+		case x < 3:
+			s.now = s.now.Add(time.Duration(1+r.IntN(2)) * 24 * time.Hour)
+		case x < 10:
+			s.now = s.now.Add(time.Duration(1+r.IntN(5)) * time.Minute)
+		default:
+			s.now = s.now.Add(time.Duration(r.IntN(4000))*time.Millisecond + time.Duration(r.IntN(1000)))
+		}
+		if d := s.next(); d != nil {
+			// The engine decides an input at its record timestamp, never
+			// later than its own clock: the clock reads the publish time.
+			s.e.clock.Set(s.now)
+			s.e.publish(s.now, d)
+		}
+	}
+	s.e.clock.Set(s.now)
+}
+
+func (s *scenario) next() domain.Data {
+	r := s.r
+	switch x := r.IntN(100); {
+	case x < 35:
+		w := s.pick(8)
+		if r.IntN(100) < 4 {
+			s.silent[w] = !s.silent[w]
+		}
+		if s.silent[w] {
+			return nil
+		}
+		if _, ok := s.tier[w]; !ok || r.IntN(100) < 4 {
+			s.tier[w] = []domain.Tier{domain.TierSharedFree, domain.TierSharedPremium, domain.TierSharedPremium}[r.IntN(3)]
+		}
+		if _, ok := s.egress[w]; !ok || r.IntN(100) < 3 {
+			s.egress[w] = []domain.Egress{domain.EgressColdSMTP, domain.EgressColdSMTP, domain.EgressWarmupOnly, domain.EgressOAuthAPI}[r.IntN(4)]
+		}
+		if r.IntN(100) < 5 {
+			s.stop[w] = !s.stop[w]
+		}
+		return &domain.WorkerHeartbeat{WorkerID: workerID(w), Tier: s.tier[w], Egress: s.egress[w], Address: fmt.Sprintf("10.0.0.%d:25", w), Stopping: s.stop[w]}
+	case x < 60:
+		mb, org := s.pick(40), s.pick(5)
+		return mailboxAdded(mb, org, []domain.Provider{domain.ProviderSMTPIMAP, domain.ProviderSMTPIMAP, domain.ProviderGmail, domain.ProviderOutlook}[r.IntN(4)], r.IntN(3) == 0)
+	case x < 67:
+		return &domain.MailboxRemoved{MailboxID: mailboxID(s.pick(40)), Reason: "gone"}
+	case x < 82:
+		st := []domain.HealthState{domain.HealthHealthy, domain.HealthHealthy, domain.HealthHealthy, domain.HealthWatch,
+			domain.HealthThrottled, domain.HealthQuarantined, domain.HealthBlocked}[r.IntN(7)]
+		return &domain.MailboxHealthScored{MailboxID: mailboxID(s.pick(40)), State: st, Score: float64(r.IntN(101)), Reason: "sweep"}
+	case x < 90:
+		p := []domain.Plan{domain.PlanFree, domain.PlanPremium, domain.PlanPremium, domain.PlanDedicated, domain.PlanDedicated}[r.IntN(5)]
+		n := 0
+		if p == domain.PlanDedicated || r.IntN(5) == 0 {
+			n = r.IntN(4)
+		}
+		return &domain.OrgPlanChanged{OrgID: orgID(s.pick(5)), Plan: p, DedicatedWorkers: n, Paid: r.IntN(8) != 0, Source: "evt"}
+	case x < 97:
+		sends := []int64{0, 50, 1000, 10000}[r.IntN(4)]
+		return &domain.WorkerHealthSampled{WorkerID: workerID(s.pick(8)), WindowSeconds: 3600, Sends: sends,
+			HardBounces: sends * int64(r.IntN(12)) / 100, Complaints: sends * int64(r.IntN(12)) / 1000}
+	default:
+		return &domain.UserActive{UserID: orgID(1), Source: domain.ActivityLogin}
+	}
+}
+
+func mailboxAdded(mb, org int, p domain.Provider, warmup bool) *domain.MailboxAdded {
+	return &domain.MailboxAdded{
+		MailboxID: mailboxID(mb), OrgID: orgID(org), UserID: orgID(org),
+		Address: fmt.Sprintf("box%d@example.com", mb), Provider: p, WarmupEnabled: warmup,
+		IMAP:              domain.IMAPEndpoint{Host: "imap.example.com", Port: 993, TLS: domain.TLSImplicit, Username: fmt.Sprintf("box%d", mb)},
+		SealedCredentials: &domain.SealedSecret{KeyID: "k1", Alg: domain.SealAlg, Nonce: "AAAAAAAAAAAAAAAA", Ciphertext: "c2VhbGVk"},
+	}
+}
+
+type logEntry struct {
+	offset int64
+	d      topics.Decision
+}
+
+func (e *env) readLog() []logEntry {
+	l, _ := e.readLogEnd()
+	return l
+}
+
+// readLogEnd reads the decision log and returns it with its end offset.
+func (e *env) readLogEnd() ([]logEntry, int64) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out []logEntry
+	end, err := placement.ReadDecisions(ctx, e.kcfg, 0, func(off int64, d topics.Decision) error {
+		out = append(out, logEntry{off, d})
+		return nil
+	})
+	if err != nil {
+		e.t.Fatalf("reading the decision log: %v", err)
+	}
+	return out, end
+}
+
+// settledLog settles and reads the log, again while the log grew after
+// settling: settle takes a log that stood still for 2 s as settled, and an
+// engine held up longer (a busy machine) then decides more, which a
+// comparison with the projection must not see.
+func (e *env) settledLog(pool *pgxpool.Pool) []logEntry {
+	e.t.Helper()
+	for range 10 {
+		end := e.settle(pool)
+		l, logEnd := e.readLogEnd()
+		if logEnd == end {
+			return l
+		}
+	}
+	e.t.Fatal("the decision log kept growing after settling")
+	return nil
+}
+
+func mustJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
+// verifyLog checks the whole decision log against the pure decider: for
+// every input (cause) in log order, the decider, fed the same inputs in the
+// same order from the empty state, makes exactly the logged decisions
+// (types and JSON) with exactly the logged ids (placement.DecisionID over
+// the cause key documented there: for a tick, its time and the id of the
+// last decision before it). An engine that restored anything wrongly (a
+// state, or the last decision id seeding tick ids) makes the log differ
+// from this. It returns the decider's state.
+func (e *env) verifyLog(l []logEntry) *domain.PlacementState {
+	e.t.Helper()
+	e.mu.Lock()
+	events := e.events
+	e.mu.Unlock()
+	decider := domain.NewPlacementState(e.cfg)
+	lastID := ""
+	seen := map[string]bool{}
+	for i := 0; i < len(l); {
+		c := l[i].d.Cause
+		if c.Index != 0 || i+c.Count > len(l) {
+			e.t.Fatalf("offset %d: a broken group (cause %+v)", l[i].offset, c)
+		}
+		var in domain.PlacementInput
+		var key string
+		at := l[i].d.Time()
+		if c.IsTick() {
+			in = domain.PlacementTick(at)
+			key = "tick/" + strconv.FormatInt(at.UnixNano(), 10) + "/" + lastID
+		} else {
+			if seen[c.Position()] {
+				e.t.Fatalf("offset %d: input %s decided twice", l[i].offset, c.Position())
+			}
+			seen[c.Position()] = true
+			ev, ok := events[c.ID]
+			if !ok {
+				e.t.Fatalf("offset %d: cause %s is not a published event", l[i].offset, c.ID)
+			}
+			// Inputs are decided at their record timestamp bounded by
+			// the engine's clock: the decisions record that time.
+			in = domain.PlacementInput{At: at, Event: ev.Data}
+			key = "event/" + c.Position() + "/" + c.ID
+		}
+		want := decider.Apply(in)
+		if len(want) != c.Count {
+			e.t.Fatalf("offset %d: cause %s: the log holds %d decisions, the decider makes %d", l[i].offset, c.Type, c.Count, len(want))
+		}
+		for j := range c.Count {
+			got := l[i+j].d
+			if got.Data.EventType() != want[j].EventType() || mustJSON(got.Data) != mustJSON(want[j]) {
+				e.t.Fatalf("offset %d: decision differs from the decider's:\nlog:     %s %s\ndecider: %s %s",
+					l[i+j].offset, got.Data.EventType(), mustJSON(got.Data), want[j].EventType(), mustJSON(want[j]))
+			}
+			if id := placement.DecisionID(want[j].Meta().At, key, j); got.ID != id {
+				e.t.Fatalf("offset %d: decision id %s, derived %s (cause key %s)", l[i+j].offset, got.ID, id, key)
+			}
+			lastID = got.ID
+		}
+		i += c.Count
+	}
+	if err := domain.PlacementInvariants(decider); err != nil {
+		e.t.Fatal(err)
+	}
+	return decider
+}
