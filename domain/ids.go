@@ -1,9 +1,11 @@
 package domain
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"sync"
 	"time"
 )
 
@@ -34,6 +36,49 @@ func DerivedID(at time.Time, separator string, parts ...string) string {
 	u[6] = 0x70 | u[6]&0x0f // version 7
 	u[8] = 0x80 | u[8]&0x3f // variant 10
 
+	return formatUUID(u)
+}
+
+// NewEventID returns a fresh event id: a UUIDv7 (RFC 9562) from the wall
+// clock and crypto/rand. Ids from one process increase with time; within
+// one millisecond the 12 bits after the timestamp count up (method 3 of
+// RFC 9562 section 6.2), so ids minted in a burst keep their order.
+func NewEventID() string {
+	var u [16]byte
+	if _, err := rand.Read(u[6:]); err != nil {
+		panic(err) // crypto/rand does not fail on supported platforms
+	}
+	idClock.Lock()
+	ms := time.Now().UnixMilli()
+	if ms > idClock.ms {
+		idClock.ms, idClock.seq = ms, 0
+	} else {
+		// Same millisecond (or the clock stepped back): keep counting
+		// from the last id's time so order holds.
+		idClock.seq++
+		if idClock.seq > 0xfff {
+			idClock.ms, idClock.seq = idClock.ms+1, 0
+		}
+		ms = idClock.ms
+	}
+	seq := idClock.seq
+	idClock.Unlock()
+	var ts [8]byte
+	binary.BigEndian.PutUint64(ts[:], uint64(ms)&(1<<48-1))
+	copy(u[0:6], ts[2:8])
+	u[6] = 0x70 | byte(seq>>8)&0x0f // version 7, counter high bits
+	u[7] = byte(seq)
+	u[8] = 0x80 | u[8]&0x3f // variant 10
+	return formatUUID(u)
+}
+
+var idClock struct {
+	sync.Mutex
+	ms  int64
+	seq uint16
+}
+
+func formatUUID(u [16]byte) string {
 	var out [36]byte
 	hex.Encode(out[0:8], u[0:4])
 	out[8] = '-'

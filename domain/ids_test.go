@@ -26,3 +26,22 @@ func TestDerivedID(t *testing.T) {
 		t.Fatal("a time before the epoch is not clamped to 0")
 	}
 }
+
+func TestNewEventIDIsAnOrderedUUIDv7(t *testing.T) {
+	t.Parallel()
+	prev := ""
+	seen := map[string]bool{}
+	for i := 0; i < 20000; i++ {
+		id := domain.NewEventID()
+		if !domain.IsUUIDv7(id) {
+			t.Fatalf("id %d %q is not a UUIDv7", i, id)
+		}
+		if id <= prev {
+			t.Fatalf("id %d %q does not follow %q", i, id, prev)
+		}
+		if seen[id] {
+			t.Fatalf("id %q minted twice", id)
+		}
+		seen[id], prev = true, id
+	}
+}

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -92,7 +91,7 @@ func New(kc *kgo.Client, opts ...Option) *Client {
 }
 
 // NewEventID returns a new UUIDv7 event id.
-func NewEventID() string { return uuid.Must(uuid.NewV7()).String() }
+func NewEventID() string { return domain.NewEventID() }
 
 // NewEvent wraps data in an event with a fresh id, the client's source and
 // the current time.

@@ -269,11 +269,11 @@ func TestRolesRunUnderTheirACLs(t *testing.T) {
 	defer kc.Close()
 	pc := producer.New(kc, producer.WithSealer(keyring), producer.WithSource("/acl-test"))
 	const worker, mailbox = "0190a5b2-4c5e-7b1a-9c3d-00000000d0a1", "0190a5b2-4c5e-7b1a-9c3d-00000000c0a1"
-	if _, err := pc.Publish(ctx, domain.Event{ID: producer.NewEventID(), Type: domain.TypeWorkerHeartbeat, Source: "/acl-test", Time: time.Now(),
+	if _, err := pc.Publish(ctx, domain.Event{ID: domain.NewEventID(), Type: domain.TypeWorkerHeartbeat, Source: "/acl-test", Time: time.Now(),
 		Data: &domain.WorkerHeartbeat{WorkerID: worker, Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP, Address: "10.0.0.1:25"}}); err != nil {
 		t.Fatalf("api publishing a heartbeat: %v", err)
 	}
-	if _, err := pc.Publish(ctx, domain.Event{ID: producer.NewEventID(), Type: domain.TypeMailboxAdded, Source: "/acl-test", Time: time.Now(),
+	if _, err := pc.Publish(ctx, domain.Event{ID: domain.NewEventID(), Type: domain.TypeMailboxAdded, Source: "/acl-test", Time: time.Now(),
 		Data: &domain.MailboxAdded{MailboxID: mailbox, OrgID: "0190a5b2-4c5e-7b1a-9c3d-00000000a0a1", UserID: "0190a5b2-4c5e-7b1a-9c3d-00000000b0a1",
 			Address: "acl@example.com", Provider: domain.ProviderSMTPIMAP,
 			IMAP:        domain.IMAPEndpoint{Host: "imap.example.com", Port: 993, TLS: domain.TLSImplicit, Username: "acl@example.com"},

@@ -10,7 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/mailplane/mailplane/producer"
+	"github.com/mailplane/mailplane/domain"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -95,7 +95,7 @@ func main() {
 		fmt.Print(usage)
 		return
 	case "newid":
-		fmt.Println(producer.NewEventID())
+		fmt.Println(domain.NewEventID())
 		return
 	case "version":
 		fmt.Println("mailplane", version)

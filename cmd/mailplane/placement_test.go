@@ -17,7 +17,6 @@ import (
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/projections"
-	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -76,7 +75,7 @@ func TestReplayAndShowCommands(t *testing.T) {
 	defer kc.Close()
 	var recs []*kgo.Record
 	for i, d := range ds {
-		r, err := topics.EncodeDecision(topics.Decision{ID: producer.NewEventID(), Source: "test", Data: d,
+		r, err := topics.EncodeDecision(topics.Decision{ID: domain.NewEventID(), Source: "test", Data: d,
 			Cause: topics.Cause{ID: topics.CauseTick, Type: topics.CauseTick, Index: 0, Count: 1}})
 		if err != nil {
 			t.Fatalf("decision %d: %v", i, err)

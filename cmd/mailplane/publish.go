@@ -67,7 +67,7 @@ func runPublish(ctx context.Context, args []string) error {
 		raw = b
 	}
 	if *id == "" {
-		*id = producer.NewEventID()
+		*id = domain.NewEventID()
 	}
 	attrs := domain.Attributes{SpecVersion: domain.SpecVersion, ID: *id, Type: typ, Source: *source}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)

@@ -360,7 +360,7 @@ func decodeAccepted(t testing.TB, b []byte) AcceptedResponse {
 
 // Event builders: structured CloudEvents as maps, so cases can break them.
 
-func newID() string   { return producer.NewEventID() }
+func newID() string   { return domain.NewEventID() }
 func newUUID() string { return uuid.NewString() }
 
 func envelope(typ, subject string, data map[string]any) map[string]any {

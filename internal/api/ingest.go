@@ -594,7 +594,7 @@ func (s *Server) Publish(w http.ResponseWriter, r *http.Request, events ...domai
 	items := make([]item, len(events))
 	for i, ev := range events {
 		if ev.ID == "" {
-			ev.ID = producer.NewEventID()
+			ev.ID = domain.NewEventID()
 		}
 		if ev.Time.IsZero() {
 			ev.Time = s.cfg.now().UTC()

@@ -19,7 +19,6 @@ import (
 	"github.com/mailplane/mailplane/internal/outbox"
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/projections"
-	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -93,7 +92,7 @@ func observation(mailbox string, i int, junk bool, at time.Time) domain.Event {
 	if junk {
 		p = domain.PlacedJunk
 	}
-	return domain.Event{ID: producer.NewEventID(), Type: domain.TypeWarmupObserved, Source: "test", Time: at, Subject: mailbox,
+	return domain.Event{ID: domain.NewEventID(), Type: domain.TypeWarmupObserved, Source: "test", Time: at, Subject: mailbox,
 		Data: &domain.WarmupObserved{MailboxID: mailbox, WarmupID: fmt.Sprintf("w-%d", i), Placement: p, LandedAt: at,
 			Source: domain.ObservedBySync, RecipientMailboxID: other}}
 }

@@ -12,7 +12,6 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/outbox"
-	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -124,7 +123,7 @@ func (t *Ticker) Tick(ctx context.Context) (int, error) {
 			if scored == nil {
 				continue
 			}
-			ev := domain.Event{ID: producer.NewEventID(), Type: domain.TypeMailboxHealthScored, Source: Source,
+			ev := domain.Event{ID: domain.NewEventID(), Type: domain.TypeMailboxHealthScored, Source: Source,
 				Time: r.LastEval, Subject: id, Data: scored}
 			rec, err := topics.Encode(ev)
 			if err != nil {

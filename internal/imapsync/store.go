@@ -11,7 +11,6 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/internal/outbox"
-	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -254,7 +253,7 @@ func (m *mailboxRun) authFailed(ctx context.Context, e *Error, now time.Time) (t
 // event, in one fenced transaction: only the current owner disables.
 func (m *mailboxRun) disableRequested(ctx context.Context, d DisableRequest) error {
 	since := d.AuthFailingSince.UTC()
-	ev := domain.Event{ID: producer.NewEventID(), Type: domain.TypeMailboxDisabled, Source: warmupSource, Time: d.At.UTC(),
+	ev := domain.Event{ID: domain.NewEventID(), Type: domain.TypeMailboxDisabled, Source: warmupSource, Time: d.At.UTC(),
 		Subject: d.MailboxID, Data: &domain.MailboxDisabled{MailboxID: d.MailboxID, Cause: domain.DisableAuthFailing,
 			Reason: disableReason(d), FailingSince: &since}}
 	rec, err := topics.Encode(ev)
@@ -306,7 +305,7 @@ func (m *mailboxRun) recordPending(ctx context.Context) error {
 		return nil
 	}
 	id := m.job.Mailbox.MailboxID
-	rec, err := topics.Encode(domain.Event{ID: producer.NewEventID(), Type: domain.TypeCredentialsRotated, Source: warmupSource,
+	rec, err := topics.Encode(domain.Event{ID: domain.NewEventID(), Type: domain.TypeCredentialsRotated, Source: warmupSource,
 		Time: m.r.cfg.Now().UTC(), Subject: id, Data: &domain.CredentialsRotated{MailboxID: id, SealedCredentials: s, Cause: domain.RotationOAuth, AddedAt: m.job.Mailbox.AddedAt}})
 	if err != nil {
 		return err

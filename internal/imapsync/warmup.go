@@ -14,7 +14,6 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/outbox"
-	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -106,7 +105,7 @@ func (m *mailboxRun) observeWarmup(ctx context.Context, tx pgx.Tx, c cursor, bat
 		at                time.Time
 	)
 	_, err = pgx.ForEachRow(rows, []any{&sender, &id, &place, &at}, func() error {
-		ev := domain.Event{ID: producer.NewEventID(), Type: domain.TypeWarmupObserved, Source: warmupSource,
+		ev := domain.Event{ID: domain.NewEventID(), Type: domain.TypeWarmupObserved, Source: warmupSource,
 			Time: now, Subject: sender, Data: &domain.WarmupObserved{MailboxID: sender, WarmupID: id,
 				Placement: domain.WarmupPlacement(place), LandedAt: at.UTC(), Source: domain.ObservedBySync,
 				RecipientMailboxID: m.job.Mailbox.MailboxID}}

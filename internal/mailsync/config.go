@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/mailplane/mailplane/producer"
+	"github.com/mailplane/mailplane/domain"
 )
 
 // DefaultGroup is the consumer group of the sync fleet on mailbox.state.
@@ -148,7 +148,7 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.WorkerID == "" {
 		host, _ := os.Hostname()
-		c.WorkerID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), producer.NewEventID()[24:])
+		c.WorkerID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), domain.NewEventID()[24:])
 	}
 	if c.Group == "" {
 		c.Group = d.Group

@@ -23,7 +23,6 @@ import (
 	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
-	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -135,7 +134,7 @@ func (f *fixture) mailbox(user string, addedAgo time.Duration) mailboxstate.Mail
 		SealedCredentials: &domain.SealedSecret{KeyID: "k1", Alg: domain.SealAlg, Nonce: "AAAAAAAAAAAAAAAA", Ciphertext: "c2VhbGVk"},
 		Enabled:           true,
 		AddedAt:           time.Now().Add(-addedAgo).UTC().Truncate(time.Millisecond),
-		SourceEventID:     producer.NewEventID(),
+		SourceEventID:     domain.NewEventID(),
 	}
 }
 
@@ -158,7 +157,7 @@ func stateRecords(t testing.TB, ms ...mailboxstate.Mailbox) []*kgo.Record {
 
 func userActive(t testing.TB, user string, at time.Time) *kgo.Record {
 	t.Helper()
-	r, err := topics.Encode(domain.Event{ID: producer.NewEventID(), Type: domain.TypeUserActive, Source: "mailplane/test",
+	r, err := topics.Encode(domain.Event{ID: domain.NewEventID(), Type: domain.TypeUserActive, Source: "mailplane/test",
 		Time: at, Subject: user, Data: &domain.UserActive{UserID: user, Source: domain.ActivityWSPing}})
 	if err != nil {
 		t.Fatal(err)

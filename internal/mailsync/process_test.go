@@ -24,7 +24,6 @@ import (
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/mailboxstate"
 	"github.com/mailplane/mailplane/internal/mailsync"
-	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -331,7 +330,7 @@ func TestProcesses(t *testing.T) {
 		e.produce(recs...)
 	}
 	event := func(d domain.Data) domain.Event {
-		return domain.Event{ID: producer.NewEventID(), Type: d.EventType(), Source: "mailplane/test", Time: time.Now().UTC(), Subject: d.AggregateID(), Data: d}
+		return domain.Event{ID: domain.NewEventID(), Type: d.EventType(), Source: "mailplane/test", Time: time.Now().UTC(), Subject: d.AggregateID(), Data: d}
 	}
 	add := func(n int) {
 		var evs []domain.Event

@@ -10,7 +10,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -159,7 +158,7 @@ func partitionKey(p int32) string { return "partition-" + strconv.Itoa(int(p)) }
 // encodeRecord renders d as a CloudEvent in binary mode on topic.
 func encodeRecord(topic, owner string, at time.Time, d domain.Data) (*kgo.Record, error) {
 	return topics.EncodeTo(topic, domain.Event{
-		ID: producer.NewEventID(), Type: d.EventType(), Source: sourcePrefix + owner,
+		ID: domain.NewEventID(), Type: d.EventType(), Source: sourcePrefix + owner,
 		Time: at, Subject: d.AggregateID(), Data: d,
 	})
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/mailboxstate"
 	"github.com/mailplane/mailplane/internal/mailsync"
-	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -401,7 +400,7 @@ func TestEventsStartAndStop(t *testing.T) {
 	f := newFixture(100)
 	publish := func(d domain.Data) {
 		t.Helper()
-		r, err := topics.Encode(domain.Event{ID: producer.NewEventID(), Type: d.EventType(), Source: "mailplane/test",
+		r, err := topics.Encode(domain.Event{ID: domain.NewEventID(), Type: d.EventType(), Source: "mailplane/test",
 			Time: time.Now().UTC(), Subject: d.AggregateID(), Data: d})
 		if err != nil {
 			t.Fatal(err)

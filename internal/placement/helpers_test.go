@@ -174,7 +174,7 @@ func newPublisher(t testing.TB, b testBroker) *publisher {
 }
 
 func (p *publisher) event(at time.Time, d domain.Data) domain.Event {
-	return domain.Event{ID: producer.NewEventID(), Type: d.EventType(), Source: "test", Time: at, Subject: d.AggregateID(), Data: d}
+	return domain.Event{ID: domain.NewEventID(), Type: d.EventType(), Source: "test", Time: at, Subject: d.AggregateID(), Data: d}
 }
 
 // publish publishes events (all at time at) and fails the test on error.

@@ -8,7 +8,6 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
-	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -117,7 +116,7 @@ func TestFarFutureRecordDoesNotPinWorker(t *testing.T) {
 	at2099 := time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)
 	forged := heartbeat(3, domain.TierSharedPremium, domain.EgressOAuthAPI)
 	forged.Stopping = true
-	ev := domain.Event{ID: producer.NewEventID(), Type: domain.TypeWorkerHeartbeat, Source: "attacker", Time: at2099, Subject: forged.WorkerID, Data: forged}
+	ev := domain.Event{ID: domain.NewEventID(), Type: domain.TypeWorkerHeartbeat, Source: "attacker", Time: at2099, Subject: forged.WorkerID, Data: forged}
 	rec, err := topics.Encode(ev)
 	if err != nil {
 		t.Fatal(err)

@@ -22,7 +22,6 @@ import (
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/projections"
-	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -357,7 +356,7 @@ func (g *gen) pick(xs []string) string { return xs[g.rng.IntN(len(xs))] }
 func (g *gen) event(d domain.Data) domain.Event {
 	g.n++
 	return domain.Event{
-		ID: producer.NewEventID(), Type: d.EventType(), Source: "mailplane/test",
+		ID: domain.NewEventID(), Type: d.EventType(), Source: "mailplane/test",
 		Time: g.t0.Add(time.Duration(g.n) * time.Millisecond), Subject: d.AggregateID(), Data: d,
 	}
 }

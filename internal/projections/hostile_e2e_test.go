@@ -189,7 +189,7 @@ func TestHostileStringsNeverStallAProjection(t *testing.T) {
 func rawHeartbeat(worker, address, source string) *kgo.Record {
 	v, _ := json.Marshal(map[string]any{"worker_id": worker, "tier": "shared_premium", "egress": "oauth_api", "address": address})
 	return &kgo.Record{Topic: topics.WorkerEvents, Key: []byte(worker), Value: v, Headers: []kgo.RecordHeader{
-		{Key: topics.HeaderSpecVersion, Value: []byte("1.0")}, {Key: topics.HeaderID, Value: []byte(producer.NewEventID())},
+		{Key: topics.HeaderSpecVersion, Value: []byte("1.0")}, {Key: topics.HeaderID, Value: []byte(domain.NewEventID())},
 		{Key: topics.HeaderType, Value: []byte(domain.TypeWorkerHeartbeat)}, {Key: topics.HeaderSource, Value: []byte(source)},
 		{Key: topics.HeaderTime, Value: []byte(time.Now().UTC().Format(time.RFC3339Nano))}, {Key: topics.HeaderSubject, Value: []byte(worker)},
 	}}
@@ -266,7 +266,7 @@ func TestPlacementProjectorPassesLegacyHostileText(t *testing.T) {
 		PlacementMeta: domain.PlacementMeta{At: plT0, Reason: domain.ReasonWorkerRegistered},
 		WorkerID:      worker, Tier: domain.TierSharedPremium, Egress: domain.EgressColdSMTP, Address: "10.0.0.1:25", Capacity: 16,
 	}
-	r, err := topics.EncodeDecision(topics.Decision{ID: producer.NewEventID(), Source: "test", Data: reg,
+	r, err := topics.EncodeDecision(topics.Decision{ID: domain.NewEventID(), Source: "test", Data: reg,
 		Cause: topics.Cause{ID: topics.CauseTick, Type: topics.CauseTick, Index: 0, Count: 1}})
 	if err != nil {
 		t.Fatal(err)

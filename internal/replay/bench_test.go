@@ -23,7 +23,6 @@ import (
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/internal/replay"
-	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -91,7 +90,7 @@ func benchLog(b *testing.B, ds []domain.PlacementDecision) kafka.Config {
 	for i := 0; i < len(ds); i += chunk {
 		recs := make([]*kgo.Record, 0, chunk)
 		for j, d := range ds[i:min(i+chunk, len(ds))] {
-			r, err := topics.EncodeDecision(topics.Decision{ID: producer.NewEventID(), Source: "bench", Data: d,
+			r, err := topics.EncodeDecision(topics.Decision{ID: domain.NewEventID(), Source: "bench", Data: d,
 				Cause: topics.Cause{ID: topics.CauseTick, Type: topics.CauseTick, Index: 0, Count: 1}})
 			if err != nil {
 				b.Fatalf("decision %d: %v", i+j, err)
@@ -270,7 +269,7 @@ func BenchmarkEventToProjectedRow(b *testing.B) {
 		var evs []domain.Event
 		for j := i; j < min(i+10, b.N); j++ {
 			d := mailboxAdded(j, 1, domain.ProviderGmail, false)
-			evs = append(evs, domain.Event{ID: producer.NewEventID(), Type: d.EventType(), Source: "bench", Time: time.Now(), Subject: d.AggregateID(), Data: d})
+			evs = append(evs, domain.Event{ID: domain.NewEventID(), Type: d.EventType(), Source: "bench", Time: time.Now(), Subject: d.AggregateID(), Data: d})
 		}
 		at := time.Now()
 		if _, err := e.pub.Publish(context.Background(), evs...); err != nil {

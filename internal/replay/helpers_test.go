@@ -160,7 +160,7 @@ func (e *env) publish(at time.Time, ds ...domain.Data) {
 	e.t.Helper()
 	evs := make([]domain.Event, len(ds))
 	for i, d := range ds {
-		evs[i] = domain.Event{ID: producer.NewEventID(), Type: d.EventType(), Source: "test", Time: at, Subject: d.AggregateID(), Data: d}
+		evs[i] = domain.Event{ID: domain.NewEventID(), Type: d.EventType(), Source: "test", Time: at, Subject: d.AggregateID(), Data: d}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -17,7 +17,6 @@ import (
 	"github.com/mailplane/mailplane/internal/access"
 	"github.com/mailplane/mailplane/internal/api"
 	"github.com/mailplane/mailplane/internal/workerapi"
-	"github.com/mailplane/mailplane/producer"
 )
 
 func heartbeatOf(id string) map[string]any {
@@ -61,9 +60,9 @@ func TestWorkerCannotActAsAnother(t *testing.T) {
 		{"assignments by a producer", req{method: http.MethodGet, path: "/v1/workers/" + workerID + "/assignments", token: ptr(producerToken)}, 403, domain.CodeForbidden},
 		{"assignments with a forged MAC", req{method: http.MethodGet, path: "/v1/workers/" + workerID + "/assignments", token: ptr(forged)}, 401, domain.CodeUnauthorized},
 		{"heartbeat through /v1/events by a producer", req{method: http.MethodPost, path: "/v1/events", ct: api.ContentTypeStructured, token: ptr(producerToken),
-			body: mustJSON(t, map[string]any{"specversion": "1.0", "id": producer.NewEventID(), "type": domain.TypeWorkerHeartbeat, "source": "/product", "data": heartbeatOf(workerID)})}, 403, domain.CodeForbidden},
+			body: mustJSON(t, map[string]any{"specversion": "1.0", "id": domain.NewEventID(), "type": domain.TypeWorkerHeartbeat, "source": "/product", "data": heartbeatOf(workerID)})}, 403, domain.CodeForbidden},
 		{"heartbeat through /v1/events by a worker", req{method: http.MethodPost, path: "/v1/events", ct: api.ContentTypeStructured,
-			body: mustJSON(t, map[string]any{"specversion": "1.0", "id": producer.NewEventID(), "type": domain.TypeWorkerHeartbeat, "source": "/w", "data": heartbeatOf(workerID)})}, 403, domain.CodeForbidden},
+			body: mustJSON(t, map[string]any{"specversion": "1.0", "id": domain.NewEventID(), "type": domain.TypeWorkerHeartbeat, "source": "/w", "data": heartbeatOf(workerID)})}, 403, domain.CodeForbidden},
 	} {
 		resp, b := e.do(tc.r)
 		if resp.StatusCode != tc.status || errCode(t, b) != tc.code {
@@ -131,7 +130,7 @@ func TestWorkerIDFlood(t *testing.T) {
 
 	batch := make([]map[string]any, 1000)
 	for i := range batch {
-		batch[i] = map[string]any{"specversion": "1.0", "id": producer.NewEventID(), "type": domain.TypeWorkerHeartbeat,
+		batch[i] = map[string]any{"specversion": "1.0", "id": domain.NewEventID(), "type": domain.TypeWorkerHeartbeat,
 			"source": "/sending-workers", "data": heartbeatOf(newID())}
 	}
 	resp, b := e.do(req{method: http.MethodPost, path: "/v1/events", ct: api.ContentTypeBatch, body: mustJSON(t, batch), token: ptr(fleetToken)})
