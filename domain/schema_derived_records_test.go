@@ -17,7 +17,7 @@ import (
 	"github.com/mailplane/mailplane/internal/eventschema"
 	"github.com/mailplane/mailplane/internal/mailboxstate"
 	"github.com/mailplane/mailplane/internal/mailsync"
-	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -91,7 +91,7 @@ var drRFC3339 = regexp.MustCompile(`^[0-9]{4}-[0-9]{2}-[0-9]{2}T([01][0-9]|2[0-3
 // ---- placement decisions ----
 
 // drDecider drives the pure decider and encodes its decisions as the engine
-// does (placement.DecisionID, topics.EncodeDecision with the input as cause).
+// does (engine.DecisionID, topics.EncodeDecision with the input as cause).
 type drDecider struct {
 	t       *testing.T
 	v       *eventschema.DerivedValidator
@@ -137,7 +137,7 @@ func (d *drDecider) encode(ds []domain.PlacementDecision, cause topics.Cause) {
 	for i, dec := range ds {
 		cause.Index = i
 		r, err := topics.EncodeDecision(topics.Decision{
-			ID: placement.DecisionID(dec.Meta().At, key, i), Source: placement.DefaultSource, Data: dec, Cause: cause,
+			ID: engine.DecisionID(dec.Meta().At, key, i), Source: engine.DefaultSource, Data: dec, Cause: cause,
 		})
 		if err != nil {
 			d.t.Fatalf("encoding %s: %v", dec.EventType(), err)

@@ -15,7 +15,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/mailboxstate"
-	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/sealing"
 	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
@@ -234,8 +234,8 @@ func TestRolesRunUnderTheirACLs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 
-	eng, err := placement.New(as(brokers, topics.RoleEngine), placement.WithSessionTimeout(6*time.Second),
-		placement.WithHeartbeatInterval(500*time.Millisecond))
+	eng, err := engine.New(as(brokers, topics.RoleEngine), engine.WithSessionTimeout(6*time.Second),
+		engine.WithHeartbeatInterval(500*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,7 @@ import (
 	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/outbox"
-	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/internal/sealing"
 	"github.com/mailplane/mailplane/internal/workerapi"
@@ -193,13 +193,13 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 	}
 
 	if rc.engine {
-		eng, err := placement.New(kcfg("placement-engine"),
-			placement.WithLogger(log.With("role", "engine")),
-			placement.WithRegisterer(reg),
-			placement.WithPlacementConfig(rc.placement),
+		eng, err := engine.New(kcfg("placement-engine"),
+			engine.WithLogger(log.With("role", "engine")),
+			engine.WithRegisterer(reg),
+			engine.WithPlacementConfig(rc.placement),
 			// Restore from the placement projection and read only the
 			// decision log's tail.
-			placement.WithSnapshotter(projections.NewPlacementSnapshotter(pool)))
+			engine.WithSnapshotter(projections.NewPlacementSnapshotter(pool)))
 		if err != nil {
 			return err
 		}

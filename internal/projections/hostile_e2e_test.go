@@ -20,7 +20,7 @@ import (
 	"github.com/mailplane/mailplane/internal/eventschema"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
-	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/internal/sealing"
 	"github.com/mailplane/mailplane/producer"
@@ -131,8 +131,8 @@ func TestHostileStringsNeverStallAProjection(t *testing.T) {
 	}
 
 	// The engine, the registry projector and the placement projector.
-	eng, err := placement.New(e.kcfg, placement.WithSessionTimeout(kafkatest.SessionTimeout(2*time.Second)),
-		placement.WithHeartbeatInterval(200*time.Millisecond), placement.WithLogger(testLogger(t)))
+	eng, err := engine.New(e.kcfg, engine.WithSessionTimeout(kafkatest.SessionTimeout(2*time.Second)),
+		engine.WithHeartbeatInterval(200*time.Millisecond), engine.WithLogger(testLogger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +176,7 @@ func TestHostileStringsNeverStallAProjection(t *testing.T) {
 	// registry projector.
 	dead := deadLetters(t, e.kcfg)
 	for _, r := range raw {
-		for _, consumer := range []string{placement.DeadLetterConsumer, projections.RegistryName} {
+		for _, consumer := range []string{engine.DeadLetterConsumer, projections.RegistryName} {
 			if !dead[fmt.Sprintf("%s/%s/%d/%d", consumer, r.Topic, r.Partition, r.Offset)] {
 				t.Errorf("%s did not dead-letter %s/%d/%d", consumer, r.Topic, r.Partition, r.Offset)
 			}
@@ -210,7 +210,7 @@ func engineCaughtUp(t *testing.T, kcfg kafka.Config, timeout time.Duration) {
 	waitFor(t, timeout, "the engine to reach the end of its inputs", func() (bool, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		os, err := adm.FetchOffsets(ctx, placement.DefaultGroup)
+		os, err := adm.FetchOffsets(ctx, engine.DefaultGroup)
 		if err != nil {
 			return false, err
 		}

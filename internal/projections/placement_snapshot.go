@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/placement/engine"
 )
 
 // TxBeginner begins transactions; *pgxpool.Pool and *pgx.Conn are ones.
@@ -18,7 +18,7 @@ type TxBeginner interface {
 }
 
 // PlacementSnapshotter is the placement engine's production
-// placement.Snapshotter: it loads the placement projection (workers,
+// engine.Snapshotter: it loads the placement projection (workers,
 // mailboxes, recorded plans) and its checkpoint in one repeatable-read
 // snapshot, so the engine restores from Postgres and reads only the
 // decision log's tail after the checkpoint.
@@ -32,12 +32,12 @@ func NewPlacementSnapshotter(db TxBeginner) *PlacementSnapshotter {
 	return &PlacementSnapshotter{db: db}
 }
 
-// Load implements placement.Snapshotter. An empty projection is the empty
+// Load implements engine.Snapshotter. An empty projection is the empty
 // state at offset 0.
-func (s *PlacementSnapshotter) Load(ctx context.Context) (ck placement.Checkpoint, err error) {
+func (s *PlacementSnapshotter) Load(ctx context.Context) (ck engine.Checkpoint, err error) {
 	tx, err := s.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return placement.Checkpoint{}, fmt.Errorf("placement snapshot: begin: %w", err)
+		return engine.Checkpoint{}, fmt.Errorf("placement snapshot: begin: %w", err)
 	}
 	defer func() {
 		if rerr := tx.Rollback(ctx); rerr != nil && !errors.Is(rerr, pgx.ErrTxClosed) && err == nil {
@@ -53,12 +53,12 @@ func (s *PlacementSnapshotter) Load(ctx context.Context) (ck placement.Checkpoin
 // decision id it stands at. Fields the restore derives (a mailbox's
 // degraded flag, an org's bindings, shortfall and counts, and orgs never
 // recorded, which exist only through their mailboxes) are left zero.
-func LoadPlacementSnapshot(ctx context.Context, tx pgx.Tx) (placement.Checkpoint, error) {
+func LoadPlacementSnapshot(ctx context.Context, tx pgx.Tx) (engine.Checkpoint, error) {
 	c, err := ReadPlacementCheckpoint(ctx, tx)
 	if err != nil {
-		return placement.Checkpoint{}, err
+		return engine.Checkpoint{}, err
 	}
-	ck := placement.Checkpoint{NextOffset: c.NextOffset, LastDecisionID: c.LastDecisionID}
+	ck := engine.Checkpoint{NextOffset: c.NextOffset, LastDecisionID: c.LastDecisionID}
 
 	rows, _ := tx.Query(ctx, `SELECT worker_id::text, base_tier, tier, egress, address, pool, dedicated_org::text, releasing, health,
     first_seen_ns, last_seen_ns, live, stopping, load_milli, capacity, mailboxes
@@ -82,7 +82,7 @@ FROM placement_workers ORDER BY worker_id`)
 		return nil
 	})
 	if err != nil {
-		return placement.Checkpoint{}, fmt.Errorf("placement snapshot: workers: %w", err)
+		return engine.Checkpoint{}, fmt.Errorf("placement snapshot: workers: %w", err)
 	}
 
 	rows, _ = tx.Query(ctx, `SELECT mailbox_id::text, org_id::text, worker_id::text, band, weight_milli, candidate, candidate_since_ns,
@@ -108,7 +108,7 @@ FROM placement_mailboxes ORDER BY mailbox_id`)
 		return nil
 	})
 	if err != nil {
-		return placement.Checkpoint{}, fmt.Errorf("placement snapshot: mailboxes: %w", err)
+		return engine.Checkpoint{}, fmt.Errorf("placement snapshot: mailboxes: %w", err)
 	}
 
 	rows, _ = tx.Query(ctx, `SELECT org_id::text, plan, dedicated_workers, paid, plan_since_ns FROM placement_orgs ORDER BY org_id`)
@@ -124,7 +124,7 @@ FROM placement_mailboxes ORDER BY mailbox_id`)
 		return nil
 	})
 	if err != nil {
-		return placement.Checkpoint{}, fmt.Errorf("placement snapshot: orgs: %w", err)
+		return engine.Checkpoint{}, fmt.Errorf("placement snapshot: orgs: %w", err)
 	}
 	return ck, nil
 }
@@ -132,4 +132,4 @@ FROM placement_mailboxes ORDER BY mailbox_id`)
 // plTime is a stored Unix-nanosecond time as the decider holds it (UTC).
 func plTime(ns int64) time.Time { return time.Unix(0, ns).UTC() }
 
-var _ placement.Snapshotter = (*PlacementSnapshotter)(nil)
+var _ engine.Snapshotter = (*PlacementSnapshotter)(nil)

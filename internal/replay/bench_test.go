@@ -20,7 +20,7 @@ import (
 	"github.com/mailplane/mailplane/internal/kafkatest"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
-	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/internal/replay"
 	"github.com/mailplane/mailplane/topics"
@@ -251,7 +251,7 @@ func BenchmarkEventToProjectedRow(b *testing.B) {
 		b.Fatal(err)
 	}
 	runUntil(b, "placement projector", p.Run)
-	e.engine(placement.WithClock(time.Now))
+	e.engine(engine.WithClock(time.Now))
 	now := time.Now()
 	var fleet []domain.Data
 	for i := range 100 {

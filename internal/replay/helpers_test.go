@@ -21,7 +21,7 @@ import (
 	"github.com/mailplane/mailplane/internal/kafkatest"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
-	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
@@ -129,14 +129,14 @@ func runUntil(t testing.TB, what string, fn func(context.Context) error) (stop f
 }
 
 // engine starts a placement engine on the test's clock.
-func (e *env) engine(opts ...placement.Option) (stop func()) {
+func (e *env) engine(opts ...engine.Option) (stop func()) {
 	e.t.Helper()
-	base := []placement.Option{
-		placement.WithSessionTimeout(kafkatest.SessionTimeout(time.Second)), placement.WithHeartbeatInterval(100 * time.Millisecond),
-		placement.WithClock(e.clock.Now), placement.WithTickInterval(20 * time.Millisecond),
-		placement.WithPlacementConfig(e.cfg), placement.WithLogger(testLogger(e.t)),
+	base := []engine.Option{
+		engine.WithSessionTimeout(kafkatest.SessionTimeout(time.Second)), engine.WithHeartbeatInterval(100 * time.Millisecond),
+		engine.WithClock(e.clock.Now), engine.WithTickInterval(20 * time.Millisecond),
+		engine.WithPlacementConfig(e.cfg), engine.WithLogger(testLogger(e.t)),
 	}
-	eng, err := placement.New(e.kcfg, append(base, opts...)...)
+	eng, err := engine.New(e.kcfg, append(base, opts...)...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -217,7 +217,7 @@ func (e *env) engineBehind() string {
 	if err != nil {
 		return err.Error()
 	}
-	committed, err := adm.FetchOffsets(ctx, placement.DefaultGroup)
+	committed, err := adm.FetchOffsets(ctx, engine.DefaultGroup)
 	if err != nil {
 		return err.Error()
 	}
@@ -392,7 +392,7 @@ func (e *env) readLogEnd() ([]logEntry, int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var out []logEntry
-	end, err := placement.ReadDecisions(ctx, e.kcfg, 0, func(off int64, d topics.Decision) error {
+	end, err := engine.ReadDecisions(ctx, e.kcfg, 0, func(off int64, d topics.Decision) error {
 		out = append(out, logEntry{off, d})
 		return nil
 	})
@@ -430,7 +430,7 @@ func mustJSON(v any) string {
 // verifyLog checks the whole decision log against the pure decider: for
 // every input (cause) in log order, the decider, fed the same inputs in the
 // same order from the empty state, makes exactly the logged decisions
-// (types and JSON) with exactly the logged ids (placement.DecisionID over
+// (types and JSON) with exactly the logged ids (engine.DecisionID over
 // the cause key documented there: for a tick, its time and the id of the
 // last decision before it). An engine that restored anything wrongly (a
 // state, or the last decision id seeding tick ids) makes the log differ
@@ -478,7 +478,7 @@ func (e *env) verifyLog(l []logEntry) *domain.PlacementState {
 				e.t.Fatalf("offset %d: decision differs from the decider's:\nlog:     %s %s\ndecider: %s %s",
 					l[i+j].offset, got.Data.EventType(), mustJSON(got.Data), want[j].EventType(), mustJSON(want[j]))
 			}
-			if id := placement.DecisionID(want[j].Meta().At, key, j); got.ID != id {
+			if id := engine.DecisionID(want[j].Meta().At, key, j); got.ID != id {
 				e.t.Fatalf("offset %d: decision id %s, derived %s (cause key %s)", l[i+j].offset, got.ID, id, key)
 			}
 			lastID = got.ID

@@ -29,7 +29,7 @@ import (
 
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/migrations"
-	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -422,7 +422,7 @@ func (p *Placement) pass(ctx context.Context, to int64) error {
 		defer close(chunks)
 		const chunk = 2048
 		buf := make([]projections.PlacementRecord, 0, chunk)
-		readEnd, readErr = placement.ReadDecisions(ctx, p.cfg.Kafka, from, func(off int64, d topics.Decision) error {
+		readEnd, readErr = engine.ReadDecisions(ctx, p.cfg.Kafka, from, func(off int64, d topics.Decision) error {
 			if to >= 0 && off >= to {
 				return errStop
 			}

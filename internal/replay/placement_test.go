@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/internal/replay"
 	"github.com/mailplane/mailplane/internal/workerapi"
@@ -170,12 +170,12 @@ func TestReplayPlacementEqualsLive(t *testing.T) {
 
 // recordingSnapshotter remembers the checkpoints it handed out.
 type recordingSnapshotter struct {
-	placement.Snapshotter
+	engine.Snapshotter
 	mu    sync.Mutex
-	loads []placement.Checkpoint
+	loads []engine.Checkpoint
 }
 
-func (r *recordingSnapshotter) Load(ctx context.Context) (placement.Checkpoint, error) {
+func (r *recordingSnapshotter) Load(ctx context.Context) (engine.Checkpoint, error) {
 	ck, err := r.Snapshotter.Load(ctx)
 	if err == nil {
 		r.mu.Lock()
@@ -185,7 +185,7 @@ func (r *recordingSnapshotter) Load(ctx context.Context) (placement.Checkpoint, 
 	return ck, err
 }
 
-func (r *recordingSnapshotter) last(t testing.TB) placement.Checkpoint {
+func (r *recordingSnapshotter) last(t testing.TB) engine.Checkpoint {
 	t.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -219,7 +219,7 @@ func TestEngineRestoresFromPostgres(t *testing.T) {
 	s.round(20) // and inputs wait for the next engine
 
 	snap := &recordingSnapshotter{Snapshotter: projections.NewPlacementSnapshotter(pool)}
-	stopEngine = e.engine(placement.WithSnapshotter(snap))
+	stopEngine = e.engine(engine.WithSnapshotter(snap))
 	end := e.settle(nil)
 	ck := snap.last(t)
 	if ck.NextOffset == 0 || ck.NextOffset >= end {
@@ -234,7 +234,7 @@ func TestEngineRestoresFromPostgres(t *testing.T) {
 	end = e.settle(pool)
 	stopProj()
 	snap2 := &recordingSnapshotter{Snapshotter: projections.NewPlacementSnapshotter(pool)}
-	e.engine(placement.WithSnapshotter(snap2))
+	e.engine(engine.WithSnapshotter(snap2))
 	waitActive := time.Now().Add(30 * time.Second)
 	for {
 		snap2.mu.Lock()

@@ -12,15 +12,15 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/internal/kafka"
-	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
 )
 
 // readParallel reads the decision log from offset from to its last stable
-// offset as of the call, like placement.ReadDecisions (read_committed,
+// offset as of the call, like engine.ReadDecisions (read_committed,
 // markers skipped, no offset reset: a log that does not reach back to
-// from is placement.ErrLogGap), but decodes on several goroutines: decoding
+// from is engine.ErrLogGap), but decodes on several goroutines: decoding
 // (JSON and validation) is most of a rebuild's Go work. Chunks of
 // decisions reach out in log order; out is closed when the read ends. It
 // returns the end offset.
@@ -64,7 +64,7 @@ func readParallel(ctx context.Context, kcfg kafka.Config, from int64, out chan<-
 	end := e.Offset
 	switch {
 	case from > end || from < s.Offset:
-		return 0, fmt.Errorf("%w: offset %d is outside the log [%d, %d)", placement.ErrLogGap, from, s.Offset, end)
+		return 0, fmt.Errorf("%w: offset %d is outside the log [%d, %d)", engine.ErrLogGap, from, s.Offset, end)
 	case from == end:
 		return end, nil
 	}

@@ -1,4 +1,4 @@
-package placement
+package engine
 
 import (
 	"strconv"

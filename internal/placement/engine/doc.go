@@ -126,4 +126,4 @@
 // (input record timestamp to transaction commit), plus transactions,
 // aborts{reason}, dead letters{code}, restore seconds and restore size.
 // No mailbox, worker or org id is ever a label.
-package placement
+package engine
