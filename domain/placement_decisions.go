@@ -3,7 +3,6 @@ package domain
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"time"
 )
 
@@ -144,13 +143,37 @@ var placementReasons = []PlacementReason{
 	ReasonNoEligibleWorker, ReasonNoDedicatedCapacity,
 }
 
+// RiskPool is a shared worker's risk pool, and a mailbox's risk band (a
+// mailbox's band names the pool it must sit in).
+type RiskPool string
+
+// Risk pools and bands, from best to worst.
+const (
+	RiskClean      RiskPool = "clean"
+	RiskRisky      RiskPool = "risky"
+	RiskQuarantine RiskPool = "quarantine"
+)
+
+// Mailbox weights, in thousandths.
+const (
+	PlacementWeightFull   int64 = 1000
+	PlacementWeightWarmup int64 = 400
+	PlacementWeightOAuth  int64 = 50
+)
+
+// PlacementWeights are the mailbox weights a decision may carry, lightest
+// first.
+var PlacementWeights = [...]int64{PlacementWeightOAuth, PlacementWeightWarmup, PlacementWeightFull}
+
 // PlacementDecision is one decision (or recorded fact) of the placement
 // engine. It is the data of a CloudEvent on placement.decisions.
 type PlacementDecision interface {
 	Data
 	// Meta returns the decision's time and reason.
 	Meta() PlacementMeta
-	apply(s *PlacementState) error
+	// placementDecision seals the interface: decisions are the catalog's
+	// types (their effect on the state is internal/placement's fold).
+	placementDecision()
 }
 
 // PlacementMeta is common to every decision: when (the input's time, the
@@ -162,6 +185,8 @@ type PlacementMeta struct {
 
 // Meta returns m.
 func (m PlacementMeta) Meta() PlacementMeta { return m }
+
+func (PlacementMeta) placementDecision() {}
 
 func (m PlacementMeta) validate(ps *Problems) {
 	if m.At.IsZero() {
@@ -175,12 +200,12 @@ func checkPool(ps *Problems, field string, p RiskPool, required bool) {
 }
 
 func checkWeight(ps *Problems, field string, w int64) {
-	for _, cw := range placementClassWeights {
+	for _, cw := range PlacementWeights {
 		if w == cw {
 			return
 		}
 	}
-	ps.Add(field, CodeInvalid, "must be one of %v", placementClassWeights)
+	ps.Add(field, CodeInvalid, "must be one of %v", PlacementWeights)
 }
 
 func checkOptUUID(ps *Problems, field, v string) {
@@ -223,24 +248,6 @@ func (d *PlacementWorkerRegistered) Validate() Problems {
 
 func (d *PlacementWorkerRegistered) cleanText() { d.Address = CleanText(d.Address) }
 
-func (d *PlacementWorkerRegistered) apply(s *PlacementState) error {
-	if s.workers[d.WorkerID] != nil {
-		return fmt.Errorf("worker %s already registered", d.WorkerID)
-	}
-	w := &placementWorker{
-		id: d.WorkerID, baseTier: d.Tier, tier: d.Tier, egress: d.Egress, address: d.Address,
-		pool: RiskClean, health: HealthHealthy, firstSeen: d.At, lastSeen: d.At,
-		live: true, stopping: d.Stopping, capacity: d.Capacity, bucket: -1,
-	}
-	for c := range w.pos {
-		w.pos[c] = -1
-	}
-	w.seenPos = -1
-	s.workers[w.id] = w
-	s.reindex(w)
-	return nil
-}
-
 // PlacementWorkerChanged records a heartbeat that changed the worker or
 // renewed its liveness: the heartbeat's attributes (tier as the worker
 // asks; a promoted worker stays dedicated), the capacity recomputed at its
@@ -271,21 +278,6 @@ func (d *PlacementWorkerChanged) Validate() Problems {
 }
 
 func (d *PlacementWorkerChanged) cleanText() { d.Address = CleanText(d.Address) }
-
-func (d *PlacementWorkerChanged) apply(s *PlacementState) error {
-	w := s.workers[d.WorkerID]
-	if w == nil {
-		return fmt.Errorf("unknown worker %s", d.WorkerID)
-	}
-	w.baseTier = d.Tier
-	if w.tier != TierDedicated {
-		w.tier = d.Tier
-	}
-	w.egress, w.address, w.stopping, w.capacity = d.Egress, d.Address, d.Stopping, d.Capacity
-	w.live, w.lastSeen = true, d.At
-	s.reindex(w)
-	return nil
-}
 
 // PlacementWorkerHealthChanged records a worker's health state from a
 // sample, with the capacity recomputed at the sample's time.
@@ -319,16 +311,6 @@ func (d *PlacementWorkerHealthChanged) Validate() Problems {
 	return ps
 }
 
-func (d *PlacementWorkerHealthChanged) apply(s *PlacementState) error {
-	w := s.workers[d.WorkerID]
-	if w == nil {
-		return fmt.Errorf("unknown worker %s", d.WorkerID)
-	}
-	w.health, w.capacity = d.Health, d.Capacity
-	s.reindex(w)
-	return nil
-}
-
 // PlacementWorkerDied records that a worker's heartbeats stopped.
 type PlacementWorkerDied struct {
 	PlacementMeta
@@ -348,16 +330,6 @@ func (d *PlacementWorkerDied) Validate() Problems {
 		ps.Add("last_seen", CodeRequired, "is required")
 	}
 	return ps
-}
-
-func (d *PlacementWorkerDied) apply(s *PlacementState) error {
-	w := s.workers[d.WorkerID]
-	if w == nil || !w.live {
-		return fmt.Errorf("worker %s unknown or not live", d.WorkerID)
-	}
-	w.live = false
-	s.reindex(w)
-	return nil
 }
 
 // PlacementWorkerForgotten forgets a dead worker whose last recorded
@@ -390,22 +362,6 @@ func (d *PlacementWorkerForgotten) Validate() Problems {
 	return ps
 }
 
-func (d *PlacementWorkerForgotten) apply(s *PlacementState) error {
-	w := s.workers[d.WorkerID]
-	switch {
-	case w == nil || w.live:
-		return fmt.Errorf("worker %s unknown or live", d.WorkerID)
-	case w.count != 0 || w.tier == TierDedicated || w.org != "" || w.releasing || w.pool != RiskClean:
-		return fmt.Errorf("worker %s still holds mailboxes, an org or a pool", d.WorkerID)
-	case !w.lastSeen.Equal(d.LastSeen):
-		return fmt.Errorf("worker %s was last seen at %s, not %s", d.WorkerID, w.lastSeen, d.LastSeen)
-	}
-	s.unindexSeen(w) // a dead worker is in no placement heap: reindex keeps it out
-	delete(s.draining, w.id)
-	delete(s.workers, w.id)
-	return nil
-}
-
 // PlacementWorkerPromoted records an idle worker promoted into a risk pool
 // (ToPool) or to dedicated (ToTier, for OrgID; a dedicated_bound follows).
 type PlacementWorkerPromoted struct {
@@ -432,23 +388,6 @@ func (d *PlacementWorkerPromoted) Validate() Problems {
 	checkPool(&ps, "to_pool", d.ToPool, true)
 	checkOptUUID(&ps, "org_id", d.OrgID)
 	return ps
-}
-
-func (d *PlacementWorkerPromoted) apply(s *PlacementState) error {
-	w := s.workers[d.WorkerID]
-	switch {
-	case w == nil:
-		return fmt.Errorf("unknown worker %s", d.WorkerID)
-	case w.count != 0:
-		return fmt.Errorf("worker %s is not idle", d.WorkerID)
-	case w.tier != d.FromTier || w.pool != d.FromPool || w.tier == TierDedicated:
-		return fmt.Errorf("worker %s is %s/%s, not %s/%s", d.WorkerID, w.tier, w.pool, d.FromTier, d.FromPool)
-	case d.ToTier != w.tier && (d.ToTier != TierDedicated || w.tier != TierSharedPremium || d.ToPool != RiskClean):
-		return fmt.Errorf("worker %s: cannot promote %s to %s", d.WorkerID, w.tier, d.ToTier)
-	}
-	w.tier, w.pool = d.ToTier, d.ToPool
-	s.reindex(w)
-	return nil
 }
 
 // PlacementWorkerReverted records an idle worker returning to the clean
@@ -479,27 +418,6 @@ func (d *PlacementWorkerReverted) Validate() Problems {
 	return ps
 }
 
-func (d *PlacementWorkerReverted) apply(s *PlacementState) error {
-	w := s.workers[d.WorkerID]
-	switch {
-	case w == nil:
-		return fmt.Errorf("unknown worker %s", d.WorkerID)
-	case w.count != 0:
-		return fmt.Errorf("worker %s is not idle", d.WorkerID)
-	case w.tier != d.FromTier || w.pool != d.FromPool:
-		return fmt.Errorf("worker %s is %s/%s, not %s/%s", d.WorkerID, w.tier, w.pool, d.FromTier, d.FromPool)
-	case w.tier == TierDedicated && (!w.releasing || d.ToTier != w.baseTier):
-		return fmt.Errorf("worker %s: a dedicated worker reverts to its heartbeat tier once released", d.WorkerID)
-	case w.tier != TierDedicated && d.ToTier != w.tier:
-		return fmt.Errorf("worker %s: a shared worker keeps its tier", d.WorkerID)
-	case d.ToPool != RiskClean:
-		return fmt.Errorf("worker %s: reverts to clean only", d.WorkerID)
-	}
-	w.tier, w.pool, w.org, w.releasing = d.ToTier, RiskClean, "", false
-	s.reindex(w)
-	return nil
-}
-
 // PlacementDedicatedBound binds a dedicated worker to an org.
 type PlacementDedicatedBound struct {
 	PlacementMeta
@@ -517,23 +435,6 @@ func (d *PlacementDedicatedBound) Validate() Problems {
 	checkUUID(&ps, "worker_id", d.WorkerID)
 	checkUUID(&ps, "org_id", d.OrgID)
 	return ps
-}
-
-func (d *PlacementDedicatedBound) apply(s *PlacementState) error {
-	w := s.workers[d.WorkerID]
-	switch {
-	case w == nil || w.tier != TierDedicated:
-		return fmt.Errorf("worker %s is not dedicated", d.WorkerID)
-	case w.org != "" && !w.releasing:
-		return fmt.Errorf("worker %s is bound to org %s", d.WorkerID, w.org)
-	case w.releasing && w.count > 0 && w.org != d.OrgID:
-		return fmt.Errorf("worker %s still carries org %s's mailboxes", d.WorkerID, w.org)
-	}
-	o := s.org(d.OrgID)
-	w.org, w.releasing = d.OrgID, false
-	o.bound[w.id] = w
-	s.reindex(w)
-	return nil
 }
 
 // PlacementDedicatedReleased releases a dedicated worker from its org; its
@@ -554,19 +455,6 @@ func (d *PlacementDedicatedReleased) Validate() Problems {
 	checkUUID(&ps, "worker_id", d.WorkerID)
 	checkUUID(&ps, "org_id", d.OrgID)
 	return ps
-}
-
-func (d *PlacementDedicatedReleased) apply(s *PlacementState) error {
-	w := s.workers[d.WorkerID]
-	if w == nil || w.tier != TierDedicated || w.releasing || w.org != d.OrgID {
-		return fmt.Errorf("worker %s is not bound to org %s", d.WorkerID, d.OrgID)
-	}
-	w.releasing = true
-	if o := s.orgs[d.OrgID]; o != nil {
-		delete(o.bound, w.id)
-	}
-	s.reindex(w)
-	return nil
 }
 
 // ---- org facts ----
@@ -596,13 +484,6 @@ func (d *PlacementPlanRecorded) Validate() Problems {
 }
 
 func (d *PlacementPlanRecorded) cleanText() { d.Source = CleanText(d.Source) }
-
-func (d *PlacementPlanRecorded) apply(s *PlacementState) error {
-	o := s.org(d.OrgID)
-	o.plan, o.dedicated, o.paid, o.planSince, o.recorded = d.Plan, d.DedicatedWorkers, d.Paid, d.At, true
-	s.refreshOrgClass(o)
-	return nil
-}
 
 // ---- mailbox decisions ----
 
@@ -634,38 +515,6 @@ func (d *PlacementAssigned) Validate() Problems {
 	checkPool(&ps, "band", d.Band, true)
 	checkWeight(&ps, "weight_milli", d.Weight)
 	return ps
-}
-
-// mailboxFor returns the mailbox a decision names, creating it when it is
-// new; it checks the decision agrees with what is known.
-func (s *PlacementState) mailboxFor(id, orgID string, weight int64, band RiskPool) (*placementMailbox, error) {
-	m := s.mailboxes[id]
-	if m != nil {
-		if m.org.id != orgID || m.weight != weight || m.band != band {
-			return nil, fmt.Errorf("mailbox %s is org %s weight %d band %s, not %s %d %s", id, m.org.id, m.weight, m.band, orgID, weight, band)
-		}
-		return m, nil
-	}
-	m = &placementMailbox{id: id, org: s.org(orgID), weight: weight, band: band}
-	s.mailboxes[id] = m
-	s.linkOrg(m)
-	return m, nil
-}
-
-func (d *PlacementAssigned) apply(s *PlacementState) error {
-	w := s.workers[d.WorkerID]
-	if w == nil {
-		return fmt.Errorf("unknown worker %s", d.WorkerID)
-	}
-	if m := s.mailboxes[d.MailboxID]; m != nil && m.worker != nil {
-		return fmt.Errorf("mailbox %s is already on worker %s", d.MailboxID, m.worker.id)
-	}
-	m, err := s.mailboxFor(d.MailboxID, d.OrgID, d.Weight, d.Band)
-	if err != nil {
-		return err
-	}
-	s.attach(m, w)
-	return nil
 }
 
 // PlacementRefused says no eligible worker exists for a mailbox: it waits in
@@ -700,32 +549,6 @@ func (d *PlacementRefused) Validate() Problems {
 	checkPool(&ps, "from_band", d.FromBand, d.FromWorker != "")
 	checkEnum(&ps, "cause", d.Cause, true, placementReasons...)
 	return ps
-}
-
-func (d *PlacementRefused) apply(s *PlacementState) error {
-	m := s.mailboxes[d.MailboxID]
-	if m != nil {
-		from := ""
-		if m.worker != nil {
-			from = m.worker.id
-		}
-		if from != d.FromWorker {
-			return fmt.Errorf("mailbox %s is on %q, not %q", d.MailboxID, from, d.FromWorker)
-		}
-	} else if d.FromWorker != "" {
-		return fmt.Errorf("unknown mailbox %s", d.MailboxID)
-	}
-	m, err := s.mailboxFor(d.MailboxID, d.OrgID, d.Weight, d.Band)
-	if err != nil {
-		return err
-	}
-	s.detach(m)
-	if s.pending[m.id] == nil {
-		m.pendingSince = d.At
-	}
-	m.pendingReason = d.Reason
-	s.pending[m.id] = m
-	return nil
 }
 
 // PlacementMigrated moves a mailbox between workers.
@@ -765,22 +588,6 @@ func (d *PlacementMigrated) Validate() Problems {
 	return ps
 }
 
-func (d *PlacementMigrated) apply(s *PlacementState) error {
-	m := s.mailboxes[d.MailboxID]
-	to := s.workers[d.ToWorker]
-	switch {
-	case m == nil || m.worker == nil || m.worker.id != d.FromWorker:
-		return fmt.Errorf("mailbox %s is not on worker %s", d.MailboxID, d.FromWorker)
-	case to == nil:
-		return fmt.Errorf("unknown worker %s", d.ToWorker)
-	case m.org.id != d.OrgID || m.weight != d.Weight || m.band != d.ToBand:
-		return fmt.Errorf("mailbox %s does not match the migration", d.MailboxID)
-	}
-	s.detach(m)
-	s.attach(m, to)
-	return nil
-}
-
 // PlacementUnassigned removes a mailbox: it leaves its worker (named, so the
 // worker learns of it) and the state; its load is freed at once.
 type PlacementUnassigned struct {
@@ -811,26 +618,6 @@ func (d *PlacementUnassigned) Validate() Problems {
 
 func (d *PlacementUnassigned) cleanText() { d.Detail = CleanText(d.Detail) }
 
-func (d *PlacementUnassigned) apply(s *PlacementState) error {
-	m := s.mailboxes[d.MailboxID]
-	if m == nil {
-		return fmt.Errorf("unknown mailbox %s", d.MailboxID)
-	}
-	from := ""
-	if m.worker != nil {
-		from = m.worker.id
-	}
-	if from != d.WorkerID || m.org.id != d.OrgID || m.weight != d.Weight {
-		return fmt.Errorf("mailbox %s does not match the removal", d.MailboxID)
-	}
-	s.detach(m)
-	s.unlinkOrg(m)
-	delete(s.pending, m.id)
-	delete(s.mailboxes, m.id)
-	s.gcOrg(m.org)
-	return nil
-}
-
 // PlacementBandChanged changes a mailbox's risk band.
 type PlacementBandChanged struct {
 	PlacementMeta
@@ -858,15 +645,6 @@ func (d *PlacementBandChanged) Validate() Problems {
 		ps.Add("to_band", CodeInvalid, "must differ from from_band")
 	}
 	return ps
-}
-
-func (d *PlacementBandChanged) apply(s *PlacementState) error {
-	m := s.mailboxes[d.MailboxID]
-	if m == nil || m.band != d.FromBand {
-		return fmt.Errorf("mailbox %s unknown or not in band %s", d.MailboxID, d.FromBand)
-	}
-	m.band, m.candidate, m.candidateSince = d.ToBand, "", time.Time{}
-	return nil
 }
 
 // PlacementBandHeld records the hysteresis state of a mailbox whose scores
@@ -897,24 +675,4 @@ func (d *PlacementBandHeld) Validate() Problems {
 		ps.Add("since", CodeRequired, "is required with a candidate")
 	}
 	return ps
-}
-
-func (d *PlacementBandHeld) apply(s *PlacementState) error {
-	m := s.mailboxes[d.MailboxID]
-	if m == nil || m.band != d.Band {
-		return fmt.Errorf("mailbox %s unknown or not in band %s", d.MailboxID, d.Band)
-	}
-	if d.Candidate == "" {
-		m.candidate, m.candidateSince = "", time.Time{}
-	} else {
-		m.candidate, m.candidateSince = d.Candidate, d.Since
-	}
-	return nil
-}
-
-// ApplyDecision folds one decision into s: the only place the state
-// changes. A decision inconsistent with the state is refused with an error
-// and changes nothing.
-func (s *PlacementState) ApplyDecision(d PlacementDecision) error {
-	return d.apply(s)
 }

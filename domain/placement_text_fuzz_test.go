@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/placement"
 )
 
 // FuzzDecisionsStorable: whatever text an input carries, the decider only
@@ -19,7 +20,7 @@ func FuzzDecisionsStorable(f *testing.F) {
 		f.Add(s, s, s)
 	}
 	f.Fuzz(func(t *testing.T, address, source, reason string) {
-		st := domain.NewPlacementState(domain.DefaultPlacementConfig())
+		st := placement.NewState(placement.DefaultConfig())
 		at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 		org, mailbox, worker := "00000003-0000-4000-8000-000000000001", "00000002-0000-4000-8000-000000000001", "00000001-0000-4000-8000-000000000001"
 		inputs := []domain.Data{
@@ -38,7 +39,7 @@ func FuzzDecisionsStorable(f *testing.F) {
 				continue // refused at ingest and by every consumer
 			}
 			at = at.Add(time.Second)
-			for _, dec := range st.Apply(domain.PlacementInput{At: at, Event: d}) {
+			for _, dec := range st.Apply(placement.Input{At: at, Event: d}) {
 				if ps := dec.Validate(); len(ps) > 0 {
 					t.Fatalf("input %d: the decider made a decision that does not validate: %s: %s", i, dec.EventType(), ps)
 				}

@@ -17,6 +17,7 @@ import (
 	"github.com/mailplane/mailplane/internal/eventschema"
 	"github.com/mailplane/mailplane/internal/mailboxstate"
 	"github.com/mailplane/mailplane/internal/mailsync"
+	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -95,7 +96,7 @@ var drRFC3339 = regexp.MustCompile(`^[0-9]{4}-[0-9]{2}-[0-9]{2}T([01][0-9]|2[0-3
 type drDecider struct {
 	t       *testing.T
 	v       *eventschema.DerivedValidator
-	st      *domain.PlacementState
+	st      *placement.State
 	now     time.Time
 	offset  int64
 	types   map[string]int
@@ -104,7 +105,7 @@ type drDecider struct {
 }
 
 func newDrDecider(t *testing.T) *drDecider {
-	return &drDecider{t: t, v: eventschema.Derived(), st: domain.NewPlacementState(domain.PlacementConfig{}),
+	return &drDecider{t: t, v: eventschema.Derived(), st: placement.NewState(placement.Config{}),
 		now: drT0, types: map[string]int{}, reasons: map[domain.PlacementReason]bool{}}
 }
 
@@ -118,14 +119,14 @@ func (d *drDecider) apply(ev domain.Data) []domain.PlacementDecision {
 	if err != nil {
 		d.t.Fatal(err)
 	}
-	ds := d.st.Apply(domain.PlacementInput{At: d.now, Event: ev})
+	ds := d.st.Apply(placement.Input{At: d.now, Event: ev})
 	d.encode(ds, topics.Cause{ID: drEventID(d.offset), Type: ev.EventType(), Topic: topic, Partition: 3, Offset: d.offset})
 	return ds
 }
 
 func (d *drDecider) tick() []domain.PlacementDecision {
 	d.t.Helper()
-	ds := d.st.Apply(domain.PlacementTick(d.now))
+	ds := d.st.Apply(placement.Tick(d.now))
 	d.encode(ds, topics.Cause{ID: topics.CauseTick, Type: topics.CauseTick})
 	return ds
 }

@@ -6,14 +6,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/placement"
 )
 
 // TestPlacementWorkerRetentionFlag: the flag's default is the decider's
 // default retention, a value given reaches the decider's configuration,
 // and a retention under a minute or over ten years is refused.
 func TestPlacementWorkerRetentionFlag(t *testing.T) {
-	parse := func(args ...string) (domain.PlacementConfig, error) {
+	parse := func(args ...string) (placement.Config, error) {
 		fs := flag.NewFlagSet("engine", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		read := placementFlags(fs)
@@ -24,8 +24,8 @@ func TestPlacementWorkerRetentionFlag(t *testing.T) {
 	}
 	t.Setenv(cfgWorkerRetention.env, "")
 	pc, err := parse()
-	if err != nil || pc.WorkerRetention != domain.DefaultWorkerRetention {
-		t.Fatalf("default: %+v %v, want %s", pc, err, domain.DefaultWorkerRetention)
+	if err != nil || pc.WorkerRetention != placement.DefaultWorkerRetention {
+		t.Fatalf("default: %+v %v, want %s", pc, err, placement.DefaultWorkerRetention)
 	}
 	pc, err = parse("--placement-worker-retention", "36h")
 	if err != nil || pc.WorkerRetention != 36*time.Hour {

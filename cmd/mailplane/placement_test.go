@@ -16,6 +16,7 @@ import (
 	"github.com/mailplane/mailplane/internal/kafkatest"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
+	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -40,12 +41,12 @@ func TestReplayAndShowCommands(t *testing.T) {
 
 	// Decisions: a worker dead and forgotten, one dead, two free workers,
 	// a premium one, a dedicated org, mailboxes.
-	st := domain.NewPlacementState(domain.PlacementConfig{WorkerRetention: 90 * time.Second})
+	st := placement.NewState(placement.Config{WorkerRetention: 90 * time.Second})
 	at := time.Date(2026, 4, 1, 9, 0, 0, 0, time.UTC)
 	var ds []domain.PlacementDecision
 	apply := func(d domain.Data) {
 		at = at.Add(time.Second)
-		ds = append(ds, st.Apply(domain.PlacementInput{At: at, Event: d})...)
+		ds = append(ds, st.Apply(placement.Input{At: at, Event: d})...)
 	}
 	apply(&domain.WorkerHeartbeat{WorkerID: plID(1, 5), Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP, Address: "10.0.0.5:25"})
 	apply(&domain.WorkerHeartbeat{WorkerID: plID(1, 4), Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP, Address: "10.0.0.4:25"})

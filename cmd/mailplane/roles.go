@@ -31,6 +31,7 @@ import (
 	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/outbox"
+	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/internal/sealing"
@@ -59,7 +60,7 @@ type roleConfig struct {
 	api    bool // serve the ingest API
 	engine bool // run the placement engine (active or standby)
 	// placement configures the engine's decider (zero fields: defaults).
-	placement domain.PlacementConfig
+	placement placement.Config
 	stateProc bool // run the mailbox.state processor
 	// syncWorkers sync workers run in the process (dev mode runs several
 	// to show partitions moving between them).
@@ -492,18 +493,18 @@ func billingConfig() (*billing.Config, error) {
 }
 
 // Placement engine settings.
-var cfgWorkerRetention = register(setting{"placement-worker-retention", "MAILPLANE_PLACEMENT_WORKER_RETENTION", "168h", // domain.DefaultWorkerRetention
+var cfgWorkerRetention = register(setting{"placement-worker-retention", "MAILPLANE_PLACEMENT_WORKER_RETENTION", "168h", // placement.DefaultWorkerRetention
 	"placement engine: a sending worker dead this long (no heartbeat) is forgotten (worker_forgotten), so placement state stays bounded; every engine of a deployment must use the same"})
 
 // placementFlags registers the engine's decider settings on fs; the
 // returned func reads them once fs is parsed.
-func placementFlags(fs *flag.FlagSet) func() (domain.PlacementConfig, error) {
+func placementFlags(fs *flag.FlagSet) func() (placement.Config, error) {
 	retention := cfgWorkerRetention.Duration(fs)
-	return func() (domain.PlacementConfig, error) {
+	return func() (placement.Config, error) {
 		if *retention < time.Minute || *retention > domain.MaxWorkerRetentionSeconds*time.Second {
-			return domain.PlacementConfig{}, fmt.Errorf("--%s %s: want a minute to ten years", cfgWorkerRetention.flag, *retention)
+			return placement.Config{}, fmt.Errorf("--%s %s: want a minute to ten years", cfgWorkerRetention.flag, *retention)
 		}
-		return domain.PlacementConfig{WorkerRetention: *retention}, nil
+		return placement.Config{WorkerRetention: *retention}, nil
 	}
 }
 

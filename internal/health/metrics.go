@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/placement"
 )
 
 // Metrics are the health loop's metrics.
@@ -67,7 +68,7 @@ func (m *Metrics) refreshStates(ctx context.Context, pool *pgxpool.Pool) error {
 		return err
 	}
 	for _, st := range []domain.HealthState{domain.HealthHealthy, domain.HealthWatch, domain.HealthThrottled, domain.HealthQuarantined, domain.HealthBlocked} {
-		m.states.WithLabelValues(string(st), string(domain.RiskBandFromHealth(st))).Set(counts[st])
+		m.states.WithLabelValues(string(st), string(placement.BandFromHealth(st))).Set(counts[st])
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -20,11 +21,11 @@ func TestCheckPlacementInvariantsDeadWorkers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := plNewDB(t)
-	st := domain.NewPlacementState(domain.PlacementConfig{HeartbeatInterval: 10 * time.Second, WorkerRetention: time.Hour})
+	st := placement.NewState(placement.Config{HeartbeatInterval: 10 * time.Second, WorkerRetention: time.Hour})
 	at := plT0
 	var recs []projections.PlacementRecord
 	apply := func(ev domain.Data) {
-		for _, d := range st.Apply(domain.PlacementInput{At: at, Event: ev}) {
+		for _, d := range st.Apply(placement.Input{At: at, Event: ev}) {
 			recs = append(recs, projections.PlacementRecord{Offset: int64(len(recs)), Decision: topics.Decision{ID: uuid.Must(uuid.NewV7()).String(), Data: d}})
 		}
 	}

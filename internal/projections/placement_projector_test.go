@@ -15,6 +15,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -138,7 +139,7 @@ func TestPlacementProjectorTakesTurnsAndNeverSkips(t *testing.T) {
 	kcfg := kafka.Config{Brokers: brokers, ClientID: "placement-projector-test"}
 	db := plNewDB(t)
 
-	st := domain.NewPlacementState(plTestConfig)
+	st := placement.NewState(plTestConfig)
 	g := newPlGen(99)
 	now := plT0
 	var ds []domain.PlacementDecision
@@ -217,7 +218,7 @@ func TestPlacementProjectorCommitsWholeInputs(t *testing.T) {
 	brokers := kafkatest.Brokers(t, 4)
 	kcfg := kafka.Config{Brokers: brokers, ClientID: "placement-projector-test"}
 	db := plNewDB(t)
-	st := domain.NewPlacementState(plTestConfig)
+	st := placement.NewState(plTestConfig)
 	g := newPlGen(7)
 	now := plT0
 	var recs []*kgo.Record

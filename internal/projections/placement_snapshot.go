@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
 )
 
@@ -49,7 +50,7 @@ func (s *PlacementSnapshotter) Load(ctx context.Context) (ck engine.Checkpoint, 
 
 // LoadPlacementSnapshot reads the projection in tx (which should be a
 // repeatable-read snapshot) as a checkpoint: the state as
-// domain.NewPlacementStateFromSnapshot restores it, and the offset and last
+// placement.NewStateFromSnapshot restores it, and the offset and last
 // decision id it stands at. Fields the restore derives (a mailbox's
 // degraded flag, an org's bindings, shortfall and counts, and orgs never
 // recorded, which exist only through their mailboxes) are left zero.
@@ -64,7 +65,7 @@ func LoadPlacementSnapshot(ctx context.Context, tx pgx.Tx) (engine.Checkpoint, e
     first_seen_ns, last_seen_ns, live, stopping, load_milli, capacity, mailboxes
 FROM placement_workers ORDER BY worker_id`)
 	var (
-		v        domain.PlacementWorkerView
+		v        placement.WorkerView
 		org      *string
 		fs, ls   int64
 		tier     string
@@ -89,7 +90,7 @@ FROM placement_workers ORDER BY worker_id`)
     pending_reason, pending_since_ns
 FROM placement_mailboxes ORDER BY mailbox_id`)
 	var (
-		m                    domain.PlacementMailboxView
+		m                    placement.MailboxView
 		worker, cand, reason *string
 		candSince, pendSince *int64
 	)
@@ -113,7 +114,7 @@ FROM placement_mailboxes ORDER BY mailbox_id`)
 
 	rows, _ = tx.Query(ctx, `SELECT org_id::text, plan, dedicated_workers, paid, plan_since_ns FROM placement_orgs ORDER BY org_id`)
 	var (
-		o     domain.PlacementOrgView
+		o     placement.OrgView
 		since int64
 		plan  string
 	)

@@ -19,6 +19,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
+	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/internal/workerapi"
 	"github.com/mailplane/mailplane/topics"
@@ -32,7 +33,7 @@ func plOrgID(i int) string     { return fmt.Sprintf("00000003-0000-4000-8000-%01
 var plT0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // WorkerRetention is short enough for random runs to forget dead workers.
-var plTestConfig = domain.PlacementConfig{HeartbeatInterval: 20 * time.Second, BandDwell: 2 * time.Minute, WorkerRetention: 60 * time.Hour}
+var plTestConfig = placement.Config{HeartbeatInterval: 20 * time.Second, BandDwell: 2 * time.Minute, WorkerRetention: 60 * time.Hour}
 
 // plGen generates random but plausible inputs over a small universe (8
 // workers, 5 orgs, 40 mailboxes) so that capacity runs out, pools fill,
@@ -55,7 +56,7 @@ func newPlGen(seed uint64) *plGen {
 
 func (g *plGen) pick(n int) int { return 1 + g.r.IntN(n) }
 
-func (g *plGen) next(now *time.Time) domain.PlacementInput {
+func (g *plGen) next(now *time.Time) placement.Input {
 	r := g.r
 	switch x := r.IntN(1000); {
 	case x < 10:
@@ -65,7 +66,7 @@ func (g *plGen) next(now *time.Time) domain.PlacementInput {
 	default:
 		*now = now.Add(time.Duration(r.IntN(4000))*time.Millisecond + time.Duration(r.IntN(1000)))
 	}
-	in := domain.PlacementInput{At: *now}
+	in := placement.Input{At: *now}
 	switch x := r.IntN(100); {
 	case x < 32:
 		w := g.pick(8)
@@ -140,7 +141,7 @@ func plApply(t testing.TB, pool *pgxpool.Pool, recs []projections.PlacementRecor
 }
 
 // plRestored loads the projection as the engine would restore it.
-func plRestored(t testing.TB, pool *pgxpool.Pool) (*domain.PlacementState, projections.PlacementCheckpoint) {
+func plRestored(t testing.TB, pool *pgxpool.Pool) (*placement.State, projections.PlacementCheckpoint) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
@@ -152,7 +153,7 @@ func plRestored(t testing.TB, pool *pgxpool.Pool) (*domain.PlacementState, proje
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := domain.NewPlacementStateFromSnapshot(plTestConfig, ck.State)
+	st, err := placement.NewStateFromSnapshot(plTestConfig, ck.State)
 	if err != nil {
 		t.Fatalf("restore from the projection: %v", err)
 	}
@@ -211,8 +212,8 @@ func plRunRandom(t *testing.T, seed uint64, steps int) map[string]int {
 	pool := db.Pool
 	g := newPlGen(seed)
 	r := rand.New(rand.NewPCG(seed, 7))
-	decider := domain.NewPlacementState(plTestConfig)
-	folded := domain.NewPlacementState(plTestConfig)
+	decider := placement.NewState(plTestConfig)
+	folded := placement.NewState(plTestConfig)
 	now := plT0
 	var all, batch []projections.PlacementRecord
 	var boundaries []plBoundary
@@ -273,7 +274,7 @@ func plRunRandom(t *testing.T, seed uint64, steps int) map[string]int {
 		}
 	}
 	flush(off, true)
-	if err := domain.PlacementInvariants(decider); err != nil {
+	if err := placement.Invariants(decider); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("seed %d: %d decisions %v", seed, len(all), types)
@@ -312,7 +313,7 @@ func plRunRandom(t *testing.T, seed uint64, steps int) map[string]int {
 
 // plCheckPending compares the placement_pending view with the decider's
 // pending placements.
-func plCheckPending(t testing.TB, pool *pgxpool.Pool, s *domain.PlacementState) {
+func plCheckPending(t testing.TB, pool *pgxpool.Pool, s *placement.State) {
 	t.Helper()
 	var want []string
 	for _, v := range s.Pending() {
@@ -339,7 +340,7 @@ FROM placement_pending ORDER BY mailbox_id`)
 // decider's states then and now: removed is exactly what was there and is
 // gone; added holds everything new, nothing that is not there now, and the
 // current details.
-func plCheckAssignments(t testing.TB, pool *pgxpool.Pool, boundaries []plBoundary, now *domain.PlacementState) {
+func plCheckAssignments(t testing.TB, pool *pgxpool.Pool, boundaries []plBoundary, now *placement.State) {
 	t.Helper()
 	ctx := context.Background()
 	store := workerapi.NewPGStore(pool)

@@ -20,6 +20,7 @@ import (
 	"github.com/mailplane/mailplane/internal/kafkatest"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
+	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/internal/replay"
@@ -32,13 +33,13 @@ import (
 // mailboxes: mostly added (gmail, weight 0.05), some scored worse or
 // better (band changes, with moves or refusals), some removed.
 func benchDecisions(n int) []domain.PlacementDecision {
-	st := domain.NewPlacementState(domain.PlacementConfig{})
+	st := placement.NewState(placement.Config{})
 	r := rand.New(rand.NewPCG(1, 2))
 	at := t0
 	var out []domain.PlacementDecision
 	apply := func(d domain.Data) {
 		at = at.Add(time.Millisecond)
-		out = append(out, st.Apply(domain.PlacementInput{At: at, Event: d})...)
+		out = append(out, st.Apply(placement.Input{At: at, Event: d})...)
 	}
 	workers := max(10, n/1000)
 	for round := range 2 {
@@ -140,7 +141,7 @@ func BenchmarkReplayPlacement(b *testing.B) {
 		b.Fatal(err)
 	}
 	loaded := time.Since(lstart)
-	if _, err := domain.NewPlacementStateFromSnapshot(domain.PlacementConfig{}, ck.State); err != nil {
+	if _, err := placement.NewStateFromSnapshot(placement.Config{}, ck.State); err != nil {
 		b.Fatal(err)
 	}
 	b.Logf("restore from the projection: %d workers, %d mailboxes loaded in %s, state rebuilt in %s more",

@@ -21,6 +21,7 @@ import (
 	"github.com/mailplane/mailplane/internal/kafkatest"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
+	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/producer"
@@ -37,7 +38,7 @@ var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 // short liveness and dwell, so workers die and bands recover within a
 // scenario's clock; a retention short enough that a scenario's day jumps
 // forget dead workers.
-var placementConfig = domain.PlacementConfig{HeartbeatInterval: 20 * time.Second, BandDwell: 2 * time.Minute, WorkerRetention: 36 * time.Hour}
+var placementConfig = placement.Config{HeartbeatInterval: 20 * time.Second, BandDwell: 2 * time.Minute, WorkerRetention: 36 * time.Hour}
 
 func testLogger(t testing.TB) *slog.Logger {
 	level := slog.LevelWarn
@@ -69,7 +70,7 @@ type env struct {
 	db     *pgtest.DB
 	pub    *producer.Client
 	clock  *clock
-	cfg    domain.PlacementConfig // the engines' and the verifier's decider configuration
+	cfg    placement.Config // the engines' and the verifier's decider configuration
 	mu     sync.Mutex
 	events map[string]domain.Event
 
@@ -435,12 +436,12 @@ func mustJSON(v any) string {
 // last decision before it). An engine that restored anything wrongly (a
 // state, or the last decision id seeding tick ids) makes the log differ
 // from this. It returns the decider's state.
-func (e *env) verifyLog(l []logEntry) *domain.PlacementState {
+func (e *env) verifyLog(l []logEntry) *placement.State {
 	e.t.Helper()
 	e.mu.Lock()
 	events := e.events
 	e.mu.Unlock()
-	decider := domain.NewPlacementState(e.cfg)
+	decider := placement.NewState(e.cfg)
 	lastID := ""
 	seen := map[string]bool{}
 	for i := 0; i < len(l); {
@@ -448,11 +449,11 @@ func (e *env) verifyLog(l []logEntry) *domain.PlacementState {
 		if c.Index != 0 || i+c.Count > len(l) {
 			e.t.Fatalf("offset %d: a broken group (cause %+v)", l[i].offset, c)
 		}
-		var in domain.PlacementInput
+		var in placement.Input
 		var key string
 		at := l[i].d.Time()
 		if c.IsTick() {
-			in = domain.PlacementTick(at)
+			in = placement.Tick(at)
 			key = "tick/" + strconv.FormatInt(at.UnixNano(), 10) + "/" + lastID
 		} else {
 			if seen[c.Position()] {
@@ -465,7 +466,7 @@ func (e *env) verifyLog(l []logEntry) *domain.PlacementState {
 			}
 			// Inputs are decided at their record timestamp bounded by
 			// the engine's clock: the decisions record that time.
-			in = domain.PlacementInput{At: at, Event: ev.Data}
+			in = placement.Input{At: at, Event: ev.Data}
 			key = "event/" + c.Position() + "/" + c.ID
 		}
 		want := decider.Apply(in)
@@ -485,7 +486,7 @@ func (e *env) verifyLog(l []logEntry) *domain.PlacementState {
 		}
 		i += c.Count
 	}
-	if err := domain.PlacementInvariants(decider); err != nil {
+	if err := placement.Invariants(decider); err != nil {
 		e.t.Fatal(err)
 	}
 	return decider

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/internal/replay"
@@ -22,7 +23,7 @@ import (
 // checkProjection checks the projection in pool against the decider's
 // state: invariants 3 and 4 on the tables, and the state the engine would
 // restore from it equals the decider's.
-func checkProjection(t testing.TB, pool *pgxpool.Pool, want *domain.PlacementState) {
+func checkProjection(t testing.TB, pool *pgxpool.Pool, want *placement.State) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
@@ -37,7 +38,7 @@ func checkProjection(t testing.TB, pool *pgxpool.Pool, want *domain.PlacementSta
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := domain.NewPlacementStateFromSnapshot(placementConfig, ck.State)
+	st, err := placement.NewStateFromSnapshot(placementConfig, ck.State)
 	if err != nil {
 		t.Fatalf("restoring from the projection: %v", err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/producer"
 )
 
@@ -212,7 +213,7 @@ func BenchmarkEngineRestore(b *testing.B) {
 
 	b.ResetTimer()
 	start := time.Now()
-	r, err := restore(context.Background(), tb.kcfg("restore"), domain.PlacementConfig{}, LogSnapshotter{})
+	r, err := restore(context.Background(), tb.kcfg("restore"), placement.Config{}, LogSnapshotter{})
 	took := time.Since(start)
 	b.StopTimer()
 	if err != nil {

@@ -1,7 +1,7 @@
 // Package placement is the placement engine: the single writer of the
 // decision log (docs/design.md section 4). It consumes the four domain topics,
-// keeps the domain.PlacementState in memory, decides with the pure decider
-// (domain.PlacementState.Apply), and writes every decision to
+// keeps the placement.State in memory, decides with the pure decider
+// (placement.State.Apply), and writes every decision to
 // topics.PlacementDecisions in a Kafka transaction together with the input
 // offsets it consumed.
 //
@@ -95,7 +95,7 @@
 // (a fetched partition below its high watermark), so a tick never expires
 // workers whose heartbeats are still waiting to be read. A tick also
 // forgets the dead workers last seen longer ago than the retention
-// (domain.PlacementConfig.WorkerRetention, `mailplane engine
+// (placement.Config.WorkerRetention, `mailplane engine
 // --placement-worker-retention`), so the state, the projection and the
 // tick's work stay bounded by the workers heard from within it, however
 // many worker ids were ever sent. Every engine of a deployment must share

@@ -16,6 +16,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/dlq"
 	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -49,7 +50,7 @@ type config struct {
 	rebalance      time.Duration
 	txnID          string
 	group          string
-	placement      domain.PlacementConfig
+	placement      placement.Config
 	snapshotter    Snapshotter
 	maxBatch       int
 	source         string
@@ -103,7 +104,7 @@ func WithGroup(g string) Option { return func(c *config) { c.group = g } }
 // WithPlacementConfig sets the decider's configuration. Every engine of one
 // deployment must use the same one, or decisions stop being a function of
 // the log.
-func WithPlacementConfig(pc domain.PlacementConfig) Option {
+func WithPlacementConfig(pc placement.Config) Option {
 	return func(c *config) { c.placement = pc }
 }
 
@@ -215,7 +216,7 @@ func New(kcfg kafka.Config, opts ...Option) (*Engine, error) {
 	if kcfg.ClientID == "" {
 		kcfg.ClientID = "mailplane-placement-engine"
 	}
-	cfg.placement = domain.NewPlacementState(cfg.placement).Config()
+	cfg.placement = placement.NewState(cfg.placement).Config()
 	return &Engine{kcfg: kcfg, cfg: cfg, m: newMetrics(cfg.reg), log: cfg.logger.With("component", "placement-engine")}, nil
 }
 
@@ -285,8 +286,8 @@ type session struct {
 	pollCancel context.CancelFunc
 
 	// Owned by the poll loop.
-	st          *domain.PlacementState // nil until restored, and after an abort
-	lastID      string                 // ce_id of the last decision in the log (or about to be)
+	st          *placement.State // nil until restored, and after an abort
+	lastID      string           // ce_id of the last decision in the log (or about to be)
 	workers     *workerGauge
 	nextTick    time.Time       // wall clock: ticks are scheduled in real time, timed by the clock option
 	lag         map[tpKey]lagAt // per input partition: how far behind its last fetch left it
@@ -661,7 +662,7 @@ func (s *session) transact(ctx context.Context, recs []*kgo.Record, tick bool) e
 				s.log.Warn("input sent to the DLQ", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "code", code)
 				continue
 			}
-			in := domain.PlacementEventInput(ev, r.Timestamp, now)
+			in := placement.EventInput(ev, r.Timestamp, now)
 			ds := s.st.Apply(in)
 			cause := topics.Cause{ID: ev.ID, Type: ev.Type, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}
 			if out, err = s.encode(out, ds, cause, in.At); err != nil {
@@ -671,7 +672,7 @@ func (s *session) transact(ctx context.Context, recs []*kgo.Record, tick bool) e
 			c.Inputs = append(c.Inputs, Input{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, EventID: ev.ID, Produced: r.Timestamp, Decisions: len(ds)})
 		}
 		if tick {
-			ds := s.st.Apply(domain.PlacementTick(now))
+			ds := s.st.Apply(placement.Tick(now))
 			if out, err = s.encode(out, ds, topics.Cause{ID: topics.CauseTick, Type: topics.CauseTick}, now); err != nil {
 				return err
 			}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -384,7 +385,7 @@ func TestFailoverSIGKILL(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	streamed := s.finish(t)
 	l := waitLog(t, b, 30*time.Second, "every streamed mailbox", func(l []logEntry) bool { return hasAll(l, streamed) })
-	verifyLog(t, l, p.events(), domain.PlacementConfig{})
+	verifyLog(t, l, p.events(), placement.Config{})
 	compareAborted(t, b, l)
 	t.Logf("failover (SIGKILL to first committed decision by the standby, session %s, heartbeat %s): %v; %d inputs streamed, %d decisions in the log",
 		b.session, b.hb, failovers, len(streamed), len(l))
@@ -438,7 +439,7 @@ func TestZombieFenced(t *testing.T) {
 	if !other.isActive() {
 		t.Fatal("the new engine is not active any more")
 	}
-	verifyLog(t, l, p.events(), domain.PlacementConfig{})
+	verifyLog(t, l, p.events(), placement.Config{})
 	compareAborted(t, b, l)
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -321,10 +322,10 @@ func count[T domain.PlacementDecision](l []logEntry) int {
 //   - folding the log yields the same state as the decider.
 //
 // It returns the decider's state after the last input.
-func verifyLog(t testing.TB, l []logEntry, events map[string]domain.Event, cfg domain.PlacementConfig) *domain.PlacementState {
+func verifyLog(t testing.TB, l []logEntry, events map[string]domain.Event, cfg placement.Config) *placement.State {
 	t.Helper()
-	decider := domain.NewPlacementState(cfg)
-	folded := domain.NewPlacementState(cfg)
+	decider := placement.NewState(cfg)
+	folded := placement.NewState(cfg)
 	seenPos := map[string]bool{}
 	seenID := map[string]bool{}
 	lastID := ""
@@ -337,9 +338,9 @@ func verifyLog(t testing.TB, l []logEntry, events map[string]domain.Event, cfg d
 		if i+c.Count > len(l) {
 			t.Fatalf("offset %d: the group of %d decisions of cause %s is cut short at the end of the log", l[i].offset, c.Count, c.Position())
 		}
-		var in domain.PlacementInput
+		var in placement.Input
 		if c.IsTick() {
-			in = domain.PlacementTick(first.Time())
+			in = placement.Tick(first.Time())
 		} else {
 			if seenPos[c.Position()] {
 				t.Fatalf("offset %d: input %s decided twice", l[i].offset, c.Position())
@@ -351,7 +352,7 @@ func verifyLog(t testing.TB, l []logEntry, events map[string]domain.Event, cfg d
 			}
 			// Inputs are decided at their record timestamp bounded by
 			// the engine's clock: the decisions record that time.
-			in = domain.PlacementInput{At: first.Time(), Event: ev.Data}
+			in = placement.Input{At: first.Time(), Event: ev.Data}
 		}
 		want := decider.Apply(in)
 		if len(want) != c.Count {
@@ -385,7 +386,7 @@ func verifyLog(t testing.TB, l []logEntry, events map[string]domain.Event, cfg d
 	if a, b := decider.Snapshot(), folded.Snapshot(); !reflect.DeepEqual(a, b) {
 		t.Fatalf("the fold of the log differs from the decider's state:\ndecider %s\nfold    %s", mustJSON(a), mustJSON(b))
 	}
-	if err := domain.PlacementInvariants(folded); err != nil {
+	if err := placement.Invariants(folded); err != nil {
 		t.Fatalf("invariants of the folded state: %v", err)
 	}
 	return decider

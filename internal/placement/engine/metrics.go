@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/promreg"
 )
 
@@ -103,7 +104,7 @@ func decisionKind(eventType string) string {
 // workerLabels are a worker's labels on mailplane_placement_workers.
 type workerLabels struct{ tier, pool, health string }
 
-func labelsOf(v domain.PlacementWorkerView) workerLabels {
+func labelsOf(v placement.WorkerView) workerLabels {
 	health := string(v.Health)
 	if !v.Live {
 		health = "dead"
@@ -133,7 +134,7 @@ func (g *workerGauge) reset() {
 }
 
 // update sets worker id's labels from the state.
-func (g *workerGauge) update(s *domain.PlacementState, id string) {
+func (g *workerGauge) update(s *placement.State, id string) {
 	v, ok := s.Worker(id)
 	old, had := g.of[id]
 	if !ok {

@@ -11,13 +11,14 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/topics"
 )
 
 // Checkpoint is a state of the engine and where in the decision log it
 // stands: the fold of every decision before NextOffset.
 type Checkpoint struct {
-	State domain.PlacementSnapshot
+	State placement.Snapshot
 	// NextOffset is the first decision-log offset not folded into State.
 	NextOffset int64
 	// LastDecisionID is the ce_id of the last decision folded into State,
@@ -165,7 +166,7 @@ func logBounds(ctx context.Context, cl *kgo.Client) (start, end int64, err error
 
 // restored is a state rebuilt from a checkpoint and the log after it.
 type restored struct {
-	state      *domain.PlacementState
+	state      *placement.State
 	end        int64    // decision-log offset the state is as of
 	lastID     string   // last decision's ce_id
 	workers    []string // every worker the state knows
@@ -176,12 +177,12 @@ type restored struct {
 
 // restore loads the checkpoint and folds the decision log from its offset to
 // the log's end.
-func restore(ctx context.Context, kcfg kafka.Config, cfg domain.PlacementConfig, snap Snapshotter) (*restored, error) {
+func restore(ctx context.Context, kcfg kafka.Config, cfg placement.Config, snap Snapshotter) (*restored, error) {
 	ck, err := snap.Load(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("placement: loading the checkpoint: %w", err)
 	}
-	st, err := domain.NewPlacementStateFromSnapshot(cfg, ck.State)
+	st, err := placement.NewStateFromSnapshot(cfg, ck.State)
 	if err != nil {
 		return nil, fmt.Errorf("placement: checkpoint at offset %d: %w", ck.NextOffset, err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -98,7 +99,7 @@ func TestClaimedTimesDoNotSkipBandDwell(t *testing.T) {
 		p.all[ev.ID] = ev
 	}
 	p.mu.Unlock()
-	st := verifyLog(t, l, p.events(), domain.PlacementConfig{})
+	st := verifyLog(t, l, p.events(), placement.Config{})
 	if m, _ := st.Mailbox(mailboxID(1)); m.Band != domain.RiskQuarantine || !m.CandidateSince.Equal(now) {
 		t.Fatalf("mailbox 1: band %s, candidate since %s; want quarantine since %s", m.Band, m.CandidateSince, now)
 	}
@@ -156,7 +157,7 @@ func TestFarFutureRecordDoesNotPinWorker(t *testing.T) {
 			t.Errorf("worker %s died while heartbeating", d.WorkerID)
 		}
 	}
-	st := verifyLog(t, l, p.events(), domain.PlacementConfig{})
+	st := verifyLog(t, l, p.events(), placement.Config{})
 	w, _ := st.Worker(workerID(3))
 	if w.Stopping || !w.Live || !w.LastSeen.Equal(t0.Add(50*time.Second)) {
 		t.Fatalf("worker 3 after the forged heartbeat and its own: stopping %v, live %v, last seen %s", w.Stopping, w.Live, w.LastSeen)

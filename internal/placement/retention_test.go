@@ -1,4 +1,4 @@
-package domain
+package placement
 
 import (
 	"fmt"
@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/mailplane/mailplane/domain"
 )
 
 // plRandomWorkerID is a random canonical UUID, as a flood of made-up
@@ -24,17 +26,17 @@ func plRandomWorkerID(r *rand.Rand) string {
 func TestPlacementForgetsDeadWorkers(t *testing.T) {
 	t.Parallel()
 	const flood = 500
-	cfg := PlacementConfig{HeartbeatInterval: 10 * time.Second, WorkerRetention: 24 * time.Hour}
+	cfg := Config{HeartbeatInterval: 10 * time.Second, WorkerRetention: 24 * time.Hour}
 	h := newPlHarness(t, cfg)
 	r := rand.New(rand.NewPCG(9, 9))
 	live := []int{1, 2, 3}
 	beatLive := func() {
 		for _, w := range live {
-			h.hb(w, TierSharedPremium, EgressOAuthAPI)
+			h.hb(w, domain.TierSharedPremium, domain.EgressOAuthAPI)
 		}
 	}
 	beatLive()
-	h.plan(1, PlanPremium, 0, true)
+	h.plan(1, domain.PlanPremium, 0, true)
 
 	ids := map[string]bool{}
 	start := h.now // no flood worker is seen before
@@ -42,10 +44,10 @@ func TestPlacementForgetsDeadWorkers(t *testing.T) {
 		id := plRandomWorkerID(r)
 		ids[id] = true
 		h.advance(time.Duration(r.IntN(200)) * time.Millisecond)
-		tier := []Tier{TierSharedFree, TierSharedPremium, ""}[r.IntN(3)]
-		h.apply(&WorkerHeartbeat{WorkerID: id, Tier: tier, Egress: EgressColdSMTP, Address: "198.51.100.7:25"})
+		tier := []domain.Tier{domain.TierSharedFree, domain.TierSharedPremium, ""}[r.IntN(3)]
+		h.apply(&domain.WorkerHeartbeat{WorkerID: id, Tier: tier, Egress: domain.EgressColdSMTP, Address: "198.51.100.7:25"})
 		if i%25 == 0 {
-			h.add(i, 1, ProviderSMTPIMAP, false) // some land on flood workers
+			h.add(i, 1, domain.ProviderSMTPIMAP, false) // some land on flood workers
 		}
 	}
 	if n, _, _ := h.live.Counts(); n != flood+len(live) {
@@ -68,10 +70,10 @@ func TestPlacementForgetsDeadWorkers(t *testing.T) {
 		beatLive()
 		h.tick()
 	}
-	if got := len(plOf[*PlacementWorkerDied](h.log)); got != flood {
+	if got := len(plOf[*domain.PlacementWorkerDied](h.log)); got != flood {
 		t.Fatalf("%d workers died, want %d", got, flood)
 	}
-	if got := len(plOf[*PlacementWorkerForgotten](h.log)); got != 0 {
+	if got := len(plOf[*domain.PlacementWorkerForgotten](h.log)); got != 0 {
 		t.Fatalf("%d workers forgotten within the retention", got)
 	}
 	for _, m := range h.live.Snapshot().Mailboxes {
@@ -84,12 +86,12 @@ func TestPlacementForgetsDeadWorkers(t *testing.T) {
 	h.advance(30 * time.Minute)
 	beatLive()
 	ds := h.tick()
-	forgotten := plOf[*PlacementWorkerForgotten](ds)
+	forgotten := plOf[*domain.PlacementWorkerForgotten](ds)
 	if len(forgotten) != flood {
 		t.Fatalf("the tick past the retention forgot %d workers, want %d: %s", len(forgotten), flood, plTypes(ds))
 	}
 	for _, f := range forgotten {
-		if !ids[f.WorkerID] || f.Reason != ReasonRetentionExpired || f.RetentionSeconds != 24*3600 {
+		if !ids[f.WorkerID] || f.Reason != domain.ReasonRetentionExpired || f.RetentionSeconds != 24*3600 {
 			t.Fatalf("unexpected forgotten decision %s", plJSON(f))
 		}
 		if h.now.Sub(f.LastSeen) <= cfg.WorkerRetention {
@@ -113,7 +115,7 @@ func TestPlacementForgetsDeadWorkers(t *testing.T) {
 	}
 
 	// The fold does not depend on the retention configured.
-	other := NewPlacementState(PlacementConfig{WorkerRetention: 1000 * time.Hour})
+	other := NewState(Config{WorkerRetention: 1000 * time.Hour})
 	for _, d := range h.log {
 		if err := other.ApplyDecision(d); err != nil {
 			t.Fatal(err)
@@ -124,8 +126,8 @@ func TestPlacementForgetsDeadWorkers(t *testing.T) {
 	}
 
 	// A forgotten id heartbeating again is a new worker.
-	ds = h.apply(&WorkerHeartbeat{WorkerID: forgotten[0].WorkerID, Tier: TierSharedFree, Egress: EgressColdSMTP, Address: "198.51.100.7:25"})
-	if reg := plOf[*PlacementWorkerRegistered](ds); len(reg) != 1 || reg[0].WorkerID != forgotten[0].WorkerID {
+	ds = h.apply(&domain.WorkerHeartbeat{WorkerID: forgotten[0].WorkerID, Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP, Address: "198.51.100.7:25"})
+	if reg := plOf[*domain.PlacementWorkerRegistered](ds); len(reg) != 1 || reg[0].WorkerID != forgotten[0].WorkerID {
 		t.Fatalf("a forgotten worker's heartbeat decided %s, want worker_registered", plJSON(ds))
 	}
 	if v, ok := h.live.Worker(forgotten[0].WorkerID); !ok || !v.FirstSeen.Equal(h.now) || !v.Live {
@@ -138,17 +140,17 @@ func TestPlacementForgetsDeadWorkers(t *testing.T) {
 // time, and changes nothing when it refuses.
 func TestPlacementForgetRefusesInconsistent(t *testing.T) {
 	t.Parallel()
-	h := newPlHarness(t, PlacementConfig{HeartbeatInterval: 10 * time.Second, WorkerRetention: time.Hour})
-	h.hb(1, TierSharedFree, EgressColdSMTP)
-	h.hb(2, TierSharedFree, EgressColdSMTP)
-	h.add(1, 1, ProviderSMTPIMAP, false)
+	h := newPlHarness(t, Config{HeartbeatInterval: 10 * time.Second, WorkerRetention: time.Hour})
+	h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP)
+	h.hb(2, domain.TierSharedFree, domain.EgressColdSMTP)
+	h.add(1, 1, domain.ProviderSMTPIMAP, false)
 	seen1 := h.worker(1).LastSeen
 	at := h.now.Add(2 * time.Hour)
-	forget := func(id string, last time.Time) *PlacementWorkerForgotten {
-		return &PlacementWorkerForgotten{PlacementMeta: placementMeta(at, ReasonRetentionExpired), WorkerID: id, LastSeen: last, RetentionSeconds: 3600}
+	forget := func(id string, last time.Time) *domain.PlacementWorkerForgotten {
+		return &domain.PlacementWorkerForgotten{PlacementMeta: placementMeta(at, domain.ReasonRetentionExpired), WorkerID: id, LastSeen: last, RetentionSeconds: 3600}
 	}
 	before := h.live.Snapshot()
-	for name, d := range map[string]*PlacementWorkerForgotten{
+	for name, d := range map[string]*domain.PlacementWorkerForgotten{
 		"unknown":       forget(plWorker(9), seen1),
 		"live, holding": forget(plWorker(1), seen1),
 		"live, idle":    forget(plWorker(2), seen1),
@@ -162,7 +164,7 @@ func TestPlacementForgetRefusesInconsistent(t *testing.T) {
 	}
 	// Worker 2 dies; forgetting it with the wrong last_seen is refused.
 	h.advance(time.Minute)
-	h.hb(1, TierSharedFree, EgressColdSMTP)
+	h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP)
 	h.tick()
 	if v := h.worker(2); v.Live {
 		t.Fatal("worker 2 did not die")
@@ -174,7 +176,7 @@ func TestPlacementForgetRefusesInconsistent(t *testing.T) {
 	if !reflect.DeepEqual(before, h.live.Snapshot()) {
 		t.Error("a refused worker_forgotten changed the state")
 	}
-	if err := PlacementInvariants(h.live); err != nil {
+	if err := Invariants(h.live); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -191,13 +193,13 @@ func TestPlacementWorkerRetentionBounds(t *testing.T) {
 		{-time.Hour, 7 * 24 * time.Hour},
 		{time.Nanosecond, 30 * time.Second}, // the default liveness window
 		{36 * time.Hour, 36 * time.Hour},
-		{100 * 365 * 24 * time.Hour, MaxWorkerRetentionSeconds * time.Second},
+		{100 * 365 * 24 * time.Hour, domain.MaxWorkerRetentionSeconds * time.Second},
 	} {
-		got := NewPlacementState(PlacementConfig{WorkerRetention: c.in}).Config().WorkerRetention
+		got := NewState(Config{WorkerRetention: c.in}).Config().WorkerRetention
 		if got != c.want {
 			t.Errorf("WorkerRetention %s: %s, want %s", c.in, got, c.want)
 		}
-		d := &PlacementWorkerForgotten{PlacementMeta: placementMeta(plT0, ReasonRetentionExpired), WorkerID: plWorker(1),
+		d := &domain.PlacementWorkerForgotten{PlacementMeta: placementMeta(plT0, domain.ReasonRetentionExpired), WorkerID: plWorker(1),
 			LastSeen: plT0.Add(-got - time.Second), RetentionSeconds: int64(got / time.Second)}
 		if ps := d.Validate(); len(ps) > 0 {
 			t.Errorf("WorkerRetention %s: the decision it makes is invalid: %s", c.in, ps)
@@ -212,18 +214,18 @@ func TestPlacementWorkerRetentionBounds(t *testing.T) {
 func TestPlacementForgetSpreadsOverTicks(t *testing.T) {
 	t.Parallel()
 	const n, per = 250, 100
-	h := newPlHarness(t, PlacementConfig{HeartbeatInterval: 10 * time.Second, WorkerRetention: time.Hour, MaxForgetPerTick: per})
+	h := newPlHarness(t, Config{HeartbeatInterval: 10 * time.Second, WorkerRetention: time.Hour, MaxForgetPerTick: per})
 	order := make([]string, n) // by last heartbeat
 	for i := range n {
 		h.advance(time.Millisecond)
 		id := plWorker(n - i) // ids in the reverse order of the heartbeats
 		order[i] = id
-		h.apply(&WorkerHeartbeat{WorkerID: id, Tier: TierSharedFree, Egress: EgressColdSMTP})
+		h.apply(&domain.WorkerHeartbeat{WorkerID: id, Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP})
 	}
 	h.advance(2 * time.Hour)
 	var got []string
 	for _, want := range []int{per, per, n - 2*per, 0} {
-		f := plOf[*PlacementWorkerForgotten](h.tick())
+		f := plOf[*domain.PlacementWorkerForgotten](h.tick())
 		if len(f) != want {
 			t.Fatalf("a tick forgot %d workers, want %d", len(f), want)
 		}

@@ -1,10 +1,12 @@
-package domain
+package placement
 
 import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/mailplane/mailplane/domain"
 )
 
 // plGen generates random but plausible inputs over a small universe (8
@@ -12,8 +14,8 @@ import (
 // workers die and come back, and plans change under load.
 type plGen struct {
 	r      *rand.Rand
-	tier   map[int]Tier
-	egress map[int]Egress
+	tier   map[int]domain.Tier
+	egress map[int]domain.Egress
 	stop   map[int]bool
 	silent map[int]bool
 }
@@ -21,15 +23,15 @@ type plGen struct {
 func newPlGen(seed uint64) *plGen {
 	return &plGen{
 		r:    rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
-		tier: map[int]Tier{}, egress: map[int]Egress{}, stop: map[int]bool{}, silent: map[int]bool{},
+		tier: map[int]domain.Tier{}, egress: map[int]domain.Egress{}, stop: map[int]bool{}, silent: map[int]bool{},
 	}
 }
 
-var plPropertyConfig = PlacementConfig{HeartbeatInterval: 20 * time.Second, BandDwell: 2 * time.Minute, WorkerRetention: 60 * time.Hour}
+var plPropertyConfig = Config{HeartbeatInterval: 20 * time.Second, BandDwell: 2 * time.Minute, WorkerRetention: 60 * time.Hour}
 
 func (g *plGen) pick(n int) int { return 1 + g.r.IntN(n) }
 
-func (g *plGen) next(now *time.Time) PlacementInput {
+func (g *plGen) next(now *time.Time) Input {
 	r := g.r
 	switch x := r.IntN(1000); {
 	case x < 10:
@@ -39,7 +41,7 @@ func (g *plGen) next(now *time.Time) PlacementInput {
 	default:
 		*now = now.Add(time.Duration(r.IntN(4000)) * time.Millisecond)
 	}
-	in := PlacementInput{At: *now}
+	in := Input{At: *now}
 	switch x := r.IntN(100); {
 	case x < 32:
 		w := g.pick(8)
@@ -50,47 +52,47 @@ func (g *plGen) next(now *time.Time) PlacementInput {
 			return in // a tick instead
 		}
 		if _, ok := g.tier[w]; !ok || r.IntN(100) < 4 {
-			g.tier[w] = []Tier{TierSharedFree, TierSharedPremium, TierSharedPremium, ""}[r.IntN(4)]
+			g.tier[w] = []domain.Tier{domain.TierSharedFree, domain.TierSharedPremium, domain.TierSharedPremium, ""}[r.IntN(4)]
 		}
 		if _, ok := g.egress[w]; !ok || r.IntN(100) < 3 {
-			g.egress[w] = []Egress{EgressColdSMTP, EgressColdSMTP, EgressWarmupOnly, EgressOAuthAPI}[r.IntN(4)]
+			g.egress[w] = []domain.Egress{domain.EgressColdSMTP, domain.EgressColdSMTP, domain.EgressWarmupOnly, domain.EgressOAuthAPI}[r.IntN(4)]
 		}
 		if r.IntN(100) < 5 {
 			g.stop[w] = !g.stop[w]
 		}
 		tier := g.tier[w]
 		if r.IntN(200) == 0 {
-			tier = TierDedicated // refused, decides nothing
+			tier = domain.TierDedicated // refused, decides nothing
 		}
-		in.Event = &WorkerHeartbeat{WorkerID: plWorker(w), Tier: tier, Egress: g.egress[w], Address: fmt.Sprintf("10.0.0.%d:25", w), Stopping: g.stop[w]}
+		in.Event = &domain.WorkerHeartbeat{WorkerID: plWorker(w), Tier: tier, Egress: g.egress[w], Address: fmt.Sprintf("10.0.0.%d:25", w), Stopping: g.stop[w]}
 	case x < 45:
 		// tick
 	case x < 65:
 		org := g.pick(5)
-		in.Event = &MailboxAdded{
+		in.Event = &domain.MailboxAdded{
 			MailboxID: plMailbox(g.pick(40)), OrgID: plOrg(org), UserID: plOrg(org), Address: "a@b.c",
-			Provider: []Provider{ProviderSMTPIMAP, ProviderSMTPIMAP, ProviderGmail, ProviderOutlook}[r.IntN(4)], WarmupEnabled: r.IntN(3) == 0,
+			Provider: []domain.Provider{domain.ProviderSMTPIMAP, domain.ProviderSMTPIMAP, domain.ProviderGmail, domain.ProviderOutlook}[r.IntN(4)], WarmupEnabled: r.IntN(3) == 0,
 		}
 	case x < 72:
-		in.Event = &MailboxRemoved{MailboxID: plMailbox(g.pick(40)), Reason: "gone"}
+		in.Event = &domain.MailboxRemoved{MailboxID: plMailbox(g.pick(40)), Reason: "gone"}
 	case x < 86:
-		st := []HealthState{HealthHealthy, HealthHealthy, HealthHealthy, HealthWatch, HealthThrottled, HealthQuarantined, HealthBlocked}[r.IntN(7)]
-		in.Event = &MailboxHealthScored{MailboxID: plMailbox(g.pick(40)), State: st, Score: float64(r.IntN(101)), Reason: "sweep"}
+		st := []domain.HealthState{domain.HealthHealthy, domain.HealthHealthy, domain.HealthHealthy, domain.HealthWatch, domain.HealthThrottled, domain.HealthQuarantined, domain.HealthBlocked}[r.IntN(7)]
+		in.Event = &domain.MailboxHealthScored{MailboxID: plMailbox(g.pick(40)), State: st, Score: float64(r.IntN(101)), Reason: "sweep"}
 	case x < 91:
-		p := []Plan{PlanFree, PlanPremium, PlanPremium, PlanDedicated, PlanDedicated}[r.IntN(5)]
+		p := []domain.Plan{domain.PlanFree, domain.PlanPremium, domain.PlanPremium, domain.PlanDedicated, domain.PlanDedicated}[r.IntN(5)]
 		n := 0
-		if p == PlanDedicated || r.IntN(5) == 0 {
+		if p == domain.PlanDedicated || r.IntN(5) == 0 {
 			n = r.IntN(4)
 		}
-		in.Event = &OrgPlanChanged{OrgID: plOrg(g.pick(5)), Plan: p, DedicatedWorkers: n, Paid: r.IntN(8) != 0, Source: "evt"}
+		in.Event = &domain.OrgPlanChanged{OrgID: plOrg(g.pick(5)), Plan: p, DedicatedWorkers: n, Paid: r.IntN(8) != 0, Source: "evt"}
 	case x < 98:
 		sends := []int64{0, 50, 1000, 10000}[r.IntN(4)]
-		in.Event = &WorkerHealthSampled{
+		in.Event = &domain.WorkerHealthSampled{
 			WorkerID: plWorker(g.pick(8)), WindowSeconds: 3600, Sends: sends,
 			HardBounces: sends * int64(r.IntN(12)) / 100, Complaints: sends * int64(r.IntN(12)) / 1000,
 		}
 	default:
-		in.Event = &UserActive{UserID: plOrg(1), Source: ActivityLogin}
+		in.Event = &domain.UserActive{UserID: plOrg(1), Source: domain.ActivityLogin}
 	}
 	return in
 }
@@ -119,14 +121,14 @@ func plCheckSettled(h *plHarness, seed uint64, step int) {
 	h.t.Helper()
 	s := h.live
 	for _, v := range s.Pending() {
-		var d PlacementDecision
+		var d domain.PlacementDecision
 		if v.WorkerID == "" {
 			o := s.orgs[v.OrgID]
-			d = &PlacementRefused{MailboxID: v.ID, OrgID: v.OrgID, Tier: placementWantedTier(o), Band: v.Band, Weight: v.Weight}
+			d = &domain.PlacementRefused{MailboxID: v.ID, OrgID: v.OrgID, Tier: placementWantedTier(o), Band: v.Band, Weight: v.Weight}
 		} else {
-			d = &PlacementAssigned{MailboxID: v.ID, OrgID: v.OrgID, Band: v.Band, Weight: v.Weight, Degraded: true}
+			d = &domain.PlacementAssigned{MailboxID: v.ID, OrgID: v.OrgID, Band: v.Band, Weight: v.Weight, Degraded: true}
 		}
-		if err := PlacementRefusalJustified(s, d); err != nil {
+		if err := RefusalJustified(s, d); err != nil {
 			h.t.Fatalf("seed %d step %d: after a tick, pending %s could be placed: %v", seed, step, v.ID, err)
 		}
 	}
@@ -135,8 +137,8 @@ func plCheckSettled(h *plHarness, seed uint64, step int) {
 			continue
 		}
 		for m := w.head; m != nil; m = m.wNext {
-			d := &PlacementRefused{MailboxID: m.id, OrgID: m.org.id, Tier: placementWantedTier(m.org), Band: m.band, Weight: m.weight, FromWorker: w.id}
-			if err := PlacementRefusalJustified(s, d); err != nil {
+			d := &domain.PlacementRefused{MailboxID: m.id, OrgID: m.org.id, Tier: placementWantedTier(m.org), Band: m.band, Weight: m.weight, FromWorker: w.id}
+			if err := RefusalJustified(s, d); err != nil {
 				h.t.Fatalf("seed %d step %d: after a tick, mailbox %s could leave draining worker %s: %v", seed, step, m.id, w.id, err)
 			}
 		}
@@ -147,7 +149,7 @@ func plCheckSettled(h *plHarness, seed uint64, step int) {
 		}
 	}
 	for _, o := range s.shortOrgs() {
-		if w := s.idleClean(TierSharedPremium, nil); w != nil {
+		if w := s.idleClean(domain.TierSharedPremium, nil); w != nil {
 			h.t.Fatalf("seed %d step %d: org %s short while worker %s idle", seed, step, o.id, w.id)
 		}
 	}
@@ -166,7 +168,7 @@ func TestPlacementProperty(t *testing.T) {
 		}
 		decisions += len(h.log)
 	}
-	for _, typ := range PlacementDecisionTypes() {
+	for _, typ := range domain.PlacementDecisionTypes() {
 		if total[typ] == 0 {
 			t.Errorf("%s never decided in %d random runs", typ, seeds)
 		}
@@ -177,8 +179,8 @@ func TestPlacementProperty(t *testing.T) {
 func TestPlacementDeterminism(t *testing.T) {
 	t.Parallel()
 	for seed := range uint64(20) {
-		a := NewPlacementState(plPropertyConfig)
-		b := NewPlacementState(plPropertyConfig)
+		a := NewState(plPropertyConfig)
+		b := NewState(plPropertyConfig)
 		ga, gb := newPlGen(seed), newPlGen(seed)
 		na, nb := plT0, plT0
 		for step := range 500 {

@@ -1,4 +1,4 @@
-package domain
+package placement
 
 import "time"
 
@@ -195,7 +195,7 @@ func (h *placementSeenHeap) before(cutoff time.Time) []*placementWorker {
 
 // reindexSeen puts w in the live or the dead heap, at its place by
 // lastSeen.
-func (s *PlacementState) reindexSeen(w *placementWorker) {
+func (s *State) reindexSeen(w *placementWorker) {
 	want := &s.liveBySeen
 	if !w.live {
 		want = &s.deadBySeen
@@ -218,7 +218,7 @@ func (s *PlacementState) reindexSeen(w *placementWorker) {
 }
 
 // unindexSeen takes w out of its heap (it is being forgotten).
-func (s *PlacementState) unindexSeen(w *placementWorker) {
+func (s *State) unindexSeen(w *placementWorker) {
 	if w.seenPos < 0 {
 		return
 	}

@@ -1,4 +1,4 @@
-package domain
+package placement
 
 import (
 	"encoding/json"
@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/mailplane/mailplane/domain"
 )
 
 // Test ids are canonical UUIDs whose first group names the kind.
@@ -22,39 +24,39 @@ var plT0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 // it, and that the restored state equals the live one.
 type plHarness struct {
 	t        testing.TB
-	live     *PlacementState
-	restored *PlacementState
+	live     *State
+	restored *State
 	now      time.Time
-	log      []PlacementDecision
+	log      []domain.PlacementDecision
 	types    map[string]int
 }
 
-func newPlHarness(t testing.TB, cfg PlacementConfig) *plHarness {
-	return &plHarness{t: t, live: NewPlacementState(cfg), restored: NewPlacementState(cfg), now: plT0, types: map[string]int{}}
+func newPlHarness(t testing.TB, cfg Config) *plHarness {
+	return &plHarness{t: t, live: NewState(cfg), restored: NewState(cfg), now: plT0, types: map[string]int{}}
 }
 
-func plHarnessFrom(t testing.TB, cfg PlacementConfig, snap PlacementSnapshot, now time.Time) *plHarness {
+func plHarnessFrom(t testing.TB, cfg Config, snap Snapshot, now time.Time) *plHarness {
 	t.Helper()
-	live, err := NewPlacementStateFromSnapshot(cfg, snap)
+	live, err := NewStateFromSnapshot(cfg, snap)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := PlacementInvariants(live); err != nil {
+	if err := Invariants(live); err != nil {
 		t.Fatalf("initial state: %v", err)
 	}
 	return &plHarness{t: t, live: live, restored: live.Clone(), now: now, types: map[string]int{}}
 }
 
-func (h *plHarness) apply(ev Data) []PlacementDecision {
+func (h *plHarness) apply(ev domain.Data) []domain.PlacementDecision {
 	h.t.Helper()
-	ds := h.live.Apply(PlacementInput{At: h.now, Event: ev})
+	ds := h.live.Apply(Input{At: h.now, Event: ev})
 	h.check(ds, fmt.Sprintf("%T", ev))
 	return ds
 }
 
-func (h *plHarness) check(ds []PlacementDecision, what string) {
+func (h *plHarness) check(ds []domain.PlacementDecision, what string) {
 	h.t.Helper()
-	if err := PlacementInvariants(h.live); err != nil {
+	if err := Invariants(h.live); err != nil {
 		h.t.Fatalf("after %s at %s: invariants: %v\ndecisions: %s", what, h.now, err, plJSON(ds))
 	}
 	for i, d := range ds {
@@ -65,14 +67,14 @@ func (h *plHarness) check(ds []PlacementDecision, what string) {
 		if err != nil {
 			h.t.Fatal(err)
 		}
-		back, err := DecodePlacementDecision(d.EventType(), raw)
+		back, err := domain.DecodePlacementDecision(d.EventType(), raw)
 		if err != nil {
 			h.t.Fatalf("decision %s: %v (%s)", d.EventType(), err, raw)
 		}
 		if !reflect.DeepEqual(back, d) {
 			h.t.Fatalf("decision %s does not survive JSON:\n%#v\n%#v", d.EventType(), d, back)
 		}
-		if err := PlacementDecisionJustified(h.restored, back); err != nil {
+		if err := DecisionJustified(h.restored, back); err != nil {
 			h.t.Fatalf("after %s: unjustified: %v\ndecisions: %s", what, err, plJSON(ds))
 		}
 		if err := h.restored.ApplyDecision(back); err != nil {
@@ -86,24 +88,24 @@ func (h *plHarness) check(ds []PlacementDecision, what string) {
 	}
 }
 
-func (h *plHarness) tick() []PlacementDecision {
+func (h *plHarness) tick() []domain.PlacementDecision {
 	h.t.Helper()
-	ds := h.live.Apply(PlacementTick(h.now))
+	ds := h.live.Apply(Tick(h.now))
 	h.check(ds, "tick")
 	return ds
 }
 
 func (h *plHarness) advance(d time.Duration) { h.now = h.now.Add(d) }
 
-func (h *plHarness) hb(worker int, tier Tier, egress Egress) []PlacementDecision {
+func (h *plHarness) hb(worker int, tier domain.Tier, egress domain.Egress) []domain.PlacementDecision {
 	h.t.Helper()
-	return h.apply(&WorkerHeartbeat{WorkerID: plWorker(worker), Tier: tier, Egress: egress, Address: fmt.Sprintf("10.0.0.%d:25", worker)})
+	return h.apply(&domain.WorkerHeartbeat{WorkerID: plWorker(worker), Tier: tier, Egress: egress, Address: fmt.Sprintf("10.0.0.%d:25", worker)})
 }
 
-func (h *plHarness) stop(worker int) []PlacementDecision {
+func (h *plHarness) stop(worker int) []domain.PlacementDecision {
 	h.t.Helper()
 	w := h.live.workers[plWorker(worker)]
-	return h.apply(&WorkerHeartbeat{WorkerID: w.id, Tier: w.baseTier, Egress: w.egress, Address: w.address, Stopping: true})
+	return h.apply(&domain.WorkerHeartbeat{WorkerID: w.id, Tier: w.baseTier, Egress: w.egress, Address: w.address, Stopping: true})
 }
 
 // mature registers the given workers 15 days ago in effect: it advances the
@@ -118,36 +120,36 @@ func (h *plHarness) mature() {
 func (h *plHarness) beatAll() {
 	h.t.Helper()
 	for _, v := range h.live.Snapshot().Workers {
-		h.apply(&WorkerHeartbeat{WorkerID: v.ID, Tier: v.BaseTier, Egress: v.Egress, Address: v.Address, Stopping: v.Stopping})
+		h.apply(&domain.WorkerHeartbeat{WorkerID: v.ID, Tier: v.BaseTier, Egress: v.Egress, Address: v.Address, Stopping: v.Stopping})
 	}
 }
 
-func (h *plHarness) add(mb, org int, p Provider, warmup bool) []PlacementDecision {
+func (h *plHarness) add(mb, org int, p domain.Provider, warmup bool) []domain.PlacementDecision {
 	h.t.Helper()
-	return h.apply(&MailboxAdded{MailboxID: plMailbox(mb), OrgID: plOrg(org), UserID: plOrg(org), Address: "a@b.c", Provider: p, WarmupEnabled: warmup})
+	return h.apply(&domain.MailboxAdded{MailboxID: plMailbox(mb), OrgID: plOrg(org), UserID: plOrg(org), Address: "a@b.c", Provider: p, WarmupEnabled: warmup})
 }
 
-func (h *plHarness) remove(mb int) []PlacementDecision {
+func (h *plHarness) remove(mb int) []domain.PlacementDecision {
 	h.t.Helper()
-	return h.apply(&MailboxRemoved{MailboxID: plMailbox(mb), Reason: "deleted by user"})
+	return h.apply(&domain.MailboxRemoved{MailboxID: plMailbox(mb), Reason: "deleted by user"})
 }
 
-func (h *plHarness) score(mb int, st HealthState) []PlacementDecision {
+func (h *plHarness) score(mb int, st domain.HealthState) []domain.PlacementDecision {
 	h.t.Helper()
-	return h.apply(&MailboxHealthScored{MailboxID: plMailbox(mb), State: st, Score: 50, Reason: "sweep"})
+	return h.apply(&domain.MailboxHealthScored{MailboxID: plMailbox(mb), State: st, Score: 50, Reason: "sweep"})
 }
 
-func (h *plHarness) plan(org int, p Plan, n int, paid bool) []PlacementDecision {
+func (h *plHarness) plan(org int, p domain.Plan, n int, paid bool) []domain.PlacementDecision {
 	h.t.Helper()
-	return h.apply(&OrgPlanChanged{OrgID: plOrg(org), Plan: p, DedicatedWorkers: n, Paid: paid, Source: "evt_test"})
+	return h.apply(&domain.OrgPlanChanged{OrgID: plOrg(org), Plan: p, DedicatedWorkers: n, Paid: paid, Source: "evt_test"})
 }
 
-func (h *plHarness) sample(worker int, sends, bounces, complaints int64) []PlacementDecision {
+func (h *plHarness) sample(worker int, sends, bounces, complaints int64) []domain.PlacementDecision {
 	h.t.Helper()
-	return h.apply(&WorkerHealthSampled{WorkerID: plWorker(worker), WindowSeconds: 3600, Sends: sends, HardBounces: bounces, Complaints: complaints})
+	return h.apply(&domain.WorkerHealthSampled{WorkerID: plWorker(worker), WindowSeconds: 3600, Sends: sends, HardBounces: bounces, Complaints: complaints})
 }
 
-func (h *plHarness) worker(i int) PlacementWorkerView {
+func (h *plHarness) worker(i int) WorkerView {
 	h.t.Helper()
 	v, ok := h.live.Worker(plWorker(i))
 	if !ok {
@@ -156,7 +158,7 @@ func (h *plHarness) worker(i int) PlacementWorkerView {
 	return v
 }
 
-func (h *plHarness) mailbox(i int) PlacementMailboxView {
+func (h *plHarness) mailbox(i int) MailboxView {
 	h.t.Helper()
 	v, ok := h.live.Mailbox(plMailbox(i))
 	if !ok {
@@ -182,7 +184,7 @@ func plJSON(v any) string {
 	return string(b)
 }
 
-func plOf[T PlacementDecision](ds []PlacementDecision) []T {
+func plOf[T domain.PlacementDecision](ds []domain.PlacementDecision) []T {
 	var out []T
 	for _, d := range ds {
 		if x, ok := d.(T); ok {
@@ -192,10 +194,10 @@ func plOf[T PlacementDecision](ds []PlacementDecision) []T {
 	return out
 }
 
-func plTypes(ds []PlacementDecision) []string {
+func plTypes(ds []domain.PlacementDecision) []string {
 	out := make([]string, len(ds))
 	for i, d := range ds {
-		out[i] = ShortType(d.EventType())
+		out[i] = domain.ShortType(d.EventType())
 	}
 	return out
 }

@@ -1,4 +1,4 @@
-package domain
+package placement
 
 import (
 	"encoding/json"
@@ -6,25 +6,27 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/mailplane/mailplane/domain"
 )
 
 func TestPlacementWeights(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
-		p      Provider
+		p      domain.Provider
 		warmup bool
 		want   int64
 	}{
-		{ProviderSMTPIMAP, false, 1000},
-		{ProviderSMTPIMAP, true, 400},
-		{ProviderGmail, false, 50},
-		{ProviderGmail, true, 50}, // OAuth takes precedence over warmup
-		{ProviderOutlook, false, 50},
-		{ProviderOutlook, true, 50},
+		{domain.ProviderSMTPIMAP, false, 1000},
+		{domain.ProviderSMTPIMAP, true, 400},
+		{domain.ProviderGmail, false, 50},
+		{domain.ProviderGmail, true, 50}, // OAuth takes precedence over warmup
+		{domain.ProviderOutlook, false, 50},
+		{domain.ProviderOutlook, true, 50},
 	}
 	for _, c := range cases {
-		if got := PlacementWeight(c.p, c.warmup); got != c.want {
-			t.Errorf("PlacementWeight(%s, %v) = %d, want %d", c.p, c.warmup, got, c.want)
+		if got := Weight(c.p, c.warmup); got != c.want {
+			t.Errorf("Weight(%s, %v) = %d, want %d", c.p, c.warmup, got, c.want)
 		}
 	}
 }
@@ -33,146 +35,146 @@ func TestPlacementCapacity(t *testing.T) {
 	t.Parallel()
 	day := 24 * time.Hour
 	cases := []struct {
-		e    Egress
-		h    HealthState
+		e    domain.Egress
+		h    domain.HealthState
 		age  time.Duration
 		want int64
 	}{
-		{EgressColdSMTP, HealthHealthy, 0, 4},              // 16 × 1 × 0.25
-		{EgressColdSMTP, HealthHealthy, 23 * time.Hour, 4}, // whole days only
-		{EgressColdSMTP, HealthHealthy, 7 * day, 10},       // 16 × 0.625
-		{EgressColdSMTP, HealthHealthy, 14 * day, 16},
-		{EgressColdSMTP, HealthHealthy, 400 * day, 16},
-		{EgressOAuthAPI, HealthHealthy, 14 * day, 400},
-		{EgressOAuthAPI, HealthWatch, 14 * day, 300},
-		{EgressOAuthAPI, HealthThrottled, 14 * day, 200},
-		{EgressOAuthAPI, HealthQuarantined, 14 * day, 100},
-		{EgressOAuthAPI, HealthBlocked, 14 * day, 1}, // at least 1
-		{EgressOAuthAPI, HealthHealthy, 0, 100},
-		{EgressWarmupOnly, HealthHealthy, 0, 6}, // floor(6.25)
-		{EgressWarmupOnly, HealthHealthy, 14 * day, 25},
-		{EgressColdSMTP, HealthQuarantined, 0, 1}, // floor(1) = 1
-		{EgressColdSMTP, HealthHealthy, -day, 4},  // clock skew: age 0
+		{domain.EgressColdSMTP, domain.HealthHealthy, 0, 4},              // 16 × 1 × 0.25
+		{domain.EgressColdSMTP, domain.HealthHealthy, 23 * time.Hour, 4}, // whole days only
+		{domain.EgressColdSMTP, domain.HealthHealthy, 7 * day, 10},       // 16 × 0.625
+		{domain.EgressColdSMTP, domain.HealthHealthy, 14 * day, 16},
+		{domain.EgressColdSMTP, domain.HealthHealthy, 400 * day, 16},
+		{domain.EgressOAuthAPI, domain.HealthHealthy, 14 * day, 400},
+		{domain.EgressOAuthAPI, domain.HealthWatch, 14 * day, 300},
+		{domain.EgressOAuthAPI, domain.HealthThrottled, 14 * day, 200},
+		{domain.EgressOAuthAPI, domain.HealthQuarantined, 14 * day, 100},
+		{domain.EgressOAuthAPI, domain.HealthBlocked, 14 * day, 1}, // at least 1
+		{domain.EgressOAuthAPI, domain.HealthHealthy, 0, 100},
+		{domain.EgressWarmupOnly, domain.HealthHealthy, 0, 6}, // floor(6.25)
+		{domain.EgressWarmupOnly, domain.HealthHealthy, 14 * day, 25},
+		{domain.EgressColdSMTP, domain.HealthQuarantined, 0, 1}, // floor(1) = 1
+		{domain.EgressColdSMTP, domain.HealthHealthy, -day, 4},  // clock skew: age 0
 	}
 	for _, c := range cases {
-		if got := PlacementCapacity(c.e, c.h, plT0, plT0.Add(c.age)); got != c.want {
-			t.Errorf("PlacementCapacity(%s, %s, %s) = %d, want %d", c.e, c.h, c.age, got, c.want)
+		if got := Capacity(c.e, c.h, plT0, plT0.Add(c.age)); got != c.want {
+			t.Errorf("Capacity(%s, %s, %s) = %d, want %d", c.e, c.h, c.age, got, c.want)
 		}
 	}
 	// Through the state: no sends in the window means multiplier 1.
-	h := newPlHarness(t, PlacementConfig{})
-	h.hb(1, TierSharedPremium, EgressOAuthAPI)
+	h := newPlHarness(t, Config{})
+	h.hb(1, domain.TierSharedPremium, domain.EgressOAuthAPI)
 	h.mature()
 	if c := h.worker(1).Capacity; c != 400 {
 		t.Fatalf("mature oauth worker capacity %d", c)
 	}
 	h.sample(1, 1000, 0, 4) // 0.4 % complaints: throttled
-	if v := h.worker(1); v.Health != HealthThrottled || v.Capacity != 200 {
+	if v := h.worker(1); v.Health != domain.HealthThrottled || v.Capacity != 200 {
 		t.Fatalf("after sample: %+v", v)
 	}
 	h.sample(1, 0, 0, 0)
-	if v := h.worker(1); v.Health != HealthHealthy || v.Capacity != 400 {
+	if v := h.worker(1); v.Health != domain.HealthHealthy || v.Capacity != 400 {
 		t.Fatalf("after an empty sample: %+v", v)
 	}
 }
 
 func TestPlacementWorkerHealthThresholds(t *testing.T) {
 	t.Parallel()
-	cfg := DefaultPlacementConfig()
+	cfg := DefaultConfig()
 	cases := []struct {
-		prev                       HealthState
+		prev                       domain.HealthState
 		sends, bounces, complaints int64
-		want                       HealthState
+		want                       domain.HealthState
 	}{
-		{HealthBlocked, 0, 0, 0, HealthHealthy},
-		{HealthHealthy, 10000, 0, 9, HealthHealthy},
-		{HealthHealthy, 10000, 0, 10, HealthWatch},
-		{HealthHealthy, 10000, 0, 30, HealthThrottled},
-		{HealthHealthy, 10000, 0, 50, HealthQuarantined},
-		{HealthHealthy, 10000, 0, 100, HealthBlocked},
-		{HealthHealthy, 10000, 199, 0, HealthHealthy},
-		{HealthHealthy, 10000, 200, 0, HealthWatch},
-		{HealthHealthy, 10000, 500, 0, HealthThrottled},
-		{HealthHealthy, 10000, 800, 0, HealthQuarantined},
-		{HealthHealthy, 10000, 1000, 0, HealthBlocked},
-		{HealthHealthy, 10000, 250, 60, HealthQuarantined}, // the worse of the two
-		{HealthThrottled, 50, 50, 50, HealthThrottled},     // too few sends: unchanged
-		{HealthHealthy, MaxCount, MaxCount, MaxCount, HealthBlocked},
+		{domain.HealthBlocked, 0, 0, 0, domain.HealthHealthy},
+		{domain.HealthHealthy, 10000, 0, 9, domain.HealthHealthy},
+		{domain.HealthHealthy, 10000, 0, 10, domain.HealthWatch},
+		{domain.HealthHealthy, 10000, 0, 30, domain.HealthThrottled},
+		{domain.HealthHealthy, 10000, 0, 50, domain.HealthQuarantined},
+		{domain.HealthHealthy, 10000, 0, 100, domain.HealthBlocked},
+		{domain.HealthHealthy, 10000, 199, 0, domain.HealthHealthy},
+		{domain.HealthHealthy, 10000, 200, 0, domain.HealthWatch},
+		{domain.HealthHealthy, 10000, 500, 0, domain.HealthThrottled},
+		{domain.HealthHealthy, 10000, 800, 0, domain.HealthQuarantined},
+		{domain.HealthHealthy, 10000, 1000, 0, domain.HealthBlocked},
+		{domain.HealthHealthy, 10000, 250, 60, domain.HealthQuarantined}, // the worse of the two
+		{domain.HealthThrottled, 50, 50, 50, domain.HealthThrottled},     // too few sends: unchanged
+		{domain.HealthHealthy, domain.MaxCount, domain.MaxCount, domain.MaxCount, domain.HealthBlocked},
 	}
 	for _, c := range cases {
-		s := &WorkerHealthSampled{Sends: c.sends, HardBounces: c.bounces, Complaints: c.complaints}
+		s := &domain.WorkerHealthSampled{Sends: c.sends, HardBounces: c.bounces, Complaints: c.complaints}
 		if got := cfg.WorkerHealth(c.prev, s); got != c.want {
 			t.Errorf("WorkerHealth(%s, %d/%d/%d) = %s, want %s", c.prev, c.sends, c.bounces, c.complaints, got, c.want)
 		}
 	}
 	// Only healthy and watch workers take new mailboxes.
-	h := newPlHarness(t, PlacementConfig{})
-	h.hb(1, TierSharedFree, EgressColdSMTP)
-	h.hb(2, TierSharedFree, EgressColdSMTP)
+	h := newPlHarness(t, Config{})
+	h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP)
+	h.hb(2, domain.TierSharedFree, domain.EgressColdSMTP)
 	h.sample(1, 10000, 0, 30) // throttled
 	h.sample(2, 10000, 0, 10) // watch
-	h.add(1, 1, ProviderSMTPIMAP, false)
+	h.add(1, 1, domain.ProviderSMTPIMAP, false)
 	h.on(1, 2)
 	h.sample(2, 10000, 0, 50) // quarantined
-	ds := h.add(2, 1, ProviderSMTPIMAP, false)
-	if r := plOf[*PlacementRefused](ds); len(r) != 1 {
+	ds := h.add(2, 1, domain.ProviderSMTPIMAP, false)
+	if r := plOf[*domain.PlacementRefused](ds); len(r) != 1 {
 		t.Fatalf("want a refusal, got %v", plTypes(ds))
 	}
 	h.on(1, 2)                // worker health alone does not move placed mailboxes
 	ds = h.sample(1, 0, 0, 0) // recovers: capacity appears, the pending mailbox is placed
-	if a := plOf[*PlacementAssigned](ds); len(a) != 1 || a[0].WorkerID != plWorker(1) || a[0].Reason != ReasonRetry {
+	if a := plOf[*domain.PlacementAssigned](ds); len(a) != 1 || a[0].WorkerID != plWorker(1) || a[0].Reason != domain.ReasonRetry {
 		t.Fatalf("want the pending mailbox placed on worker 1, got %s", plJSON(ds))
 	}
 }
 
 func TestPlacementTierSeparation(t *testing.T) {
 	t.Parallel()
-	h := newPlHarness(t, PlacementConfig{})
-	h.hb(1, TierSharedFree, EgressColdSMTP)    // capacity 4 (new)
-	h.hb(2, TierSharedPremium, EgressOAuthAPI) // capacity 100
-	h.hb(3, "", EgressOAuthAPI)                // blank tier: shared premium
-	if v := h.worker(3); v.Tier != TierSharedPremium {
+	h := newPlHarness(t, Config{})
+	h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP)    // capacity 4 (new)
+	h.hb(2, domain.TierSharedPremium, domain.EgressOAuthAPI) // capacity 100
+	h.hb(3, "", domain.EgressOAuthAPI)                       // blank tier: shared premium
+	if v := h.worker(3); v.Tier != domain.TierSharedPremium {
 		t.Fatalf("blank tier registered as %s", v.Tier)
 	}
-	h.plan(2, PlanPremium, 0, true)
-	h.add(1, 1, ProviderSMTPIMAP, false) // org 1: no plan, free
+	h.plan(2, domain.PlanPremium, 0, true)
+	h.add(1, 1, domain.ProviderSMTPIMAP, false) // org 1: no plan, free
 	h.on(1, 1)
-	h.add(2, 2, ProviderSMTPIMAP, false)
+	h.add(2, 2, domain.ProviderSMTPIMAP, false)
 	if w := h.mailbox(2).WorkerID; w != plWorker(2) && w != plWorker(3) {
 		t.Fatalf("premium mailbox on %s", w)
 	}
 	for i := 3; i <= 5; i++ {
-		h.add(i, 1, ProviderSMTPIMAP, false)
+		h.add(i, 1, domain.ProviderSMTPIMAP, false)
 		h.on(i, 1)
 	}
 	// The free worker is full; premium workers have room, yet a free
 	// mailbox is refused (the harness checks the refusal was justified).
-	ds := h.add(6, 1, ProviderSMTPIMAP, false)
-	r := plOf[*PlacementRefused](ds)
-	if len(r) != 1 || r[0].Tier != TierSharedFree || r[0].Cause != ReasonMailboxAdded {
+	ds := h.add(6, 1, domain.ProviderSMTPIMAP, false)
+	r := plOf[*domain.PlacementRefused](ds)
+	if len(r) != 1 || r[0].Tier != domain.TierSharedFree || r[0].Cause != domain.ReasonMailboxAdded {
 		t.Fatalf("want a refusal for shared_free, got %s", plJSON(ds))
 	}
 	h.on(6, 0)
 	// Premium plan but unpaid: free.
-	h.plan(3, PlanPremium, 0, false)
-	ds = h.add(7, 3, ProviderGmail, false)
-	if len(plOf[*PlacementRefused](ds)) != 1 {
+	h.plan(3, domain.PlanPremium, 0, false)
+	ds = h.add(7, 3, domain.ProviderGmail, false)
+	if len(plOf[*domain.PlacementRefused](ds)) != 1 {
 		t.Fatalf("unpaid org placed: %s", plJSON(ds))
 	}
 	// A new free worker takes the pending ones, oldest first.
-	ds = h.hb(4, TierSharedFree, EgressOAuthAPI)
-	if got := plOf[*PlacementAssigned](ds); len(got) != 2 || got[0].MailboxID != plMailbox(6) || got[1].MailboxID != plMailbox(7) {
+	ds = h.hb(4, domain.TierSharedFree, domain.EgressOAuthAPI)
+	if got := plOf[*domain.PlacementAssigned](ds); len(got) != 2 || got[0].MailboxID != plMailbox(6) || got[1].MailboxID != plMailbox(7) {
 		t.Fatalf("retry on a new worker: %s", plJSON(ds))
 	}
 }
 
 func TestPlacementDedicatedTierNotAccepted(t *testing.T) {
 	t.Parallel()
-	hb := &WorkerHeartbeat{WorkerID: plWorker(1), Tier: TierDedicated, Egress: EgressColdSMTP, Address: "x:25"}
-	if ps := hb.Validate(); !ps.Has(CodeTierNotAllowed) {
+	hb := &domain.WorkerHeartbeat{WorkerID: plWorker(1), Tier: domain.TierDedicated, Egress: domain.EgressColdSMTP, Address: "x:25"}
+	if ps := hb.Validate(); !ps.Has(domain.CodeTierNotAllowed) {
 		t.Fatalf("validation: %v", ps)
 	}
-	h := newPlHarness(t, PlacementConfig{})
+	h := newPlHarness(t, Config{})
 	if ds := h.apply(hb); len(ds) != 0 {
 		t.Fatalf("dedicated heartbeat decided %v", plTypes(ds))
 	}
@@ -180,8 +182,8 @@ func TestPlacementDedicatedTierNotAccepted(t *testing.T) {
 		t.Fatal("worker asking for dedicated was registered")
 	}
 	// A decision claiming a worker registered as dedicated does not validate.
-	d := &PlacementWorkerRegistered{PlacementMeta: PlacementMeta{At: plT0, Reason: ReasonWorkerRegistered},
-		WorkerID: plWorker(1), Tier: TierDedicated, Egress: EgressColdSMTP, Capacity: 4}
+	d := &domain.PlacementWorkerRegistered{PlacementMeta: domain.PlacementMeta{At: plT0, Reason: domain.ReasonWorkerRegistered},
+		WorkerID: plWorker(1), Tier: domain.TierDedicated, Egress: domain.EgressColdSMTP, Capacity: 4}
 	if ps := d.Validate(); len(ps) == 0 {
 		t.Fatal("dedicated registration validated")
 	}
@@ -189,45 +191,45 @@ func TestPlacementDedicatedTierNotAccepted(t *testing.T) {
 
 func TestPlacementDedicatedBindPromoteDegradeRetry(t *testing.T) {
 	t.Parallel()
-	h := newPlHarness(t, PlacementConfig{})
-	h.hb(1, TierSharedPremium, EgressOAuthAPI)
-	h.hb(2, TierSharedPremium, EgressOAuthAPI)
-	h.plan(9, PlanPremium, 0, true)
-	h.add(90, 9, ProviderGmail, false) // worker 1 (lowest id) is no longer idle
+	h := newPlHarness(t, Config{})
+	h.hb(1, domain.TierSharedPremium, domain.EgressOAuthAPI)
+	h.hb(2, domain.TierSharedPremium, domain.EgressOAuthAPI)
+	h.plan(9, domain.PlanPremium, 0, true)
+	h.add(90, 9, domain.ProviderGmail, false) // worker 1 (lowest id) is no longer idle
 	h.on(90, 1)
 	// Org 1 goes dedicated with 2 workers: worker 2 is the only idle one.
-	ds := h.plan(1, PlanDedicated, 2, true)
+	ds := h.plan(1, domain.PlanDedicated, 2, true)
 	if want := []string{"placement.plan_recorded", "placement.worker_promoted", "placement.dedicated_bound"}; !reflect.DeepEqual(plTypes(ds), want) {
 		t.Fatalf("plan change decided %v", plTypes(ds))
 	}
-	if v := h.worker(2); v.Tier != TierDedicated || v.DedicatedOrg != plOrg(1) {
+	if v := h.worker(2); v.Tier != domain.TierDedicated || v.DedicatedOrg != plOrg(1) {
 		t.Fatalf("worker 2: %+v", v)
 	}
 	if o, _ := h.live.Org(plOrg(1)); o.Shortfall != 1 {
 		t.Fatalf("org 1 shortfall %d", o.Shortfall)
 	}
-	h.add(10, 1, ProviderSMTPIMAP, false)
+	h.add(10, 1, domain.ProviderSMTPIMAP, false)
 	h.on(10, 2)
 	// Org 2 goes dedicated: nothing idle, so its mailbox is degraded onto
 	// shared premium (justified by the harness) and pending.
-	h.plan(2, PlanDedicated, 1, true)
-	ds = h.add(20, 2, ProviderSMTPIMAP, false)
-	if a := plOf[*PlacementAssigned](ds); len(a) != 1 || !a[0].Degraded || a[0].WorkerID != plWorker(1) {
+	h.plan(2, domain.PlanDedicated, 1, true)
+	ds = h.add(20, 2, domain.ProviderSMTPIMAP, false)
+	if a := plOf[*domain.PlacementAssigned](ds); len(a) != 1 || !a[0].Degraded || a[0].WorkerID != plWorker(1) {
 		t.Fatalf("want a degraded placement on worker 1: %s", plJSON(ds))
 	}
-	if p := h.live.Pending(); len(p) != 1 || p[0].ID != plMailbox(20) || p[0].PendingReason != ReasonNoDedicatedCapacity {
+	if p := h.live.Pending(); len(p) != 1 || p[0].ID != plMailbox(20) || p[0].PendingReason != domain.ReasonNoDedicatedCapacity {
 		t.Fatalf("pending: %+v", p)
 	}
 	// A new premium worker: org 1 planned first, so it waits longer and gets it.
-	ds = h.hb(3, TierSharedPremium, EgressOAuthAPI)
-	if b := plOf[*PlacementDedicatedBound](ds); len(b) != 1 || b[0].OrgID != plOrg(1) || b[0].WorkerID != plWorker(3) {
+	ds = h.hb(3, domain.TierSharedPremium, domain.EgressOAuthAPI)
+	if b := plOf[*domain.PlacementDedicatedBound](ds); len(b) != 1 || b[0].OrgID != plOrg(1) || b[0].WorkerID != plWorker(3) {
 		t.Fatalf("worker 3 not bound to org 1: %s", plJSON(ds))
 	}
 	// Another one: org 2 gets it and its degraded mailbox moves there.
-	ds = h.hb(4, TierSharedPremium, EgressOAuthAPI)
-	m := plOf[*PlacementMigrated](ds)
-	if b := plOf[*PlacementDedicatedBound](ds); len(b) != 1 || b[0].OrgID != plOrg(2) || len(m) != 1 ||
-		m[0].ToWorker != plWorker(4) || m[0].Reason != ReasonDedicatedAvailable || m[0].Degraded {
+	ds = h.hb(4, domain.TierSharedPremium, domain.EgressOAuthAPI)
+	m := plOf[*domain.PlacementMigrated](ds)
+	if b := plOf[*domain.PlacementDedicatedBound](ds); len(b) != 1 || b[0].OrgID != plOrg(2) || len(m) != 1 ||
+		m[0].ToWorker != plWorker(4) || m[0].Reason != domain.ReasonDedicatedAvailable || m[0].Degraded {
 		t.Fatalf("org 2 not upgraded: %s", plJSON(ds))
 	}
 	if len(h.live.Pending()) != 0 {
@@ -239,79 +241,79 @@ func TestPlacementDedicatedOneOrgPerWorker(t *testing.T) {
 	t.Parallel()
 	// The predecessor let two orgs bind the same dedicated worker. Here two
 	// orgs want one each and there is one idle worker.
-	h := newPlHarness(t, PlacementConfig{})
-	h.hb(1, TierSharedPremium, EgressOAuthAPI)
-	h.plan(1, PlanDedicated, 1, true)
-	h.plan(2, PlanDedicated, 1, true)
-	h.add(10, 1, ProviderGmail, false)
-	h.add(20, 2, ProviderGmail, false)
+	h := newPlHarness(t, Config{})
+	h.hb(1, domain.TierSharedPremium, domain.EgressOAuthAPI)
+	h.plan(1, domain.PlanDedicated, 1, true)
+	h.plan(2, domain.PlanDedicated, 1, true)
+	h.add(10, 1, domain.ProviderGmail, false)
+	h.add(20, 2, domain.ProviderGmail, false)
 	h.on(10, 1)
 	h.on(20, 0) // no shared premium worker left either: refused
 	if v := h.worker(1); v.DedicatedOrg != plOrg(1) {
 		t.Fatalf("worker 1 bound to %q", v.DedicatedOrg)
 	}
 	// The fold itself refuses a second binding.
-	err := h.live.ApplyDecision(&PlacementDedicatedBound{PlacementMeta: PlacementMeta{At: h.now, Reason: ReasonDedicatedNeeded}, WorkerID: plWorker(1), OrgID: plOrg(2)})
+	err := h.live.ApplyDecision(&domain.PlacementDedicatedBound{PlacementMeta: domain.PlacementMeta{At: h.now, Reason: domain.ReasonDedicatedNeeded}, WorkerID: plWorker(1), OrgID: plOrg(2)})
 	if err == nil {
 		t.Fatal("a bound worker was bound to a second org")
 	}
-	if err := PlacementInvariants(h.live); err != nil {
+	if err := Invariants(h.live); err != nil {
 		t.Fatal(err)
 	}
 	// Org 1 drops to premium: the worker is released, its mailbox moves off
 	// as soon as there is shared premium room, then it goes to org 2.
-	ds := h.plan(1, PlanPremium, 0, true)
+	ds := h.plan(1, domain.PlanPremium, 0, true)
 	if want := []string{"placement.plan_recorded", "placement.dedicated_released"}; !reflect.DeepEqual(plTypes(ds), want) {
 		t.Fatalf("release: %v", plTypes(ds))
 	}
 	if v := h.worker(1); !v.Releasing || v.Mailboxes != 1 {
 		t.Fatalf("worker 1 should be released but still carrying org 1's mailbox: %+v", v)
 	}
-	h.hb(2, TierSharedPremium, EgressOAuthAPI)
+	h.hb(2, domain.TierSharedPremium, domain.EgressOAuthAPI)
 	// Worker 2: org 2 is short and worker 2 is idle -> bound to org 2 first;
 	// mailbox 10 then needs shared premium: nothing, it stays on worker 1.
 	if v := h.worker(2); v.DedicatedOrg != plOrg(2) {
 		t.Fatalf("worker 2: %+v", v)
 	}
 	h.on(20, 2)
-	h.hb(3, TierSharedPremium, EgressOAuthAPI)
+	h.hb(3, domain.TierSharedPremium, domain.EgressOAuthAPI)
 	h.on(10, 3)
-	if v := h.worker(1); v.Tier != TierSharedPremium || v.DedicatedOrg != "" || v.Releasing {
+	if v := h.worker(1); v.Tier != domain.TierSharedPremium || v.DedicatedOrg != "" || v.Releasing {
 		t.Fatalf("worker 1 did not revert once idle: %+v", v)
 	}
 }
 
 func TestPlacementDedicatedReleaseAndHandOver(t *testing.T) {
 	t.Parallel()
-	h := newPlHarness(t, PlacementConfig{})
+	h := newPlHarness(t, Config{})
 	for i := 1; i <= 3; i++ {
-		h.hb(i, TierSharedPremium, EgressOAuthAPI)
+		h.hb(i, domain.TierSharedPremium, domain.EgressOAuthAPI)
 	}
-	h.plan(1, PlanDedicated, 2, true)
+	h.plan(1, domain.PlanDedicated, 2, true)
 	for i := 1; i <= 5; i++ {
-		h.add(i, 1, ProviderGmail, false)
+		h.add(i, 1, domain.ProviderGmail, false)
 	}
 	w1, w2 := h.worker(1), h.worker(2)
 	if w1.DedicatedOrg != plOrg(1) || w2.DedicatedOrg != plOrg(1) || w1.Mailboxes+w2.Mailboxes != 5 {
 		t.Fatalf("workers 1, 2: %+v %+v", w1, w2)
 	}
 	// Org 2 wants one too: worker 3 is idle.
-	h.plan(2, PlanDedicated, 2, true)
+	h.plan(2, domain.PlanDedicated, 2, true)
 	if o, _ := h.live.Org(plOrg(2)); o.Shortfall != 1 || !slices.Equal(o.Bound, []string{plWorker(3)}) {
 		t.Fatalf("org 2: %+v", o)
 	}
 	// Org 1 drops to one worker: the least loaded (worker 2, 2 mailboxes)
 	// is released; its mailboxes move to worker 1; idle, it goes straight to
 	// org 2, which waits for one.
-	ds := h.plan(1, PlanDedicated, 1, true)
-	rel := plOf[*PlacementDedicatedReleased](ds)
-	mig := plOf[*PlacementMigrated](ds)
-	bound := plOf[*PlacementDedicatedBound](ds)
+	ds := h.plan(1, domain.PlanDedicated, 1, true)
+	rel := plOf[*domain.PlacementDedicatedReleased](ds)
+	mig := plOf[*domain.PlacementMigrated](ds)
+	bound := plOf[*domain.PlacementDedicatedBound](ds)
 	if len(rel) != 1 || rel[0].WorkerID != plWorker(2) || len(mig) != 2 || len(bound) != 1 || bound[0].OrgID != plOrg(2) {
 		t.Fatalf("release and hand-over: %s", plJSON(ds))
 	}
 	for _, m := range mig {
-		if m.FromWorker != plWorker(2) || m.ToWorker != plWorker(1) || m.Reason != ReasonPlanChanged {
+		if m.FromWorker != plWorker(2) || m.ToWorker != plWorker(1) || m.Reason != domain.ReasonPlanChanged {
 			t.Fatalf("migration %+v", m)
 		}
 	}
@@ -320,14 +322,14 @@ func TestPlacementDedicatedReleaseAndHandOver(t *testing.T) {
 	}
 	// Org 2 ends its dedicated plan: both workers released and, idle,
 	// reverted to shared premium.
-	ds = h.plan(2, PlanPremium, 0, true)
-	if rv := plOf[*PlacementWorkerReverted](ds); len(rv) != 2 || rv[0].ToTier != TierSharedPremium {
+	ds = h.plan(2, domain.PlanPremium, 0, true)
+	if rv := plOf[*domain.PlacementWorkerReverted](ds); len(rv) != 2 || rv[0].ToTier != domain.TierSharedPremium {
 		t.Fatalf("revert: %s", plJSON(ds))
 	}
 	// A dedicated org's risky mailbox stays on its dedicated worker: no
 	// risk pools on dedicated workers.
-	ds = h.score(1, HealthBlocked)
-	if len(plOf[*PlacementMigrated](ds)) != 0 || h.mailbox(1).Band != RiskQuarantine {
+	ds = h.score(1, domain.HealthBlocked)
+	if len(plOf[*domain.PlacementMigrated](ds)) != 0 || h.mailbox(1).Band != domain.RiskQuarantine {
 		t.Fatalf("dedicated mailbox moved on band change: %s", plJSON(ds))
 	}
 	h.on(1, 1)
@@ -337,41 +339,41 @@ func TestPlacementRiskSegregationBothDirections(t *testing.T) {
 	t.Parallel()
 	// The predecessor kept risky mailboxes off clean workers but let clean
 	// mailboxes land on risky ones. Both directions are strict here.
-	h := newPlHarness(t, PlacementConfig{})
-	h.hb(1, TierSharedFree, EgressColdSMTP) // capacity 4
-	h.hb(2, TierSharedFree, EgressOAuthAPI) // capacity 100
-	h.add(1, 1, ProviderSMTPIMAP, false)
+	h := newPlHarness(t, Config{})
+	h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP) // capacity 4
+	h.hb(2, domain.TierSharedFree, domain.EgressOAuthAPI) // capacity 100
+	h.add(1, 1, domain.ProviderSMTPIMAP, false)
 	h.on(1, 1) // lowest id among idle workers
 	// Mailbox 1 turns risky: worker 2 is idle and clean, promoted to risky.
-	ds := h.score(1, HealthWatch)
+	ds := h.score(1, domain.HealthWatch)
 	if want := []string{"placement.band_changed", "placement.worker_promoted", "placement.migrated"}; !reflect.DeepEqual(plTypes(ds), want) {
 		t.Fatalf("band change: %v", plTypes(ds))
 	}
-	m := plOf[*PlacementMigrated](ds)[0]
-	if m.FromWorker != plWorker(1) || m.ToWorker != plWorker(2) || m.FromBand != RiskClean || m.ToBand != RiskRisky || m.Reason != ReasonBandChanged {
+	m := plOf[*domain.PlacementMigrated](ds)[0]
+	if m.FromWorker != plWorker(1) || m.ToWorker != plWorker(2) || m.FromBand != domain.RiskClean || m.ToBand != domain.RiskRisky || m.Reason != domain.ReasonBandChanged {
 		t.Fatalf("migration %+v", m)
 	}
-	if h.worker(2).Pool != RiskRisky || h.worker(1).Pool != RiskClean {
+	if h.worker(2).Pool != domain.RiskRisky || h.worker(1).Pool != domain.RiskClean {
 		t.Fatalf("pools: %+v %+v", h.worker(1), h.worker(2))
 	}
 	// Fill the clean worker (capacity 4): clean mailboxes never go to the
 	// risky worker with its 99 free units.
 	for i := 2; i <= 5; i++ {
-		h.add(i, 1, ProviderSMTPIMAP, false)
+		h.add(i, 1, domain.ProviderSMTPIMAP, false)
 		h.on(i, 1)
 	}
-	ds = h.add(6, 1, ProviderSMTPIMAP, false)
-	if r := plOf[*PlacementRefused](ds); len(r) != 1 || r[0].Band != RiskClean {
+	ds = h.add(6, 1, domain.ProviderSMTPIMAP, false)
+	if r := plOf[*domain.PlacementRefused](ds); len(r) != 1 || r[0].Band != domain.RiskClean {
 		t.Fatalf("clean mailbox not refused: %s", plJSON(ds))
 	}
 	h.on(6, 0)
 	// Risky mailboxes go to the risky worker, never the clean one.
-	h.score(2, HealthThrottled)
+	h.score(2, domain.HealthThrottled)
 	h.on(2, 2)
 	// The clean worker now has room: the pending mailbox is placed on the
 	// next tick.
 	ds = h.tick()
-	if a := plOf[*PlacementAssigned](ds); len(a) != 1 || a[0].WorkerID != plWorker(1) {
+	if a := plOf[*domain.PlacementAssigned](ds); len(a) != 1 || a[0].WorkerID != plWorker(1) {
 		t.Fatalf("retry: %s", plJSON(ds))
 	}
 	for _, v := range h.live.Snapshot().Mailboxes {
@@ -386,100 +388,100 @@ func TestPlacementRiskSegregationBothDirections(t *testing.T) {
 
 func TestPlacementRiskPoolPromotionRefusalRetryAndRevert(t *testing.T) {
 	t.Parallel()
-	h := newPlHarness(t, PlacementConfig{})
-	h.hb(1, TierSharedPremium, EgressOAuthAPI)
-	h.hb(2, TierSharedPremium, EgressOAuthAPI)
-	h.plan(1, PlanPremium, 0, true)
-	h.add(1, 1, ProviderGmail, false)
-	h.add(2, 1, ProviderGmail, false)
+	h := newPlHarness(t, Config{})
+	h.hb(1, domain.TierSharedPremium, domain.EgressOAuthAPI)
+	h.hb(2, domain.TierSharedPremium, domain.EgressOAuthAPI)
+	h.plan(1, domain.PlanPremium, 0, true)
+	h.add(1, 1, domain.ProviderGmail, false)
+	h.add(2, 1, domain.ProviderGmail, false)
 	h.on(1, 1)
 	h.on(2, 2) // worker 2 had the lowest utilisation (0) after mailbox 1
-	h.add(3, 1, ProviderGmail, false)
+	h.add(3, 1, domain.ProviderGmail, false)
 	// Mailbox 3 goes quarantined: no quarantine worker, nothing idle.
-	ds := h.score(3, HealthQuarantined)
-	r := plOf[*PlacementRefused](ds)
-	if len(r) != 1 || r[0].FromWorker == "" || r[0].Band != RiskQuarantine || r[0].FromBand != RiskClean || r[0].Cause != ReasonBandChanged {
+	ds := h.score(3, domain.HealthQuarantined)
+	r := plOf[*domain.PlacementRefused](ds)
+	if len(r) != 1 || r[0].FromWorker == "" || r[0].Band != domain.RiskQuarantine || r[0].FromBand != domain.RiskClean || r[0].Cause != domain.ReasonBandChanged {
 		t.Fatalf("want a refusal moving off: %s", plJSON(ds))
 	}
 	h.on(3, 0)
 	// A new worker appears: promoted into quarantine, mailbox placed.
-	ds = h.hb(3, TierSharedPremium, EgressColdSMTP)
+	ds = h.hb(3, domain.TierSharedPremium, domain.EgressColdSMTP)
 	if want := []string{"placement.worker_registered", "placement.worker_promoted", "placement.assigned"}; !reflect.DeepEqual(plTypes(ds), want) {
 		t.Fatalf("retry: %v", plTypes(ds))
 	}
-	if v := h.worker(3); v.Pool != RiskQuarantine {
+	if v := h.worker(3); v.Pool != domain.RiskQuarantine {
 		t.Fatalf("worker 3 pool %s", v.Pool)
 	}
 	// Removal empties the pool worker: back to clean at once.
 	ds = h.remove(3)
-	if u := plOf[*PlacementUnassigned](ds); len(u) != 1 || u[0].WorkerID != plWorker(3) {
+	if u := plOf[*domain.PlacementUnassigned](ds); len(u) != 1 || u[0].WorkerID != plWorker(3) {
 		t.Fatalf("removal: %s", plJSON(ds))
 	}
-	if rv := plOf[*PlacementWorkerReverted](ds); len(rv) != 1 || rv[0].FromPool != RiskQuarantine || rv[0].ToPool != RiskClean {
+	if rv := plOf[*domain.PlacementWorkerReverted](ds); len(rv) != 1 || rv[0].FromPool != domain.RiskQuarantine || rv[0].ToPool != domain.RiskClean {
 		t.Fatalf("revert: %s", plJSON(ds))
 	}
 }
 
 func TestPlacementBandHysteresis(t *testing.T) {
 	t.Parallel()
-	h := newPlHarness(t, PlacementConfig{BandDwell: time.Hour})
-	h.hb(1, TierSharedFree, EgressOAuthAPI)
-	h.hb(2, TierSharedFree, EgressOAuthAPI)
-	h.hb(3, TierSharedFree, EgressOAuthAPI)
-	h.add(1, 1, ProviderGmail, false)
-	var all []PlacementDecision
+	h := newPlHarness(t, Config{BandDwell: time.Hour})
+	h.hb(1, domain.TierSharedFree, domain.EgressOAuthAPI)
+	h.hb(2, domain.TierSharedFree, domain.EgressOAuthAPI)
+	h.hb(3, domain.TierSharedFree, domain.EgressOAuthAPI)
+	h.add(1, 1, domain.ProviderGmail, false)
+	var all []domain.PlacementDecision
 	// A score hovering on the healthy/watch threshold for 5 hours.
 	for i := range 30 {
 		h.advance(10 * time.Minute)
 		h.beatAll()
-		st := HealthHealthy
+		st := domain.HealthHealthy
 		if i%2 == 0 {
-			st = HealthWatch
+			st = domain.HealthWatch
 		}
 		all = append(all, h.score(1, st)...)
 	}
-	bc := plOf[*PlacementBandChanged](all)
-	if len(bc) != 1 || bc[0].ToBand != RiskRisky || len(plOf[*PlacementMigrated](all)) != 1 {
-		t.Fatalf("flapping: %d band changes, %d migrations", len(bc), len(plOf[*PlacementMigrated](all)))
+	bc := plOf[*domain.PlacementBandChanged](all)
+	if len(bc) != 1 || bc[0].ToBand != domain.RiskRisky || len(plOf[*domain.PlacementMigrated](all)) != 1 {
+		t.Fatalf("flapping: %d band changes, %d migrations", len(bc), len(plOf[*domain.PlacementMigrated](all)))
 	}
 	// The last score was healthy; a watch one cancels that recovery.
 	h.advance(10 * time.Minute)
-	h.score(1, HealthWatch)
+	h.score(1, domain.HealthWatch)
 	// Healthy for good: the first score starts a recovery, later ones
 	// within the dwell change nothing, the first at or after the dwell
 	// moves the mailbox back.
 	h.advance(10 * time.Minute)
-	ds := h.score(1, HealthHealthy)
-	if held := plOf[*PlacementBandHeld](ds); len(held) != 1 || held[0].Candidate != RiskClean {
+	ds := h.score(1, domain.HealthHealthy)
+	if held := plOf[*domain.PlacementBandHeld](ds); len(held) != 1 || held[0].Candidate != domain.RiskClean {
 		t.Fatalf("recovery start: %s", plJSON(ds))
 	}
 	h.advance(30 * time.Minute)
-	if ds := h.score(1, HealthHealthy); len(ds) != 0 {
+	if ds := h.score(1, domain.HealthHealthy); len(ds) != 0 {
 		t.Fatalf("within dwell: %v", plTypes(ds))
 	}
 	// A watch score in between would restart it; instead a better one.
 	h.advance(30 * time.Minute)
-	ds = h.score(1, HealthHealthy)
-	if bc := plOf[*PlacementBandChanged](ds); len(bc) != 1 || bc[0].ToBand != RiskClean || bc[0].Reason != ReasonBandImproved {
+	ds = h.score(1, domain.HealthHealthy)
+	if bc := plOf[*domain.PlacementBandChanged](ds); len(bc) != 1 || bc[0].ToBand != domain.RiskClean || bc[0].Reason != domain.ReasonBandImproved {
 		t.Fatalf("after dwell: %s", plJSON(ds))
 	}
-	if m := plOf[*PlacementMigrated](ds); len(m) != 1 || m[0].FromBand != RiskRisky || m[0].ToBand != RiskClean {
+	if m := plOf[*domain.PlacementMigrated](ds); len(m) != 1 || m[0].FromBand != domain.RiskRisky || m[0].ToBand != domain.RiskClean {
 		t.Fatalf("migration back: %s", plJSON(ds))
 	}
 	// Quarantine recovering through mixed better scores: the worst of them.
-	h.score(1, HealthBlocked)
-	h.score(1, HealthHealthy)
+	h.score(1, domain.HealthBlocked)
+	h.score(1, domain.HealthHealthy)
 	h.advance(20 * time.Minute)
-	h.score(1, HealthThrottled)
+	h.score(1, domain.HealthThrottled)
 	h.advance(40 * time.Minute)
-	ds = h.score(1, HealthHealthy)
-	if bc := plOf[*PlacementBandChanged](ds); len(bc) != 1 || bc[0].ToBand != RiskRisky {
+	ds = h.score(1, domain.HealthHealthy)
+	if bc := plOf[*domain.PlacementBandChanged](ds); len(bc) != 1 || bc[0].ToBand != domain.RiskRisky {
 		t.Fatalf("mixed recovery: %s", plJSON(ds))
 	}
 	// A score at the current band cancels a recovery.
-	h.score(1, HealthHealthy)
-	ds = h.score(1, HealthWatch)
-	if held := plOf[*PlacementBandHeld](ds); len(held) != 1 || held[0].Candidate != "" || held[0].Reason != ReasonBandRecoveryCancelled {
+	h.score(1, domain.HealthHealthy)
+	ds = h.score(1, domain.HealthWatch)
+	if held := plOf[*domain.PlacementBandHeld](ds); len(held) != 1 || held[0].Candidate != "" || held[0].Reason != domain.ReasonBandRecoveryCancelled {
 		t.Fatalf("cancel: %s", plJSON(ds))
 	}
 }
@@ -489,18 +491,18 @@ func TestPlacementLowestUtilisationAndHeadroom(t *testing.T) {
 	// Worker 1: capacity 4, load 3.4 (utilisation 0.85, headroom 0.6).
 	// Worker 2: capacity 16, load 15 (utilisation 0.9375, headroom 1).
 	// Worker 3: capacity 16, load 15.4 (utilisation 0.9625, headroom 0.6).
-	snap := PlacementSnapshot{}
+	snap := Snapshot{}
 	for i, c := range []int64{4, 16, 16} {
-		snap.Workers = append(snap.Workers, PlacementWorkerView{
-			ID: plWorker(i + 1), BaseTier: TierSharedFree, Tier: TierSharedFree, Egress: EgressColdSMTP, Pool: RiskClean,
-			Health: HealthHealthy, FirstSeen: plT0, LastSeen: plT0, Live: true, Capacity: c,
+		snap.Workers = append(snap.Workers, WorkerView{
+			ID: plWorker(i + 1), BaseTier: domain.TierSharedFree, Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP, Pool: domain.RiskClean,
+			Health: domain.HealthHealthy, FirstSeen: plT0, LastSeen: plT0, Live: true, Capacity: c,
 		})
 	}
 	n := 0
 	put := func(w int, weight int64, k int) {
 		for range k {
 			n++
-			snap.Mailboxes = append(snap.Mailboxes, PlacementMailboxView{ID: plMailbox(n), OrgID: plOrg(1), Weight: weight, Band: RiskClean, WorkerID: plWorker(w)})
+			snap.Mailboxes = append(snap.Mailboxes, MailboxView{ID: plMailbox(n), OrgID: plOrg(1), Weight: weight, Band: domain.RiskClean, WorkerID: plWorker(w)})
 			snap.Workers[w-1].Load += weight
 		}
 	}
@@ -509,47 +511,47 @@ func TestPlacementLowestUtilisationAndHeadroom(t *testing.T) {
 	put(2, 1000, 15)
 	put(3, 1000, 15)
 	put(3, 400, 1)
-	h := plHarnessFrom(t, PlacementConfig{}, snap, plT0)
+	h := plHarnessFrom(t, Config{}, snap, plT0)
 	// Weight 1: worker 1 has the lowest utilisation but no headroom for 1;
 	// worker 2 has headroom 1 exactly.
-	ds := h.add(100, 1, ProviderSMTPIMAP, false)
-	if a := plOf[*PlacementAssigned](ds); len(a) != 1 || a[0].WorkerID != plWorker(2) {
+	ds := h.add(100, 1, domain.ProviderSMTPIMAP, false)
+	if a := plOf[*domain.PlacementAssigned](ds); len(a) != 1 || a[0].WorkerID != plWorker(2) {
 		t.Fatalf("weight 1: %s", plJSON(ds))
 	}
 	// Weight 0.4: worker 1 (0.85) beats worker 3 (0.9625).
-	ds = h.add(101, 1, ProviderSMTPIMAP, true)
-	if a := plOf[*PlacementAssigned](ds); len(a) != 1 || a[0].WorkerID != plWorker(1) {
+	ds = h.add(101, 1, domain.ProviderSMTPIMAP, true)
+	if a := plOf[*domain.PlacementAssigned](ds); len(a) != 1 || a[0].WorkerID != plWorker(1) {
 		t.Fatalf("weight 0.4: %s", plJSON(ds))
 	}
 	// Worker 1 now 3.8/4 (0.95), worker 3 15.4/16 (0.9625): weight 0.05 to 1.
-	ds = h.add(102, 1, ProviderGmail, false)
-	if a := plOf[*PlacementAssigned](ds); len(a) != 1 || a[0].WorkerID != plWorker(1) {
+	ds = h.add(102, 1, domain.ProviderGmail, false)
+	if a := plOf[*domain.PlacementAssigned](ds); len(a) != 1 || a[0].WorkerID != plWorker(1) {
 		t.Fatalf("weight 0.05: %s", plJSON(ds))
 	}
 	// Ties on utilisation go to the lower id.
-	h2 := newPlHarness(t, PlacementConfig{})
+	h2 := newPlHarness(t, Config{})
 	for _, i := range []int{5, 3, 4} {
-		h2.hb(i, TierSharedFree, EgressOAuthAPI)
+		h2.hb(i, domain.TierSharedFree, domain.EgressOAuthAPI)
 	}
 	for i, want := range []int{3, 4, 5, 3} {
-		h2.add(i+1, 1, ProviderGmail, false)
+		h2.add(i+1, 1, domain.ProviderGmail, false)
 		h2.on(i+1, want)
 	}
 }
 
 func TestPlacementLivenessDeadWorkerReplaced(t *testing.T) {
 	t.Parallel()
-	h := newPlHarness(t, PlacementConfig{HeartbeatInterval: 10 * time.Second})
-	h.hb(1, TierSharedFree, EgressOAuthAPI)
-	h.add(1, 1, ProviderGmail, false)
-	h.add(2, 1, ProviderGmail, false)
-	h.hb(2, TierSharedFree, EgressOAuthAPI)
+	h := newPlHarness(t, Config{HeartbeatInterval: 10 * time.Second})
+	h.hb(1, domain.TierSharedFree, domain.EgressOAuthAPI)
+	h.add(1, 1, domain.ProviderGmail, false)
+	h.add(2, 1, domain.ProviderGmail, false)
+	h.hb(2, domain.TierSharedFree, domain.EgressOAuthAPI)
 	h.on(1, 1)
 	h.on(2, 1)
 	// Worker 2 keeps heartbeating; worker 1 goes silent.
 	for range 3 {
 		h.advance(10 * time.Second)
-		h.hb(2, TierSharedFree, EgressOAuthAPI)
+		h.hb(2, domain.TierSharedFree, domain.EgressOAuthAPI)
 	}
 	if ds := h.tick(); len(ds) != 0 { // exactly 30 s: still live
 		t.Fatalf("at the window: %v", plTypes(ds))
@@ -559,8 +561,8 @@ func TestPlacementLivenessDeadWorkerReplaced(t *testing.T) {
 	if want := []string{"placement.worker_died", "placement.migrated", "placement.migrated"}; !reflect.DeepEqual(plTypes(ds), want) {
 		t.Fatalf("expiry: %v", plTypes(ds))
 	}
-	for _, m := range plOf[*PlacementMigrated](ds) {
-		if m.FromWorker != plWorker(1) || m.ToWorker != plWorker(2) || m.Reason != ReasonWorkerDied {
+	for _, m := range plOf[*domain.PlacementMigrated](ds) {
+		if m.FromWorker != plWorker(1) || m.ToWorker != plWorker(2) || m.Reason != domain.ReasonWorkerDied {
 			t.Fatalf("migration %+v", m)
 		}
 	}
@@ -570,12 +572,12 @@ func TestPlacementLivenessDeadWorkerReplaced(t *testing.T) {
 	// Worker 2 dies too: nothing left, mailboxes refused into pending.
 	h.advance(31 * time.Second)
 	ds = h.tick()
-	if r := plOf[*PlacementRefused](ds); len(r) != 2 || r[0].Cause != ReasonWorkerDied || r[0].FromWorker != plWorker(2) {
+	if r := plOf[*domain.PlacementRefused](ds); len(r) != 2 || r[0].Cause != domain.ReasonWorkerDied || r[0].FromWorker != plWorker(2) {
 		t.Fatalf("second expiry: %s", plJSON(ds))
 	}
 	// Worker 1 comes back: revived, takes the pending mailboxes.
-	ds = h.hb(1, TierSharedFree, EgressOAuthAPI)
-	if c := plOf[*PlacementWorkerChanged](ds); len(c) != 1 || c[0].Reason != ReasonWorkerRevived {
+	ds = h.hb(1, domain.TierSharedFree, domain.EgressOAuthAPI)
+	if c := plOf[*domain.PlacementWorkerChanged](ds); len(c) != 1 || c[0].Reason != domain.ReasonWorkerRevived {
 		t.Fatalf("revival: %s", plJSON(ds))
 	}
 	h.on(1, 1)
@@ -584,29 +586,29 @@ func TestPlacementLivenessDeadWorkerReplaced(t *testing.T) {
 
 func TestPlacementStoppingDrains(t *testing.T) {
 	t.Parallel()
-	h := newPlHarness(t, PlacementConfig{})
-	h.hb(1, TierSharedFree, EgressColdSMTP) // capacity 4
-	h.hb(2, TierSharedFree, EgressColdSMTP) // capacity 4
+	h := newPlHarness(t, Config{})
+	h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP) // capacity 4
+	h.hb(2, domain.TierSharedFree, domain.EgressColdSMTP) // capacity 4
 	for i := 1; i <= 6; i++ {
-		h.add(i, 1, ProviderSMTPIMAP, false)
+		h.add(i, 1, domain.ProviderSMTPIMAP, false)
 	}
 	// 3 each: the lowest utilisation alternates, ties by id.
 	ds := h.stop(1)
 	// Worker 2 has room for one more: one moves, two stay (still sending).
-	if m := plOf[*PlacementMigrated](ds); len(m) != 1 || m[0].Reason != ReasonWorkerStopping {
+	if m := plOf[*domain.PlacementMigrated](ds); len(m) != 1 || m[0].Reason != domain.ReasonWorkerStopping {
 		t.Fatalf("drain: %s", plJSON(ds))
 	}
 	if v := h.worker(1); v.Mailboxes != 2 || !v.Stopping {
 		t.Fatalf("worker 1: %+v", v)
 	}
 	// New mailboxes never go to the stopping worker.
-	ds = h.add(7, 1, ProviderSMTPIMAP, false)
-	if len(plOf[*PlacementRefused](ds)) != 1 {
+	ds = h.add(7, 1, domain.ProviderSMTPIMAP, false)
+	if len(plOf[*domain.PlacementRefused](ds)) != 1 {
 		t.Fatalf("placed on a stopping worker: %s", plJSON(ds))
 	}
 	// Capacity appears: the drain finishes, then the pending one.
-	ds = h.hb(3, TierSharedFree, EgressColdSMTP)
-	if len(plOf[*PlacementMigrated](ds)) != 2 || len(plOf[*PlacementAssigned](ds)) != 1 {
+	ds = h.hb(3, domain.TierSharedFree, domain.EgressColdSMTP)
+	if len(plOf[*domain.PlacementMigrated](ds)) != 2 || len(plOf[*domain.PlacementAssigned](ds)) != 1 {
 		t.Fatalf("after capacity: %s", plJSON(ds))
 	}
 	if v := h.worker(1); v.Mailboxes != 0 {
@@ -616,26 +618,26 @@ func TestPlacementStoppingDrains(t *testing.T) {
 
 func TestPlacementPlanMigrationSequence(t *testing.T) {
 	t.Parallel()
-	h := newPlHarness(t, PlacementConfig{})
-	h.hb(1, TierSharedFree, EgressOAuthAPI)
-	h.hb(5, TierSharedFree, EgressOAuthAPI)
-	h.hb(2, TierSharedPremium, EgressOAuthAPI)
-	h.hb(3, TierSharedPremium, EgressOAuthAPI)
+	h := newPlHarness(t, Config{})
+	h.hb(1, domain.TierSharedFree, domain.EgressOAuthAPI)
+	h.hb(5, domain.TierSharedFree, domain.EgressOAuthAPI)
+	h.hb(2, domain.TierSharedPremium, domain.EgressOAuthAPI)
+	h.hb(3, domain.TierSharedPremium, domain.EgressOAuthAPI)
 	for i := 1; i <= 4; i++ {
-		h.add(i, 1, ProviderGmail, false)
+		h.add(i, 1, domain.ProviderGmail, false)
 		h.on(i, 1+4*((i+1)%2)) // alternating between the idle workers 1 and 5
 	}
 	// Mailbox 4 turns risky: no risky free worker, none idle to promote.
-	if r := plOf[*PlacementRefused](h.score(4, HealthThrottled)); len(r) != 1 {
+	if r := plOf[*domain.PlacementRefused](h.score(4, domain.HealthThrottled)); len(r) != 1 {
 		t.Fatal("risky mailbox 4 not refused")
 	}
-	order := func(ds []PlacementDecision) []string {
+	order := func(ds []domain.PlacementDecision) []string {
 		var ids []string
 		for _, d := range ds {
 			switch d := d.(type) {
-			case *PlacementMigrated:
+			case *domain.PlacementMigrated:
 				ids = append(ids, d.MailboxID)
-			case *PlacementRefused:
+			case *domain.PlacementRefused:
 				ids = append(ids, d.MailboxID)
 			}
 		}
@@ -643,27 +645,27 @@ func TestPlacementPlanMigrationSequence(t *testing.T) {
 	}
 	// free -> premium: every mailbox leaves the free workers in id order;
 	// the pending risky one finds no idle premium worker and stays pending.
-	ds := h.plan(1, PlanPremium, 0, true)
+	ds := h.plan(1, domain.PlanPremium, 0, true)
 	if got := order(ds); !slices.IsSorted(got) || len(got) != 3 {
 		t.Fatalf("free->premium: %s", plJSON(ds))
 	}
 	for i := 1; i <= 4; i++ {
 		v := h.mailbox(i)
-		if w, _ := h.live.Worker(v.WorkerID); v.WorkerID != "" && w.Tier != TierSharedPremium {
+		if w, _ := h.live.Worker(v.WorkerID); v.WorkerID != "" && w.Tier != domain.TierSharedPremium {
 			t.Fatalf("mailbox %d on %s", i, w.Tier)
 		}
 	}
 	h.on(4, 0)
-	if v := h.worker(5); v.Pool != RiskClean || v.Mailboxes != 0 {
+	if v := h.worker(5); v.Pool != domain.RiskClean || v.Mailboxes != 0 {
 		t.Fatalf("worker 5 after its mailboxes left: %+v", v)
 	}
 	// A new premium worker is promoted into the risky pool for mailbox 4.
-	h.hb(4, TierSharedPremium, EgressOAuthAPI)
+	h.hb(4, domain.TierSharedPremium, domain.EgressOAuthAPI)
 	h.on(4, 4)
 	// premium -> dedicated(1): an idle premium worker is promoted, every
 	// mailbox moves onto it, risky or not.
-	h.hb(6, TierSharedPremium, EgressOAuthAPI)
-	ds = h.plan(1, PlanDedicated, 1, true)
+	h.hb(6, domain.TierSharedPremium, domain.EgressOAuthAPI)
+	ds = h.plan(1, domain.PlanDedicated, 1, true)
 	if got := order(ds); !slices.IsSorted(got) {
 		t.Fatalf("premium->dedicated order: %v", got)
 	}
@@ -678,16 +680,16 @@ func TestPlacementPlanMigrationSequence(t *testing.T) {
 	}
 	// dedicated -> subscription ended: everything back to free; the
 	// dedicated worker is released and reverts once idle.
-	ds = h.plan(1, PlanDedicated, 1, false)
+	ds = h.plan(1, domain.PlanDedicated, 1, false)
 	if got := order(ds); !slices.IsSorted(got) || len(got) != 4 {
 		t.Fatalf("ended: %s", plJSON(ds))
 	}
-	if v, _ := h.live.Worker(o.Bound[0]); v.Tier != TierSharedPremium || v.Mailboxes != 0 {
+	if v, _ := h.live.Worker(o.Bound[0]); v.Tier != domain.TierSharedPremium || v.Mailboxes != 0 {
 		t.Fatalf("released worker: %+v", v)
 	}
 	for i := 1; i <= 4; i++ {
 		v := h.mailbox(i)
-		if w, _ := h.live.Worker(v.WorkerID); v.WorkerID != "" && w.Tier != TierSharedFree {
+		if w, _ := h.live.Worker(v.WorkerID); v.WorkerID != "" && w.Tier != domain.TierSharedFree {
 			t.Fatalf("mailbox %d on %s after subscription end", i, w.Tier)
 		}
 	}
@@ -698,38 +700,38 @@ func TestPlacementConcurrentPlanChanges(t *testing.T) {
 	// The predecessor ran plan migrations in goroutines that raced. Here two
 	// plan changes in a row (same instant) are decided in order, each a
 	// complete sequence, and the state after both is the second plan's.
-	h := newPlHarness(t, PlacementConfig{})
+	h := newPlHarness(t, Config{})
 	for i := 1; i <= 4; i++ {
-		h.hb(i, TierSharedPremium, EgressOAuthAPI)
+		h.hb(i, domain.TierSharedPremium, domain.EgressOAuthAPI)
 	}
-	h.hb(5, TierSharedFree, EgressOAuthAPI)
-	h.plan(1, PlanPremium, 0, true)
-	h.plan(2, PlanPremium, 0, true)
+	h.hb(5, domain.TierSharedFree, domain.EgressOAuthAPI)
+	h.plan(1, domain.PlanPremium, 0, true)
+	h.plan(2, domain.PlanPremium, 0, true)
 	for i := 1; i <= 6; i++ {
-		h.add(i, 1+i%2, ProviderGmail, false)
+		h.add(i, 1+i%2, domain.ProviderGmail, false)
 	}
-	h.plan(1, PlanDedicated, 2, true)
-	h.plan(2, PlanDedicated, 2, true)
-	h.plan(1, PlanFree, 0, true)
-	h.plan(2, PlanDedicated, 3, true)
-	h.plan(2, PlanPremium, 0, true)
-	h.plan(2, PlanDedicated, 1, true)
+	h.plan(1, domain.PlanDedicated, 2, true)
+	h.plan(2, domain.PlanDedicated, 2, true)
+	h.plan(1, domain.PlanFree, 0, true)
+	h.plan(2, domain.PlanDedicated, 3, true)
+	h.plan(2, domain.PlanPremium, 0, true)
+	h.plan(2, domain.PlanDedicated, 1, true)
 	for _, v := range h.live.Snapshot().Mailboxes {
 		w, _ := h.live.Worker(v.WorkerID)
 		switch v.OrgID {
 		case plOrg(1):
-			if w.Tier != TierSharedFree {
+			if w.Tier != domain.TierSharedFree {
 				t.Fatalf("org 1 mailbox %s on %s", v.ID, w.Tier)
 			}
 		case plOrg(2):
-			if w.Tier != TierDedicated || w.DedicatedOrg != plOrg(2) {
+			if w.Tier != domain.TierDedicated || w.DedicatedOrg != plOrg(2) {
 				t.Fatalf("org 2 mailbox %s on %+v", v.ID, w)
 			}
 		}
 	}
 	dedicated := 0
 	for _, w := range h.live.Snapshot().Workers {
-		if w.Tier == TierDedicated {
+		if w.Tier == domain.TierDedicated {
 			dedicated++
 		}
 	}
@@ -742,12 +744,12 @@ func TestPlacementRemovalReachesWorker(t *testing.T) {
 	t.Parallel()
 	// The predecessor's removal never reached the worker. Here the removal
 	// is a decision naming the worker, and the load is freed at once.
-	h := newPlHarness(t, PlacementConfig{})
-	h.hb(1, TierSharedFree, EgressColdSMTP)
-	h.add(1, 1, ProviderSMTPIMAP, true)
+	h := newPlHarness(t, Config{})
+	h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP)
+	h.add(1, 1, domain.ProviderSMTPIMAP, true)
 	ds := h.remove(1)
-	u := plOf[*PlacementUnassigned](ds)
-	if len(u) != 1 || u[0].WorkerID != plWorker(1) || u[0].Weight != 400 || u[0].Detail != "deleted by user" || u[0].Reason != ReasonMailboxRemoved {
+	u := plOf[*domain.PlacementUnassigned](ds)
+	if len(u) != 1 || u[0].WorkerID != plWorker(1) || u[0].Weight != 400 || u[0].Detail != "deleted by user" || u[0].Reason != domain.ReasonMailboxRemoved {
 		t.Fatalf("removal: %s", plJSON(ds))
 	}
 	if v := h.worker(1); v.Load != 0 || v.Mailboxes != 0 {
@@ -760,14 +762,14 @@ func TestPlacementRemovalReachesWorker(t *testing.T) {
 		t.Fatalf("second removal decided %v", plTypes(ds))
 	}
 	// A pending mailbox's removal names no worker.
-	h.plan(2, PlanPremium, 0, true)
-	h.add(2, 2, ProviderSMTPIMAP, false)
+	h.plan(2, domain.PlanPremium, 0, true)
+	h.add(2, 2, domain.ProviderSMTPIMAP, false)
 	ds = h.remove(2)
-	if u := plOf[*PlacementUnassigned](ds); len(u) != 1 || u[0].WorkerID != "" {
+	if u := plOf[*domain.PlacementUnassigned](ds); len(u) != 1 || u[0].WorkerID != "" {
 		t.Fatalf("pending removal: %s", plJSON(ds))
 	}
 	// Re-adding after removal places it again.
-	h.add(1, 1, ProviderSMTPIMAP, false)
+	h.add(1, 1, domain.ProviderSMTPIMAP, false)
 	h.on(1, 1)
 }
 
@@ -775,11 +777,11 @@ func TestPlacementLoadExact(t *testing.T) {
 	t.Parallel()
 	// The predecessor's load counters drifted. Weights of 0.05 summed 20
 	// times are exactly 1 here, through adds, removes, moves and deaths.
-	h := newPlHarness(t, PlacementConfig{})
+	h := newPlHarness(t, Config{})
 	for i := 1; i <= 3; i++ {
-		h.hb(i, TierSharedFree, EgressOAuthAPI)
+		h.hb(i, domain.TierSharedFree, domain.EgressOAuthAPI)
 	}
-	provider := []Provider{ProviderGmail, ProviderSMTPIMAP, ProviderOutlook}
+	provider := []domain.Provider{domain.ProviderGmail, domain.ProviderSMTPIMAP, domain.ProviderOutlook}
 	for i := 1; i <= 300; i++ {
 		h.add(i, 1, provider[i%3], i%7 == 0)
 	}
@@ -787,7 +789,7 @@ func TestPlacementLoadExact(t *testing.T) {
 		h.remove(i)
 	}
 	for i := 2; i <= 300; i += 5 {
-		h.score(i, HealthThrottled)
+		h.score(i, domain.HealthThrottled)
 	}
 	h.stop(3)
 	for i := 2; i <= 300; i += 3 {
@@ -810,7 +812,7 @@ func TestPlacementLoadExact(t *testing.T) {
 		h.remove(i)
 	}
 	for _, w := range h.live.Snapshot().Workers {
-		if w.Load != 0 || w.Mailboxes != 0 || w.Pool != RiskClean {
+		if w.Load != 0 || w.Mailboxes != 0 || w.Pool != domain.RiskClean {
 			t.Fatalf("worker after all removals: %+v", w)
 		}
 	}
@@ -818,13 +820,13 @@ func TestPlacementLoadExact(t *testing.T) {
 
 func TestPlacementAddIdempotent(t *testing.T) {
 	t.Parallel()
-	h := newPlHarness(t, PlacementConfig{})
-	h.hb(1, TierSharedFree, EgressColdSMTP)
-	h.add(1, 1, ProviderSMTPIMAP, false)
-	if ds := h.add(1, 1, ProviderSMTPIMAP, false); len(ds) != 0 {
+	h := newPlHarness(t, Config{})
+	h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP)
+	h.add(1, 1, domain.ProviderSMTPIMAP, false)
+	if ds := h.add(1, 1, domain.ProviderSMTPIMAP, false); len(ds) != 0 {
 		t.Fatalf("duplicate add decided %v", plTypes(ds))
 	}
-	if ds := h.add(1, 2, ProviderGmail, true); len(ds) != 0 {
+	if ds := h.add(1, 2, domain.ProviderGmail, true); len(ds) != 0 {
 		t.Fatalf("duplicate add with other fields decided %v", plTypes(ds))
 	}
 	if v := h.worker(1); v.Load != 1000 || v.Mailboxes != 1 {
@@ -834,33 +836,33 @@ func TestPlacementAddIdempotent(t *testing.T) {
 
 func TestPlacementWorkerTierChange(t *testing.T) {
 	t.Parallel()
-	h := newPlHarness(t, PlacementConfig{})
-	h.hb(1, TierSharedFree, EgressOAuthAPI)
-	h.hb(2, TierSharedFree, EgressColdSMTP) // capacity 4
+	h := newPlHarness(t, Config{})
+	h.hb(1, domain.TierSharedFree, domain.EgressOAuthAPI)
+	h.hb(2, domain.TierSharedFree, domain.EgressColdSMTP) // capacity 4
 	for i := 1; i <= 6; i++ {
-		h.add(i, 1, ProviderSMTPIMAP, false)
+		h.add(i, 1, domain.ProviderSMTPIMAP, false)
 	}
 	// Worker 1 becomes premium: its free mailboxes leave at once (they would
 	// break invariant 3), refused where nothing fits.
 	before := h.worker(1).Mailboxes
-	ds := h.hb(1, TierSharedPremium, EgressOAuthAPI)
-	if c := plOf[*PlacementWorkerChanged](ds); len(c) != 1 || c[0].Reason != ReasonWorkerTierChanged {
+	ds := h.hb(1, domain.TierSharedPremium, domain.EgressOAuthAPI)
+	if c := plOf[*domain.PlacementWorkerChanged](ds); len(c) != 1 || c[0].Reason != domain.ReasonWorkerTierChanged {
 		t.Fatalf("tier change: %s", plJSON(ds))
 	}
-	if n := len(plOf[*PlacementMigrated](ds)) + len(plOf[*PlacementRefused](ds)); n != before {
+	if n := len(plOf[*domain.PlacementMigrated](ds)) + len(plOf[*domain.PlacementRefused](ds)); n != before {
 		t.Fatalf("%d of %d mailboxes left: %s", n, before, plJSON(ds))
 	}
-	if v := h.worker(1); v.Tier != TierSharedPremium || v.Mailboxes != 0 {
+	if v := h.worker(1); v.Tier != domain.TierSharedPremium || v.Mailboxes != 0 {
 		t.Fatalf("worker 1: %+v", v)
 	}
 	// A dedicated worker changing tier is released, drained and reverts to
 	// the tier it asked for.
-	h.plan(2, PlanDedicated, 1, true)
-	h.add(20, 2, ProviderGmail, false)
+	h.plan(2, domain.PlanDedicated, 1, true)
+	h.add(20, 2, domain.ProviderGmail, false)
 	h.on(20, 1)
-	h.hb(3, TierSharedPremium, EgressOAuthAPI)
-	ds = h.hb(1, TierSharedFree, EgressOAuthAPI)
-	if v := h.worker(1); v.Tier != TierSharedFree || v.DedicatedOrg != "" {
+	h.hb(3, domain.TierSharedPremium, domain.EgressOAuthAPI)
+	ds = h.hb(1, domain.TierSharedFree, domain.EgressOAuthAPI)
+	if v := h.worker(1); v.Tier != domain.TierSharedFree || v.DedicatedOrg != "" {
 		t.Fatalf("worker 1 after tier change: %+v %s", v, plJSON(ds))
 	}
 	h.on(20, 3) // worker 3 bound to org 2 in its place
@@ -871,37 +873,37 @@ func TestPlacementWorkerTierChange(t *testing.T) {
 
 func TestPlacementHeartbeatRecording(t *testing.T) {
 	t.Parallel()
-	h := newPlHarness(t, PlacementConfig{HeartbeatInterval: 10 * time.Second})
-	h.hb(1, TierSharedFree, EgressColdSMTP)
+	h := newPlHarness(t, Config{HeartbeatInterval: 10 * time.Second})
+	h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP)
 	h.advance(5 * time.Second)
-	if ds := h.hb(1, TierSharedFree, EgressColdSMTP); len(ds) != 0 {
+	if ds := h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP); len(ds) != 0 {
 		t.Fatalf("heartbeat within the record interval: %v", plTypes(ds))
 	}
 	h.advance(5 * time.Second)
-	if ds := h.hb(1, TierSharedFree, EgressColdSMTP); len(ds) != 1 || ds[0].Meta().Reason != ReasonHeartbeat {
+	if ds := h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP); len(ds) != 1 || ds[0].Meta().Reason != domain.ReasonHeartbeat {
 		t.Fatalf("renewal: %s", plJSON(ds))
 	}
 	h.advance(-time.Minute)
-	if ds := h.hb(1, TierSharedFree, EgressWarmupOnly); len(ds) != 0 {
+	if ds := h.hb(1, domain.TierSharedFree, domain.EgressWarmupOnly); len(ds) != 0 {
 		t.Fatalf("stale heartbeat decided %v", plTypes(ds))
 	}
 	// Day 1: 16 × (0.25 + 0.75/14) = 4.85 -> 4, unchanged: a plain renewal.
 	h.advance(time.Minute + 24*time.Hour)
-	ds := h.hb(1, TierSharedFree, EgressColdSMTP)
-	if c := plOf[*PlacementWorkerChanged](ds); len(c) != 1 || c[0].Reason != ReasonHeartbeat || c[0].Capacity != 4 {
+	ds := h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP)
+	if c := plOf[*domain.PlacementWorkerChanged](ds); len(c) != 1 || c[0].Reason != domain.ReasonHeartbeat || c[0].Capacity != 4 {
 		t.Fatalf("day 1: %s", plJSON(ds))
 	}
 	// Day 2: 16 × (0.25 + 1.5/14) = 5.7 -> 5: the ramp is recorded.
 	h.advance(24 * time.Hour)
-	ds = h.hb(1, TierSharedFree, EgressColdSMTP)
-	if c := plOf[*PlacementWorkerChanged](ds); len(c) != 1 || c[0].Reason != ReasonCapacityRamp || c[0].Capacity != 5 {
+	ds = h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP)
+	if c := plOf[*domain.PlacementWorkerChanged](ds); len(c) != 1 || c[0].Reason != domain.ReasonCapacityRamp || c[0].Capacity != 5 {
 		t.Fatalf("day 2: %s", plJSON(ds))
 	}
 }
 
 func TestPlacementDecisionJSON(t *testing.T) {
 	t.Parallel()
-	h := newPlHarness(t, PlacementConfig{WorkerRetention: 36 * time.Hour}) // short enough for a run to forget workers
+	h := newPlHarness(t, Config{WorkerRetention: 36 * time.Hour}) // short enough for a run to forget workers
 	plPropertyRun(h, 7, 400)
 	seen := map[string]bool{}
 	for _, d := range h.log {
@@ -924,21 +926,21 @@ func TestPlacementDecisionJSON(t *testing.T) {
 			t.Fatalf("%s without aggregate id", d.EventType())
 		}
 	}
-	for _, typ := range PlacementDecisionTypes() {
-		if _, ok := NewPlacementDecision(typ); !ok {
+	for _, typ := range domain.PlacementDecisionTypes() {
+		if _, ok := domain.NewPlacementDecision(typ); !ok {
 			t.Fatalf("%s not registered", typ)
 		}
 		if !seen[typ] {
 			t.Errorf("%s never emitted by a random run", typ)
 		}
 	}
-	if _, err := DecodePlacementDecision("mailplane.placement.nope.v1", []byte(`{}`)); ErrorCode(err) != CodeUnknownType {
+	if _, err := domain.DecodePlacementDecision("mailplane.placement.nope.v1", []byte(`{}`)); domain.ErrorCode(err) != domain.CodeUnknownType {
 		t.Fatalf("unknown type: %v", err)
 	}
-	if _, err := DecodePlacementDecision(TypePlacementAssigned, []byte(`{"at":"2026-01-01T00:00:00Z","reason":"mailbox_added","weight_milli":3}`)); ErrorCode(err) == "" {
+	if _, err := domain.DecodePlacementDecision(domain.TypePlacementAssigned, []byte(`{"at":"2026-01-01T00:00:00Z","reason":"mailbox_added","weight_milli":3}`)); domain.ErrorCode(err) == "" {
 		t.Fatal("an invalid decision decoded")
 	}
-	var _ Data = (*PlacementAssigned)(nil)
+	var _ domain.Data = (*domain.PlacementAssigned)(nil)
 }
 
 func TestPlacementRestoreFromSnapshotDecidesAlike(t *testing.T) {
@@ -946,15 +948,15 @@ func TestPlacementRestoreFromSnapshotDecidesAlike(t *testing.T) {
 	// The engine restores from the projection (a snapshot) and then decides:
 	// it must decide exactly as the engine that never stopped, with the
 	// default configuration and with one that forgets dead workers.
-	for _, cfg := range []PlacementConfig{{}, plPropertyConfig} {
+	for _, cfg := range []Config{{}, plPropertyConfig} {
 		plRestoreDecidesAlike(t, cfg)
 	}
 }
 
-func plRestoreDecidesAlike(t *testing.T, cfg PlacementConfig) {
+func plRestoreDecidesAlike(t *testing.T, cfg Config) {
 	h := newPlHarness(t, cfg)
 	plPropertyRun(h, 11, 300)
-	restored, err := NewPlacementStateFromSnapshot(cfg, h.live.Snapshot())
+	restored, err := NewStateFromSnapshot(cfg, h.live.Snapshot())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -963,14 +965,14 @@ func plRestoreDecidesAlike(t *testing.T, cfg PlacementConfig) {
 	}
 	gen := newPlGen(99)
 	now := h.now
-	forgotten := len(plOf[*PlacementWorkerForgotten](h.log))
+	forgotten := len(plOf[*domain.PlacementWorkerForgotten](h.log))
 	for range 300 {
 		in := gen.next(&now)
 		a, b := h.live.Apply(in), restored.Apply(in)
 		if plJSON(a) != plJSON(b) {
 			t.Fatalf("decisions differ after restore:\n%s\n%s", plJSON(a), plJSON(b))
 		}
-		forgotten += len(plOf[*PlacementWorkerForgotten](a))
+		forgotten += len(plOf[*domain.PlacementWorkerForgotten](a))
 	}
 	if cfg.WorkerRetention != 0 && forgotten == 0 {
 		t.Errorf("retention %s: no worker forgotten, the restored heaps are not exercised", cfg.WorkerRetention)

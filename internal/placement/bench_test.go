@@ -1,10 +1,12 @@
-package domain
+package placement
 
 import (
 	"runtime"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/mailplane/mailplane/domain"
 )
 
 // The benchmark fleet: 10,000 workers (2,000 shared free, 8,000 shared
@@ -21,7 +23,7 @@ const (
 )
 
 type plBenchFleet struct {
-	s       *PlacementState
+	s       *State
 	now     time.Time
 	next    int // next mailbox number
 	setup   time.Duration
@@ -34,58 +36,58 @@ var (
 	plBench     *plBenchFleet
 )
 
-func plBenchMailboxAdded(i int) *MailboxAdded {
+func plBenchMailboxAdded(i int) *domain.MailboxAdded {
 	org := plOrg(i % plBenchOrgs)
-	p := ProviderSMTPIMAP
+	p := domain.ProviderSMTPIMAP
 	switch i % 4 {
 	case 2:
-		p = ProviderGmail
+		p = domain.ProviderGmail
 	case 3:
-		p = ProviderOutlook
+		p = domain.ProviderOutlook
 	}
-	return &MailboxAdded{MailboxID: plMailbox(i), OrgID: org, UserID: org, Address: "a@b.c", Provider: p, WarmupEnabled: i%4 == 1}
+	return &domain.MailboxAdded{MailboxID: plMailbox(i), OrgID: org, UserID: org, Address: "a@b.c", Provider: p, WarmupEnabled: i%4 == 1}
 }
 
 func plBenchBuild(tb testing.TB) *plBenchFleet {
 	plBenchOnce.Do(func() {
-		f := &plBenchFleet{s: NewPlacementState(PlacementConfig{}), now: plT0}
+		f := &plBenchFleet{s: NewState(Config{}), now: plT0}
 		s := f.s
-		hb := func(i int) *WorkerHeartbeat {
-			tier := TierSharedPremium
+		hb := func(i int) *domain.WorkerHeartbeat {
+			tier := domain.TierSharedPremium
 			if i%5 == 0 {
-				tier = TierSharedFree
+				tier = domain.TierSharedFree
 			}
-			egress := EgressOAuthAPI
+			egress := domain.EgressOAuthAPI
 			switch i % 10 {
 			case 6, 7, 8:
-				egress = EgressColdSMTP
+				egress = domain.EgressColdSMTP
 			case 9:
-				egress = EgressWarmupOnly
+				egress = domain.EgressWarmupOnly
 			}
-			return &WorkerHeartbeat{WorkerID: plWorker(i), Tier: tier, Egress: egress, Address: "10.0.0.1:25"}
+			return &domain.WorkerHeartbeat{WorkerID: plWorker(i), Tier: tier, Egress: egress, Address: "10.0.0.1:25"}
 		}
 		for i := range plBenchWorkers {
-			s.Apply(PlacementInput{At: f.now, Event: hb(i)})
+			s.Apply(Input{At: f.now, Event: hb(i)})
 		}
 		f.now = f.now.Add(15 * 24 * time.Hour)
 		for i := range plBenchWorkers {
-			s.Apply(PlacementInput{At: f.now, Event: hb(i)})
+			s.Apply(Input{At: f.now, Event: hb(i)})
 		}
 		for o := range plBenchOrgs {
-			ev := &OrgPlanChanged{OrgID: plOrg(o), Plan: PlanPremium, Paid: true, Source: "bench"}
+			ev := &domain.OrgPlanChanged{OrgID: plOrg(o), Plan: domain.PlanPremium, Paid: true, Source: "bench"}
 			switch {
 			case o%10 == 0:
 				continue // no plan: free
 			case o%50 == 1:
-				ev.Plan, ev.DedicatedWorkers = PlanDedicated, 2
+				ev.Plan, ev.DedicatedWorkers = domain.PlanDedicated, 2
 			}
-			s.Apply(PlacementInput{At: f.now, Event: ev})
+			s.Apply(Input{At: f.now, Event: ev})
 		}
 		start := time.Now()
 		for i := range plBenchMailboxes {
-			f.setupDs += len(s.Apply(PlacementInput{At: f.now, Event: plBenchMailboxAdded(i)}))
+			f.setupDs += len(s.Apply(Input{At: f.now, Event: plBenchMailboxAdded(i)}))
 			if i < plBenchMailboxes/50 { // risky ones first, while idle workers exist to promote
-				f.setupDs += len(s.Apply(PlacementInput{At: f.now, Event: &MailboxHealthScored{MailboxID: plMailbox(i), State: HealthWatch, Score: 60, Reason: "bench"}}))
+				f.setupDs += len(s.Apply(Input{At: f.now, Event: &domain.MailboxHealthScored{MailboxID: plMailbox(i), State: domain.HealthWatch, Score: 60, Reason: "bench"}}))
 			}
 		}
 		f.setup = time.Since(start)
@@ -110,9 +112,9 @@ func BenchmarkPlacementMailboxAdded(b *testing.B) {
 	f := plBenchBuild(b)
 	b.Logf("fleet: %d workers, %d mailboxes; setup %d decisions in %s (%.0f decisions/s); heap %.0f MB",
 		plBenchWorkers, plBenchMailboxes, f.setupDs, f.setup.Round(time.Millisecond), float64(f.setupDs)/f.setup.Seconds(), f.heapMB)
-	ins := make([]PlacementInput, b.N)
+	ins := make([]Input, b.N)
 	for i := range ins {
-		ins[i] = PlacementInput{At: f.now, Event: plBenchMailboxAdded(f.next + i)}
+		ins[i] = Input{At: f.now, Event: plBenchMailboxAdded(f.next + i)}
 	}
 	f.next += b.N
 	decisions := 0
@@ -131,11 +133,11 @@ func BenchmarkPlacementMailboxAdded(b *testing.B) {
 func BenchmarkPlacementAddRemove(b *testing.B) {
 	f := plBenchBuild(b)
 	first := f.next
-	adds := make([]PlacementInput, b.N)
-	removes := make([]PlacementInput, b.N)
+	adds := make([]Input, b.N)
+	removes := make([]Input, b.N)
 	for i := range adds {
-		adds[i] = PlacementInput{At: f.now, Event: plBenchMailboxAdded(f.next + i)}
-		removes[i] = PlacementInput{At: f.now, Event: &MailboxRemoved{MailboxID: plMailbox(first + i), Reason: "bench"}}
+		adds[i] = Input{At: f.now, Event: plBenchMailboxAdded(f.next + i)}
+		removes[i] = Input{At: f.now, Event: &domain.MailboxRemoved{MailboxID: plMailbox(first + i), Reason: "bench"}}
 	}
 	f.next += b.N
 	decisions := 0
@@ -157,12 +159,12 @@ func TestPlacementBenchFleetInvariants(t *testing.T) {
 		t.Skip("builds the 1,000,000-mailbox fleet")
 	}
 	f := plBenchBuild(t)
-	if err := PlacementInvariants(f.s); err != nil {
+	if err := Invariants(f.s); err != nil {
 		t.Fatal(err)
 	}
 	dedicated := 0
 	for _, w := range f.s.workers {
-		if w.tier == TierDedicated {
+		if w.tier == domain.TierDedicated {
 			dedicated++
 		}
 	}

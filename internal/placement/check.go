@@ -1,4 +1,4 @@
-package domain
+package placement
 
 import (
 	"errors"
@@ -6,87 +6,89 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/mailplane/mailplane/domain"
 )
 
-// PlacementWorkerView is a worker as the state holds it.
-type PlacementWorkerView struct {
-	ID           string      `json:"worker_id"`
-	BaseTier     Tier        `json:"base_tier"`
-	Tier         Tier        `json:"tier"`
-	Egress       Egress      `json:"egress"`
-	Address      string      `json:"address"`
-	Pool         RiskPool    `json:"pool"`
-	DedicatedOrg string      `json:"dedicated_org,omitempty"`
-	Releasing    bool        `json:"releasing"`
-	Health       HealthState `json:"health"`
-	FirstSeen    time.Time   `json:"first_seen"`
-	LastSeen     time.Time   `json:"last_seen"`
-	Live         bool        `json:"live"`
-	Stopping     bool        `json:"stopping"`
-	Load         int64       `json:"load_milli"`
-	Capacity     int64       `json:"capacity"`
-	Mailboxes    int         `json:"mailboxes"`
+// WorkerView is a worker as the state holds it.
+type WorkerView struct {
+	ID           string             `json:"worker_id"`
+	BaseTier     domain.Tier        `json:"base_tier"`
+	Tier         domain.Tier        `json:"tier"`
+	Egress       domain.Egress      `json:"egress"`
+	Address      string             `json:"address"`
+	Pool         domain.RiskPool    `json:"pool"`
+	DedicatedOrg string             `json:"dedicated_org,omitempty"`
+	Releasing    bool               `json:"releasing"`
+	Health       domain.HealthState `json:"health"`
+	FirstSeen    time.Time          `json:"first_seen"`
+	LastSeen     time.Time          `json:"last_seen"`
+	Live         bool               `json:"live"`
+	Stopping     bool               `json:"stopping"`
+	Load         int64              `json:"load_milli"`
+	Capacity     int64              `json:"capacity"`
+	Mailboxes    int                `json:"mailboxes"`
 }
 
-// PlacementMailboxView is a mailbox as the state holds it. WorkerID is empty
+// MailboxView is a mailbox as the state holds it. WorkerID is empty
 // for a refused (pending) mailbox; Degraded marks a dedicated org's mailbox
 // on shared premium (also pending, with reason no_dedicated_capacity).
-type PlacementMailboxView struct {
-	ID             string          `json:"mailbox_id"`
-	OrgID          string          `json:"org_id"`
-	Weight         int64           `json:"weight_milli"`
-	Band           RiskPool        `json:"band"`
-	Candidate      RiskPool        `json:"candidate,omitempty"`
-	CandidateSince time.Time       `json:"candidate_since,omitzero"`
-	WorkerID       string          `json:"worker_id,omitempty"`
-	Degraded       bool            `json:"degraded"`
-	PendingReason  PlacementReason `json:"pending_reason,omitempty"`
-	PendingSince   time.Time       `json:"pending_since,omitzero"`
+type MailboxView struct {
+	ID             string                 `json:"mailbox_id"`
+	OrgID          string                 `json:"org_id"`
+	Weight         int64                  `json:"weight_milli"`
+	Band           domain.RiskPool        `json:"band"`
+	Candidate      domain.RiskPool        `json:"candidate,omitempty"`
+	CandidateSince time.Time              `json:"candidate_since,omitzero"`
+	WorkerID       string                 `json:"worker_id,omitempty"`
+	Degraded       bool                   `json:"degraded"`
+	PendingReason  domain.PlacementReason `json:"pending_reason,omitempty"`
+	PendingSince   time.Time              `json:"pending_since,omitzero"`
 }
 
-// PlacementOrgView is an org as the state holds it.
-type PlacementOrgView struct {
-	ID               string    `json:"org_id"`
-	Recorded         bool      `json:"recorded"`
-	Plan             Plan      `json:"plan,omitempty"`
-	DedicatedWorkers int       `json:"dedicated_workers"`
-	Paid             bool      `json:"paid"`
-	PlanSince        time.Time `json:"plan_since,omitzero"`
-	Bound            []string  `json:"bound,omitempty"`
-	Shortfall        int       `json:"shortfall"`
-	Mailboxes        int       `json:"mailboxes"`
+// OrgView is an org as the state holds it.
+type OrgView struct {
+	ID               string      `json:"org_id"`
+	Recorded         bool        `json:"recorded"`
+	Plan             domain.Plan `json:"plan,omitempty"`
+	DedicatedWorkers int         `json:"dedicated_workers"`
+	Paid             bool        `json:"paid"`
+	PlanSince        time.Time   `json:"plan_since,omitzero"`
+	Bound            []string    `json:"bound,omitempty"`
+	Shortfall        int         `json:"shortfall"`
+	Mailboxes        int         `json:"mailboxes"`
 }
 
-// PlacementSnapshot is the whole state, sorted by id: what a projection of
-// the decision log holds, and what NewPlacementStateFromSnapshot restores.
-type PlacementSnapshot struct {
-	Workers   []PlacementWorkerView  `json:"workers"`
-	Mailboxes []PlacementMailboxView `json:"mailboxes"`
-	Orgs      []PlacementOrgView     `json:"orgs"`
+// Snapshot is the whole state, sorted by id: what a projection of
+// the decision log holds, and what NewStateFromSnapshot restores.
+type Snapshot struct {
+	Workers   []WorkerView  `json:"workers"`
+	Mailboxes []MailboxView `json:"mailboxes"`
+	Orgs      []OrgView     `json:"orgs"`
 }
 
-func (w *placementWorker) view() PlacementWorkerView {
-	return PlacementWorkerView{
+func (w *placementWorker) view() WorkerView {
+	return WorkerView{
 		ID: w.id, BaseTier: w.baseTier, Tier: w.tier, Egress: w.egress, Address: w.address, Pool: w.pool,
 		DedicatedOrg: w.org, Releasing: w.releasing, Health: w.health, FirstSeen: w.firstSeen, LastSeen: w.lastSeen,
 		Live: w.live, Stopping: w.stopping, Load: w.load, Capacity: w.capacity, Mailboxes: w.count,
 	}
 }
 
-func (m *placementMailbox) view() PlacementMailboxView {
-	v := PlacementMailboxView{
+func (m *placementMailbox) view() MailboxView {
+	v := MailboxView{
 		ID: m.id, OrgID: m.org.id, Weight: m.weight, Band: m.band, Candidate: m.candidate,
 		CandidateSince: m.candidateSince, PendingReason: m.pendingReason, PendingSince: m.pendingSince,
 	}
 	if m.worker != nil {
 		v.WorkerID = m.worker.id
-		v.Degraded = m.org.class() == placementDedicated && m.worker.tier != TierDedicated
+		v.Degraded = m.org.class() == placementDedicated && m.worker.tier != domain.TierDedicated
 	}
 	return v
 }
 
-func (o *placementOrg) view() PlacementOrgView {
-	v := PlacementOrgView{
+func (o *placementOrg) view() OrgView {
+	v := OrgView{
 		ID: o.id, Recorded: o.recorded, Plan: o.plan, DedicatedWorkers: o.dedicated, Paid: o.paid,
 		PlanSince: o.planSince, Shortfall: o.shortfall(), Mailboxes: o.count,
 	}
@@ -98,8 +100,8 @@ func (o *placementOrg) view() PlacementOrgView {
 }
 
 // Snapshot returns the whole state.
-func (s *PlacementState) Snapshot() PlacementSnapshot {
-	var snap PlacementSnapshot
+func (s *State) Snapshot() Snapshot {
+	var snap Snapshot
 	for _, w := range s.workers {
 		snap.Workers = append(snap.Workers, w.view())
 	}
@@ -109,41 +111,41 @@ func (s *PlacementState) Snapshot() PlacementSnapshot {
 	for _, o := range s.orgs {
 		snap.Orgs = append(snap.Orgs, o.view())
 	}
-	slices.SortFunc(snap.Workers, func(a, b PlacementWorkerView) int { return strings.Compare(a.ID, b.ID) })
-	slices.SortFunc(snap.Mailboxes, func(a, b PlacementMailboxView) int { return strings.Compare(a.ID, b.ID) })
-	slices.SortFunc(snap.Orgs, func(a, b PlacementOrgView) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(snap.Workers, func(a, b WorkerView) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(snap.Mailboxes, func(a, b MailboxView) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(snap.Orgs, func(a, b OrgView) int { return strings.Compare(a.ID, b.ID) })
 	return snap
 }
 
 // Worker returns one worker.
-func (s *PlacementState) Worker(id string) (PlacementWorkerView, bool) {
+func (s *State) Worker(id string) (WorkerView, bool) {
 	w := s.workers[id]
 	if w == nil {
-		return PlacementWorkerView{}, false
+		return WorkerView{}, false
 	}
 	return w.view(), true
 }
 
 // Mailbox returns one mailbox.
-func (s *PlacementState) Mailbox(id string) (PlacementMailboxView, bool) {
+func (s *State) Mailbox(id string) (MailboxView, bool) {
 	m := s.mailboxes[id]
 	if m == nil {
-		return PlacementMailboxView{}, false
+		return MailboxView{}, false
 	}
 	return m.view(), true
 }
 
 // Org returns one org.
-func (s *PlacementState) Org(id string) (PlacementOrgView, bool) {
+func (s *State) Org(id string) (OrgView, bool) {
 	o := s.orgs[id]
 	if o == nil {
-		return PlacementOrgView{}, false
+		return OrgView{}, false
 	}
 	return o.view(), true
 }
 
 // WorkerMailboxes returns the ids of a worker's mailboxes, sorted.
-func (s *PlacementState) WorkerMailboxes(id string) []string {
+func (s *State) WorkerMailboxes(id string) []string {
 	w := s.workers[id]
 	if w == nil {
 		return nil
@@ -157,8 +159,8 @@ func (s *PlacementState) WorkerMailboxes(id string) []string {
 
 // Pending returns the pending placements: refused mailboxes (no worker) and
 // degraded ones (a dedicated org's mailbox on shared premium), by id.
-func (s *PlacementState) Pending() []PlacementMailboxView {
-	var out []PlacementMailboxView
+func (s *State) Pending() []MailboxView {
+	var out []MailboxView
 	for _, m := range s.pending {
 		out = append(out, m.view())
 	}
@@ -167,27 +169,27 @@ func (s *PlacementState) Pending() []PlacementMailboxView {
 			continue
 		}
 		for m := o.head; m != nil; m = m.oNext {
-			if m.worker != nil && m.worker.tier != TierDedicated {
+			if m.worker != nil && m.worker.tier != domain.TierDedicated {
 				v := m.view()
-				v.PendingReason, v.PendingSince = ReasonNoDedicatedCapacity, o.planSince
+				v.PendingReason, v.PendingSince = domain.ReasonNoDedicatedCapacity, o.planSince
 				out = append(out, v)
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b PlacementMailboxView) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b MailboxView) int { return strings.Compare(a.ID, b.ID) })
 	return out
 }
 
 // Counts returns the number of workers, mailboxes and refused mailboxes.
-func (s *PlacementState) Counts() (workers, mailboxes, refused int) {
+func (s *State) Counts() (workers, mailboxes, refused int) {
 	return len(s.workers), len(s.mailboxes), len(s.pending)
 }
 
-// NewPlacementStateFromSnapshot rebuilds a state from a snapshot (e.g. the
+// NewStateFromSnapshot rebuilds a state from a snapshot (e.g. the
 // projection of the decision log at a recorded offset). Loads are recomputed
 // from the mailboxes and must agree with the snapshot's.
-func NewPlacementStateFromSnapshot(cfg PlacementConfig, snap PlacementSnapshot) (*PlacementState, error) {
-	s := NewPlacementState(cfg)
+func NewStateFromSnapshot(cfg Config, snap Snapshot) (*State, error) {
+	s := NewState(cfg)
 	for _, v := range snap.Orgs {
 		o := s.org(v.ID)
 		o.recorded, o.plan, o.dedicated, o.paid, o.planSince = v.Recorded, v.Plan, v.DedicatedWorkers, v.Paid, v.PlanSince
@@ -207,7 +209,7 @@ func NewPlacementStateFromSnapshot(cfg PlacementConfig, snap PlacementSnapshot) 
 		}
 		w.seenPos = -1
 		s.workers[w.id] = w
-		if w.tier == TierDedicated && w.org != "" && !w.releasing {
+		if w.tier == domain.TierDedicated && w.org != "" && !w.releasing {
 			s.org(w.org).bound[w.id] = w
 			s.refreshOrgClass(s.orgs[w.org])
 		}
@@ -244,8 +246,8 @@ func NewPlacementStateFromSnapshot(cfg PlacementConfig, snap PlacementSnapshot) 
 }
 
 // Clone returns a deep copy of s.
-func (s *PlacementState) Clone() *PlacementState {
-	c, err := NewPlacementStateFromSnapshot(s.cfg, s.Snapshot())
+func (s *State) Clone() *State {
+	c, err := NewStateFromSnapshot(s.cfg, s.Snapshot())
 	if err != nil {
 		panic("placement: clone: " + err.Error())
 	}
@@ -253,17 +255,17 @@ func (s *PlacementState) Clone() *PlacementState {
 }
 
 // placementFitsBrute is invariant 3, written independently of the decider.
-func placementFitsBrute(orgClass placementClass, orgID string, band RiskPool, w *placementWorker) error {
+func placementFitsBrute(orgClass placementClass, orgID string, band domain.RiskPool, w *placementWorker) error {
 	switch w.tier {
-	case TierSharedFree:
+	case domain.TierSharedFree:
 		if orgClass != placementFree {
 			return fmt.Errorf("a paid org's mailbox on shared_free worker %s", w.id)
 		}
-	case TierSharedPremium:
+	case domain.TierSharedPremium:
 		if orgClass == placementFree {
 			return fmt.Errorf("a free org's mailbox on shared_premium worker %s", w.id)
 		}
-	case TierDedicated:
+	case domain.TierDedicated:
 		if w.org != orgID {
 			return fmt.Errorf("on dedicated worker %s of org %q", w.id, w.org)
 		}
@@ -280,7 +282,7 @@ func placementFitsBrute(orgClass placementClass, orgID string, band RiskPool, w 
 	return nil
 }
 
-// PlacementInvariants checks a state: invariant 3 (no mailbox on a worker of
+// Invariants checks a state: invariant 3 (no mailbox on a worker of
 // another tier, another org's dedicated worker or another risk pool),
 // invariant 4 (each worker's load is exactly the sum of its mailboxes'
 // weights), pending mailboxes have no worker, dedicated bindings are one org
@@ -288,7 +290,7 @@ func placementFitsBrute(orgClass placementClass, orgID string, band RiskPool, w 
 // shared workers are clean, released workers are draining, and the
 // placement index agrees with the workers. It recomputes everything from the
 // mailboxes, in O(state).
-func PlacementInvariants(s *PlacementState) error {
+func Invariants(s *State) error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	load := map[string]int64{}
@@ -320,7 +322,7 @@ func PlacementInvariants(s *PlacementState) error {
 		}
 		load[w.id] += m.weight
 		count[w.id]++
-		if w.tier != TierDedicated {
+		if w.tier != domain.TierDedicated {
 			orgShared[m.org.id]++
 		}
 	}
@@ -350,7 +352,7 @@ func PlacementInvariants(s *PlacementState) error {
 			bad("dead worker %s carries %d mailboxes", id, w.count)
 		}
 		switch w.tier {
-		case TierDedicated:
+		case domain.TierDedicated:
 			switch {
 			case w.org == "":
 				bad("dedicated worker %s bound to no org", id)
@@ -369,21 +371,21 @@ func PlacementInvariants(s *PlacementState) error {
 				case o.class() != placementDedicated:
 					bad("worker %s bound to org %s whose plan is not dedicated", id, w.org)
 				}
-				if !w.live || w.stopping || w.baseTier != TierSharedPremium {
+				if !w.live || w.stopping || w.baseTier != domain.TierSharedPremium {
 					bad("bound worker %s is dead, stopping or not premium", id)
 				}
 			}
-			if w.pool != RiskClean {
+			if w.pool != domain.RiskClean {
 				bad("dedicated worker %s in pool %s", id, w.pool)
 			}
-		case TierSharedFree, TierSharedPremium:
+		case domain.TierSharedFree, domain.TierSharedPremium:
 			if w.org != "" || w.releasing {
 				bad("shared worker %s bound to org %q", id, w.org)
 			}
 			if w.tier != w.baseTier {
 				bad("shared worker %s tier %s, heartbeat tier %s", id, w.tier, w.baseTier)
 			}
-			if w.count == 0 && w.pool != RiskClean {
+			if w.count == 0 && w.pool != domain.RiskClean {
 				bad("idle worker %s in pool %s", id, w.pool)
 			}
 		default:
@@ -394,7 +396,7 @@ func PlacementInvariants(s *PlacementState) error {
 		}
 		// the index
 		nb := -1
-		if w.tier != TierDedicated && w.live && !w.stopping && !w.releasing && PlacementTakesNew(w.health) {
+		if w.tier != domain.TierDedicated && w.live && !w.stopping && !w.releasing && TakesNew(w.health) {
 			nb = placementBucket(w.tier, w.pool)
 		}
 		for c, cw := range placementClassWeights {
@@ -457,7 +459,7 @@ func PlacementInvariants(s *PlacementState) error {
 			bad("org %s binds %d workers, plan %s × %d", id, len(o.bound), o.plan, o.dedicated)
 		}
 		for wid, w := range o.bound {
-			if s.workers[wid] != w || w.org != id || w.tier != TierDedicated || w.releasing {
+			if s.workers[wid] != w || w.org != id || w.tier != domain.TierDedicated || w.releasing {
 				bad("org %s binds worker %s, which is not its dedicated worker", id, wid)
 			}
 		}
@@ -471,27 +473,27 @@ func PlacementInvariants(s *PlacementState) error {
 	return errors.Join(errs...)
 }
 
-// PlacementRefusalJustified checks, by brute force over before (the state
+// RefusalJustified checks, by brute force over before (the state
 // just before d was folded), that a refusal or a degraded placement had no
 // alternative: for a refusal, no eligible worker of the mailbox's tier and
 // pool had headroom, no idle clean worker could be promoted into the pool,
 // and (for a dedicated org) none of its dedicated workers had headroom and
 // none could be bound; for a degraded placement, the dedicated part of that.
 // Other decisions are justified by construction (nil).
-func PlacementRefusalJustified(before *PlacementState, d PlacementDecision) error {
+func RefusalJustified(before *State, d domain.PlacementDecision) error {
 	var orgID, from string
-	var band RiskPool
+	var band domain.RiskPool
 	var weight int64
 	var sharedToo bool
 	switch d := d.(type) {
-	case *PlacementRefused:
+	case *domain.PlacementRefused:
 		orgID, band, weight, from, sharedToo = d.OrgID, d.Band, d.Weight, d.FromWorker, true
-	case *PlacementAssigned:
+	case *domain.PlacementAssigned:
 		if !d.Degraded {
 			return nil
 		}
 		orgID, band, weight = d.OrgID, d.Band, d.Weight
-	case *PlacementMigrated:
+	case *domain.PlacementMigrated:
 		if !d.Degraded {
 			return nil
 		}
@@ -505,7 +507,7 @@ func PlacementRefusalJustified(before *PlacementState, d PlacementDecision) erro
 		return fmt.Errorf("%s: degraded placement for org %s of a non-dedicated plan", d.EventType(), orgID)
 	}
 	eligible := func(w *placementWorker) bool {
-		return w.live && !w.stopping && !w.releasing && (w.health == HealthHealthy || w.health == HealthWatch)
+		return w.live && !w.stopping && !w.releasing && (w.health == domain.HealthHealthy || w.health == domain.HealthWatch)
 	}
 	var ids []string
 	for id := range before.workers {
@@ -520,22 +522,22 @@ func PlacementRefusalJustified(before *PlacementState, d PlacementDecision) erro
 		}
 		room := w.capacity*1000-w.load >= weight
 		switch {
-		case cls == placementDedicated && w.tier == TierDedicated && w.org == orgID && room:
+		case cls == placementDedicated && w.tier == domain.TierDedicated && w.org == orgID && room:
 			return fmt.Errorf("%s for mailbox %s: own dedicated worker %s had room", d.EventType(), d.AggregateID(), id)
-		case cls == placementDedicated && o.shortfall() > 0 && w.tier == TierSharedPremium && w.count == 0 && w.pool == RiskClean:
+		case cls == placementDedicated && o.shortfall() > 0 && w.tier == domain.TierSharedPremium && w.count == 0 && w.pool == domain.RiskClean:
 			return fmt.Errorf("%s for mailbox %s: org %s short of dedicated workers while idle worker %s could be promoted", d.EventType(), d.AggregateID(), orgID, id)
 		case !sharedToo || w.tier != tier:
 		case w.pool == band && room:
 			return fmt.Errorf("%s for mailbox %s: worker %s (%s/%s) had room", d.EventType(), d.AggregateID(), id, w.tier, w.pool)
-		case band != RiskClean && w.pool == RiskClean && w.count == 0:
+		case band != domain.RiskClean && w.pool == domain.RiskClean && w.count == 0:
 			return fmt.Errorf("%s for mailbox %s: idle clean worker %s could be promoted into %s", d.EventType(), d.AggregateID(), id, band)
 		}
 	}
 	if cls == placementDedicated && o.shortfall() > 0 {
 		for _, id := range ids {
 			w := before.workers[id]
-			if w.tier == TierDedicated && w.releasing && w.live && !w.stopping && PlacementTakesNew(w.health) &&
-				w.baseTier == TierSharedPremium && (w.count == 0 || w.org == orgID) {
+			if w.tier == domain.TierDedicated && w.releasing && w.live && !w.stopping && TakesNew(w.health) &&
+				w.baseTier == domain.TierSharedPremium && (w.count == 0 || w.org == orgID) {
 				return fmt.Errorf("%s for mailbox %s: released worker %s could be bound to org %s", d.EventType(), d.AggregateID(), id, orgID)
 			}
 		}
@@ -543,46 +545,46 @@ func PlacementRefusalJustified(before *PlacementState, d PlacementDecision) erro
 	return nil
 }
 
-// PlacementDecisionJustified checks any decision against before, the state
+// DecisionJustified checks any decision against before, the state
 // just before it was folded, by brute force over every worker: refusals and
-// degraded placements as PlacementRefusalJustified does; a placement or move
+// degraded placements as RefusalJustified does; a placement or move
 // went to an eligible worker that fits (invariant 3), has headroom for the
 // weight and has the lowest utilisation among the candidates the rules
 // allow (ties by id); a promotion took the idle eligible clean worker with
 // the lowest id and, to dedicated, for an org short of workers that had no
 // released worker of its own to take back; a binding was for an org short
 // of workers.
-func PlacementDecisionJustified(before *PlacementState, d PlacementDecision) error {
-	if err := PlacementRefusalJustified(before, d); err != nil {
+func DecisionJustified(before *State, d domain.PlacementDecision) error {
+	if err := RefusalJustified(before, d); err != nil {
 		return err
 	}
 	switch d := d.(type) {
-	case *PlacementAssigned:
+	case *domain.PlacementAssigned:
 		return placementTargetJustified(before, d, d.OrgID, d.Band, d.Weight, "", d.WorkerID, d.Degraded)
-	case *PlacementMigrated:
+	case *domain.PlacementMigrated:
 		return placementTargetJustified(before, d, d.OrgID, d.ToBand, d.Weight, d.FromWorker, d.ToWorker, d.Degraded)
-	case *PlacementWorkerPromoted:
+	case *domain.PlacementWorkerPromoted:
 		w := before.workers[d.WorkerID]
-		if w == nil || w.count != 0 || w.tier == TierDedicated || w.pool != RiskClean || !placementEligibleBrute(w) {
+		if w == nil || w.count != 0 || w.tier == domain.TierDedicated || w.pool != domain.RiskClean || !placementEligibleBrute(w) {
 			return fmt.Errorf("promotion of %s: not an idle eligible clean shared worker", d.WorkerID)
 		}
 		for _, o := range before.workers {
-			if o.tier == w.tier && o.count == 0 && o.pool == RiskClean && placementEligibleBrute(o) && o.id < w.id {
+			if o.tier == w.tier && o.count == 0 && o.pool == domain.RiskClean && placementEligibleBrute(o) && o.id < w.id {
 				return fmt.Errorf("promotion of %s: idle worker %s has a lower id", d.WorkerID, o.id)
 			}
 		}
-		if d.ToTier == TierDedicated {
+		if d.ToTier == domain.TierDedicated {
 			org := before.orgs[d.OrgID]
-			if org.shortfall() == 0 || w.tier != TierSharedPremium {
+			if org.shortfall() == 0 || w.tier != domain.TierSharedPremium {
 				return fmt.Errorf("promotion of %s to dedicated for org %s, which is not short", d.WorkerID, d.OrgID)
 			}
 			for _, o := range before.workers {
-				if o.tier == TierDedicated && o.releasing && o.org == d.OrgID && o.live && !o.stopping && PlacementTakesNew(o.health) && o.baseTier == TierSharedPremium {
+				if o.tier == domain.TierDedicated && o.releasing && o.org == d.OrgID && o.live && !o.stopping && TakesNew(o.health) && o.baseTier == domain.TierSharedPremium {
 					return fmt.Errorf("promotion of %s: org %s's released worker %s could be taken back", d.WorkerID, d.OrgID, o.id)
 				}
 			}
 		}
-	case *PlacementWorkerForgotten:
+	case *domain.PlacementWorkerForgotten:
 		w := before.workers[d.WorkerID]
 		switch {
 		case w == nil || w.live || w.count != 0:
@@ -592,7 +594,7 @@ func PlacementDecisionJustified(before *PlacementState, d PlacementDecision) err
 		case d.RetentionSeconds != int64(before.cfg.WorkerRetention/time.Second):
 			return fmt.Errorf("forgetting %s: retention %d s recorded, %s applied", d.WorkerID, d.RetentionSeconds, before.cfg.WorkerRetention)
 		}
-	case *PlacementDedicatedBound:
+	case *domain.PlacementDedicatedBound:
 		if org := before.orgs[d.OrgID]; org.shortfall() == 0 {
 			return fmt.Errorf("binding %s to org %s, which is not short", d.WorkerID, d.OrgID)
 		}
@@ -601,10 +603,10 @@ func PlacementDecisionJustified(before *PlacementState, d PlacementDecision) err
 }
 
 func placementEligibleBrute(w *placementWorker) bool {
-	return w.live && !w.stopping && !w.releasing && (w.health == HealthHealthy || w.health == HealthWatch)
+	return w.live && !w.stopping && !w.releasing && (w.health == domain.HealthHealthy || w.health == domain.HealthWatch)
 }
 
-func placementTargetJustified(before *PlacementState, d PlacementDecision, orgID string, band RiskPool, weight int64, from, to string, degraded bool) error {
+func placementTargetJustified(before *State, d domain.PlacementDecision, orgID string, band domain.RiskPool, weight int64, from, to string, degraded bool) error {
 	w := before.workers[to]
 	if w == nil {
 		return fmt.Errorf("%s for %s: unknown worker %s", d.EventType(), d.AggregateID(), to)
@@ -616,7 +618,7 @@ func placementTargetJustified(before *PlacementState, d PlacementDecision, orgID
 		return fmt.Errorf("%s for %s: worker %s is not eligible", d.EventType(), d.AggregateID(), to)
 	case w.capacity*1000-w.load < weight:
 		return fmt.Errorf("%s for %s: worker %s has headroom %d < %d", d.EventType(), d.AggregateID(), to, w.capacity*1000-w.load, weight)
-	case degraded != (cls == placementDedicated && w.tier != TierDedicated):
+	case degraded != (cls == placementDedicated && w.tier != domain.TierDedicated):
 		return fmt.Errorf("%s for %s: degraded flag %v wrong", d.EventType(), d.AggregateID(), degraded)
 	}
 	if err := placementFitsBrute(cls, orgID, band, w); err != nil {
@@ -626,7 +628,7 @@ func placementTargetJustified(before *PlacementState, d PlacementDecision, orgID
 		if c == w || c.id == from || !placementEligibleBrute(c) || c.capacity*1000-c.load < weight || c.tier != w.tier {
 			continue
 		}
-		if w.tier == TierDedicated && c.org != orgID || w.tier != TierDedicated && c.pool != band {
+		if w.tier == domain.TierDedicated && c.org != orgID || w.tier != domain.TierDedicated && c.pool != band {
 			continue
 		}
 		if c.load*w.capacity < w.load*c.capacity || (c.load*w.capacity == w.load*c.capacity && c.id < w.id) {

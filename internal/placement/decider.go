@@ -1,11 +1,11 @@
-package domain
+package placement
 
 // This file holds the placement engine's pure decider: the rules of docs/design.md
 // section 4 as one deterministic function of (state, input).
 //
 // # Model
 //
-// A PlacementState is the engine's whole memory: sending workers, mailboxes,
+// A State is the engine's whole memory: sending workers, mailboxes,
 // orgs. Apply takes one input (a domain event with the time the log
 // appended it, or a tick), decides, and returns the decisions. Every decision is folded into
 // the state through ApplyDecision, which is the only place the state
@@ -141,53 +141,37 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/mailplane/mailplane/domain"
 )
 
-// RiskPool is a shared worker's risk pool, and a mailbox's risk band (a
-// mailbox's band names the pool it must sit in).
-type RiskPool string
-
-// Risk pools and bands, from best to worst.
-const (
-	RiskClean      RiskPool = "clean"
-	RiskRisky      RiskPool = "risky"
-	RiskQuarantine RiskPool = "quarantine"
-)
-
-// RiskBandFromHealth maps a mailbox health state to its band.
-func RiskBandFromHealth(h HealthState) RiskPool {
+// BandFromHealth maps a mailbox health state to its band.
+func BandFromHealth(h domain.HealthState) domain.RiskPool {
 	switch h {
-	case HealthWatch, HealthThrottled:
-		return RiskRisky
-	case HealthQuarantined, HealthBlocked:
-		return RiskQuarantine
+	case domain.HealthWatch, domain.HealthThrottled:
+		return domain.RiskRisky
+	case domain.HealthQuarantined, domain.HealthBlocked:
+		return domain.RiskQuarantine
 	default:
-		return RiskClean
+		return domain.RiskClean
 	}
 }
 
-func placementPoolIndex(p RiskPool) int {
+func placementPoolIndex(p domain.RiskPool) int {
 	switch p {
-	case RiskRisky:
+	case domain.RiskRisky:
 		return 1
-	case RiskQuarantine:
+	case domain.RiskQuarantine:
 		return 2
 	default:
 		return 0
 	}
 }
 
-// Mailbox weights, in thousandths.
-const (
-	PlacementWeightFull   int64 = 1000
-	PlacementWeightWarmup int64 = 400
-	PlacementWeightOAuth  int64 = 50
-)
-
 // placementClassWeights are the weight classes the shared-worker index keeps
 // a heap for: a worker is in class c's heap when its headroom is at least
 // placementClassWeights[c]. Every mailbox weight is one of them.
-var placementClassWeights = [...]int64{PlacementWeightOAuth, PlacementWeightWarmup, PlacementWeightFull}
+var placementClassWeights = domain.PlacementWeights
 
 const placementClasses = len(placementClassWeights)
 
@@ -200,87 +184,89 @@ func placementClassOf(weight int64) int {
 	return placementClasses - 1
 }
 
-// PlacementWeight is a mailbox's weight in thousandths. OAuth providers take
+// Weight is a mailbox's weight in thousandths. OAuth providers take
 // precedence over warmup (see the package comment).
-func PlacementWeight(p Provider, warmup bool) int64 {
+func Weight(p domain.Provider, warmup bool) int64 {
 	switch {
 	case p.IsOAuth():
-		return PlacementWeightOAuth
+		return domain.PlacementWeightOAuth
 	case warmup:
-		return PlacementWeightWarmup
+		return domain.PlacementWeightWarmup
 	default:
-		return PlacementWeightFull
+		return domain.PlacementWeightFull
 	}
 }
 
-// PlacementBaseCapacity is an egress kind's base capacity, in mailboxes of
+// BaseCapacity is an egress kind's base capacity, in mailboxes of
 // weight 1.
-func PlacementBaseCapacity(e Egress) int64 {
+func BaseCapacity(e domain.Egress) int64 {
 	switch e {
-	case EgressOAuthAPI:
+	case domain.EgressOAuthAPI:
 		return 400
-	case EgressWarmupOnly:
+	case domain.EgressWarmupOnly:
 		return 25
 	default:
 		return 16
 	}
 }
 
-// PlacementHealthPermille is the capacity multiplier of a worker health
+// HealthPermille is the capacity multiplier of a worker health
 // state, in thousandths.
-func PlacementHealthPermille(h HealthState) int64 {
+func HealthPermille(h domain.HealthState) int64 {
 	switch h {
-	case HealthWatch:
+	case domain.HealthWatch:
 		return 750
-	case HealthThrottled:
+	case domain.HealthThrottled:
 		return 500
-	case HealthQuarantined:
+	case domain.HealthQuarantined:
 		return 250
-	case HealthBlocked:
+	case domain.HealthBlocked:
 		return 0
 	default:
 		return 1000
 	}
 }
 
-// Age ramp: a new worker starts at PlacementAgeRampStartPermille and reaches
-// full capacity after PlacementAgeRampDays whole days.
+// Age ramp: a new worker starts at AgeRampStartPermille and reaches
+// full capacity after AgeRampDays whole days.
 const (
-	PlacementAgeRampDays          = 14
-	PlacementAgeRampStartPermille = 250
+	AgeRampDays          = 14
+	AgeRampStartPermille = 250
 )
 
-// PlacementAgePermille is the age multiplier, in thousandths, of a worker
+// AgePermille is the age multiplier, in thousandths, of a worker
 // first seen age ago.
-func PlacementAgePermille(age time.Duration) int64 {
+func AgePermille(age time.Duration) int64 {
 	days := int64(0)
 	if age > 0 {
 		days = int64(age / (24 * time.Hour))
 	}
-	if days > PlacementAgeRampDays {
-		days = PlacementAgeRampDays
+	if days > AgeRampDays {
+		days = AgeRampDays
 	}
-	return PlacementAgeRampStartPermille + (1000-PlacementAgeRampStartPermille)*days/PlacementAgeRampDays
+	return AgeRampStartPermille + (1000-AgeRampStartPermille)*days/AgeRampDays
 }
 
-// PlacementCapacity is a worker's effective capacity in mailboxes of weight
+// Capacity is a worker's effective capacity in mailboxes of weight
 // 1: floor(base × health × age), at least 1.
-func PlacementCapacity(e Egress, h HealthState, firstSeen, at time.Time) int64 {
-	c := PlacementBaseCapacity(e) * PlacementHealthPermille(h) * PlacementAgePermille(at.Sub(firstSeen)) / 1_000_000
+func Capacity(e domain.Egress, h domain.HealthState, firstSeen, at time.Time) int64 {
+	c := BaseCapacity(e) * HealthPermille(h) * AgePermille(at.Sub(firstSeen)) / 1_000_000
 	if c < 1 {
 		c = 1
 	}
 	return c
 }
 
-// PlacementTakesNew reports whether a worker in health state h takes new
+// TakesNew reports whether a worker in health state h takes new
 // mailboxes.
-func PlacementTakesNew(h HealthState) bool { return h == HealthHealthy || h == HealthWatch }
+func TakesNew(h domain.HealthState) bool {
+	return h == domain.HealthHealthy || h == domain.HealthWatch
+}
 
-var placementHealthByRank = [...]HealthState{HealthHealthy, HealthWatch, HealthThrottled, HealthQuarantined, HealthBlocked}
+var placementHealthByRank = [...]domain.HealthState{domain.HealthHealthy, domain.HealthWatch, domain.HealthThrottled, domain.HealthQuarantined, domain.HealthBlocked}
 
-// PlacementConfig tunes the decider. Zero fields take their defaults.
-type PlacementConfig struct {
+// Config tunes the decider. Zero fields take their defaults.
+type Config struct {
 	// HeartbeatInterval is how often workers heartbeat (default 10 s).
 	HeartbeatInterval time.Duration
 	// LivenessWindow is how long a worker stays live after its last recorded
@@ -312,12 +298,12 @@ type PlacementConfig struct {
 // DefaultWorkerRetention is how long a dead worker is remembered by default.
 const DefaultWorkerRetention = 7 * 24 * time.Hour
 
-// DefaultPlacementConfig returns the defaults.
-func DefaultPlacementConfig() PlacementConfig {
-	return PlacementConfig{}.withDefaults()
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{}.withDefaults()
 }
 
-func (c PlacementConfig) withDefaults() PlacementConfig {
+func (c Config) withDefaults() Config {
 	if c.HeartbeatInterval <= 0 {
 		c.HeartbeatInterval = 10 * time.Second
 	}
@@ -338,7 +324,7 @@ func (c PlacementConfig) withDefaults() PlacementConfig {
 	}
 	// Within what a worker_forgotten decision can record (whole seconds,
 	// at most ten years), and never shorter than liveness.
-	c.WorkerRetention = min(max(c.WorkerRetention, c.LivenessWindow, time.Second), MaxWorkerRetentionSeconds*time.Second)
+	c.WorkerRetention = min(max(c.WorkerRetention, c.LivenessWindow, time.Second), domain.MaxWorkerRetentionSeconds*time.Second)
 	if c.MaxForgetPerTick <= 0 {
 		c.MaxForgetPerTick = 5000
 	}
@@ -353,10 +339,10 @@ func (c PlacementConfig) withDefaults() PlacementConfig {
 
 // WorkerHealth returns a worker's health state after a sample, given its
 // state before.
-func (c PlacementConfig) WorkerHealth(prev HealthState, s *WorkerHealthSampled) HealthState {
+func (c Config) WorkerHealth(prev domain.HealthState, s *domain.WorkerHealthSampled) domain.HealthState {
 	c = c.withDefaults()
 	if s.Sends <= 0 {
-		return HealthHealthy
+		return domain.HealthHealthy
 	}
 	if s.Sends < c.HealthMinSends {
 		return prev
@@ -366,27 +352,27 @@ func (c PlacementConfig) WorkerHealth(prev HealthState, s *WorkerHealthSampled) 
 			return placementHealthByRank[i+1]
 		}
 	}
-	return HealthHealthy
+	return domain.HealthHealthy
 }
 
-// PlacementInput is one input to the decider: a domain event's data with the
+// Input is one input to the decider: a domain event's data with the
 // time the log appended it (TrustedTime of the record timestamp, not the
 // producer's ce_time), or a tick when Event is nil. At is the decider's
 // clock for this input; the decisions record it.
-type PlacementInput struct {
+type Input struct {
 	At    time.Time
-	Event Data
+	Event domain.Data
 }
 
-// PlacementEventInput makes an input from a domain event whose record the
+// EventInput makes an input from a domain event whose record the
 // log stamped logged, decided when the engine's clock reads now.
-func PlacementEventInput(e Event, logged, now time.Time) PlacementInput {
-	return PlacementInput{At: TrustedTime(logged, now), Event: e.Data}
+func EventInput(e domain.Event, logged, now time.Time) Input {
+	return Input{At: domain.TrustedTime(logged, now), Event: e.Data}
 }
 
-// PlacementTick makes a tick input: liveness expiry and retries of pending
+// Tick makes a tick input: liveness expiry and retries of pending
 // placements, drains and dedicated shortfalls.
-func PlacementTick(now time.Time) PlacementInput { return PlacementInput{At: now} }
+func Tick(now time.Time) Input { return Input{At: now} }
 
 type placementClass int
 
@@ -398,14 +384,14 @@ const (
 
 type placementWorker struct {
 	id        string
-	baseTier  Tier // as the worker's heartbeats say
-	tier      Tier // baseTier, or dedicated after promotion
-	egress    Egress
+	baseTier  domain.Tier // as the worker's heartbeats say
+	tier      domain.Tier // baseTier, or dedicated after promotion
+	egress    domain.Egress
 	address   string
-	pool      RiskPool
+	pool      domain.RiskPool
 	org       string // dedicated: the bound org, or the releasing one
 	releasing bool   // dedicated and released, draining
-	health    HealthState
+	health    domain.HealthState
 	firstSeen time.Time
 	lastSeen  time.Time
 	live      bool
@@ -424,11 +410,11 @@ type placementMailbox struct {
 	id             string
 	org            *placementOrg
 	weight         int64
-	band           RiskPool
-	candidate      RiskPool // better band being observed, "" when none
+	band           domain.RiskPool
+	candidate      domain.RiskPool // better band being observed, "" when none
 	candidateSince time.Time
 	worker         *placementWorker
-	pendingReason  PlacementReason // when refused (no worker)
+	pendingReason  domain.PlacementReason // when refused (no worker)
 	pendingSince   time.Time
 	wPrev, wNext   *placementMailbox
 	oPrev, oNext   *placementMailbox
@@ -436,7 +422,7 @@ type placementMailbox struct {
 
 type placementOrg struct {
 	id        string
-	plan      Plan
+	plan      domain.Plan
 	dedicated int
 	paid      bool
 	planSince time.Time
@@ -449,9 +435,9 @@ type placementOrg struct {
 
 func (o *placementOrg) class() placementClass {
 	switch {
-	case o == nil || !o.recorded || !o.paid || o.plan == PlanFree:
+	case o == nil || !o.recorded || !o.paid || o.plan == domain.PlanFree:
 		return placementFree
-	case o.plan == PlanDedicated && o.dedicated > 0:
+	case o.plan == domain.PlanDedicated && o.dedicated > 0:
 		return placementDedicated
 	default:
 		return placementPremium
@@ -465,17 +451,17 @@ func (o *placementOrg) shortfall() int {
 	return max(0, o.dedicated-len(o.bound))
 }
 
-func placementSharedTier(c placementClass) Tier {
+func placementSharedTier(c placementClass) domain.Tier {
 	if c == placementFree {
-		return TierSharedFree
+		return domain.TierSharedFree
 	}
-	return TierSharedPremium
+	return domain.TierSharedPremium
 }
 
-// PlacementState is the placement engine's in-memory state. It is not safe
+// State is the placement engine's in-memory state. It is not safe
 // for concurrent use; the engine is a single writer.
-type PlacementState struct {
-	cfg       PlacementConfig
+type State struct {
+	cfg       Config
 	workers   map[string]*placementWorker
 	mailboxes map[string]*placementMailbox
 	orgs      map[string]*placementOrg
@@ -487,13 +473,13 @@ type PlacementState struct {
 	liveBySeen    placementSeenHeap                  // live workers, oldest heartbeat first
 	deadBySeen    placementSeenHeap                  // dead workers, oldest heartbeat first
 	// Decider scratch, reset on every Apply.
-	out              []PlacementDecision
+	out              []domain.PlacementDecision
 	capacityAppeared bool
 }
 
-// NewPlacementState returns an empty state.
-func NewPlacementState(cfg PlacementConfig) *PlacementState {
-	s := &PlacementState{
+// NewState returns an empty state.
+func NewState(cfg Config) *State {
+	s := &State{
 		cfg:           cfg.withDefaults(),
 		workers:       map[string]*placementWorker{},
 		mailboxes:     map[string]*placementMailbox{},
@@ -511,18 +497,18 @@ func NewPlacementState(cfg PlacementConfig) *PlacementState {
 }
 
 // Config returns the state's configuration, defaults applied.
-func (s *PlacementState) Config() PlacementConfig { return s.cfg }
+func (s *State) Config() Config { return s.cfg }
 
-func placementBucket(t Tier, p RiskPool) int {
+func placementBucket(t domain.Tier, p domain.RiskPool) int {
 	b := placementPoolIndex(p)
-	if t == TierSharedPremium {
+	if t == domain.TierSharedPremium {
 		b += 3
 	}
 	return b
 }
 
 func (w *placementWorker) eligible() bool {
-	return w.live && !w.stopping && !w.releasing && PlacementTakesNew(w.health)
+	return w.live && !w.stopping && !w.releasing && TakesNew(w.health)
 }
 
 func (w *placementWorker) headroom() int64 { return w.capacity*1000 - w.load }
@@ -536,9 +522,9 @@ func (w *placementWorker) offer() int64 {
 }
 
 // reindex puts w in the heaps it belongs to after a change.
-func (s *PlacementState) reindex(w *placementWorker) {
+func (s *State) reindex(w *placementWorker) {
 	nb := -1
-	if w.tier != TierDedicated && w.eligible() {
+	if w.tier != domain.TierDedicated && w.eligible() {
 		nb = placementBucket(w.tier, w.pool)
 	}
 	head := w.headroom()
@@ -565,7 +551,7 @@ func (s *PlacementState) reindex(w *placementWorker) {
 	}
 }
 
-func (s *PlacementState) org(id string) *placementOrg {
+func (s *State) org(id string) *placementOrg {
 	o := s.orgs[id]
 	if o == nil {
 		o = &placementOrg{id: id, bound: map[string]*placementWorker{}}
@@ -574,13 +560,13 @@ func (s *PlacementState) org(id string) *placementOrg {
 	return o
 }
 
-func (s *PlacementState) gcOrg(o *placementOrg) {
+func (s *State) gcOrg(o *placementOrg) {
 	if o.count == 0 && !o.recorded && len(o.bound) == 0 {
 		delete(s.orgs, o.id)
 	}
 }
 
-func (s *PlacementState) refreshOrgClass(o *placementOrg) {
+func (s *State) refreshOrgClass(o *placementOrg) {
 	if o.class() == placementDedicated {
 		s.dedicatedOrgs[o.id] = o
 	} else {
@@ -588,7 +574,7 @@ func (s *PlacementState) refreshOrgClass(o *placementOrg) {
 	}
 }
 
-func (s *PlacementState) attach(m *placementMailbox, w *placementWorker) {
+func (s *State) attach(m *placementMailbox, w *placementWorker) {
 	m.worker = w
 	m.wPrev, m.wNext = nil, w.head
 	if w.head != nil {
@@ -597,7 +583,7 @@ func (s *PlacementState) attach(m *placementMailbox, w *placementWorker) {
 	w.head = m
 	w.count++
 	w.load += m.weight
-	if w.tier != TierDedicated {
+	if w.tier != domain.TierDedicated {
 		m.org.shared++
 	}
 	delete(s.pending, m.id)
@@ -605,7 +591,7 @@ func (s *PlacementState) attach(m *placementMailbox, w *placementWorker) {
 	s.reindex(w)
 }
 
-func (s *PlacementState) detach(m *placementMailbox) {
+func (s *State) detach(m *placementMailbox) {
 	w := m.worker
 	if w == nil {
 		return
@@ -621,13 +607,13 @@ func (s *PlacementState) detach(m *placementMailbox) {
 	m.wPrev, m.wNext, m.worker = nil, nil, nil
 	w.count--
 	w.load -= m.weight
-	if w.tier != TierDedicated {
+	if w.tier != domain.TierDedicated {
 		m.org.shared--
 	}
 	s.reindex(w)
 }
 
-func (s *PlacementState) linkOrg(m *placementMailbox) {
+func (s *State) linkOrg(m *placementMailbox) {
 	o := m.org
 	m.oPrev, m.oNext = nil, o.head
 	if o.head != nil {
@@ -637,7 +623,7 @@ func (s *PlacementState) linkOrg(m *placementMailbox) {
 	o.count++
 }
 
-func (s *PlacementState) unlinkOrg(m *placementMailbox) {
+func (s *State) unlinkOrg(m *placementMailbox) {
 	o := m.org
 	if m.oPrev != nil {
 		m.oPrev.oNext = m.oNext
@@ -671,25 +657,25 @@ func (o *placementOrg) mailboxesSorted() []*placementMailbox {
 }
 
 // fits reports whether m may sit on w (invariant 3).
-func (s *PlacementState) fits(m *placementMailbox, w *placementWorker) bool {
+func (s *State) fits(m *placementMailbox, w *placementWorker) bool {
 	cls := m.org.class()
 	switch w.tier {
-	case TierSharedFree:
+	case domain.TierSharedFree:
 		return cls == placementFree && w.pool == m.band
-	case TierSharedPremium:
+	case domain.TierSharedPremium:
 		return cls != placementFree && w.pool == m.band
-	case TierDedicated:
+	case domain.TierDedicated:
 		return cls != placementFree && w.org == m.org.id
 	}
 	return false
 }
 
 // preferred reports whether m, fitting on w, is where its plan wants it.
-func (s *PlacementState) preferred(m *placementMailbox, w *placementWorker) bool {
+func (s *State) preferred(m *placementMailbox, w *placementWorker) bool {
 	if !w.live || w.stopping || w.releasing {
 		return false
 	}
-	return m.org.class() != placementDedicated || w.tier == TierDedicated
+	return m.org.class() != placementDedicated || w.tier == domain.TierDedicated
 }
 
 // ---- Apply: the decider ----
@@ -698,24 +684,24 @@ func (s *PlacementState) preferred(m *placementMailbox, w *placementWorker) bool
 // into s. Apply trusts its input to be validated (the engine validates
 // events before they reach the log); events about unknown mailboxes or
 // workers, duplicates and stale heartbeats decide nothing.
-func (s *PlacementState) Apply(in PlacementInput) []PlacementDecision {
+func (s *State) Apply(in Input) []domain.PlacementDecision {
 	s.out = nil
 	s.capacityAppeared = false
 	at := in.At.Round(0).UTC()
 	switch e := in.Event.(type) {
 	case nil:
 		s.tick(at)
-	case *MailboxAdded:
+	case *domain.MailboxAdded:
 		s.mailboxAdded(e, at)
-	case *MailboxRemoved:
+	case *domain.MailboxRemoved:
 		s.mailboxRemoved(e, at)
-	case *MailboxHealthScored:
+	case *domain.MailboxHealthScored:
 		s.healthScored(e, at)
-	case *OrgPlanChanged:
+	case *domain.OrgPlanChanged:
 		s.planChanged(e, at)
-	case *WorkerHeartbeat:
+	case *domain.WorkerHeartbeat:
 		s.heartbeat(e, at)
-	case *WorkerHealthSampled:
+	case *domain.WorkerHealthSampled:
 		s.healthSampled(e, at)
 	}
 	if s.capacityAppeared {
@@ -726,15 +712,15 @@ func (s *PlacementState) Apply(in PlacementInput) []PlacementDecision {
 	return out
 }
 
-func (s *PlacementState) emit(d PlacementDecision) {
+func (s *State) emit(d domain.PlacementDecision) {
 	if err := s.ApplyDecision(d); err != nil {
 		panic(fmt.Sprintf("placement: decider emitted an inconsistent decision %s: %v", d.EventType(), err))
 	}
 	s.out = append(s.out, d)
 }
 
-func placementMeta(at time.Time, r PlacementReason) PlacementMeta {
-	return PlacementMeta{At: at, Reason: r}
+func placementMeta(at time.Time, r domain.PlacementReason) domain.PlacementMeta {
+	return domain.PlacementMeta{At: at, Reason: r}
 }
 
 // target is where a mailbox can go.
@@ -746,7 +732,7 @@ type placementTarget struct {
 
 // bestDedicated returns o's eligible bound worker with headroom for weight
 // and the lowest utilisation, ties by id.
-func (s *PlacementState) bestDedicated(o *placementOrg, weight int64, exclude *placementWorker) *placementWorker {
+func (s *State) bestDedicated(o *placementOrg, weight int64, exclude *placementWorker) *placementWorker {
 	var best *placementWorker
 	for _, w := range o.bound {
 		if w == exclude || !w.eligible() || w.headroom() < weight {
@@ -761,12 +747,12 @@ func (s *PlacementState) bestDedicated(o *placementOrg, weight int64, exclude *p
 
 // findShared finds a shared worker of tier in band's pool with headroom for
 // weight, or an idle clean worker of tier to promote into the pool.
-func (s *PlacementState) findShared(tier Tier, band RiskPool, weight int64, exclude *placementWorker) placementTarget {
+func (s *State) findShared(tier domain.Tier, band domain.RiskPool, weight int64, exclude *placementWorker) placementTarget {
 	c := placementClassOf(weight)
 	if w := s.heaps[placementBucket(tier, band)][c].best(exclude); w != nil {
 		return placementTarget{worker: w}
 	}
-	if band != RiskClean {
+	if band != domain.RiskClean {
 		if w := s.idleClean(tier, exclude); w != nil {
 			return placementTarget{worker: w, promote: true}
 		}
@@ -777,30 +763,30 @@ func (s *PlacementState) findShared(tier Tier, band RiskPool, weight int64, excl
 // idleClean returns the idle eligible clean worker of tier with the lowest
 // id. Idle workers have utilisation 0, the heap minimum, and headroom for
 // every weight.
-func (s *PlacementState) idleClean(tier Tier, exclude *placementWorker) *placementWorker {
-	w := s.heaps[placementBucket(tier, RiskClean)][placementClasses-1].best(exclude)
+func (s *State) idleClean(tier domain.Tier, exclude *placementWorker) *placementWorker {
+	w := s.heaps[placementBucket(tier, domain.RiskClean)][placementClasses-1].best(exclude)
 	if w == nil || w.count != 0 {
 		return nil
 	}
 	return w
 }
 
-func (s *PlacementState) findTarget(o *placementOrg, weight int64, band RiskPool, exclude *placementWorker) placementTarget {
+func (s *State) findTarget(o *placementOrg, weight int64, band domain.RiskPool, exclude *placementWorker) placementTarget {
 	cls := o.class()
 	if cls == placementDedicated {
 		if w := s.bestDedicated(o, weight, exclude); w != nil {
 			return placementTarget{worker: w}
 		}
-		t := s.findShared(TierSharedPremium, band, weight, exclude)
+		t := s.findShared(domain.TierSharedPremium, band, weight, exclude)
 		t.degraded = true
 		return t
 	}
 	return s.findShared(placementSharedTier(cls), band, weight, exclude)
 }
 
-func (s *PlacementState) promoteToPool(w *placementWorker, band RiskPool, at time.Time) {
-	s.emit(&PlacementWorkerPromoted{
-		PlacementMeta: placementMeta(at, ReasonPoolNeeded),
+func (s *State) promoteToPool(w *placementWorker, band domain.RiskPool, at time.Time) {
+	s.emit(&domain.PlacementWorkerPromoted{
+		PlacementMeta: placementMeta(at, domain.ReasonPoolNeeded),
 		WorkerID:      w.id, FromTier: w.tier, ToTier: w.tier, FromPool: w.pool, ToPool: band,
 	})
 }
@@ -808,15 +794,15 @@ func (s *PlacementState) promoteToPool(w *placementWorker, band RiskPool, at tim
 // place puts a new or pending mailbox on a worker; on failure it refuses
 // (when refuse) or leaves the mailbox as it is. The mailbox need not exist
 // yet: probe carries its attributes.
-func (s *PlacementState) place(id string, o *placementOrg, weight int64, band RiskPool, reason PlacementReason, refuse bool, at time.Time) bool {
+func (s *State) place(id string, o *placementOrg, weight int64, band domain.RiskPool, reason domain.PlacementReason, refuse bool, at time.Time) bool {
 	if o.shortfall() > 0 {
 		s.ensureDedicated(o, at) // bind before degrading
 	}
 	t := s.findTarget(o, weight, band, nil)
 	if t.worker == nil {
 		if refuse {
-			s.emit(&PlacementRefused{
-				PlacementMeta: placementMeta(at, ReasonNoEligibleWorker),
+			s.emit(&domain.PlacementRefused{
+				PlacementMeta: placementMeta(at, domain.ReasonNoEligibleWorker),
 				MailboxID:     id, OrgID: o.id, Tier: placementWantedTier(o), Band: band, Weight: weight, Cause: reason,
 			})
 		}
@@ -825,16 +811,16 @@ func (s *PlacementState) place(id string, o *placementOrg, weight int64, band Ri
 	if t.promote {
 		s.promoteToPool(t.worker, band, at)
 	}
-	s.emit(&PlacementAssigned{
+	s.emit(&domain.PlacementAssigned{
 		PlacementMeta: placementMeta(at, reason),
 		MailboxID:     id, OrgID: o.id, WorkerID: t.worker.id, Tier: t.worker.tier, Band: band, Weight: weight, Degraded: t.degraded,
 	})
 	return true
 }
 
-func placementWantedTier(o *placementOrg) Tier {
+func placementWantedTier(o *placementOrg) domain.Tier {
 	if o.class() == placementDedicated {
-		return TierDedicated
+		return domain.TierDedicated
 	}
 	return placementSharedTier(o.class())
 }
@@ -849,7 +835,7 @@ const (
 
 // relocate moves a placed mailbox per mode. fromBand is the band it was
 // placed under (differs from m.band right after a band change).
-func (s *PlacementState) relocate(m *placementMailbox, mode placementMove, fromBand RiskPool, reason PlacementReason, at time.Time) bool {
+func (s *State) relocate(m *placementMailbox, mode placementMove, fromBand domain.RiskPool, reason domain.PlacementReason, at time.Time) bool {
 	from := m.worker
 	if m.org.shortfall() > 0 {
 		s.ensureDedicated(m.org, at) // bind before degrading
@@ -862,8 +848,8 @@ func (s *PlacementState) relocate(m *placementMailbox, mode placementMove, fromB
 	}
 	if t.worker == nil {
 		if mode == moveMust {
-			s.emit(&PlacementRefused{
-				PlacementMeta: placementMeta(at, ReasonNoEligibleWorker),
+			s.emit(&domain.PlacementRefused{
+				PlacementMeta: placementMeta(at, domain.ReasonNoEligibleWorker),
 				MailboxID:     m.id, OrgID: m.org.id, Tier: placementWantedTier(m.org), Band: m.band, Weight: m.weight,
 				FromWorker: from.id, FromBand: fromBand, Cause: reason,
 			})
@@ -874,7 +860,7 @@ func (s *PlacementState) relocate(m *placementMailbox, mode placementMove, fromB
 	if t.promote {
 		s.promoteToPool(t.worker, m.band, at)
 	}
-	s.emit(&PlacementMigrated{
+	s.emit(&domain.PlacementMigrated{
 		PlacementMeta: placementMeta(at, reason),
 		MailboxID:     m.id, OrgID: m.org.id, Weight: m.weight,
 		FromWorker: from.id, ToWorker: t.worker.id, FromTier: from.tier, ToTier: t.worker.tier,
@@ -887,32 +873,32 @@ func (s *PlacementState) relocate(m *placementMailbox, mode placementMove, fromB
 // afterLeave reacts to w losing a mailbox: an idle pool worker reverts to
 // clean; an idle released dedicated worker goes to the org waiting longest
 // for one, else reverts to its heartbeat tier.
-func (s *PlacementState) afterLeave(w *placementWorker, at time.Time) {
+func (s *State) afterLeave(w *placementWorker, at time.Time) {
 	if w == nil || w.count != 0 {
 		return
 	}
-	if w.tier == TierDedicated {
+	if w.tier == domain.TierDedicated {
 		if !w.releasing {
 			return
 		}
-		if w.baseTier == TierSharedPremium && w.live && !w.stopping && PlacementTakesNew(w.health) {
+		if w.baseTier == domain.TierSharedPremium && w.live && !w.stopping && TakesNew(w.health) {
 			if o := s.nextShortOrg(); o != nil {
-				s.emit(&PlacementDedicatedBound{PlacementMeta: placementMeta(at, ReasonDedicatedNeeded), WorkerID: w.id, OrgID: o.id})
+				s.emit(&domain.PlacementDedicatedBound{PlacementMeta: placementMeta(at, domain.ReasonDedicatedNeeded), WorkerID: w.id, OrgID: o.id})
 				s.capacityAppeared = true
 				return
 			}
 		}
-		s.emit(&PlacementWorkerReverted{
-			PlacementMeta: placementMeta(at, ReasonIdle),
-			WorkerID:      w.id, FromTier: w.tier, ToTier: w.baseTier, FromPool: w.pool, ToPool: RiskClean, OrgID: w.org,
+		s.emit(&domain.PlacementWorkerReverted{
+			PlacementMeta: placementMeta(at, domain.ReasonIdle),
+			WorkerID:      w.id, FromTier: w.tier, ToTier: w.baseTier, FromPool: w.pool, ToPool: domain.RiskClean, OrgID: w.org,
 		})
 		s.capacityAppeared = true
 		return
 	}
-	if w.pool != RiskClean {
-		s.emit(&PlacementWorkerReverted{
-			PlacementMeta: placementMeta(at, ReasonIdle),
-			WorkerID:      w.id, FromTier: w.tier, ToTier: w.tier, FromPool: w.pool, ToPool: RiskClean,
+	if w.pool != domain.RiskClean {
+		s.emit(&domain.PlacementWorkerReverted{
+			PlacementMeta: placementMeta(at, domain.ReasonIdle),
+			WorkerID:      w.id, FromTier: w.tier, ToTier: w.tier, FromPool: w.pool, ToPool: domain.RiskClean,
 		})
 		s.capacityAppeared = true
 	}
@@ -920,7 +906,7 @@ func (s *PlacementState) afterLeave(w *placementWorker, at time.Time) {
 
 // shortOrgs returns the orgs short of dedicated workers, longest waiting
 // (earliest plan) first, ties by id.
-func (s *PlacementState) shortOrgs() []*placementOrg {
+func (s *State) shortOrgs() []*placementOrg {
 	var out []*placementOrg
 	for _, o := range s.dedicatedOrgs {
 		if o.shortfall() > 0 {
@@ -936,7 +922,7 @@ func (s *PlacementState) shortOrgs() []*placementOrg {
 	return out
 }
 
-func (s *PlacementState) nextShortOrg() *placementOrg {
+func (s *State) nextShortOrg() *placementOrg {
 	var best *placementOrg
 	for _, o := range s.dedicatedOrgs {
 		if o.shortfall() == 0 {
@@ -951,7 +937,7 @@ func (s *PlacementState) nextShortOrg() *placementOrg {
 
 // ensureDedicated binds workers until o has as many as its plan says, or
 // nothing is left to bind.
-func (s *PlacementState) ensureDedicated(o *placementOrg, at time.Time) {
+func (s *State) ensureDedicated(o *placementOrg, at time.Time) {
 	if o == nil {
 		return
 	}
@@ -959,35 +945,35 @@ func (s *PlacementState) ensureDedicated(o *placementOrg, at time.Time) {
 		// 1. one of o's own released workers still draining: cancel the release.
 		var own *placementWorker
 		for _, w := range s.draining {
-			if w.tier == TierDedicated && w.releasing && w.org == o.id && w.baseTier == TierSharedPremium &&
-				w.live && !w.stopping && PlacementTakesNew(w.health) && (own == nil || w.id < own.id) {
+			if w.tier == domain.TierDedicated && w.releasing && w.org == o.id && w.baseTier == domain.TierSharedPremium &&
+				w.live && !w.stopping && TakesNew(w.health) && (own == nil || w.id < own.id) {
 				own = w
 			}
 		}
 		if own != nil {
-			s.emit(&PlacementDedicatedBound{PlacementMeta: placementMeta(at, ReasonDedicatedNeeded), WorkerID: own.id, OrgID: o.id})
+			s.emit(&domain.PlacementDedicatedBound{PlacementMeta: placementMeta(at, domain.ReasonDedicatedNeeded), WorkerID: own.id, OrgID: o.id})
 			continue
 		}
 		// 2. an idle shared premium worker, promoted. (Idle released workers
 		// never persist: afterLeave hands them out or reverts them.)
-		w := s.idleClean(TierSharedPremium, nil)
+		w := s.idleClean(domain.TierSharedPremium, nil)
 		if w == nil {
 			return
 		}
-		s.emit(&PlacementWorkerPromoted{
-			PlacementMeta: placementMeta(at, ReasonDedicatedNeeded),
-			WorkerID:      w.id, FromTier: w.tier, ToTier: TierDedicated, FromPool: w.pool, ToPool: RiskClean, OrgID: o.id,
+		s.emit(&domain.PlacementWorkerPromoted{
+			PlacementMeta: placementMeta(at, domain.ReasonDedicatedNeeded),
+			WorkerID:      w.id, FromTier: w.tier, ToTier: domain.TierDedicated, FromPool: w.pool, ToPool: domain.RiskClean, OrgID: o.id,
 		})
-		s.emit(&PlacementDedicatedBound{PlacementMeta: placementMeta(at, ReasonDedicatedNeeded), WorkerID: w.id, OrgID: o.id})
+		s.emit(&domain.PlacementDedicatedBound{PlacementMeta: placementMeta(at, domain.ReasonDedicatedNeeded), WorkerID: w.id, OrgID: o.id})
 	}
 }
 
 // release releases a bound dedicated worker; the caller moves its mailboxes.
-func (s *PlacementState) release(w *placementWorker, reason PlacementReason, at time.Time) {
-	s.emit(&PlacementDedicatedReleased{PlacementMeta: placementMeta(at, reason), WorkerID: w.id, OrgID: w.org})
+func (s *State) release(w *placementWorker, reason domain.PlacementReason, at time.Time) {
+	s.emit(&domain.PlacementDedicatedReleased{PlacementMeta: placementMeta(at, reason), WorkerID: w.id, OrgID: w.org})
 }
 
-func (s *PlacementState) drain(w *placementWorker, reason PlacementReason, at time.Time) {
+func (s *State) drain(w *placementWorker, reason domain.PlacementReason, at time.Time) {
 	for _, m := range w.mailboxesSorted() {
 		if m.worker == w {
 			s.relocate(m, moveDrain, m.band, reason, at)
@@ -996,7 +982,7 @@ func (s *PlacementState) drain(w *placementWorker, reason PlacementReason, at ti
 	s.afterLeave(w, at)
 }
 
-func (s *PlacementState) evacuate(w *placementWorker, reason PlacementReason, at time.Time) {
+func (s *State) evacuate(w *placementWorker, reason domain.PlacementReason, at time.Time) {
 	for _, m := range w.mailboxesSorted() {
 		if m.worker == w {
 			s.relocate(m, moveMust, m.band, reason, at)
@@ -1005,7 +991,7 @@ func (s *PlacementState) evacuate(w *placementWorker, reason PlacementReason, at
 	s.afterLeave(w, at)
 }
 
-func (s *PlacementState) mailboxAdded(e *MailboxAdded, at time.Time) {
+func (s *State) mailboxAdded(e *domain.MailboxAdded, at time.Time) {
 	if _, ok := s.mailboxes[e.MailboxID]; ok {
 		return // idempotent: the mailbox is already known
 	}
@@ -1015,17 +1001,17 @@ func (s *PlacementState) mailboxAdded(e *MailboxAdded, at time.Time) {
 	} else {
 		s.ensureDedicated(o, at)
 	}
-	s.place(e.MailboxID, o, PlacementWeight(e.Provider, e.WarmupEnabled), RiskClean, ReasonMailboxAdded, true, at)
+	s.place(e.MailboxID, o, Weight(e.Provider, e.WarmupEnabled), domain.RiskClean, domain.ReasonMailboxAdded, true, at)
 }
 
-func (s *PlacementState) mailboxRemoved(e *MailboxRemoved, at time.Time) {
+func (s *State) mailboxRemoved(e *domain.MailboxRemoved, at time.Time) {
 	m := s.mailboxes[e.MailboxID]
 	if m == nil {
 		return
 	}
 	from := m.worker
-	d := &PlacementUnassigned{
-		PlacementMeta: placementMeta(at, ReasonMailboxRemoved),
+	d := &domain.PlacementUnassigned{
+		PlacementMeta: placementMeta(at, domain.ReasonMailboxRemoved),
 		MailboxID:     m.id, OrgID: m.org.id, Band: m.band, Weight: m.weight, Detail: e.Reason,
 	}
 	if from != nil {
@@ -1035,69 +1021,69 @@ func (s *PlacementState) mailboxRemoved(e *MailboxRemoved, at time.Time) {
 	s.afterLeave(from, at)
 }
 
-func placementWorse(a, b RiskPool) RiskPool {
+func placementWorse(a, b domain.RiskPool) domain.RiskPool {
 	if placementPoolIndex(a) >= placementPoolIndex(b) {
 		return a
 	}
 	return b
 }
 
-func (s *PlacementState) healthScored(e *MailboxHealthScored, at time.Time) {
+func (s *State) healthScored(e *domain.MailboxHealthScored, at time.Time) {
 	m := s.mailboxes[e.MailboxID]
 	if m == nil {
 		return
 	}
-	mapped := RiskBandFromHealth(e.State)
+	mapped := BandFromHealth(e.State)
 	cur := placementPoolIndex(m.band)
 	switch idx := placementPoolIndex(mapped); {
 	case idx > cur:
-		s.changeBand(m, mapped, e, ReasonBandWorsened, at)
+		s.changeBand(m, mapped, e, domain.ReasonBandWorsened, at)
 	case idx == cur:
 		if m.candidate != "" {
-			s.emit(&PlacementBandHeld{
-				PlacementMeta: placementMeta(at, ReasonBandRecoveryCancelled),
+			s.emit(&domain.PlacementBandHeld{
+				PlacementMeta: placementMeta(at, domain.ReasonBandRecoveryCancelled),
 				MailboxID:     m.id, Band: m.band, Health: e.State,
 			})
 		}
 	default:
 		switch {
 		case m.candidate == "":
-			s.emit(&PlacementBandHeld{
-				PlacementMeta: placementMeta(at, ReasonBandRecoveryStarted),
+			s.emit(&domain.PlacementBandHeld{
+				PlacementMeta: placementMeta(at, domain.ReasonBandRecoveryStarted),
 				MailboxID:     m.id, Band: m.band, Candidate: mapped, Since: at, Health: e.State,
 			})
 		case at.Sub(m.candidateSince) >= s.cfg.BandDwell:
-			s.changeBand(m, placementWorse(m.candidate, mapped), e, ReasonBandImproved, at)
+			s.changeBand(m, placementWorse(m.candidate, mapped), e, domain.ReasonBandImproved, at)
 		case placementWorse(m.candidate, mapped) != m.candidate:
-			s.emit(&PlacementBandHeld{
-				PlacementMeta: placementMeta(at, ReasonBandRecoveryUpdated),
+			s.emit(&domain.PlacementBandHeld{
+				PlacementMeta: placementMeta(at, domain.ReasonBandRecoveryUpdated),
 				MailboxID:     m.id, Band: m.band, Candidate: mapped, Since: m.candidateSince, Health: e.State,
 			})
 		}
 	}
 }
 
-func (s *PlacementState) changeBand(m *placementMailbox, to RiskPool, e *MailboxHealthScored, reason PlacementReason, at time.Time) {
+func (s *State) changeBand(m *placementMailbox, to domain.RiskPool, e *domain.MailboxHealthScored, reason domain.PlacementReason, at time.Time) {
 	from := m.band
-	s.emit(&PlacementBandChanged{
+	s.emit(&domain.PlacementBandChanged{
 		PlacementMeta: placementMeta(at, reason),
 		MailboxID:     m.id, OrgID: m.org.id, FromBand: from, ToBand: to, Health: e.State, Score: e.Score,
 	})
 	switch w := m.worker; {
 	case w == nil:
 		s.ensureDedicated(m.org, at)
-		s.place(m.id, m.org, m.weight, m.band, ReasonRetry, false, at)
+		s.place(m.id, m.org, m.weight, m.band, domain.ReasonRetry, false, at)
 	case !s.fits(m, w):
-		s.relocate(m, moveMust, from, ReasonBandChanged, at)
+		s.relocate(m, moveMust, from, domain.ReasonBandChanged, at)
 	}
 }
 
-func (s *PlacementState) planChanged(e *OrgPlanChanged, at time.Time) {
+func (s *State) planChanged(e *domain.OrgPlanChanged, at time.Time) {
 	if o := s.orgs[e.OrgID]; o != nil && o.recorded && o.plan == e.Plan && o.dedicated == e.DedicatedWorkers && o.paid == e.Paid {
 		return // nothing changes
 	}
-	s.emit(&PlacementPlanRecorded{
-		PlacementMeta: placementMeta(at, ReasonPlanChanged),
+	s.emit(&domain.PlacementPlanRecorded{
+		PlacementMeta: placementMeta(at, domain.ReasonPlanChanged),
 		OrgID:         e.OrgID, Plan: e.Plan, DedicatedWorkers: e.DedicatedWorkers, Paid: e.Paid, Source: e.Source,
 	})
 	o := s.orgs[e.OrgID]
@@ -1123,7 +1109,7 @@ func (s *PlacementState) planChanged(e *OrgPlanChanged, at time.Time) {
 		})
 		released = bound[:len(bound)-keep]
 		for _, w := range released {
-			s.release(w, ReasonPlanChanged, at)
+			s.release(w, domain.ReasonPlanChanged, at)
 		}
 	}
 	s.ensureDedicated(o, at)
@@ -1132,15 +1118,15 @@ func (s *PlacementState) planChanged(e *OrgPlanChanged, at time.Time) {
 		w := m.worker
 		switch {
 		case w == nil:
-			s.place(m.id, o, m.weight, m.band, ReasonPlanChanged, false, at)
+			s.place(m.id, o, m.weight, m.band, domain.ReasonPlanChanged, false, at)
 		case !s.fits(m, w):
-			s.relocate(m, moveMust, m.band, ReasonPlanChanged, at)
+			s.relocate(m, moveMust, m.band, domain.ReasonPlanChanged, at)
 		case !s.preferred(m, w):
 			mode := moveDrain
 			if w.live && !w.stopping && !w.releasing {
 				mode = moveUpgrade
 			}
-			s.relocate(m, mode, m.band, ReasonPlanChanged, at)
+			s.relocate(m, mode, m.band, domain.ReasonPlanChanged, at)
 		}
 	}
 	for _, w := range released {
@@ -1148,17 +1134,17 @@ func (s *PlacementState) planChanged(e *OrgPlanChanged, at time.Time) {
 	}
 }
 
-func (s *PlacementState) heartbeat(e *WorkerHeartbeat, at time.Time) {
+func (s *State) heartbeat(e *domain.WorkerHeartbeat, at time.Time) {
 	tier := e.EffectiveTier()
-	if !ClientRequestableTier(tier) {
+	if !domain.ClientRequestableTier(tier) {
 		return // dedicated is never accepted from a worker
 	}
 	w := s.workers[e.WorkerID]
 	if w == nil {
-		s.emit(&PlacementWorkerRegistered{
-			PlacementMeta: placementMeta(at, ReasonWorkerRegistered),
+		s.emit(&domain.PlacementWorkerRegistered{
+			PlacementMeta: placementMeta(at, domain.ReasonWorkerRegistered),
 			WorkerID:      e.WorkerID, Tier: tier, Egress: e.Egress, Address: e.Address, Stopping: e.Stopping,
-			Capacity: PlacementCapacity(e.Egress, HealthHealthy, at, at),
+			Capacity: Capacity(e.Egress, domain.HealthHealthy, at, at),
 		})
 		s.capacityAppeared = s.workers[e.WorkerID].offer() > 0
 		return
@@ -1166,66 +1152,66 @@ func (s *PlacementState) heartbeat(e *WorkerHeartbeat, at time.Time) {
 	if at.Before(w.lastSeen) {
 		return // stale
 	}
-	capacity := PlacementCapacity(e.Egress, w.health, w.firstSeen, at)
+	capacity := Capacity(e.Egress, w.health, w.firstSeen, at)
 	tierChanged := tier != w.baseTier
-	var reason PlacementReason
+	var reason domain.PlacementReason
 	switch {
 	case !w.live:
-		reason = ReasonWorkerRevived
+		reason = domain.ReasonWorkerRevived
 	case tierChanged:
-		reason = ReasonWorkerTierChanged
+		reason = domain.ReasonWorkerTierChanged
 	case e.Stopping && !w.stopping:
-		reason = ReasonWorkerStopping
+		reason = domain.ReasonWorkerStopping
 	case !e.Stopping && w.stopping:
-		reason = ReasonWorkerResumed
+		reason = domain.ReasonWorkerResumed
 	case e.Egress != w.egress || e.Address != w.address:
-		reason = ReasonWorkerChanged
+		reason = domain.ReasonWorkerChanged
 	case capacity != w.capacity:
-		reason = ReasonCapacityRamp
+		reason = domain.ReasonCapacityRamp
 	case at.Sub(w.lastSeen) >= s.cfg.SeenRecordInterval:
-		reason = ReasonHeartbeat
+		reason = domain.ReasonHeartbeat
 	default:
 		return
 	}
 	before := w.offer()
 	wasStopping := w.stopping
-	s.emit(&PlacementWorkerChanged{
+	s.emit(&domain.PlacementWorkerChanged{
 		PlacementMeta: placementMeta(at, reason),
 		WorkerID:      w.id, Tier: tier, Egress: e.Egress, Address: e.Address, Stopping: e.Stopping, Capacity: capacity,
 	})
 	switch {
-	case w.tier == TierDedicated && !w.releasing && (tierChanged || e.Stopping):
+	case w.tier == domain.TierDedicated && !w.releasing && (tierChanged || e.Stopping):
 		org := s.orgs[w.org]
-		r := ReasonWorkerTierChanged
+		r := domain.ReasonWorkerTierChanged
 		if !tierChanged {
-			r = ReasonWorkerStopping
+			r = domain.ReasonWorkerStopping
 		}
 		s.release(w, r, at)
 		s.ensureDedicated(org, at)
 		s.drain(w, r, at)
 	case tierChanged:
-		s.evacuate(w, ReasonWorkerTierChanged, at)
+		s.evacuate(w, domain.ReasonWorkerTierChanged, at)
 	case e.Stopping && !wasStopping:
-		s.drain(w, ReasonWorkerStopping, at)
+		s.drain(w, domain.ReasonWorkerStopping, at)
 	}
 	if w.offer() > before || (tierChanged && w.offer() > 0) {
 		s.capacityAppeared = true
 	}
 }
 
-func (s *PlacementState) healthSampled(e *WorkerHealthSampled, at time.Time) {
+func (s *State) healthSampled(e *domain.WorkerHealthSampled, at time.Time) {
 	w := s.workers[e.WorkerID]
 	if w == nil {
 		return
 	}
 	h := s.cfg.WorkerHealth(w.health, e)
-	capacity := PlacementCapacity(w.egress, h, w.firstSeen, at)
+	capacity := Capacity(w.egress, h, w.firstSeen, at)
 	if h == w.health && capacity == w.capacity {
 		return
 	}
 	before := w.offer()
-	s.emit(&PlacementWorkerHealthChanged{
-		PlacementMeta: placementMeta(at, ReasonHealthSampled),
+	s.emit(&domain.PlacementWorkerHealthChanged{
+		PlacementMeta: placementMeta(at, domain.ReasonHealthSampled),
 		WorkerID:      w.id, FromHealth: w.health, Health: h, Capacity: capacity,
 		WindowSeconds: e.WindowSeconds, Sends: e.Sends, HardBounces: e.HardBounces, Complaints: e.Complaints,
 	})
@@ -1234,18 +1220,18 @@ func (s *PlacementState) healthSampled(e *WorkerHealthSampled, at time.Time) {
 	}
 }
 
-func (s *PlacementState) tick(at time.Time) {
+func (s *State) tick(at time.Time) {
 	// Live workers whose last heartbeat is more than LivenessWindow old.
 	dead := s.liveBySeen.before(at.Add(-s.cfg.LivenessWindow))
 	slices.SortFunc(dead, func(a, b *placementWorker) int { return strings.Compare(a.id, b.id) })
 	for _, w := range dead {
-		s.emit(&PlacementWorkerDied{PlacementMeta: placementMeta(at, ReasonHeartbeatExpired), WorkerID: w.id, LastSeen: w.lastSeen})
-		if w.tier == TierDedicated && !w.releasing {
+		s.emit(&domain.PlacementWorkerDied{PlacementMeta: placementMeta(at, domain.ReasonHeartbeatExpired), WorkerID: w.id, LastSeen: w.lastSeen})
+		if w.tier == domain.TierDedicated && !w.releasing {
 			org := s.orgs[w.org]
-			s.release(w, ReasonWorkerDied, at)
+			s.release(w, domain.ReasonWorkerDied, at)
 			s.ensureDedicated(org, at)
 		}
-		s.evacuate(w, ReasonWorkerDied, at)
+		s.evacuate(w, domain.ReasonWorkerDied, at)
 	}
 	s.forget(at)
 	s.retry(at)
@@ -1256,7 +1242,7 @@ func (s *PlacementState) tick(at time.Time) {
 // MaxForgetPerTick of them. A dead worker holds nothing (its mailboxes
 // were moved or refused when it died, and it was reverted or released);
 // one that somehow did would be kept.
-func (s *PlacementState) forget(at time.Time) {
+func (s *State) forget(at time.Time) {
 	old := s.deadBySeen.before(at.Add(-s.cfg.WorkerRetention))
 	slices.SortFunc(old, func(a, b *placementWorker) int {
 		if placementSeenLess(a, b) {
@@ -1266,15 +1252,15 @@ func (s *PlacementState) forget(at time.Time) {
 	})
 	n := 0
 	for _, w := range old {
-		if w.count != 0 || w.tier == TierDedicated || w.org != "" || w.pool != RiskClean {
+		if w.count != 0 || w.tier == domain.TierDedicated || w.org != "" || w.pool != domain.RiskClean {
 			continue
 		}
 		if n == s.cfg.MaxForgetPerTick {
 			return // the next tick goes on
 		}
 		n++
-		s.emit(&PlacementWorkerForgotten{
-			PlacementMeta: placementMeta(at, ReasonRetentionExpired),
+		s.emit(&domain.PlacementWorkerForgotten{
+			PlacementMeta: placementMeta(at, domain.ReasonRetentionExpired),
 			WorkerID:      w.id, LastSeen: w.lastSeen, RetentionSeconds: int64(s.cfg.WorkerRetention / time.Second),
 		})
 	}
@@ -1284,7 +1270,7 @@ func (s *PlacementState) forget(at time.Time) {
 // mailboxes first (moving those frees shared premium room), then refused
 // mailboxes (oldest first), then mailboxes on draining workers; repeated
 // while a round decides something (a drain can free a released worker).
-func (s *PlacementState) retry(at time.Time) {
+func (s *State) retry(at time.Time) {
 	for range 8 {
 		n := len(s.out)
 		for _, o := range s.shortOrgs() {
@@ -1299,7 +1285,7 @@ func (s *PlacementState) retry(at time.Time) {
 	}
 }
 
-func (s *PlacementState) upgradeDegraded(at time.Time) {
+func (s *State) upgradeDegraded(at time.Time) {
 	var orgs []*placementOrg
 	for _, o := range s.dedicatedOrgs {
 		if o.shared > 0 && len(o.bound) > 0 {
@@ -1313,10 +1299,10 @@ func (s *PlacementState) upgradeDegraded(at time.Time) {
 		}
 		failed := int64(1 << 62)
 		for _, m := range o.mailboxesSorted() {
-			if m.worker == nil || m.worker.tier == TierDedicated || m.weight >= failed {
+			if m.worker == nil || m.worker.tier == domain.TierDedicated || m.weight >= failed {
 				continue
 			}
-			if !s.relocate(m, moveUpgrade, m.band, ReasonDedicatedAvailable, at) {
+			if !s.relocate(m, moveUpgrade, m.band, domain.ReasonDedicatedAvailable, at) {
 				failed = m.weight
 			}
 		}
@@ -1325,12 +1311,12 @@ func (s *PlacementState) upgradeDegraded(at time.Time) {
 
 type placementFailKey struct {
 	org    string // dedicated orgs only
-	tier   Tier
-	band   RiskPool
+	tier   domain.Tier
+	band   domain.RiskPool
 	weight int64
 }
 
-func (s *PlacementState) retryPending(at time.Time) {
+func (s *State) retryPending(at time.Time) {
 	if len(s.pending) == 0 {
 		return
 	}
@@ -1350,19 +1336,19 @@ func (s *PlacementState) retryPending(at time.Time) {
 			continue
 		}
 		k := placementFailKey{tier: placementWantedTier(m.org), band: m.band, weight: m.weight}
-		if k.tier == TierDedicated {
+		if k.tier == domain.TierDedicated {
 			k.org = m.org.id
 		}
 		if failed[k] {
 			continue
 		}
-		if !s.place(m.id, m.org, m.weight, m.band, ReasonRetry, false, at) {
+		if !s.place(m.id, m.org, m.weight, m.band, domain.ReasonRetry, false, at) {
 			failed[k] = true
 		}
 	}
 }
 
-func (s *PlacementState) retryDrains(at time.Time) {
+func (s *State) retryDrains(at time.Time) {
 	if len(s.draining) == 0 {
 		return
 	}
@@ -1373,7 +1359,7 @@ func (s *PlacementState) retryDrains(at time.Time) {
 	slices.SortFunc(ws, func(a, b *placementWorker) int { return strings.Compare(a.id, b.id) })
 	for _, w := range ws {
 		if s.draining[w.id] != nil {
-			s.drain(w, ReasonRetry, at)
+			s.drain(w, domain.ReasonRetry, at)
 		}
 	}
 }
