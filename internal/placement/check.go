@@ -189,6 +189,21 @@ func (s *State) Counts() (workers, mailboxes, refused int) {
 // projection of the decision log at a recorded offset). Loads are recomputed
 // from the mailboxes and must agree with the snapshot's.
 func NewStateFromSnapshot(cfg Config, snap Snapshot) (*State, error) {
+	return newStateFrom(cfg, snap, false)
+}
+
+// NewPartialState loads part of a state: some workers, some mailboxes (each
+// on a worker of the snapshot, or pending) and some orgs, as the placement
+// projection reads the rows one batch of decisions names. Workers keep the
+// load and mailbox count of their views (their other mailboxes are not
+// loaded), so ApplyDecision folds a decision about the loaded rows exactly
+// as it would on the whole state. Such a state is for folding decisions,
+// not for deciding: its indexes see only what was loaded.
+func NewPartialState(cfg Config, snap Snapshot) (*State, error) {
+	return newStateFrom(cfg, snap, true)
+}
+
+func newStateFrom(cfg Config, snap Snapshot, partial bool) (*State, error) {
 	s := NewState(cfg)
 	for _, v := range snap.Orgs {
 		o := s.org(v.ID)
@@ -196,53 +211,70 @@ func NewStateFromSnapshot(cfg Config, snap Snapshot) (*State, error) {
 		s.refreshOrgClass(o)
 	}
 	for _, v := range snap.Workers {
-		if s.workers[v.ID] != nil {
-			return nil, fmt.Errorf("worker %s twice", v.ID)
-		}
-		w := &placementWorker{
-			id: v.ID, baseTier: v.BaseTier, tier: v.Tier, egress: v.Egress, address: v.Address, pool: v.Pool,
-			org: v.DedicatedOrg, releasing: v.Releasing, health: v.Health, firstSeen: v.FirstSeen, lastSeen: v.LastSeen,
-			live: v.Live, stopping: v.Stopping, capacity: v.Capacity, bucket: -1,
-		}
-		for c := range w.pos {
-			w.pos[c] = -1
-		}
-		w.seenPos = -1
-		s.workers[w.id] = w
-		if w.tier == domain.TierDedicated && w.org != "" && !w.releasing {
-			s.org(w.org).bound[w.id] = w
-			s.refreshOrgClass(s.orgs[w.org])
+		if err := s.loadWorker(v); err != nil {
+			return nil, err
 		}
 	}
 	for _, v := range snap.Mailboxes {
-		if s.mailboxes[v.ID] != nil {
-			return nil, fmt.Errorf("mailbox %s twice", v.ID)
+		if err := s.loadMailbox(v); err != nil {
+			return nil, err
 		}
-		m := &placementMailbox{
-			id: v.ID, org: s.org(v.OrgID), weight: v.Weight, band: v.Band, candidate: v.Candidate,
-			candidateSince: v.CandidateSince,
-		}
-		s.mailboxes[m.id] = m
-		s.linkOrg(m)
-		if v.WorkerID == "" {
-			m.pendingReason, m.pendingSince = v.PendingReason, v.PendingSince
-			s.pending[m.id] = m
-			continue
-		}
-		w := s.workers[v.WorkerID]
-		if w == nil {
-			return nil, fmt.Errorf("mailbox %s on unknown worker %s", v.ID, v.WorkerID)
-		}
-		s.attach(m, w)
 	}
 	for _, v := range snap.Workers {
 		w := s.workers[v.ID]
-		if w.load != v.Load {
+		switch {
+		case partial:
+			w.load, w.count = v.Load, v.Mailboxes
+		case w.load != v.Load:
 			return nil, fmt.Errorf("worker %s: load %d in the snapshot, %d from its mailboxes", v.ID, v.Load, w.load)
 		}
 		s.reindex(w)
 	}
 	return s, nil
+}
+
+func (s *State) loadWorker(v WorkerView) error {
+	if s.workers[v.ID] != nil {
+		return fmt.Errorf("worker %s twice", v.ID)
+	}
+	w := &placementWorker{
+		id: v.ID, baseTier: v.BaseTier, tier: v.Tier, egress: v.Egress, address: v.Address, pool: v.Pool,
+		org: v.DedicatedOrg, releasing: v.Releasing, health: v.Health, firstSeen: v.FirstSeen, lastSeen: v.LastSeen,
+		live: v.Live, stopping: v.Stopping, capacity: v.Capacity, bucket: -1,
+	}
+	for c := range w.pos {
+		w.pos[c] = -1
+	}
+	w.seenPos = -1
+	s.workers[w.id] = w
+	if w.tier == domain.TierDedicated && w.org != "" && !w.releasing {
+		s.org(w.org).bound[w.id] = w
+		s.refreshOrgClass(s.orgs[w.org])
+	}
+	return nil
+}
+
+func (s *State) loadMailbox(v MailboxView) error {
+	if s.mailboxes[v.ID] != nil {
+		return fmt.Errorf("mailbox %s twice", v.ID)
+	}
+	m := &placementMailbox{
+		id: v.ID, org: s.org(v.OrgID), weight: v.Weight, band: v.Band, candidate: v.Candidate,
+		candidateSince: v.CandidateSince,
+	}
+	s.mailboxes[m.id] = m
+	s.linkOrg(m)
+	if v.WorkerID == "" {
+		m.pendingReason, m.pendingSince = v.PendingReason, v.PendingSince
+		s.pending[m.id] = m
+		return nil
+	}
+	w := s.workers[v.WorkerID]
+	if w == nil {
+		return fmt.Errorf("mailbox %s on unknown worker %s", v.ID, v.WorkerID)
+	}
+	s.attach(m, w)
+	return nil
 }
 
 // Clone returns a deep copy of s.

@@ -174,7 +174,9 @@ func setPlacementCheckpoint(ctx context.Context, tx pgx.Tx, next int64, lastID s
 const (
 	loadWorkersSQL = `SELECT worker_id, base_tier, tier, egress, address, pool, dedicated_org, releasing, health,
     first_seen_ns, last_seen_ns, live, stopping, load_milli, capacity, mailboxes, decision_offset
-FROM placement_workers WHERE worker_id = ANY($1)`
+FROM placement_workers
+WHERE worker_id = ANY($1)
+   OR worker_id IN (SELECT worker_id FROM placement_mailboxes WHERE mailbox_id = ANY($2) AND worker_id IS NOT NULL)`
 	loadMailboxesSQL = `SELECT mailbox_id, org_id, worker_id, band, weight_milli, candidate, candidate_since_ns,
     pending_reason, pending_since_ns, assigned_at, decision_offset
 FROM placement_mailboxes WHERE mailbox_id = ANY($1)`
@@ -213,7 +215,7 @@ func (f *plFold) load(ctx context.Context, tx pgx.Tx, recs []PlacementRecord) er
 		mids = append(mids, k)
 	}
 	b := &pgx.Batch{}
-	b.Queue(loadWorkersSQL, wids)
+	b.Queue(loadWorkersSQL, wids, mids)
 	b.Queue(loadMailboxesSQL, mids)
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
@@ -269,7 +271,10 @@ func (f *plFold) load(ctx context.Context, tx pgx.Tx, recs []PlacementRecord) er
 	if err != nil {
 		return fmt.Errorf("placement: load mailboxes: %w", err)
 	}
-	return br.Close()
+	if err := br.Close(); err != nil {
+		return fmt.Errorf("placement: load: %w", err)
+	}
+	return f.loadState()
 }
 
 // ---- writing the fold back ----

@@ -8,27 +8,29 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/placement"
 )
 
-// This file is the placement projection's fold: what each decision does to
-// the rows it names. It mirrors domain's ApplyDecision rule for rule, over
-// rows instead of the engine's linked state: a batch loads the current
-// rows of every worker and mailbox its decisions name, folds the decisions
-// over them in log order, and writes back the final rows (see
-// placement_sql.go). The fold is a function of the decisions and the rows
+// This file turns decisions into the placement projection's rows. What a
+// decision does to the state is not written here: it is the decider's own
+// fold (placement.State.ApplyDecision), the one the engine and a restore
+// run. A batch loads the rows of every worker and mailbox its decisions
+// name (and the workers those mailboxes sit on) into a partial state
+// (placement.NewPartialState), folds the decisions through ApplyDecision in
+// log order, and reads the named rows back out of the state (see
+// placement.go for the SQL); a rebuild (PlacementBuilder) folds the whole
+// log into one state. The fold is a function of the decisions and the rows
 // alone, so where a batch starts and ends changes nothing: a replay in
 // batches of any size writes the same rows.
 //
-// Decisions carry what the fold needs: weights on every mailbox decision
-// (so a worker's load moves by exact deltas, invariant 4), from/to workers
-// on moves, full worker attributes on registrations and changes, the
-// capacity recomputed on heartbeats and samples. Where a decision relies
-// on the state (a worker's tier surviving a heartbeat while it is
-// dedicated, a mailbox's pending-since surviving another refusal), the
-// loaded row supplies it. A decision that contradicts the rows (a
-// migration from a worker the mailbox is not on, an unknown worker) means
-// the projection and the log have parted: the batch fails with a
-// permanent error rather than write rows the engine would not have.
+// What is the projection's own is what the state does not hold: each
+// row's decision offset (the last decision naming it), a mailbox's
+// assigned_at (the time of the decision that put it on its worker), the
+// history rows and the assignment-change rows, all read off the decisions.
+// A decision the fold refuses (a migration from a worker the mailbox is
+// not on, an unknown worker) means the projection and the log have parted:
+// the batch fails with a permanent error rather than write rows the engine
+// would not have.
 
 type plKey = [16]byte
 
@@ -102,8 +104,9 @@ type plChange struct {
 	added   bool
 }
 
-// plFold is one batch's fold.
+// plFold is one batch's fold (or, in a rebuild, the whole log's).
 type plFold struct {
+	st        *placement.State
 	workers   map[plKey]*plWorker
 	mailboxes map[plKey]*plMailbox
 	orgs      map[plKey]*plOrg
@@ -113,7 +116,10 @@ type plFold struct {
 }
 
 func newPlFold() *plFold {
-	return &plFold{workers: map[plKey]*plWorker{}, mailboxes: map[plKey]*plMailbox{}, orgs: map[plKey]*plOrg{}}
+	return &plFold{
+		st:      placement.NewState(placement.DefaultConfig()),
+		workers: map[plKey]*plWorker{}, mailboxes: map[plKey]*plMailbox{}, orgs: map[plKey]*plOrg{},
+	}
 }
 
 // plID parses a decision's id field. Decisions are validated on decode,
@@ -128,8 +134,16 @@ func plID(field, s string) (plKey, error) {
 
 func plKeyString(k plKey) string { return uuid.UUID(k).String() }
 
-// plTouched calls worker and mailbox for every id a decision names, so
-// their rows can be loaded before the fold.
+// plNs is a time as stored, in Unix nanoseconds; the zero time is 0.
+func plNs(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// plTouched calls worker and mailbox for every id a decision names: the
+// rows it may change.
 func plTouched(d domain.PlacementDecision, worker, mailbox func(string)) {
 	switch d := d.(type) {
 	case *domain.PlacementWorkerRegistered:
@@ -180,93 +194,138 @@ func plShortType(t string) string {
 	return strings.TrimPrefix(domain.ShortType(t), "placement.")
 }
 
-func (f *plFold) worker(id string) (*plWorker, error) {
-	k, err := plID("worker_id", id)
-	if err != nil {
-		return nil, err
+// view is the row as the decider holds it.
+func (w *plWorker) view() placement.WorkerView {
+	v := placement.WorkerView{
+		ID: plKeyString(w.id), BaseTier: domain.Tier(w.baseTier), Tier: domain.Tier(w.tier), Egress: domain.Egress(w.egress),
+		Address: w.address, Pool: domain.RiskPool(w.pool), Releasing: w.releasing, Health: domain.HealthState(w.health),
+		FirstSeen: plTime(w.firstSeen), LastSeen: plTime(w.lastSeen), Live: w.live, Stopping: w.stopping,
+		Load: w.load, Capacity: w.capacity, Mailboxes: int(w.count),
 	}
-	w := f.workers[k]
-	if w == nil || !w.seen {
-		return nil, Permanent(domain.CodeInvalid, fmt.Errorf("placement: unknown worker %s", id))
+	if w.hasOrg {
+		v.DedicatedOrg = plKeyString(w.org)
 	}
-	return w, nil
+	return v
 }
 
-func (f *plFold) mailbox(id string) (*plMailbox, plKey, error) {
-	k, err := plID("mailbox_id", id)
-	if err != nil {
-		return nil, k, err
-	}
-	m := f.mailboxes[k]
-	if m != nil && !m.present {
-		m = nil
-	}
-	return m, k, nil
-}
-
-// mailboxFor returns the mailbox a decision names, creating it when it is
-// new; it must agree with what is known (domain's mailboxFor).
-func (f *plFold) mailboxFor(id, orgID string, weight int64, band domain.RiskPool) (*plMailbox, error) {
-	m, k, err := f.mailbox(id)
-	if err != nil {
-		return nil, err
-	}
-	org, err := plID("org_id", orgID)
-	if err != nil {
-		return nil, err
-	}
-	if m != nil {
-		if m.org != org || m.weight != weight || m.band != string(band) {
-			return nil, Permanent(domain.CodeInvalid, fmt.Errorf("placement: mailbox %s is org %s weight %d band %s, not %s %d %s",
-				id, plKeyString(m.org), m.weight, m.band, orgID, weight, band))
+// set makes the row the decider's worker.
+func (w *plWorker) set(v placement.WorkerView) error {
+	w.baseTier, w.tier, w.egress, w.address = string(v.BaseTier), string(v.Tier), string(v.Egress), v.Address
+	w.pool, w.health, w.releasing = string(v.Pool), string(v.Health), v.Releasing
+	w.firstSeen, w.lastSeen, w.live, w.stopping = plNs(v.FirstSeen), plNs(v.LastSeen), v.Live, v.Stopping
+	w.load, w.capacity, w.count = v.Load, v.Capacity, int64(v.Mailboxes)
+	w.org, w.hasOrg = plKey{}, v.DedicatedOrg != ""
+	if w.hasOrg {
+		org, err := plID("dedicated_org", v.DedicatedOrg)
+		if err != nil {
+			return err
 		}
-		return m, nil
+		w.org = org
 	}
-	m = f.mailboxes[k]
-	if m == nil {
-		m = &plMailbox{id: k}
-		f.mailboxes[k] = m
-	}
-	// A removed mailbox added again keeps only its row's identity.
-	*m = plMailbox{id: k, org: org, band: string(band), weight: weight, present: true, inDB: m.inDB}
-	return m, nil
-}
-
-func (f *plFold) attach(m *plMailbox, w *plWorker, at time.Time, off int64) {
-	m.worker, m.hasWorker = w.id, true
-	m.pendingReason, m.pendingSince = "", 0
-	m.assignedAt = at
-	w.load += m.weight
-	w.count++
-	w.offset, w.dirty = off, true
-	f.changes = append(f.changes, plChange{worker: w.id, offset: off, mailbox: m.id, added: true})
-}
-
-func (f *plFold) detach(m *plMailbox, off int64) error {
-	if !m.hasWorker {
-		return nil
-	}
-	w := f.workers[m.worker]
-	if w == nil || !w.seen {
-		return Permanent(domain.CodeInvalid, fmt.Errorf("placement: mailbox %s on unknown worker %s", plKeyString(m.id), plKeyString(m.worker)))
-	}
-	w.load -= m.weight
-	w.count--
-	if w.load < 0 || w.count < 0 {
-		return Permanent(domain.CodeInvalid, fmt.Errorf("placement: worker %s load would fall below zero", plKeyString(w.id)))
-	}
-	w.offset, w.dirty = off, true
-	m.hasWorker, m.worker = false, plKey{}
-	m.assignedAt = time.Time{}
-	f.changes = append(f.changes, plChange{worker: w.id, offset: off, mailbox: m.id, added: false})
 	return nil
 }
 
-func (f *plFold) workerOn(m *plMailbox) string {
-	if !m.hasWorker {
-		return ""
+// view is the row as the decider holds it.
+func (m *plMailbox) view() placement.MailboxView {
+	v := placement.MailboxView{
+		ID: plKeyString(m.id), OrgID: plKeyString(m.org), Weight: m.weight, Band: domain.RiskPool(m.band),
+		Candidate: domain.RiskPool(m.candidate), PendingReason: domain.PlacementReason(m.pendingReason),
 	}
-	return plKeyString(m.worker)
+	if m.candidate != "" {
+		v.CandidateSince = plTime(m.candidateSince)
+	}
+	if m.hasWorker {
+		v.WorkerID = plKeyString(m.worker)
+	} else if m.pendingReason != "" {
+		v.PendingSince = plTime(m.pendingSince)
+	}
+	return v
+}
+
+// set makes the row the decider's mailbox.
+func (m *plMailbox) set(v placement.MailboxView) error {
+	org, err := plID("org_id", v.OrgID)
+	if err != nil {
+		return err
+	}
+	m.org, m.band, m.weight = org, string(v.Band), v.Weight
+	m.candidate, m.candidateSince = string(v.Candidate), plNs(v.CandidateSince)
+	m.worker, m.hasWorker = plKey{}, v.WorkerID != ""
+	m.pendingReason, m.pendingSince = "", 0
+	if m.hasWorker {
+		if m.worker, err = plID("worker_id", v.WorkerID); err != nil {
+			return err
+		}
+	} else {
+		m.pendingReason, m.pendingSince = string(v.PendingReason), plNs(v.PendingSince)
+	}
+	return nil
+}
+
+// loadState makes the batch's partial state from the loaded rows.
+func (f *plFold) loadState() error {
+	var snap placement.Snapshot
+	for _, w := range f.workers {
+		snap.Workers = append(snap.Workers, w.view())
+	}
+	for _, m := range f.mailboxes {
+		snap.Mailboxes = append(snap.Mailboxes, m.view())
+	}
+	st, err := placement.NewPartialState(placement.DefaultConfig(), snap)
+	if err != nil {
+		return Permanent(domain.CodeInvalid, fmt.Errorf("placement: the rows do not load: %w", err))
+	}
+	f.st = st
+	return nil
+}
+
+// refresh reads the rows a decision at offset off named back out of the
+// state.
+func (f *plFold) refresh(d domain.PlacementDecision, off int64) error {
+	var err error
+	keep := func(e error) {
+		if err == nil {
+			err = e
+		}
+	}
+	plTouched(d, func(id string) {
+		k, e := plID("worker_id", id)
+		if e != nil {
+			keep(e)
+			return
+		}
+		w := f.workers[k]
+		if w == nil {
+			w = &plWorker{id: k}
+			f.workers[k] = w
+		}
+		v, ok := f.st.Worker(id)
+		w.seen, w.offset, w.dirty = ok, off, true
+		if ok {
+			keep(w.set(v))
+		}
+	}, func(id string) {
+		k, e := plID("mailbox_id", id)
+		if e != nil {
+			keep(e)
+			return
+		}
+		m := f.mailboxes[k]
+		if m == nil {
+			m = &plMailbox{id: k}
+			f.mailboxes[k] = m
+		}
+		v, ok := f.st.Mailbox(id)
+		m.present, m.offset, m.dirty = ok, off, true
+		if ok {
+			keep(m.set(v))
+		}
+	})
+	return err
+}
+
+func (f *plFold) change(worker, mailbox plKey, off int64, added bool) {
+	f.changes = append(f.changes, plChange{worker: worker, offset: off, mailbox: mailbox, added: added})
 }
 
 func (f *plFold) record(m plKey, off int64, id plKey, d domain.PlacementDecision) *plHistory {
@@ -281,123 +340,42 @@ func (f *plFold) apply(off int64, id string, d domain.PlacementDecision) error {
 	if err != nil {
 		return err
 	}
+	// A band change keeps the mailbox where it is: its change row names
+	// the worker it sits on.
+	var bandWorker string
+	if d, ok := d.(*domain.PlacementBandChanged); ok {
+		if v, ok := f.st.Mailbox(d.MailboxID); ok {
+			bandWorker = v.WorkerID
+		}
+	}
+	if err := f.st.ApplyDecision(d); err != nil {
+		return Permanent(domain.CodeInvalid, fmt.Errorf("placement: decision at offset %d (%s): %w", off, plShortType(d.EventType()), err))
+	}
+	if err := f.refresh(d, off); err != nil {
+		return err
+	}
+	if err := f.note(off, did, d, bandWorker); err != nil {
+		return err
+	}
+	f.lastID = id
+	return nil
+}
+
+// note writes what the projection keeps of a decision beyond the state: a
+// plan's row, assigned_at, history and assignment changes.
+func (f *plFold) note(off int64, did plKey, d domain.PlacementDecision, bandWorker string) error {
 	at := d.Meta().At
-	bad := func(format string, args ...any) error {
-		return Permanent(domain.CodeInvalid, fmt.Errorf("placement: decision at offset %d (%s): "+format,
-			append([]any{off, plShortType(d.EventType())}, args...)...))
+	keys := func(ids ...string) ([]plKey, error) {
+		out := make([]plKey, len(ids))
+		for i, id := range ids {
+			var err error
+			if out[i], err = plID("id", id); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
 	}
 	switch d := d.(type) {
-	case *domain.PlacementWorkerRegistered:
-		k, err := plID("worker_id", d.WorkerID)
-		if err != nil {
-			return err
-		}
-		w := f.workers[k]
-		if w == nil {
-			w = &plWorker{id: k}
-			f.workers[k] = w
-		}
-		if w.seen {
-			return bad("worker %s already registered", d.WorkerID)
-		}
-		*w = plWorker{
-			id: k, baseTier: string(d.Tier), tier: string(d.Tier), egress: string(d.Egress), address: d.Address,
-			pool: string(domain.RiskClean), health: string(domain.HealthHealthy), firstSeen: at.UnixNano(), lastSeen: at.UnixNano(),
-			live: true, stopping: d.Stopping, capacity: d.Capacity, offset: off, inDB: w.inDB, dirty: true, seen: true,
-		}
-	case *domain.PlacementWorkerChanged:
-		w, err := f.worker(d.WorkerID)
-		if err != nil {
-			return err
-		}
-		w.baseTier = string(d.Tier)
-		if w.tier != string(domain.TierDedicated) {
-			w.tier = string(d.Tier)
-		}
-		w.egress, w.address, w.stopping, w.capacity = string(d.Egress), d.Address, d.Stopping, d.Capacity
-		w.live, w.lastSeen = true, at.UnixNano()
-		w.offset, w.dirty = off, true
-	case *domain.PlacementWorkerHealthChanged:
-		w, err := f.worker(d.WorkerID)
-		if err != nil {
-			return err
-		}
-		w.health, w.capacity = string(d.Health), d.Capacity
-		w.offset, w.dirty = off, true
-	case *domain.PlacementWorkerDied:
-		w, err := f.worker(d.WorkerID)
-		if err != nil {
-			return err
-		}
-		if !w.live {
-			return bad("worker %s is not live", d.WorkerID)
-		}
-		w.live = false
-		w.offset, w.dirty = off, true
-	case *domain.PlacementWorkerForgotten:
-		w, err := f.worker(d.WorkerID)
-		if err != nil {
-			return err
-		}
-		switch {
-		case w.live:
-			return bad("worker %s is live", d.WorkerID)
-		case w.count != 0 || w.tier == string(domain.TierDedicated) || w.hasOrg || w.releasing || w.pool != string(domain.RiskClean):
-			return bad("worker %s still holds mailboxes, an org or a pool", d.WorkerID)
-		case w.lastSeen != d.LastSeen.UnixNano():
-			return bad("worker %s was last seen at %d ns, not %s", d.WorkerID, w.lastSeen, d.LastSeen)
-		}
-		// Its row is deleted; a later registration of the id writes a
-		// new one.
-		w.seen, w.offset, w.dirty = false, off, true
-	case *domain.PlacementWorkerPromoted:
-		w, err := f.worker(d.WorkerID)
-		if err != nil {
-			return err
-		}
-		if w.count != 0 || w.tier != string(d.FromTier) || w.pool != string(d.FromPool) {
-			return bad("worker %s is %s/%s with %d mailboxes, not idle %s/%s", d.WorkerID, w.tier, w.pool, w.count, d.FromTier, d.FromPool)
-		}
-		w.tier, w.pool = string(d.ToTier), string(d.ToPool)
-		w.offset, w.dirty = off, true
-	case *domain.PlacementWorkerReverted:
-		w, err := f.worker(d.WorkerID)
-		if err != nil {
-			return err
-		}
-		if w.count != 0 || w.tier != string(d.FromTier) || w.pool != string(d.FromPool) {
-			return bad("worker %s is %s/%s with %d mailboxes, not idle %s/%s", d.WorkerID, w.tier, w.pool, w.count, d.FromTier, d.FromPool)
-		}
-		w.tier, w.pool, w.org, w.hasOrg, w.releasing = string(d.ToTier), string(domain.RiskClean), plKey{}, false, false
-		w.offset, w.dirty = off, true
-	case *domain.PlacementDedicatedBound:
-		w, err := f.worker(d.WorkerID)
-		if err != nil {
-			return err
-		}
-		org, err := plID("org_id", d.OrgID)
-		if err != nil {
-			return err
-		}
-		if w.tier != string(domain.TierDedicated) || (w.hasOrg && !w.releasing) {
-			return bad("worker %s is %s, bound %v", d.WorkerID, w.tier, w.hasOrg)
-		}
-		w.org, w.hasOrg, w.releasing = org, true, false
-		w.offset, w.dirty = off, true
-	case *domain.PlacementDedicatedReleased:
-		w, err := f.worker(d.WorkerID)
-		if err != nil {
-			return err
-		}
-		org, err := plID("org_id", d.OrgID)
-		if err != nil {
-			return err
-		}
-		if w.tier != string(domain.TierDedicated) || w.releasing || !w.hasOrg || w.org != org {
-			return bad("worker %s is not bound to org %s", d.WorkerID, d.OrgID)
-		}
-		w.releasing = true
-		w.offset, w.dirty = off, true
 	case *domain.PlacementPlanRecorded:
 		k, err := plID("org_id", d.OrgID)
 		if err != nil {
@@ -405,140 +383,79 @@ func (f *plFold) apply(off int64, id string, d domain.PlacementDecision) error {
 		}
 		f.orgs[k] = &plOrg{id: k, plan: string(d.Plan), dedicated: int32(d.DedicatedWorkers), paid: d.Paid, source: d.Source, since: at.UnixNano(), offset: off}
 	case *domain.PlacementAssigned:
-		w, err := f.worker(d.WorkerID)
+		k, err := keys(d.MailboxID, d.WorkerID)
 		if err != nil {
 			return err
 		}
-		if m, _, err := f.mailbox(d.MailboxID); err != nil {
-			return err
-		} else if m != nil && m.hasWorker {
-			return bad("mailbox %s is already on worker %s", d.MailboxID, plKeyString(m.worker))
-		}
-		m, err := f.mailboxFor(d.MailboxID, d.OrgID, d.Weight, d.Band)
-		if err != nil {
-			return err
-		}
-		f.attach(m, w, at, off)
-		m.offset, m.dirty = off, true
-		h := f.record(m.id, off, did, d)
-		h.to, h.hasTo, h.toBand = w.id, true, string(d.Band)
+		f.mailboxes[k[0]].assignedAt = at
+		f.change(k[1], k[0], off, true)
+		h := f.record(k[0], off, did, d)
+		h.to, h.hasTo, h.toBand = k[1], true, string(d.Band)
 	case *domain.PlacementRefused:
-		m, _, err := f.mailbox(d.MailboxID)
+		k, err := keys(d.MailboxID)
 		if err != nil {
 			return err
 		}
-		if m != nil {
-			if on := f.workerOn(m); on != d.FromWorker {
-				return bad("mailbox %s is on %q, not %q", d.MailboxID, on, d.FromWorker)
-			}
-		} else if d.FromWorker != "" {
-			return bad("unknown mailbox %s", d.MailboxID)
-		}
-		m, err = f.mailboxFor(d.MailboxID, d.OrgID, d.Weight, d.Band)
-		if err != nil {
-			return err
-		}
-		if err := f.detach(m, off); err != nil {
-			return err
-		}
-		if m.pendingReason == "" {
-			m.pendingSince = at.UnixNano()
-		}
-		m.pendingReason = string(d.Reason)
-		m.offset, m.dirty = off, true
-		h := f.record(m.id, off, did, d)
+		f.mailboxes[k[0]].assignedAt = time.Time{}
+		h := f.record(k[0], off, did, d)
 		h.toBand, h.cause = string(d.Band), string(d.Cause)
 		if d.FromWorker != "" {
 			from, err := plID("from_worker", d.FromWorker)
 			if err != nil {
 				return err
 			}
+			f.change(from, k[0], off, false)
 			h.from, h.hasFrom, h.fromBand = from, true, string(d.FromBand)
 		}
 	case *domain.PlacementMigrated:
-		m, _, err := f.mailbox(d.MailboxID)
+		k, err := keys(d.MailboxID, d.FromWorker, d.ToWorker)
 		if err != nil {
 			return err
 		}
-		if m == nil || f.workerOn(m) != d.FromWorker {
-			return bad("mailbox %s is not on worker %s", d.MailboxID, d.FromWorker)
-		}
-		to, err := f.worker(d.ToWorker)
-		if err != nil {
-			return err
-		}
-		if org, err := plID("org_id", d.OrgID); err != nil {
-			return err
-		} else if m.org != org || m.weight != d.Weight || m.band != string(d.ToBand) {
-			return bad("mailbox %s does not match the migration", d.MailboxID)
-		}
-		from := m.worker
-		if err := f.detach(m, off); err != nil {
-			return err
-		}
-		f.attach(m, to, at, off)
-		m.offset, m.dirty = off, true
-		h := f.record(m.id, off, did, d)
-		h.from, h.hasFrom, h.fromBand = from, true, string(d.FromBand)
-		h.to, h.hasTo, h.toBand = to.id, true, string(d.ToBand)
+		f.mailboxes[k[0]].assignedAt = at
+		f.change(k[1], k[0], off, false)
+		f.change(k[2], k[0], off, true)
+		h := f.record(k[0], off, did, d)
+		h.from, h.hasFrom, h.fromBand = k[1], true, string(d.FromBand)
+		h.to, h.hasTo, h.toBand = k[2], true, string(d.ToBand)
 	case *domain.PlacementUnassigned:
-		m, _, err := f.mailbox(d.MailboxID)
+		k, err := keys(d.MailboxID)
 		if err != nil {
 			return err
 		}
-		if m == nil {
-			return bad("unknown mailbox %s", d.MailboxID)
+		h := f.record(k[0], off, did, d)
+		h.fromBand, h.detail = string(d.Band), d.Detail
+		if d.WorkerID != "" {
+			from, err := plID("worker_id", d.WorkerID)
+			if err != nil {
+				return err
+			}
+			f.change(from, k[0], off, false)
+			h.from, h.hasFrom = from, true
 		}
-		org, err := plID("org_id", d.OrgID)
-		if err != nil {
-			return err
-		}
-		if f.workerOn(m) != d.WorkerID || m.org != org || m.weight != d.Weight {
-			return bad("mailbox %s does not match the removal", d.MailboxID)
-		}
-		from, had := m.worker, m.hasWorker
-		if err := f.detach(m, off); err != nil {
-			return err
-		}
-		m.present, m.dirty = false, true
-		h := f.record(m.id, off, did, d)
-		h.from, h.hasFrom, h.fromBand, h.detail = from, had, string(d.Band), d.Detail
 	case *domain.PlacementBandChanged:
-		m, _, err := f.mailbox(d.MailboxID)
+		k, err := keys(d.MailboxID)
 		if err != nil {
 			return err
 		}
-		if m == nil || m.band != string(d.FromBand) {
-			return bad("mailbox %s unknown or not in band %s", d.MailboxID, d.FromBand)
+		if bandWorker != "" {
+			// The assignment's details changed where it is: a change row
+			// saying the mailbox was on the worker before it.
+			w, err := plID("worker_id", bandWorker)
+			if err != nil {
+				return err
+			}
+			f.change(w, k[0], off, false)
 		}
-		m.band, m.candidate, m.candidateSince = string(d.ToBand), "", 0
-		m.offset, m.dirty = off, true
-		if m.hasWorker {
-			// The assignment's details changed where it is: a change
-			// row saying the mailbox was on the worker before it.
-			f.changes = append(f.changes, plChange{worker: m.worker, offset: off, mailbox: m.id, added: false})
-		}
-		h := f.record(m.id, off, did, d)
+		h := f.record(k[0], off, did, d)
 		h.fromBand, h.toBand, h.health = string(d.FromBand), string(d.ToBand), string(d.Health)
 	case *domain.PlacementBandHeld:
-		m, _, err := f.mailbox(d.MailboxID)
+		k, err := keys(d.MailboxID)
 		if err != nil {
 			return err
 		}
-		if m == nil || m.band != string(d.Band) {
-			return bad("mailbox %s unknown or not in band %s", d.MailboxID, d.Band)
-		}
-		if d.Candidate == "" {
-			m.candidate, m.candidateSince = "", 0
-		} else {
-			m.candidate, m.candidateSince = string(d.Candidate), d.Since.UnixNano()
-		}
-		m.offset, m.dirty = off, true
-		h := f.record(m.id, off, did, d)
+		h := f.record(k[0], off, did, d)
 		h.fromBand, h.toBand, h.health = string(d.Band), string(d.Candidate), string(d.Health)
-	default:
-		return Permanent(domain.CodeUnknownType, fmt.Errorf("placement: decision at offset %d: unknown type %T", off, d))
 	}
-	f.lastID = id
 	return nil
 }
