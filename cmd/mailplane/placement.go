@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/internal/projections"
+	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/internal/replay"
 )
 
@@ -183,7 +183,7 @@ func runPlacement(ctx context.Context, args []string) error {
 // showPlacement prints the pools, the workers (grouped by tier and pool)
 // and the pending placements, all from one snapshot.
 func showPlacement(ctx context.Context, tx pgx.Tx, out io.Writer, workers bool) error {
-	ck, err := projections.ReadPlacementCheckpoint(ctx, tx)
+	ck, err := projection.ReadCheckpoint(ctx, tx)
 	if err != nil {
 		return err
 	}

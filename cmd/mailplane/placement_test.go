@@ -17,7 +17,7 @@ import (
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/placement"
-	"github.com/mailplane/mailplane/internal/projections"
+	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -86,16 +86,16 @@ func TestReplayAndShowCommands(t *testing.T) {
 	if err := kc.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	live := make([]projections.PlacementRecord, len(recs))
+	live := make([]projection.Record, len(recs))
 	for i, r := range recs {
 		d, err := topics.DecodeDecision(r)
 		if err != nil {
 			t.Fatal(err)
 		}
-		live[i] = projections.PlacementRecord{Offset: r.Offset, Decision: d}
+		live[i] = projection.Record{Offset: r.Offset, Decision: d}
 	}
 	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-		return projections.NewPlacement().ApplyDecisions(ctx, tx, live, int64(len(live)))
+		return projection.New().ApplyDecisions(ctx, tx, live, int64(len(live)))
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/mailplane/mailplane/internal/outbox"
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
+	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/internal/sealing"
 	"github.com/mailplane/mailplane/internal/workerapi"
@@ -140,10 +141,10 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 		start("projector registry", p.Run)
 
 		// The placement projection reads the decision log with offsets,
-		// so it has its own runner (see projections.Placement).
-		pp, err := projections.NewPlacementProjector(kcfg("projector-placement"), pool,
-			projections.WithPlacementLogger(log.With("role", "projector")),
-			projections.WithPlacementRegisterer(reg))
+		// so it has its own runner (see projection.Projection).
+		pp, err := projection.NewProjector(kcfg("projector-placement"), pool,
+			projection.WithLogger(log.With("role", "projector")),
+			projection.WithRegisterer(reg))
 		if err != nil {
 			return err
 		}
@@ -200,7 +201,7 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 			engine.WithPlacementConfig(rc.placement),
 			// Restore from the placement projection and read only the
 			// decision log's tail.
-			engine.WithSnapshotter(projections.NewPlacementSnapshotter(pool)))
+			engine.WithSnapshotter(projection.NewSnapshotter(pool)))
 		if err != nil {
 			return err
 		}
@@ -536,7 +537,7 @@ func pruneAssignmentChanges(ctx context.Context, pool *pgxpool.Pool, log *slog.L
 	defer t.Stop()
 	for {
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-		cp, err := projections.ReadPlacementCheckpoint(qctx, pool)
+		cp, err := projection.ReadCheckpoint(qctx, pool)
 		if err == nil && cp.NextOffset > assignmentChangesRetained {
 			var n int64
 			n, err = workerapi.PruneChanges(qctx, pool, cp.NextOffset-assignmentChangesRetained)

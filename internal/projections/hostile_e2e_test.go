@@ -21,6 +21,7 @@ import (
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
 	"github.com/mailplane/mailplane/internal/placement/engine"
+	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/internal/sealing"
 	"github.com/mailplane/mailplane/producer"
@@ -147,7 +148,19 @@ func TestHostileStringsNeverStallAProjection(t *testing.T) {
 	})
 	reg, _ := e.projector(e.db.Pool, projections.NewRegistry())
 	start(t, reg)
-	plStartProjector(t, e.kcfg, e.db.Pool, projections.WithPlacementLogger(testLogger(t)))
+	pp, err := projection.NewProjector(e.kcfg, e.db.Pool, projection.WithLogger(testLogger(t)), projection.WithStandbyPoll(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ppCtx, ppStop := context.WithCancel(context.Background())
+	ppDone := make(chan error, 1)
+	go func() { ppDone <- pp.Run(ppCtx) }()
+	t.Cleanup(func() {
+		ppStop()
+		if err := <-ppDone; err != nil {
+			t.Errorf("placement projector: %v", err)
+		}
+	})
 
 	// Every consumer reaches the end of its log.
 	waitCaughtUp(t, e.kcfg, e.db.Pool, projections.RegistryName, projections.NewRegistry().Topics(), time.Minute)
@@ -156,7 +169,7 @@ func TestHostileStringsNeverStallAProjection(t *testing.T) {
 	if decEnd == 0 {
 		t.Fatal("the engine decided nothing")
 	}
-	plWaitCheckpoint(t, e.db.Pool, decEnd)
+	waitCaughtUp(t, e.kcfg, e.db.Pool, projection.Name, []string{topics.PlacementDecisions}, time.Minute)
 
 	// What the engine decided is stored as it was sent.
 	for worker, addr := range accepted {
@@ -249,64 +262,6 @@ func deadLetters(t *testing.T, kcfg kafka.Config) map[string]bool {
 		})
 	}
 	return out
-}
-
-// TestPlacementProjectorPassesLegacyHostileText: a decision written before
-// the text rule (issue 9: a worker_registered whose address ends in NUL,
-// which Postgres text cannot hold) no longer stalls the projection: it is
-// read with the text cleaned, like every reader of the log reads it, and the
-// projection reaches the end of the log.
-func TestPlacementProjectorPassesLegacyHostileText(t *testing.T) {
-	t.Parallel()
-	brokers := kafkatest.Brokers(t, 4)
-	kcfg := kafka.Config{Brokers: brokers, ClientID: "placement-projector-test"}
-	db := plNewDB(t)
-	worker := plWorkerID(1)
-	reg := &domain.PlacementWorkerRegistered{
-		PlacementMeta: domain.PlacementMeta{At: plT0, Reason: domain.ReasonWorkerRegistered},
-		WorkerID:      worker, Tier: domain.TierSharedPremium, Egress: domain.EgressColdSMTP, Address: "10.0.0.1:25", Capacity: 16,
-	}
-	r, err := topics.EncodeDecision(topics.Decision{ID: domain.NewEventID(), Source: "test", Data: reg,
-		Cause: topics.Cause{ID: topics.CauseTick, Type: topics.CauseTick, Index: 0, Count: 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	legacy := strings.Replace(string(r.Value), `"10.0.0.1:25"`, `"10.0.0.1:25\u0000\r\n\u202e"`, 1)
-	if legacy == string(r.Value) {
-		t.Fatal("the address was not replaced")
-	}
-	r.Value = []byte(legacy)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	if err := cl.ProduceSync(context.Background(), r).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
-	// A later heartbeat of the same worker, decided by a fixed engine.
-	plProduce(t, brokers, []domain.PlacementDecision{&domain.PlacementWorkerChanged{
-		PlacementMeta: domain.PlacementMeta{At: plT0.Add(time.Second), Reason: domain.ReasonHeartbeat},
-		WorkerID:      worker, Tier: domain.TierSharedPremium, Egress: domain.EgressColdSMTP, Address: "10.0.0.2:25", Capacity: 16,
-	}})
-	plStartProjector(t, kcfg, db.Pool, projections.WithPlacementCommitted(func(c projections.PlacementCommit) {
-		for _, rec := range c.Records {
-			if d, ok := rec.Decision.Data.(*domain.PlacementWorkerRegistered); ok && d.Address != "10.0.0.1:25\uFFFD\uFFFD\uFFFD\uFFFD" {
-				t.Errorf("legacy address read as %+q", d.Address)
-			}
-		}
-	}))
-	plWaitCheckpoint(t, db.Pool, 2)
-	var got string
-	if err := db.Pool.QueryRow(context.Background(), `SELECT address FROM placement_workers WHERE worker_id = $1`, worker).Scan(&got); err != nil {
-		t.Fatal(err)
-	}
-	if got != "10.0.0.2:25" {
-		t.Errorf("address %+q after the later heartbeat", got)
-	}
-	if err := projections.CheckPlacementInvariants(context.Background(), db.Pool); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // unstorable is the registry, except that one event's text reaches

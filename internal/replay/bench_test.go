@@ -22,7 +22,7 @@ import (
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
-	"github.com/mailplane/mailplane/internal/projections"
+	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/internal/replay"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -136,7 +136,7 @@ func BenchmarkReplayPlacement(b *testing.B) {
 
 	// How long an engine takes to restore from this projection.
 	lstart := time.Now()
-	ck, err := projections.NewPlacementSnapshotter(rb.Pool()).Load(ctx)
+	ck, err := projection.NewSnapshotter(rb.Pool()).Load(ctx)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func BenchmarkEventToProjectedRow(b *testing.B) {
 	e := newEnv(b)
 	var mu sync.Mutex
 	projected := map[string]time.Time{}
-	p, err := projections.NewPlacementProjector(e.kcfg, e.db.Pool, projections.WithPlacementCommitted(func(c projections.PlacementCommit) {
+	p, err := projection.NewProjector(e.kcfg, e.db.Pool, projection.WithCommitted(func(c projection.Commit) {
 		mu.Lock()
 		for _, r := range c.Records {
 			if _, ok := projected[r.Decision.Cause.ID]; !ok {
@@ -316,7 +316,7 @@ func BenchmarkEventToProjectedRow(b *testing.B) {
 }
 
 // BenchmarkPlacementProjectorBacklog measures the live placement projector
-// (projections.PlacementProjector, default batches of 20,000, rows read back and merged
+// (projection.Projector, default batches of 20,000, rows read back and merged
 // through the indexed tables) catching up a decision log of b.N decisions.
 func BenchmarkPlacementProjectorBacklog(b *testing.B) {
 	ds := benchDecisions(b.N)
@@ -328,7 +328,7 @@ func BenchmarkPlacementProjectorBacklog(b *testing.B) {
 	}
 	done := make(chan struct{})
 	var once sync.Once
-	p, err := projections.NewPlacementProjector(kcfg, db.Pool, projections.WithPlacementCommitted(func(c projections.PlacementCommit) {
+	p, err := projection.NewProjector(kcfg, db.Pool, projection.WithCommitted(func(c projection.Commit) {
 		if c.NextOffset >= int64(len(ds)) {
 			once.Do(func() { close(done) })
 		}

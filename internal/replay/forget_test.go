@@ -12,7 +12,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/placement/engine"
-	"github.com/mailplane/mailplane/internal/projections"
+	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/internal/workerapi"
 )
 
@@ -225,7 +225,7 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 	// An engine restored from the projection no longer knows the
 	// forgotten ids: one heartbeating again is a new worker.
 	stopEngine()
-	e.engine(engine.WithSnapshotter(projections.NewPlacementSnapshotter(pool)))
+	e.engine(engine.WithSnapshotter(projection.NewSnapshotter(pool)))
 	again := later.Add(time.Minute) // within liveness of the real workers: a tick first decides nothing
 	e.publish(again, &domain.WorkerHeartbeat{WorkerID: gone, Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP, Address: "198.51.100.7:25"})
 	e.clock.Set(again)

@@ -23,6 +23,7 @@ import (
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
+	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
@@ -147,9 +148,9 @@ func (e *env) engine(opts ...engine.Option) (stop func()) {
 // projector starts the live placement projector.
 func (e *env) projector(pool *pgxpool.Pool) (stop func()) {
 	e.t.Helper()
-	p, err := projections.NewPlacementProjector(e.kcfg, pool, projections.WithPlacementLogger(testLogger(e.t)),
-		projections.WithPlacementStandbyPoll(50*time.Millisecond),
-		projections.WithPlacementRetry(projections.RetryPolicy{Backoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond}))
+	p, err := projection.NewProjector(e.kcfg, pool, projection.WithLogger(testLogger(e.t)),
+		projection.WithStandbyPoll(50*time.Millisecond),
+		projection.WithRetry(projections.RetryPolicy{Backoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond}))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -257,7 +258,7 @@ func (e *env) settle(pool *pgxpool.Pool) int64 {
 		stable := time.Since(stableSince)
 		ok := stable > 2*time.Second || (stable > 300*time.Millisecond && e.engineCaughtUp())
 		if ok && pool != nil {
-			ck, err := projections.ReadPlacementCheckpoint(context.Background(), pool)
+			ck, err := projection.ReadCheckpoint(context.Background(), pool)
 			if err != nil {
 				e.t.Fatal(err)
 			}
@@ -267,9 +268,9 @@ func (e *env) settle(pool *pgxpool.Pool) int64 {
 			return end
 		}
 		if time.Now().After(deadline) {
-			var ck projections.PlacementCheckpoint
+			var ck projection.Checkpoint
 			if pool != nil {
-				ck, _ = projections.ReadPlacementCheckpoint(context.Background(), pool)
+				ck, _ = projection.ReadCheckpoint(context.Background(), pool)
 			}
 			e.t.Fatalf("not settled after 60s (log end %d, stable for %s, projection at %d); engine behind:%s",
 				end, time.Since(stableSince), ck.NextOffset, e.engineBehind())

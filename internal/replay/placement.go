@@ -5,7 +5,7 @@
 // the live one drifted (or the code changed), and swapping the rebuild in
 // repairs it.
 //
-// The placement projection (projections.Placement) is the one rebuilt
+// The placement projection (projection.Projection) is the one rebuilt
 // here: `mailplane replay placement`.
 package replay
 
@@ -30,7 +30,7 @@ import (
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/placement/engine"
-	"github.com/mailplane/mailplane/internal/projections"
+	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -95,7 +95,7 @@ type Placement struct {
 	live   string
 	schema string
 	pool   *pgxpool.Pool // search_path = schema
-	proj   *projections.Placement
+	proj   *projection.Projection
 
 	next      int64 // the rebuild's checkpoint
 	decisions int64 // decisions applied, all passes
@@ -136,7 +136,7 @@ func RebuildPlacement(ctx context.Context, cfg Config) (*Placement, error) {
 	if !identRE.MatchString(cfg.Schema) || cfg.Schema == *live {
 		return nil, fmt.Errorf("replay: schema %q is not a plain lower-case identifier other than the live schema", cfg.Schema)
 	}
-	p := &Placement{cfg: cfg, live: *live, schema: cfg.Schema, proj: projections.NewPlacement()}
+	p := &Placement{cfg: cfg, live: *live, schema: cfg.Schema, proj: projection.New()}
 	if _, err := cfg.Live.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{p.schema}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("replay: create schema %s: %w", p.schema, err)
 	}
@@ -193,7 +193,7 @@ func (p *Placement) rebuild(ctx context.Context) error {
 // input at the end costs a fraction of maintaining it insert by insert,
 // and a duplicate key still fails the rebuild, when the key is added back.
 // (The first pass writes every row once, from memory, and reads none
-// back; see projections.PlacementBuilder.)
+// back; see projection.Builder.)
 var deferredTables = []string{"placement_workers", "placement_orgs", "placement_mailboxes", "placement_history", "placement_assignment_changes"}
 
 // deferredIndex is a primary key or index dropped for the load.
@@ -311,7 +311,7 @@ func (p *Placement) build(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	start := time.Now()
-	chunks := make(chan []projections.PlacementRecord, 16)
+	chunks := make(chan []projection.Record, 16)
 	var (
 		readEnd int64
 		readErr error
@@ -323,8 +323,8 @@ func (p *Placement) build(ctx context.Context) error {
 		readEnd, readErr = readParallel(ctx, p.cfg.Kafka, 0, chunks)
 	}()
 
-	b := projections.NewPlacementBuilder()
-	writes := make(chan projections.PlacementAppendOnly, 4)
+	b := projection.NewBuilder()
+	writes := make(chan projection.AppendOnly, 4)
 	finish := make(chan int64, 1) // the checkpoint, once everything is folded
 	writeErr := make(chan error, 1)
 	go func() {
@@ -410,7 +410,7 @@ func (p *Placement) pass(ctx context.Context, to int64) error {
 	defer cancel()
 	from := p.next
 	start := time.Now()
-	chunks := make(chan []projections.PlacementRecord, 8)
+	chunks := make(chan []projection.Record, 8)
 	var (
 		readEnd int64
 		readErr error
@@ -421,19 +421,19 @@ func (p *Placement) pass(ctx context.Context, to int64) error {
 		defer readWG.Done()
 		defer close(chunks)
 		const chunk = 2048
-		buf := make([]projections.PlacementRecord, 0, chunk)
+		buf := make([]projection.Record, 0, chunk)
 		readEnd, readErr = engine.ReadDecisions(ctx, p.cfg.Kafka, from, func(off int64, d topics.Decision) error {
 			if to >= 0 && off >= to {
 				return errStop
 			}
-			buf = append(buf, projections.PlacementRecord{Offset: off, Decision: d})
+			buf = append(buf, projection.Record{Offset: off, Decision: d})
 			if len(buf) == chunk {
 				select {
 				case chunks <- buf:
 				case <-ctx.Done():
 					return ctx.Err()
 				}
-				buf = make([]projections.PlacementRecord, 0, chunk)
+				buf = make([]projection.Record, 0, chunk)
 			}
 			return nil
 		})
@@ -450,7 +450,7 @@ func (p *Placement) pass(ctx context.Context, to int64) error {
 	offset.Store(from)
 	stopReport := p.reporter(from, to, start, &applied, &offset)
 
-	batch := make([]projections.PlacementRecord, 0, p.cfg.BatchSize)
+	batch := make([]projection.Record, 0, p.cfg.BatchSize)
 	var applyErr error
 	apply := func(next int64) {
 		if applyErr != nil {
@@ -666,7 +666,7 @@ func (p *Placement) verifyOnce(ctx context.Context) (rep Report, again bool, err
 		if err != nil {
 			return Report{}, false, fmt.Errorf("replay: begin: %w", err)
 		}
-		ck, err := projections.ReadPlacementCheckpoint(ctx, tx)
+		ck, err := projection.ReadCheckpoint(ctx, tx)
 		var horizon, rebuiltHorizon int64
 		if err == nil {
 			err = tx.QueryRow(ctx, `SELECT COALESCE((SELECT retained_from FROM placement_assignment_retention), 0),
@@ -816,7 +816,7 @@ func (p *Placement) Swap(ctx context.Context) error {
     (projector, topic, partition, next_offset, updated_at)
 SELECT $1, $2, 0, COALESCE((SELECT next_offset FROM `+pgx.Identifier{p.live, "placement_checkpoint"}.Sanitize()+`), 0), now()
 ON CONFLICT (projector, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at`,
-			projections.PlacementName, topics.PlacementDecisions)
+			projection.Name, topics.PlacementDecisions)
 		if err != nil {
 			return fmt.Errorf("replay: move the placement projector's offset: %w", err)
 		}

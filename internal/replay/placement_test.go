@@ -15,7 +15,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
-	"github.com/mailplane/mailplane/internal/projections"
+	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/internal/replay"
 	"github.com/mailplane/mailplane/internal/workerapi"
 )
@@ -31,10 +31,10 @@ func checkProjection(t testing.TB, pool *pgxpool.Pool, want *placement.State) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if err := projections.CheckPlacementInvariants(ctx, tx); err != nil {
+	if err := projection.CheckInvariants(ctx, tx); err != nil {
 		t.Fatalf("projection: %v", err)
 	}
-	ck, err := projections.LoadPlacementSnapshot(ctx, tx)
+	ck, err := projection.LoadSnapshot(ctx, tx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +197,7 @@ func (r *recordingSnapshotter) last(t testing.TB) engine.Checkpoint {
 }
 
 // TestEngineRestoresFromPostgres: an engine restored from the placement
-// projection (projections.PlacementSnapshotter) decides exactly as one
+// projection (projection.Snapshotter) decides exactly as one
 // restored from the whole log: the whole decision log, across engines
 // restored from a checkpoint behind the log's end (folding the tail) and
 // at its very end (seeding tick ids from the checkpoint's last decision
@@ -219,7 +219,7 @@ func TestEngineRestoresFromPostgres(t *testing.T) {
 	stopEngine()
 	s.round(20) // and inputs wait for the next engine
 
-	snap := &recordingSnapshotter{Snapshotter: projections.NewPlacementSnapshotter(pool)}
+	snap := &recordingSnapshotter{Snapshotter: projection.NewSnapshotter(pool)}
 	stopEngine = e.engine(engine.WithSnapshotter(snap))
 	end := e.settle(nil)
 	ck := snap.last(t)
@@ -234,7 +234,7 @@ func TestEngineRestoresFromPostgres(t *testing.T) {
 	stopProj = e.projector(pool)
 	end = e.settle(pool)
 	stopProj()
-	snap2 := &recordingSnapshotter{Snapshotter: projections.NewPlacementSnapshotter(pool)}
+	snap2 := &recordingSnapshotter{Snapshotter: projection.NewSnapshotter(pool)}
 	e.engine(engine.WithSnapshotter(snap2))
 	waitActive := time.Now().Add(30 * time.Second)
 	for {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/placement/engine"
-	"github.com/mailplane/mailplane/internal/projections"
+	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -24,7 +24,7 @@ import (
 // (JSON and validation) is most of a rebuild's Go work. Chunks of
 // decisions reach out in log order; out is closed when the read ends. It
 // returns the end offset.
-func readParallel(ctx context.Context, kcfg kafka.Config, from int64, out chan<- []projections.PlacementRecord) (int64, error) {
+func readParallel(ctx context.Context, kcfg kafka.Config, from int64, out chan<- []projection.Record) (int64, error) {
 	defer close(out)
 	cl, err := kgo.NewClient(append(kafka.ConnOptions(kcfg),
 		kgo.ClientID(kcfg.ClientID),
@@ -71,7 +71,7 @@ func readParallel(ctx context.Context, kcfg kafka.Config, from int64, out chan<-
 
 	type job struct {
 		recs []*kgo.Record
-		res  chan []projections.PlacementRecord
+		res  chan []projection.Record
 		err  chan error
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -84,7 +84,7 @@ func readParallel(ctx context.Context, kcfg kafka.Config, from int64, out chan<-
 		go func() {
 			defer wg.Done()
 			for j := range jobs {
-				ds := make([]projections.PlacementRecord, 0, len(j.recs))
+				ds := make([]projection.Record, 0, len(j.recs))
 				var derr error
 				for _, r := range j.recs {
 					d, err := topics.DecodeDecision(r)
@@ -92,7 +92,7 @@ func readParallel(ctx context.Context, kcfg kafka.Config, from int64, out chan<-
 						derr = fmt.Errorf("replay: decision at offset %d: %w", r.Offset, err)
 						break
 					}
-					ds = append(ds, projections.PlacementRecord{Offset: r.Offset, Decision: d})
+					ds = append(ds, projection.Record{Offset: r.Offset, Decision: d})
 				}
 				j.res <- ds
 				j.err <- derr
@@ -125,7 +125,7 @@ func readParallel(ctx context.Context, kcfg kafka.Config, from int64, out chan<-
 		collected <- cerr
 	}()
 	submit := func(recs []*kgo.Record) bool {
-		j := &job{recs: recs, res: make(chan []projections.PlacementRecord, 1), err: make(chan error, 1)}
+		j := &job{recs: recs, res: make(chan []projection.Record, 1), err: make(chan error, 1)}
 		select {
 		case ordered <- j:
 		case <-ctx.Done():

@@ -1,4 +1,4 @@
-package projections
+package projection
 
 import (
 	"context"
@@ -11,10 +11,11 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
 )
 
-// Placement is the placement projection: the decision log
+// Projection is the placement projection: the decision log
 // (topics.PlacementDecisions, one partition) folded into the tables of
 // migration 0005_placement — placement_workers, placement_orgs,
 // placement_mailboxes (with the views placement_assignments,
@@ -28,30 +29,30 @@ import (
 // each decision's log offset (change tokens, the checkpoint the engine
 // restores from, history), which Projection.Apply does not give, and the
 // runtime's decoder (topics.Decode) knows domain events, not decisions. It
-// has its own runner, PlacementProjector, with the same guarantees: rows,
+// has its own runner, Projector, with the same guarantees: rows,
 // checkpoint and the projector_offsets row written in one transaction;
 // batches applied with set-based SQL (COPY, COPY into staging tables and
 // one UPDATE per table, unnest upserts); the fold a function of the log
-// alone, so a replay reproduces the rows (PlacementBuilder, or
+// alone, so a replay reproduces the rows (Builder, or
 // ApplyDecisions over placement.ReadDecisions in batches of any size).
-type Placement struct{}
+type Projection struct{}
 
-// NewPlacement returns the placement projection.
-func NewPlacement() *Placement { return &Placement{} }
+// New returns the placement projection.
+func New() *Projection { return &Projection{} }
 
-// PlacementName is the placement projection's name: its projector_offsets
+// Name is the placement projection's name: its projector_offsets
 // rows and its runner's client id use it, and workerapi.DefaultProjector
 // reads its position under it.
-const PlacementName = "placement"
+const Name = "placement"
 
-// Name returns PlacementName.
-func (*Placement) Name() string { return PlacementName }
+// Name returns Name.
+func (*Projection) Name() string { return Name }
 
 // Topics returns the decision log.
-func (*Placement) Topics() []string { return []string{topics.PlacementDecisions} }
+func (*Projection) Topics() []string { return []string{topics.PlacementDecisions} }
 
-// PlacementRecord is one decision with its decision-log offset.
-type PlacementRecord struct {
+// Record is one decision with its decision-log offset.
+type Record struct {
 	Offset   int64
 	Decision topics.Decision
 }
@@ -62,9 +63,9 @@ type PlacementRecord struct {
 // transaction markers after it), and the projection's projector_offsets
 // row (projector "placement") with it. recs may be empty: the checkpoint then
 // only moves. It does not check where the checkpoint was; callers that
-// may race lock it first (LockPlacementCheckpoint). It must not be called
+// may race lock it first (LockCheckpoint). It must not be called
 // twice with the same decisions.
-func (p *Placement) ApplyDecisions(ctx context.Context, tx pgx.Tx, recs []PlacementRecord, next int64) error {
+func (p *Projection) ApplyDecisions(ctx context.Context, tx pgx.Tx, recs []Record, next int64) error {
 	lastID := ""
 	if len(recs) > 0 {
 		if last := recs[len(recs)-1].Offset; next <= last {
@@ -81,7 +82,7 @@ func (p *Placement) ApplyDecisions(ctx context.Context, tx pgx.Tx, recs []Placem
 			}
 			prev = r.Offset
 			if r.Decision.Data == nil {
-				return Permanent(domain.CodeRequired, fmt.Errorf("placement: decision at offset %d has no data", r.Offset))
+				return projections.Permanent(domain.CodeRequired, fmt.Errorf("placement: decision at offset %d has no data", r.Offset))
 			}
 			if err := f.apply(r.Offset, r.Decision.ID, r.Decision.Data); err != nil {
 				return err
@@ -109,27 +110,27 @@ VALUES ($1, $2, 0, $3, now())
 ON CONFLICT (projector, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at`
 )
 
-// PlacementCheckpoint is where the placement projection stands.
-type PlacementCheckpoint struct {
+// Checkpoint is where the placement projection stands.
+type Checkpoint struct {
 	// NextOffset is the first decision-log offset not folded into the rows.
 	NextOffset int64
 	// LastDecisionID is the ce_id of the last decision folded, "" if none.
 	LastDecisionID string
 }
 
-// ReadPlacementCheckpoint reads the checkpoint (offset 0 when the
+// ReadCheckpoint reads the checkpoint (offset 0 when the
 // projection is empty).
-func ReadPlacementCheckpoint(ctx context.Context, q interface {
+func ReadCheckpoint(ctx context.Context, q interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
-}) (PlacementCheckpoint, error) {
-	var c PlacementCheckpoint
+}) (Checkpoint, error) {
+	var c Checkpoint
 	var id *string
 	err := q.QueryRow(ctx, readCheckpointSQL).Scan(&c.NextOffset, &id)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return PlacementCheckpoint{}, nil
+		return Checkpoint{}, nil
 	case err != nil:
-		return PlacementCheckpoint{}, fmt.Errorf("placement: read checkpoint: %w", err)
+		return Checkpoint{}, fmt.Errorf("placement: read checkpoint: %w", err)
 	}
 	if id != nil {
 		c.LastDecisionID = *id
@@ -137,10 +138,10 @@ func ReadPlacementCheckpoint(ctx context.Context, q interface {
 	return c, nil
 }
 
-// LockPlacementCheckpoint locks the checkpoint row in tx and returns its
+// LockCheckpoint locks the checkpoint row in tx and returns its
 // offset (0 when there is no row yet: nothing to lock, and the first
 // batch's insert is what two racing writers collide on).
-func LockPlacementCheckpoint(ctx context.Context, tx pgx.Tx) (int64, error) {
+func LockCheckpoint(ctx context.Context, tx pgx.Tx) (int64, error) {
 	var next int64
 	err := tx.QueryRow(ctx, lockCheckpointSQL).Scan(&next)
 	switch {
@@ -162,7 +163,7 @@ func setPlacementCheckpoint(ctx context.Context, tx pgx.Tx, next int64, lastID s
 	}
 	b := &pgx.Batch{}
 	b.Queue(setCheckpointSQL, next, id)
-	b.Queue(setOffsetsSQL, PlacementName, topics.PlacementDecisions, next)
+	b.Queue(setOffsetsSQL, Name, topics.PlacementDecisions, next)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("placement: set checkpoint: %w", err)
 	}
@@ -182,7 +183,7 @@ WHERE worker_id = ANY($1)
 FROM placement_mailboxes WHERE mailbox_id = ANY($1)`
 )
 
-func (f *plFold) load(ctx context.Context, tx pgx.Tx, recs []PlacementRecord) error {
+func (f *plFold) load(ctx context.Context, tx pgx.Tx, recs []Record) error {
 	wset := map[plKey]struct{}{}
 	mset := map[plKey]struct{}{}
 	var perr error

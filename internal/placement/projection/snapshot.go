@@ -1,4 +1,4 @@
-package projections
+package projection
 
 import (
 	"context"
@@ -18,24 +18,24 @@ type TxBeginner interface {
 	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 }
 
-// PlacementSnapshotter is the placement engine's production
+// Snapshotter is the placement engine's production
 // engine.Snapshotter: it loads the placement projection (workers,
 // mailboxes, recorded plans) and its checkpoint in one repeatable-read
 // snapshot, so the engine restores from Postgres and reads only the
 // decision log's tail after the checkpoint.
-type PlacementSnapshotter struct {
+type Snapshotter struct {
 	db TxBeginner
 }
 
-// NewPlacementSnapshotter returns a snapshotter reading the projection
+// NewSnapshotter returns a snapshotter reading the projection
 // through db (whose search_path selects the projection's schema).
-func NewPlacementSnapshotter(db TxBeginner) *PlacementSnapshotter {
-	return &PlacementSnapshotter{db: db}
+func NewSnapshotter(db TxBeginner) *Snapshotter {
+	return &Snapshotter{db: db}
 }
 
 // Load implements engine.Snapshotter. An empty projection is the empty
 // state at offset 0.
-func (s *PlacementSnapshotter) Load(ctx context.Context) (ck engine.Checkpoint, err error) {
+func (s *Snapshotter) Load(ctx context.Context) (ck engine.Checkpoint, err error) {
 	tx, err := s.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return engine.Checkpoint{}, fmt.Errorf("placement snapshot: begin: %w", err)
@@ -45,17 +45,17 @@ func (s *PlacementSnapshotter) Load(ctx context.Context) (ck engine.Checkpoint, 
 			err = fmt.Errorf("placement snapshot: end read: %w", rerr)
 		}
 	}()
-	return LoadPlacementSnapshot(ctx, tx)
+	return LoadSnapshot(ctx, tx)
 }
 
-// LoadPlacementSnapshot reads the projection in tx (which should be a
+// LoadSnapshot reads the projection in tx (which should be a
 // repeatable-read snapshot) as a checkpoint: the state as
 // placement.NewStateFromSnapshot restores it, and the offset and last
 // decision id it stands at. Fields the restore derives (a mailbox's
 // degraded flag, an org's bindings, shortfall and counts, and orgs never
 // recorded, which exist only through their mailboxes) are left zero.
-func LoadPlacementSnapshot(ctx context.Context, tx pgx.Tx) (engine.Checkpoint, error) {
-	c, err := ReadPlacementCheckpoint(ctx, tx)
+func LoadSnapshot(ctx context.Context, tx pgx.Tx) (engine.Checkpoint, error) {
+	c, err := ReadCheckpoint(ctx, tx)
 	if err != nil {
 		return engine.Checkpoint{}, err
 	}
@@ -133,4 +133,4 @@ FROM placement_mailboxes ORDER BY mailbox_id`)
 // plTime is a stored Unix-nanosecond time as the decider holds it (UTC).
 func plTime(ns int64) time.Time { return time.Unix(0, ns).UTC() }
 
-var _ engine.Snapshotter = (*PlacementSnapshotter)(nil)
+var _ engine.Snapshotter = (*Snapshotter)(nil)

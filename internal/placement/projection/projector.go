@@ -1,4 +1,4 @@
-package projections
+package projection
 
 import (
 	"context"
@@ -15,10 +15,11 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
 )
 
-// PlacementProjector runs the placement projection: it reads the decision
+// Projector runs the placement projection: it reads the decision
 // log (one partition, read_committed, transaction markers included so its
 // position reaches the log's end) from placement_checkpoint on, and applies
 // each poll's decisions in one transaction that also moves
@@ -50,12 +51,12 @@ import (
 // (domain.DecodePlacementDecision), so the projection and a restored engine
 // still agree. What is left for this retry loop is an engine bug or a
 // foreign writer on the decision log, which an operator must look at.
-type PlacementProjector struct {
+type Projector struct {
 	pool *pgxpool.Pool
 	kcfg kafka.Config
 	cfg  placementConfig
-	proj *Placement
-	m    *metrics
+	proj *Projection
+	m    *projections.RunnerMetrics
 	log  *slog.Logger
 
 	mu      sync.Mutex
@@ -67,18 +68,18 @@ type placementConfig struct {
 	reg       prometheus.Registerer
 	name      string
 	batchSize int
-	retry     RetryPolicy
+	retry     projections.RetryPolicy
 	standby   time.Duration
 	txTimeout time.Duration
-	committed func(PlacementCommit)
+	committed func(Commit)
 	kgoOpts   []kgo.Opt
 }
 
-// PlacementOption configures a PlacementProjector.
-type PlacementOption func(*placementConfig)
+// Option configures a Projector.
+type Option func(*placementConfig)
 
-// PlacementCommit describes one committed batch.
-type PlacementCommit struct {
+// Commit describes one committed batch.
+type Commit struct {
 	// At is the wall-clock time the commit returned.
 	At time.Time
 	// NextOffset is the checkpoint after the batch.
@@ -87,59 +88,59 @@ type PlacementCommit struct {
 	Decisions int
 	// Records are the decisions applied, in log order (the callback must
 	// neither keep nor change them).
-	Records []PlacementRecord
+	Records []Record
 }
 
-// WithPlacementLogger sets the logger. Default: discard.
-func WithPlacementLogger(l *slog.Logger) PlacementOption {
+// WithLogger sets the logger. Default: discard.
+func WithLogger(l *slog.Logger) Option {
 	return func(c *placementConfig) { c.logger = l }
 }
 
-// WithPlacementRegisterer registers the projector's metrics (the
+// WithRegisterer registers the projector's metrics (the
 // projectors' series, labelled projector="placement").
-func WithPlacementRegisterer(reg prometheus.Registerer) PlacementOption {
+func WithRegisterer(reg prometheus.Registerer) Option {
 	return func(c *placementConfig) { c.reg = reg }
 }
 
-// WithPlacementBatchSize bounds the decisions read per poll, and so
+// WithBatchSize bounds the decisions read per poll, and so
 // (inputs are never split) about the decisions applied in one
 // transaction. Default 20,000: a backlog goes about 1.4 times as fast as
 // with 5,000; at a steady rate, batches are what arrived since the last.
-func WithPlacementBatchSize(n int) PlacementOption {
+func WithBatchSize(n int) Option {
 	return func(c *placementConfig) { c.batchSize = n }
 }
 
-// WithPlacementRetry sets the backoff between failed sessions.
-func WithPlacementRetry(p RetryPolicy) PlacementOption {
+// WithRetry sets the backoff between failed sessions.
+func WithRetry(p projections.RetryPolicy) Option {
 	return func(c *placementConfig) { c.retry = p }
 }
 
-// WithPlacementStandbyPoll sets how often a standby projector tries to
+// WithStandbyPoll sets how often a standby projector tries to
 // take the lead. Default 1s.
-func WithPlacementStandbyPoll(d time.Duration) PlacementOption {
+func WithStandbyPoll(d time.Duration) Option {
 	return func(c *placementConfig) { c.standby = d }
 }
 
-// WithPlacementCommitted calls fn after each committed batch, on the
+// WithCommitted calls fn after each committed batch, on the
 // projector's goroutine; fn must be quick.
-func WithPlacementCommitted(fn func(PlacementCommit)) PlacementOption {
+func WithCommitted(fn func(Commit)) Option {
 	return func(c *placementConfig) { c.committed = fn }
 }
 
-// WithPlacementKgoOptions adds franz-go options to the decision-log reader.
-func WithPlacementKgoOptions(opts ...kgo.Opt) PlacementOption {
+// WithKgoOptions adds franz-go options to the decision-log reader.
+func WithKgoOptions(opts ...kgo.Opt) Option {
 	return func(c *placementConfig) { c.kgoOpts = append(c.kgoOpts, opts...) }
 }
 
-// NewPlacementProjector returns a projector of the placement projection
+// NewProjector returns a projector of the placement projection
 // reading the decision log from the brokers in kcfg and writing through
 // pool, in the schema the pool's search_path selects (migrated). It
 // connects to nothing until Run.
-func NewPlacementProjector(kcfg kafka.Config, pool *pgxpool.Pool, opts ...PlacementOption) (*PlacementProjector, error) {
+func NewProjector(kcfg kafka.Config, pool *pgxpool.Pool, opts ...Option) (*Projector, error) {
 	cfg := placementConfig{
-		name:      PlacementName,
+		name:      Name,
 		batchSize: 20000,
-		retry:     DefaultRetryPolicy,
+		retry:     projections.DefaultRetryPolicy,
 		standby:   time.Second,
 		txTimeout: 60 * time.Second,
 	}
@@ -148,7 +149,7 @@ func NewPlacementProjector(kcfg kafka.Config, pool *pgxpool.Pool, opts ...Placem
 	}
 	switch {
 	case pool == nil:
-		return nil, errors.New("projections: NewPlacementProjector needs a pool")
+		return nil, errors.New("projections: NewProjector needs a pool")
 	case len(kcfg.Brokers) == 0:
 		return nil, errors.New("projections: no brokers")
 	}
@@ -156,10 +157,10 @@ func NewPlacementProjector(kcfg kafka.Config, pool *pgxpool.Pool, opts ...Placem
 		cfg.batchSize = 20000
 	}
 	if cfg.retry.Backoff <= 0 {
-		cfg.retry.Backoff = DefaultRetryPolicy.Backoff
+		cfg.retry.Backoff = projections.DefaultRetryPolicy.Backoff
 	}
 	if cfg.retry.MaxBackoff <= 0 {
-		cfg.retry.MaxBackoff = DefaultRetryPolicy.MaxBackoff
+		cfg.retry.MaxBackoff = projections.DefaultRetryPolicy.MaxBackoff
 	}
 	if cfg.standby <= 0 {
 		cfg.standby = time.Second
@@ -173,8 +174,8 @@ func NewPlacementProjector(kcfg kafka.Config, pool *pgxpool.Pool, opts ...Placem
 	if kcfg.ClientID == "" {
 		kcfg.ClientID = "mailplane-projector-" + cfg.name
 	}
-	return &PlacementProjector{
-		pool: pool, kcfg: kcfg, cfg: cfg, proj: NewPlacement(), m: newMetrics(cfg.reg),
+	return &Projector{
+		pool: pool, kcfg: kcfg, cfg: cfg, proj: New(), m: projections.NewRunnerMetrics(cfg.reg),
 		log: cfg.logger.With("projector", cfg.name),
 	}, nil
 }
@@ -185,7 +186,7 @@ var errPlacementFenced = errors.New("placement checkpoint moved under this proje
 // Run projects until ctx is done, then returns nil. Failures (broker or
 // database down, a decision that cannot be applied) are logged and
 // retried with backoff; it returns an error only if it is already running.
-func (p *PlacementProjector) Run(ctx context.Context) error {
+func (p *Projector) Run(ctx context.Context) error {
 	p.mu.Lock()
 	if p.running {
 		p.mu.Unlock()
@@ -204,15 +205,15 @@ func (p *PlacementProjector) Run(ctx context.Context) error {
 		switch {
 		case ctx.Err() != nil:
 		case errors.Is(err, errPlacementFenced):
-			p.m.retries.WithLabelValues(p.cfg.name, "fenced").Inc()
+			p.m.Retries.WithLabelValues(p.cfg.name, "fenced").Inc()
 			p.log.Info("placement checkpoint moved (another projector, or a swapped-in rebuild); re-reading the position")
 			continue
 		case err != nil:
 			kind := "transient"
-			if _, ok := IsPermanent(err); ok {
+			if _, ok := projections.IsPermanent(err); ok {
 				kind = "permanent"
 			}
-			p.m.retries.WithLabelValues(p.cfg.name, kind).Inc()
+			p.m.Retries.WithLabelValues(p.cfg.name, kind).Inc()
 			p.log.Error("placement projector failed; retrying", "kind", kind, "backoff", backoff, "err", err)
 			select {
 			case <-ctx.Done():
@@ -223,7 +224,7 @@ func (p *PlacementProjector) Run(ctx context.Context) error {
 		}
 		backoff = p.cfg.retry.Backoff
 	}
-	p.m.lag.DeleteLabelValues(p.cfg.name, topics.PlacementDecisions)
+	p.m.Lag.DeleteLabelValues(p.cfg.name, topics.PlacementDecisions)
 	return nil
 }
 
@@ -233,7 +234,7 @@ const placementLockClass int32 = 0x6d706c70
 
 // lead waits until this projector holds the advisory lock of its schema,
 // on a connection it keeps until release.
-func (p *PlacementProjector) lead(ctx context.Context) (release func(), err error) {
+func (p *Projector) lead(ctx context.Context) (release func(), err error) {
 	conn, err := p.pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("acquire connection: %w", err)
@@ -274,13 +275,13 @@ func (p *PlacementProjector) lead(ctx context.Context) (release func(), err erro
 }
 
 // session is one leadership: read the position, then tail the log.
-func (p *PlacementProjector) session(ctx context.Context) error {
+func (p *Projector) session(ctx context.Context) error {
 	release, err := p.lead(ctx)
 	if err != nil {
 		return err
 	}
 	defer release()
-	ck, err := ReadPlacementCheckpoint(ctx, p.pool)
+	ck, err := ReadCheckpoint(ctx, p.pool)
 	if err != nil {
 		return err
 	}
@@ -317,10 +318,10 @@ func (p *PlacementProjector) session(ctx context.Context) error {
 	// rest waits for the next poll. Readers of the tables (the worker API,
 	// placement show, a restoring engine) so only ever see the state
 	// between inputs, where invariants 3 and 4 hold.
-	var pending []PlacementRecord // read, not committed
-	safe := 0                     // pending[:safe] ends with an input's last decision
-	safeEnd := next               // the checkpoint after pending[:safe] and the markers after it
-	seen := next                  // the offset after the last record read
+	var pending []Record // read, not committed
+	safe := 0            // pending[:safe] ends with an input's last decision
+	safeEnd := next      // the checkpoint after pending[:safe] and the markers after it
+	seen := next         // the offset after the last record read
 	for {
 		fs := cl.PollRecords(ctx, p.cfg.batchSize)
 		if ctx.Err() != nil {
@@ -343,7 +344,7 @@ func (p *PlacementProjector) session(ctx context.Context) error {
 			lso = max(lso, fp.LastStableOffset)
 		})
 		if lso >= 0 {
-			p.m.lag.WithLabelValues(p.cfg.name, topics.PlacementDecisions).Set(float64(max(0, lso-next)))
+			p.m.Lag.WithLabelValues(p.cfg.name, topics.PlacementDecisions).Set(float64(max(0, lso-next)))
 		}
 		var derr error
 		fs.EachRecord(func(r *kgo.Record) {
@@ -360,11 +361,11 @@ func (p *PlacementProjector) session(ctx context.Context) error {
 			d, err := decodedDecision(r)
 			if err != nil {
 				// What comes before it is applied; it is not skipped.
-				derr = Permanent(domain.ErrorCode(err), fmt.Errorf("decision at offset %d: %w", r.Offset, err))
+				derr = projections.Permanent(domain.ErrorCode(err), fmt.Errorf("decision at offset %d: %w", r.Offset, err))
 				return
 			}
 			seen = r.Offset + 1
-			pending = append(pending, PlacementRecord{Offset: r.Offset, Decision: d})
+			pending = append(pending, Record{Offset: r.Offset, Decision: d})
 			if d.Cause.Index+1 >= d.Cause.Count {
 				safe, safeEnd = len(pending), seen
 			}
@@ -374,10 +375,10 @@ func (p *PlacementProjector) session(ctx context.Context) error {
 				return err
 			}
 			next = safeEnd
-			pending = append([]PlacementRecord(nil), pending[safe:]...)
+			pending = append([]Record(nil), pending[safe:]...)
 			safe = 0
 			if lso >= 0 {
-				p.m.lag.WithLabelValues(p.cfg.name, topics.PlacementDecisions).Set(float64(max(0, lso-next)))
+				p.m.Lag.WithLabelValues(p.cfg.name, topics.PlacementDecisions).Set(float64(max(0, lso-next)))
 			}
 		}
 		if derr != nil {
@@ -394,7 +395,7 @@ const (
 // projector_offsets, in one transaction. Asynchronous commit is safe here
 // for the reason it is in the projector runtime: rows and position commit
 // or vanish together, and a lost commit is read from the log again.
-func (p *PlacementProjector) commit(ctx context.Context, from, next int64, recs []PlacementRecord) error {
+func (p *Projector) commit(ctx context.Context, from, next int64, recs []Record) error {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.txTimeout)
 	defer cancel()
@@ -402,7 +403,7 @@ func (p *PlacementProjector) commit(ctx context.Context, from, next int64, recs 
 		if _, err := tx.Exec(ctx, plTxSettingsSQL); err != nil {
 			return err
 		}
-		cur, err := LockPlacementCheckpoint(ctx, tx)
+		cur, err := LockCheckpoint(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -412,16 +413,16 @@ func (p *PlacementProjector) commit(ctx context.Context, from, next int64, recs 
 		return p.proj.ApplyDecisions(ctx, tx, recs, next)
 	})
 	if err != nil {
-		if isUniqueViolation(err) {
+		if projections.IsUniqueViolation(err) {
 			// Two first batches raced for the checkpoint row.
 			return errPlacementFenced
 		}
 		return err
 	}
-	p.m.batchSeconds.WithLabelValues(p.cfg.name).Observe(time.Since(start).Seconds())
-	p.m.applied.WithLabelValues(p.cfg.name).Add(float64(len(recs)))
+	p.m.BatchSeconds.WithLabelValues(p.cfg.name).Observe(time.Since(start).Seconds())
+	p.m.Applied.WithLabelValues(p.cfg.name).Add(float64(len(recs)))
 	if p.cfg.committed != nil {
-		p.cfg.committed(PlacementCommit{At: time.Now(), NextOffset: next, Decisions: len(recs), Records: recs})
+		p.cfg.committed(Commit{At: time.Now(), NextOffset: next, Decisions: len(recs), Records: recs})
 	}
 	return nil
 }

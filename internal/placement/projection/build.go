@@ -1,4 +1,4 @@
-package projections
+package projection
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// PlacementBuilder builds the placement projection from offset 0 into
+// Builder builds the placement projection from offset 0 into
 // empty tables, as a rebuild does: the same fold as ApplyDecisions, but the
 // rows stay in memory from the first decision on, so nothing is read back
 // from Postgres and every row is written once — the append-only ones
@@ -17,19 +17,19 @@ import (
 // checkpoint at the end (Finish). The result is the rows ApplyDecisions
 // writes for the same log in any batches. Memory grows with the fleet
 // (about 200 bytes per mailbox).
-type PlacementBuilder struct {
+type Builder struct {
 	f     *plFold
 	last  int64
 	added int64
 }
 
-// NewPlacementBuilder returns a builder at offset 0.
-func NewPlacementBuilder() *PlacementBuilder {
-	return &PlacementBuilder{f: newPlFold(), last: -1}
+// NewBuilder returns a builder at offset 0.
+func NewBuilder() *Builder {
+	return &Builder{f: newPlFold(), last: -1}
 }
 
 // Add folds recs, which follow every record added before, in log order.
-func (b *PlacementBuilder) Add(recs []PlacementRecord) error {
+func (b *Builder) Add(recs []Record) error {
 	for _, r := range recs {
 		if r.Offset <= b.last {
 			return fmt.Errorf("placement: offsets out of order: %d after %d", r.Offset, b.last)
@@ -44,29 +44,29 @@ func (b *PlacementBuilder) Add(recs []PlacementRecord) error {
 }
 
 // Decisions is how many decisions were added.
-func (b *PlacementBuilder) Decisions() int64 { return b.added }
+func (b *Builder) Decisions() int64 { return b.added }
 
-// PlacementAppendOnly holds history and assignment-change rows taken from
+// AppendOnly holds history and assignment-change rows taken from
 // a builder, ready to write.
-type PlacementAppendOnly struct {
+type AppendOnly struct {
 	history []plHistory
 	changes []plChange
 }
 
 // Len is the number of rows.
-func (a PlacementAppendOnly) Len() int { return len(a.history) + len(a.changes) }
+func (a AppendOnly) Len() int { return len(a.history) + len(a.changes) }
 
 // TakeAppendOnly hands over the history and assignment-change rows made
 // since the last call.
-func (b *PlacementBuilder) TakeAppendOnly() PlacementAppendOnly {
-	a := PlacementAppendOnly{history: b.f.history, changes: b.f.changes}
+func (b *Builder) TakeAppendOnly() AppendOnly {
+	a := AppendOnly{history: b.f.history, changes: b.f.changes}
 	b.f.history, b.f.changes = nil, nil
 	return a
 }
 
 // WriteAppendOnly COPYs the rows into placement_history and
 // placement_assignment_changes.
-func (a PlacementAppendOnly) WriteAppendOnly(ctx context.Context, tx pgx.Tx) error {
+func (a AppendOnly) WriteAppendOnly(ctx context.Context, tx pgx.Tx) error {
 	if len(a.history) > 0 {
 		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"placement_history"}, plHistoryColumns, &plHistorySource{rows: a.history, i: -1}); err != nil {
 			return fmt.Errorf("placement: copy into placement_history: %w", err)
@@ -83,7 +83,7 @@ func (a PlacementAppendOnly) WriteAppendOnly(ctx context.Context, tx pgx.Tx) err
 // Finish writes the workers, orgs and mailboxes, and the checkpoint at
 // next, into tx. The append-only rows must have been taken and written
 // before (they are not written here).
-func (b *PlacementBuilder) Finish(ctx context.Context, tx pgx.Tx, next int64) error {
+func (b *Builder) Finish(ctx context.Context, tx pgx.Tx, next int64) error {
 	if next <= b.last {
 		return fmt.Errorf("placement: next offset %d is not past the last decision's %d", next, b.last)
 	}

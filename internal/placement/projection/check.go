@@ -1,4 +1,4 @@
-package projections
+package projection
 
 import (
 	"context"
@@ -56,13 +56,13 @@ ORDER BY 1
 LIMIT 20`
 )
 
-// CheckPlacementInvariants checks invariants 3 and 4 on the placement
+// CheckInvariants checks invariants 3 and 4 on the placement
 // projection's rows, and that dead workers carry nothing, and returns
 // every violation found (at most 20 of each kind), or nil. Run it in one snapshot (a repeatable-read
 // transaction) when the projector may be writing. The rows hold the
 // invariants at every checkpoint that ends an input's decisions (the
 // engine's transactions do), not necessarily in the middle of one.
-func CheckPlacementInvariants(ctx context.Context, q Querier) error {
+func CheckInvariants(ctx context.Context, q Querier) error {
 	var errs []error
 	rows, _ := q.Query(ctx, plInvariant3SQL)
 	var mb, org, w, tier, pool, dorg, band, class string

@@ -1,4 +1,4 @@
-package projections_test
+package projection_test
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/placement"
-	"github.com/mailplane/mailplane/internal/projections"
+	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/internal/workerapi"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -129,11 +129,11 @@ func plNewDB(t testing.TB) *pgtest.DB {
 	return db
 }
 
-func plApply(t testing.TB, pool *pgxpool.Pool, recs []projections.PlacementRecord, next int64) {
+func plApply(t testing.TB, pool *pgxpool.Pool, recs []projection.Record, next int64) {
 	t.Helper()
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return projections.NewPlacement().ApplyDecisions(ctx, tx, recs, next)
+		return projection.New().ApplyDecisions(ctx, tx, recs, next)
 	})
 	if err != nil {
 		t.Fatalf("apply %d decisions up to %d: %v", len(recs), next, err)
@@ -141,7 +141,7 @@ func plApply(t testing.TB, pool *pgxpool.Pool, recs []projections.PlacementRecor
 }
 
 // plRestored loads the projection as the engine would restore it.
-func plRestored(t testing.TB, pool *pgxpool.Pool) (*placement.State, projections.PlacementCheckpoint) {
+func plRestored(t testing.TB, pool *pgxpool.Pool) (*placement.State, projection.Checkpoint) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
@@ -149,7 +149,7 @@ func plRestored(t testing.TB, pool *pgxpool.Pool) (*placement.State, projections
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	ck, err := projections.LoadPlacementSnapshot(ctx, tx)
+	ck, err := projection.LoadSnapshot(ctx, tx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func plRestored(t testing.TB, pool *pgxpool.Pool) (*placement.State, projections
 	if err != nil {
 		t.Fatalf("restore from the projection: %v", err)
 	}
-	return st, projections.PlacementCheckpoint{NextOffset: ck.NextOffset, LastDecisionID: ck.LastDecisionID}
+	return st, projection.Checkpoint{NextOffset: ck.NextOffset, LastDecisionID: ck.LastDecisionID}
 }
 
 func plJSON(v any) string {
@@ -215,7 +215,7 @@ func plRunRandom(t *testing.T, seed uint64, steps int) map[string]int {
 	decider := placement.NewState(plTestConfig)
 	folded := placement.NewState(plTestConfig)
 	now := plT0
-	var all, batch []projections.PlacementRecord
+	var all, batch []projection.Record
 	var boundaries []plBoundary
 	off := int64(0)
 	types := map[string]int{}
@@ -242,7 +242,7 @@ func plRunRandom(t *testing.T, seed uint64, steps int) map[string]int {
 		if !atBoundary {
 			return
 		}
-		if err := projections.CheckPlacementInvariants(ctx, pool); err != nil {
+		if err := projection.CheckInvariants(ctx, pool); err != nil {
 			t.Fatalf("offset %d: %v", next, err)
 		}
 		plCheckPending(t, pool, folded)
@@ -258,7 +258,7 @@ func plRunRandom(t *testing.T, seed uint64, steps int) map[string]int {
 		ds := decider.Apply(in)
 		for _, d := range ds {
 			types[d.EventType()]++
-			rec := projections.PlacementRecord{Offset: off, Decision: topics.Decision{ID: uuid.Must(uuid.NewV7()).String(), Data: d}}
+			rec := projection.Record{Offset: off, Decision: topics.Decision{ID: uuid.Must(uuid.NewV7()).String(), Data: d}}
 			off++
 			all = append(all, rec)
 			batch = append(batch, rec)
@@ -290,7 +290,7 @@ func plRunRandom(t *testing.T, seed uint64, steps int) map[string]int {
 
 	// And built from memory, as a rebuild does: the very same rows.
 	built := plNewDB(t)
-	b := projections.NewPlacementBuilder()
+	b := projection.NewBuilder()
 	err := pgx.BeginFunc(ctx, built.Pool, func(tx pgx.Tx) error {
 		for i := 0; i < len(all); i += 50 {
 			if err := b.Add(all[i:min(i+50, len(all))]); err != nil {

@@ -1,4 +1,4 @@
-package projections
+package projection
 
 import (
 	"fmt"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/projections"
 )
 
 // This file turns decisions into the placement projection's rows. What a
@@ -18,7 +19,7 @@ import (
 // name (and the workers those mailboxes sit on) into a partial state
 // (placement.NewPartialState), folds the decisions through ApplyDecision in
 // log order, and reads the named rows back out of the state (see
-// placement.go for the SQL); a rebuild (PlacementBuilder) folds the whole
+// placement.go for the SQL); a rebuild (Builder) folds the whole
 // log into one state. The fold is a function of the decisions and the rows
 // alone, so where a batch starts and ends changes nothing: a replay in
 // batches of any size writes the same rows.
@@ -127,7 +128,7 @@ func newPlFold() *plFold {
 func plID(field, s string) (plKey, error) {
 	u, err := uuid.Parse(s)
 	if err != nil {
-		return plKey{}, Permanent(domain.CodeInvalid, fmt.Errorf("placement: %s %q is not a UUID", field, s))
+		return plKey{}, projections.Permanent(domain.CodeInvalid, fmt.Errorf("placement: %s %q is not a UUID", field, s))
 	}
 	return u, nil
 }
@@ -273,7 +274,7 @@ func (f *plFold) loadState() error {
 	}
 	st, err := placement.NewPartialState(placement.DefaultConfig(), snap)
 	if err != nil {
-		return Permanent(domain.CodeInvalid, fmt.Errorf("placement: the rows do not load: %w", err))
+		return projections.Permanent(domain.CodeInvalid, fmt.Errorf("placement: the rows do not load: %w", err))
 	}
 	f.st = st
 	return nil
@@ -349,7 +350,7 @@ func (f *plFold) apply(off int64, id string, d domain.PlacementDecision) error {
 		}
 	}
 	if err := f.st.ApplyDecision(d); err != nil {
-		return Permanent(domain.CodeInvalid, fmt.Errorf("placement: decision at offset %d (%s): %w", off, plShortType(d.EventType()), err))
+		return projections.Permanent(domain.CodeInvalid, fmt.Errorf("placement: decision at offset %d (%s): %w", off, plShortType(d.EventType()), err))
 	}
 	if err := f.refresh(d, off); err != nil {
 		return err

@@ -1,4 +1,4 @@
-package projections_test
+package projection_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
 	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -46,13 +47,13 @@ func plProduce(t testing.TB, brokers []string, ds []domain.PlacementDecision) []
 	return recs
 }
 
-func plStartProjector(t testing.TB, kcfg kafka.Config, pool *pgxpool.Pool, opts ...projections.PlacementOption) (stop func()) {
+func plStartProjector(t testing.TB, kcfg kafka.Config, pool *pgxpool.Pool, opts ...projection.Option) (stop func()) {
 	t.Helper()
-	base := []projections.PlacementOption{
-		projections.WithPlacementStandbyPoll(20 * time.Millisecond),
-		projections.WithPlacementRetry(projections.RetryPolicy{Backoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond}),
+	base := []projection.Option{
+		projection.WithStandbyPoll(20 * time.Millisecond),
+		projection.WithRetry(projections.RetryPolicy{Backoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond}),
 	}
-	p, err := projections.NewPlacementProjector(kcfg, pool, append(base, opts...)...)
+	p, err := projection.NewProjector(kcfg, pool, append(base, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +82,7 @@ func plWaitCheckpoint(t testing.TB, pool *pgxpool.Pool, want int64) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		ck, err := projections.ReadPlacementCheckpoint(context.Background(), pool)
+		ck, err := projection.ReadCheckpoint(context.Background(), pool)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -151,8 +152,8 @@ func TestPlacementProjectorTakesTurnsAndNeverSkips(t *testing.T) {
 
 	var mu sync.Mutex
 	commits := map[int]int{}
-	hook := func(i int) projections.PlacementOption {
-		return projections.WithPlacementCommitted(func(c projections.PlacementCommit) { mu.Lock(); commits[i] += c.Decisions; mu.Unlock() })
+	hook := func(i int) projection.Option {
+		return projection.WithCommitted(func(c projection.Commit) { mu.Lock(); commits[i] += c.Decisions; mu.Unlock() })
 	}
 	stop1 := plStartProjector(t, kcfg, db.Pool, hook(1))
 	plWaitCheckpoint(t, db.Pool, int64(half))
@@ -193,7 +194,7 @@ func TestPlacementProjectorTakesTurnsAndNeverSkips(t *testing.T) {
 	plProduce(t, brokers, more)
 	reg := prometheus.NewRegistry()
 	db2 := plNewDB(t)
-	plStartProjector(t, kcfg, db2.Pool, projections.WithPlacementRegisterer(reg))
+	plStartProjector(t, kcfg, db2.Pool, projection.WithRegisterer(reg))
 	plWaitCheckpoint(t, db2.Pool, int64(len(ds)))
 	deadline := time.Now().Add(10 * time.Second)
 	for plMetric(t, reg, "mailplane_projector_retries_total", map[string]string{"projector": "placement", "kind": "permanent"}) < 2 {
@@ -202,7 +203,7 @@ func TestPlacementProjectorTakesTurnsAndNeverSkips(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if ck, _ := projections.ReadPlacementCheckpoint(context.Background(), db2.Pool); ck.NextOffset != int64(len(ds)) {
+	if ck, _ := projection.ReadCheckpoint(context.Background(), db2.Pool); ck.NextOffset != int64(len(ds)) {
 		t.Fatalf("the projection moved past the bad record to %d", ck.NextOffset)
 	}
 	if lag := plMetric(t, reg, "mailplane_projector_lag_records", map[string]string{"projector": "placement"}); lag < 1 {
@@ -246,8 +247,8 @@ func TestPlacementProjectorCommitsWholeInputs(t *testing.T) {
 	var mu sync.Mutex
 	var bad []string
 	commits := 0
-	plStartProjector(t, kcfg, db.Pool, projections.WithPlacementBatchSize(2),
-		projections.WithPlacementCommitted(func(c projections.PlacementCommit) {
+	plStartProjector(t, kcfg, db.Pool, projection.WithBatchSize(2),
+		projection.WithCommitted(func(c projection.Commit) {
 			mu.Lock()
 			defer mu.Unlock()
 			commits++
@@ -266,7 +267,7 @@ func TestPlacementProjectorCommitsWholeInputs(t *testing.T) {
 	if len(bad) > 0 {
 		t.Fatalf("commits cut inputs: %v", bad)
 	}
-	if err := projections.CheckPlacementInvariants(context.Background(), db.Pool); err != nil {
+	if err := projection.CheckInvariants(context.Background(), db.Pool); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%d decisions in %d commits", total, commits)

@@ -1,4 +1,4 @@
-package projections_test
+package projection_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/placement"
-	"github.com/mailplane/mailplane/internal/projections"
+	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -23,10 +23,10 @@ func TestCheckPlacementInvariantsDeadWorkers(t *testing.T) {
 	db := plNewDB(t)
 	st := placement.NewState(placement.Config{HeartbeatInterval: 10 * time.Second, WorkerRetention: time.Hour})
 	at := plT0
-	var recs []projections.PlacementRecord
+	var recs []projection.Record
 	apply := func(ev domain.Data) {
 		for _, d := range st.Apply(placement.Input{At: at, Event: ev}) {
-			recs = append(recs, projections.PlacementRecord{Offset: int64(len(recs)), Decision: topics.Decision{ID: uuid.Must(uuid.NewV7()).String(), Data: d}})
+			recs = append(recs, projection.Record{Offset: int64(len(recs)), Decision: topics.Decision{ID: uuid.Must(uuid.NewV7()).String(), Data: d}})
 		}
 	}
 	hb := func(i int) {
@@ -47,7 +47,7 @@ func TestCheckPlacementInvariantsDeadWorkers(t *testing.T) {
 		t.Fatal("worker 1 not forgotten")
 	}
 	plApply(t, db.Pool, recs, int64(len(recs)))
-	if err := projections.CheckPlacementInvariants(ctx, db.Pool); err != nil {
+	if err := projection.CheckInvariants(ctx, db.Pool); err != nil {
 		t.Fatalf("a consistent projection: %v", err)
 	}
 	var n int
@@ -67,7 +67,7 @@ func TestCheckPlacementInvariantsDeadWorkers(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `UPDATE placement_workers SET mailboxes = 1 - mailboxes, load_milli = 1000 - load_milli`); err != nil {
 		t.Fatal(err)
 	}
-	err := projections.CheckPlacementInvariants(ctx, db.Pool)
+	err := projection.CheckInvariants(ctx, db.Pool)
 	if err == nil || !strings.Contains(err.Error(), "dead worker "+plWorkerID(3)+" carries 1 mailboxes") {
 		t.Fatalf("a dead worker carrying a mailbox: %v", err)
 	}
