@@ -37,18 +37,18 @@ bench: ## the benchmarks recorded in BENCHMARKS.md (a few minutes; loopback only
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./producer/ ./internal/api/
 	$(GO) test -run '^$$' -bench 'Projection$$' -benchtime 100000x ./internal/projections/
 	$(GO) test -run '^$$' -bench 'PublishToProjected' -benchtime 20000x ./internal/projections/
-	$(GO) test -run '^$$' -bench 'Placement' -benchtime 2s ./domain/
-	$(GO) test -run '^$$' -bench 'EngineLatency' -benchtime 10000x ./internal/placement/
-	$(GO) test -run '^$$' -bench 'EngineThroughput|EngineRestore' -benchtime 100000x ./internal/placement/
-	$(GO) test -run '^$$' -bench 'ReplayPlacement' -benchtime 1000000x ./internal/replay/
-	$(GO) test -run '^$$' -bench 'EventToProjectedRow' -benchtime 10000x ./internal/replay/
+	$(GO) test -run '^$$' -bench 'Placement' -benchtime 2s ./internal/placement/
+	$(GO) test -run '^$$' -bench 'EngineLatency' -benchtime 10000x ./internal/placement/engine/
+	$(GO) test -run '^$$' -bench 'EngineThroughput|EngineRestore' -benchtime 100000x ./internal/placement/engine/
+	$(GO) test -run '^$$' -bench 'ReplayPlacement' -benchtime 1000000x ./internal/placement/replay/
+	$(GO) test -run '^$$' -bench 'EventToProjectedRow' -benchtime 10000x ./internal/placement/replay/
 	$(GO) test -run '^$$' -bench 'IMAPHot|IMAPWarm' -benchtime 1x -timeout 30m ./internal/imapsync/
 
 .PHONY: fuzz
 fuzz: ## fuzz the record decoder, the schema/Go agreement and text hygiene, a minute each
 	$(GO) test ./topics -run '^$$' -fuzz FuzzDecode -fuzztime 60s
 	$(GO) test ./domain -run '^$$' -fuzz FuzzSchemaAgreement -fuzztime 60s
-	$(GO) test ./domain -run '^$$' -fuzz FuzzDecisionsStorable -fuzztime 60s
+	$(GO) test ./internal/placement -run '^$$' -fuzz FuzzDecisionsStorable -fuzztime 60s
 	$(GO) test ./domain -run '^$$' -fuzz FuzzCleanText -fuzztime 60s
 
 .PHONY: lint

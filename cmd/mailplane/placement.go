@@ -16,7 +16,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/placement/projection"
-	"github.com/mailplane/mailplane/internal/replay"
+	"github.com/mailplane/mailplane/internal/placement/replay"
 )
 
 const replayUsage = `usage: mailplane replay placement [--verify] [--swap] [--schema NAME] [--batch N] [--wait D]

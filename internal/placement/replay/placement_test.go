@@ -16,7 +16,7 @@ import (
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/placement/projection"
-	"github.com/mailplane/mailplane/internal/replay"
+	"github.com/mailplane/mailplane/internal/placement/replay"
 	"github.com/mailplane/mailplane/internal/workerapi"
 )
 

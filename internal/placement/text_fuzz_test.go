@@ -1,4 +1,4 @@
-package domain_test
+package placement_test
 
 import (
 	"encoding/json"
