@@ -259,7 +259,7 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 			// Returns only when ctx is done (a role returning stops them all).
 			start("tokens file watch", func(ctx context.Context) error { auth.Watch(ctx, 0); return nil })
 		}
-		pgStore := workerapi.NewPGStore(pool)
+		pgStore := projection.NewStore(pool)
 		limiter := workerapi.NewWorkerLimiter(pgStore, rc.newWorkerRate, rc.newWorkerBurst, reg)
 		pc := producer.New(kc, producer.WithSealer(rc.keyring), producer.WithSource("mailplane/api"), producer.WithRegisterer(reg))
 		srv, err := api.New(pc,
@@ -540,7 +540,7 @@ func pruneAssignmentChanges(ctx context.Context, pool *pgxpool.Pool, log *slog.L
 		cp, err := projection.ReadCheckpoint(qctx, pool)
 		if err == nil && cp.NextOffset > assignmentChangesRetained {
 			var n int64
-			n, err = workerapi.PruneChanges(qctx, pool, cp.NextOffset-assignmentChangesRetained)
+			n, err = projection.PruneChanges(qctx, pool, cp.NextOffset-assignmentChangesRetained)
 			if err == nil && n > 0 {
 				log.Info("pruned assignment changes", "rows", n, "below_offset", cp.NextOffset-assignmentChangesRetained)
 			}

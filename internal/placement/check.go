@@ -323,18 +323,41 @@ func placementFitsBrute(orgClass placementClass, orgID string, band domain.RiskP
 // placement index agrees with the workers. It recomputes everything from the
 // mailboxes, in O(state).
 func Invariants(s *State) error {
-	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-	load := map[string]int64{}
-	count := map[string]int{}
-	orgCount := map[string]int{}
-	orgShared := map[string]int{}
+	c := &invariantCheck{s: s, load: map[string]int64{}, count: map[string]int{}, orgCount: map[string]int{}, orgShared: map[string]int{}}
+	c.mailboxes()
+	for id, w := range s.workers {
+		c.worker(id, w)
+		c.workerTier(id, w)
+		c.workerIndex(id, w)
+	}
+	c.heaps()
+	c.orgs()
+	return errors.Join(c.errs...)
+}
+
+// invariantCheck collects what Invariants finds.
+type invariantCheck struct {
+	s                   *State
+	errs                []error
+	load                map[string]int64
+	count               map[string]int
+	orgCount, orgShared map[string]int
+}
+
+func (c *invariantCheck) bad(format string, args ...any) {
+	c.errs = append(c.errs, fmt.Errorf(format, args...))
+}
+
+// mailboxes checks every mailbox and sums what the workers and orgs must
+// agree with.
+func (c *invariantCheck) mailboxes() {
+	s, bad := c.s, c.bad
 	for id, m := range s.mailboxes {
 		if m.id != id || m.org == nil || s.orgs[m.org.id] != m.org {
 			bad("mailbox %s: broken identity or org link", id)
 			continue
 		}
-		orgCount[m.org.id]++
+		c.orgCount[m.org.id]++
 		if m.worker == nil {
 			if s.pending[id] != m || m.pendingReason == "" {
 				bad("mailbox %s has no worker but is not pending with a reason", id)
@@ -352,10 +375,10 @@ func Invariants(s *State) error {
 		if err := placementFitsBrute(m.org.class(), m.org.id, m.band, w); err != nil {
 			bad("invariant 3: mailbox %s (org %s): %v", id, m.org.id, err)
 		}
-		load[w.id] += m.weight
-		count[w.id]++
+		c.load[w.id] += m.weight
+		c.count[w.id]++
 		if w.tier != domain.TierDedicated {
-			orgShared[m.org.id]++
+			c.orgShared[m.org.id]++
 		}
 	}
 	for id, m := range s.pending {
@@ -363,97 +386,115 @@ func Invariants(s *State) error {
 			bad("pending %s is not a known mailbox without a worker", id)
 		}
 	}
-	for id, w := range s.workers {
-		if w.load != load[id] {
-			bad("invariant 4: worker %s load %d, its mailboxes weigh %d", id, w.load, load[id])
+}
+
+// worker checks a worker's load, count and mailbox list (invariant 4).
+func (c *invariantCheck) worker(id string, w *placementWorker) {
+	bad := c.bad
+	if w.load != c.load[id] {
+		bad("invariant 4: worker %s load %d, its mailboxes weigh %d", id, w.load, c.load[id])
+	}
+	if w.count != c.count[id] {
+		bad("worker %s count %d, has %d mailboxes", id, w.count, c.count[id])
+	}
+	n := 0
+	for m := w.head; m != nil && n <= w.count; m = m.wNext {
+		if m.worker != w {
+			bad("worker %s lists mailbox %s placed elsewhere", id, m.id)
 		}
-		if w.count != count[id] {
-			bad("worker %s count %d, has %d mailboxes", id, w.count, count[id])
-		}
-		n := 0
-		for m := w.head; m != nil && n <= w.count; m = m.wNext {
-			if m.worker != w {
-				bad("worker %s lists mailbox %s placed elsewhere", id, m.id)
+		n++
+	}
+	if n != w.count {
+		bad("worker %s lists %d mailboxes, counts %d", id, n, w.count)
+	}
+	if !w.live && w.count > 0 {
+		bad("dead worker %s carries %d mailboxes", id, w.count)
+	}
+	if w.capacity < 1 {
+		bad("worker %s capacity %d", id, w.capacity)
+	}
+}
+
+// workerTier checks what a worker's tier allows: bindings, pools.
+func (c *invariantCheck) workerTier(id string, w *placementWorker) {
+	s, bad := c.s, c.bad
+	switch w.tier {
+	case domain.TierDedicated:
+		switch {
+		case w.org == "":
+			bad("dedicated worker %s bound to no org", id)
+		case w.releasing:
+			if w.count == 0 {
+				bad("released worker %s is idle and was not reverted", id)
 			}
-			n++
-		}
-		if n != w.count {
-			bad("worker %s lists %d mailboxes, counts %d", id, n, w.count)
-		}
-		if !w.live && w.count > 0 {
-			bad("dead worker %s carries %d mailboxes", id, w.count)
-		}
-		switch w.tier {
-		case domain.TierDedicated:
-			switch {
-			case w.org == "":
-				bad("dedicated worker %s bound to no org", id)
-			case w.releasing:
-				if w.count == 0 {
-					bad("released worker %s is idle and was not reverted", id)
-				}
-				if o := s.orgs[w.org]; o != nil && o.bound[id] != nil {
-					bad("released worker %s still bound to %s", id, w.org)
-				}
-			default:
-				o := s.orgs[w.org]
-				switch {
-				case o == nil || o.bound[id] != w:
-					bad("worker %s names org %s, which does not bind it", id, w.org)
-				case o.class() != placementDedicated:
-					bad("worker %s bound to org %s whose plan is not dedicated", id, w.org)
-				}
-				if !w.live || w.stopping || w.baseTier != domain.TierSharedPremium {
-					bad("bound worker %s is dead, stopping or not premium", id)
-				}
-			}
-			if w.pool != domain.RiskClean {
-				bad("dedicated worker %s in pool %s", id, w.pool)
-			}
-		case domain.TierSharedFree, domain.TierSharedPremium:
-			if w.org != "" || w.releasing {
-				bad("shared worker %s bound to org %q", id, w.org)
-			}
-			if w.tier != w.baseTier {
-				bad("shared worker %s tier %s, heartbeat tier %s", id, w.tier, w.baseTier)
-			}
-			if w.count == 0 && w.pool != domain.RiskClean {
-				bad("idle worker %s in pool %s", id, w.pool)
+			if o := s.orgs[w.org]; o != nil && o.bound[id] != nil {
+				bad("released worker %s still bound to %s", id, w.org)
 			}
 		default:
-			bad("worker %s tier %q", id, w.tier)
-		}
-		if w.capacity < 1 {
-			bad("worker %s capacity %d", id, w.capacity)
-		}
-		// the index
-		nb := -1
-		if w.tier != domain.TierDedicated && w.live && !w.stopping && !w.releasing && TakesNew(w.health) {
-			nb = placementBucket(w.tier, w.pool)
-		}
-		for c, cw := range placementClassWeights {
-			want := nb >= 0 && w.capacity*1000-w.load >= cw
-			in := w.pos[c] >= 0
-			if want != in {
-				bad("index: worker %s class %d: in heap %v, should be %v", id, c, in, want)
-				continue
+			o := s.orgs[w.org]
+			switch {
+			case o == nil || o.bound[id] != w:
+				bad("worker %s names org %s, which does not bind it", id, w.org)
+			case o.class() != placementDedicated:
+				bad("worker %s bound to org %s whose plan is not dedicated", id, w.org)
 			}
-			if in && (w.bucket != nb || w.pos[c] >= len(s.heaps[nb][c].items) || s.heaps[nb][c].items[w.pos[c]] != w) {
-				bad("index: worker %s class %d at a wrong position", id, c)
+			if !w.live || w.stopping || w.baseTier != domain.TierSharedPremium {
+				bad("bound worker %s is dead, stopping or not premium", id)
 			}
 		}
-		seen := &s.liveBySeen
-		if !w.live {
-			seen = &s.deadBySeen
+		if w.pool != domain.RiskClean {
+			bad("dedicated worker %s in pool %s", id, w.pool)
 		}
-		if w.seenPos < 0 || w.seenDead == w.live || w.seenPos >= len(seen.items) || seen.items[w.seenPos] != w {
-			bad("index: worker %s (live %v) not at its place in the heaps by last heartbeat", id, w.live)
+	case domain.TierSharedFree, domain.TierSharedPremium:
+		if w.org != "" || w.releasing {
+			bad("shared worker %s bound to org %q", id, w.org)
 		}
-		_, dr := s.draining[id]
-		if want := w.live && (w.stopping || w.releasing) && w.count > 0; dr != want {
-			bad("draining set: worker %s in it %v, should be %v", id, dr, want)
+		if w.tier != w.baseTier {
+			bad("shared worker %s tier %s, heartbeat tier %s", id, w.tier, w.baseTier)
+		}
+		if w.count == 0 && w.pool != domain.RiskClean {
+			bad("idle worker %s in pool %s", id, w.pool)
+		}
+	default:
+		bad("worker %s tier %q", id, w.tier)
+	}
+}
+
+// workerIndex checks a worker's places in the decider's indexes.
+func (c *invariantCheck) workerIndex(id string, w *placementWorker) {
+	s, bad := c.s, c.bad
+	nb := -1
+	if w.tier != domain.TierDedicated && w.live && !w.stopping && !w.releasing && TakesNew(w.health) {
+		nb = placementBucket(w.tier, w.pool)
+	}
+	for c, cw := range placementClassWeights {
+		want := nb >= 0 && w.capacity*1000-w.load >= cw
+		in := w.pos[c] >= 0
+		if want != in {
+			bad("index: worker %s class %d: in heap %v, should be %v", id, c, in, want)
+			continue
+		}
+		if in && (w.bucket != nb || w.pos[c] >= len(s.heaps[nb][c].items) || s.heaps[nb][c].items[w.pos[c]] != w) {
+			bad("index: worker %s class %d at a wrong position", id, c)
 		}
 	}
+	seen := &s.liveBySeen
+	if !w.live {
+		seen = &s.deadBySeen
+	}
+	if w.seenPos < 0 || w.seenDead == w.live || w.seenPos >= len(seen.items) || seen.items[w.seenPos] != w {
+		bad("index: worker %s (live %v) not at its place in the heaps by last heartbeat", id, w.live)
+	}
+	_, dr := s.draining[id]
+	if want := w.live && (w.stopping || w.releasing) && w.count > 0; dr != want {
+		bad("draining set: worker %s in it %v, should be %v", id, dr, want)
+	}
+}
+
+// heaps checks the heaps themselves: order, and that they hold only known
+// workers.
+func (c *invariantCheck) heaps() {
+	s, bad := c.s, c.bad
 	for b := range s.heaps {
 		for c := range s.heaps[b] {
 			h := &s.heaps[b][c]
@@ -480,12 +521,17 @@ func Invariants(s *State) error {
 	if n := len(s.liveBySeen.items) + len(s.deadBySeen.items); n != len(s.workers) {
 		bad("index: the heaps by last heartbeat hold %d workers, the state %d", n, len(s.workers))
 	}
+}
+
+// orgs checks every org's counts and bindings.
+func (c *invariantCheck) orgs() {
+	s, bad := c.s, c.bad
 	for id, o := range s.orgs {
-		if o.count != orgCount[id] {
-			bad("org %s count %d, has %d mailboxes", id, o.count, orgCount[id])
+		if o.count != c.orgCount[id] {
+			bad("org %s count %d, has %d mailboxes", id, o.count, c.orgCount[id])
 		}
-		if o.shared != orgShared[id] {
-			bad("org %s shared count %d, has %d", id, o.shared, orgShared[id])
+		if o.shared != c.orgShared[id] {
+			bad("org %s shared count %d, has %d", id, o.shared, c.orgShared[id])
 		}
 		if len(o.bound) > o.dedicated || (len(o.bound) > 0 && o.class() != placementDedicated) {
 			bad("org %s binds %d workers, plan %s × %d", id, len(o.bound), o.plan, o.dedicated)
@@ -502,7 +548,6 @@ func Invariants(s *State) error {
 			bad("org %s is empty and was not collected", id)
 		}
 	}
-	return errors.Join(errs...)
 }
 
 // RefusalJustified checks, by brute force over before (the state

@@ -2,13 +2,11 @@ package workerapi
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"slices"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mailplane/mailplane/domain"
@@ -27,7 +25,7 @@ const (
 )
 
 // KnownWorkers tells which worker ids placement already knows; *PGStore is
-// one (placement_workers).
+// one (placement_workers), in internal/placement/projection.
 type KnownWorkers interface {
 	KnownWorkers(ctx context.Context, ids []string) (map[string]bool, error)
 }
@@ -143,25 +141,4 @@ func (l *WorkerLimiter) Admit(ctx context.Context, events []domain.Event) error 
 	}
 	l.outcomes.WithLabelValues("admitted").Add(n)
 	return nil
-}
-
-// KnownWorkers implements KnownWorkers from the placement projection.
-func (s *PGStore) KnownWorkers(ctx context.Context, ids []string) (map[string]bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, DefaultQueryTimeout)
-	defer cancel()
-	tx, err := s.db.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return nil, fmt.Errorf("workerapi: known workers: %w", err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	rows, _ := tx.Query(ctx, `SELECT worker_id::text FROM placement_workers WHERE worker_id = ANY($1::uuid[])`, ids)
-	known, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("workerapi: known workers: %w", err)
-	}
-	out := make(map[string]bool, len(known))
-	for _, id := range known {
-		out[id] = true
-	}
-	return out, nil
 }

@@ -638,49 +638,7 @@ const idleCommitEvery = time.Second
 // and the next loop restores it from the log.
 func (s *session) transact(ctx context.Context, recs []*kgo.Record, tick bool) error {
 	e := s.e
-	c := Commit{Tick: tick}
-	var (
-		out     []*kgo.Record
-		decided []domain.PlacementDecision
-		dead    []string
-	)
-	err := func() (err error) {
-		defer func() {
-			if p := recover(); p != nil {
-				err = fmt.Errorf("placement: the decider failed: %v", p)
-			}
-		}()
-		// One clock reading for the batch: inputs stamped ahead of it are
-		// decided at it (domain.TrustedTime).
-		now := e.cfg.now()
-		for _, r := range recs {
-			ev, derr := topics.Decode(r)
-			if derr != nil {
-				code := domain.ErrorCode(derr)
-				out = append(out, dlq.NewRecord(r, dlq.Failure{Consumer: DeadLetterConsumer, Code: code, Err: derr.Error(), Attempts: 1}))
-				dead = append(dead, string(code))
-				s.log.Warn("input sent to the DLQ", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "code", code)
-				continue
-			}
-			in := placement.EventInput(ev, r.Timestamp, now)
-			ds := s.st.Apply(in)
-			cause := topics.Cause{ID: ev.ID, Type: ev.Type, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}
-			if out, err = s.encode(out, ds, cause, in.At); err != nil {
-				return err
-			}
-			decided = append(decided, ds...)
-			c.Inputs = append(c.Inputs, Input{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, EventID: ev.ID, Produced: r.Timestamp, Decisions: len(ds)})
-		}
-		if tick {
-			ds := s.st.Apply(placement.Tick(now))
-			if out, err = s.encode(out, ds, topics.Cause{ID: topics.CauseTick, Type: topics.CauseTick}, now); err != nil {
-				return err
-			}
-			decided = append(decided, ds...)
-			s.nextTick = time.Now().Add(e.cfg.tick)
-		}
-		return nil
-	}()
+	b, err := s.decide(recs, tick)
 	if err != nil {
 		// The state holds decisions that will never be written, and the
 		// same inputs would fail again: stop deciding (the session ends,
@@ -689,40 +647,101 @@ func (s *session) transact(ctx context.Context, recs []*kgo.Record, tick bool) e
 		e.m.aborts.WithLabelValues("decider").Inc()
 		return err
 	}
-	c.Decisions, c.DeadLetters = len(decided), len(dead)
-	if len(out) == 0 && (len(recs) == 0 || time.Since(s.lastCommit) < idleCommitEvery) {
+	if len(b.out) == 0 && (len(recs) == 0 || time.Since(s.lastCommit) < idleCommitEvery) {
 		return nil // nothing to write; offsets, if any, ride with the next transaction
 	}
+	committed, err := s.write(ctx, b.out)
+	if err != nil || !committed {
+		s.st = nil
+		return err
+	}
+	s.committed(b)
+	return nil
+}
 
+// batch is what one transaction decided.
+type batch struct {
+	c       Commit
+	out     []*kgo.Record
+	decided []domain.PlacementDecision
+	dead    []string
+}
+
+// decide folds a poll's inputs (and a tick) into the state and encodes the
+// decisions and dead letters to write. A panic of the decider is an error.
+func (s *session) decide(recs []*kgo.Record, tick bool) (b batch, err error) {
+	e := s.e
+	b.c.Tick = tick
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("placement: the decider failed: %v", p)
+		}
+	}()
+	// One clock reading for the batch: inputs stamped ahead of it are
+	// decided at it (domain.TrustedTime).
+	now := e.cfg.now()
+	for _, r := range recs {
+		ev, derr := topics.Decode(r)
+		if derr != nil {
+			code := domain.ErrorCode(derr)
+			b.out = append(b.out, dlq.NewRecord(r, dlq.Failure{Consumer: DeadLetterConsumer, Code: code, Err: derr.Error(), Attempts: 1}))
+			b.dead = append(b.dead, string(code))
+			s.log.Warn("input sent to the DLQ", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "code", code)
+			continue
+		}
+		in := placement.EventInput(ev, r.Timestamp, now)
+		ds := s.st.Apply(in)
+		cause := topics.Cause{ID: ev.ID, Type: ev.Type, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}
+		if b.out, err = s.encode(b.out, ds, cause, in.At); err != nil {
+			return b, err
+		}
+		b.decided = append(b.decided, ds...)
+		b.c.Inputs = append(b.c.Inputs, Input{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, EventID: ev.ID, Produced: r.Timestamp, Decisions: len(ds)})
+	}
+	if tick {
+		ds := s.st.Apply(placement.Tick(now))
+		if b.out, err = s.encode(b.out, ds, topics.Cause{ID: topics.CauseTick, Type: topics.CauseTick}, now); err != nil {
+			return b, err
+		}
+		b.decided = append(b.decided, ds...)
+		s.nextTick = time.Now().Add(e.cfg.tick)
+	}
+	b.c.Decisions, b.c.DeadLetters = len(b.decided), len(b.dead)
+	return b, nil
+}
+
+// write produces out in one Kafka transaction with the inputs' offsets.
+// Not committed without an error: the transaction was aborted (a produce
+// failed, the group rebalanced); the caller restores from the log.
+func (s *session) write(ctx context.Context, out []*kgo.Record) (committed bool, err error) {
+	e := s.e
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.txnTimeout)
 	defer cancel()
 	if err := s.cl.Begin(); err != nil {
-		s.st = nil
-		return fmt.Errorf("placement: begin transaction: %w", err)
+		return false, fmt.Errorf("placement: begin transaction: %w", err)
 	}
 	var (
 		pmu  sync.Mutex
 		perr error
 	)
+	keep := func(err error) {
+		pmu.Lock()
+		if perr == nil {
+			perr = err
+		}
+		pmu.Unlock()
+	}
 	for _, r := range out {
 		s.cl.Produce(wctx, r, func(_ *kgo.Record, err error) {
 			if err != nil {
-				pmu.Lock()
-				if perr == nil {
-					perr = err
-				}
-				pmu.Unlock()
+				keep(err)
 			}
 		})
 	}
 	// Flush waits for every promise, so perr is final once it returns;
 	// the transaction commits only if every record was written.
 	if err := s.cl.Client().Flush(wctx); err != nil {
-		pmu.Lock()
-		if perr == nil {
-			perr = err
-		}
-		pmu.Unlock()
+		keep(err)
 	}
 	if e.cfg.beforeEnd != nil {
 		e.cfg.beforeEnd()
@@ -730,29 +749,30 @@ func (s *session) transact(ctx context.Context, recs []*kgo.Record, tick bool) e
 	pmu.Lock()
 	try := kgo.TransactionEndTry(perr == nil)
 	pmu.Unlock()
-	committed, err := s.cl.End(wctx, try)
-	if err != nil {
-		s.st = nil
+	committed, err = s.cl.End(wctx, try)
+	switch {
+	case err != nil:
 		e.m.aborts.WithLabelValues("end_error").Inc()
-		return fmt.Errorf("placement: end transaction: %w", err)
+		return false, fmt.Errorf("placement: end transaction: %w", err)
+	case !committed && perr != nil:
+		s.log.Warn("transaction aborted after a produce error; restoring", "err", perr)
+		e.m.aborts.WithLabelValues("produce_error").Inc()
+	case !committed:
+		s.log.Info("transaction aborted (group rebalanced, membership lost or offset commit refused); restoring")
+		e.m.aborts.WithLabelValues("not_committed").Inc()
 	}
-	if !committed {
-		s.st = nil
-		reason := "not_committed"
-		if perr != nil {
-			reason = "produce_error"
-			s.log.Warn("transaction aborted after a produce error; restoring", "err", perr)
-		} else {
-			s.log.Info("transaction aborted (group rebalanced, membership lost or offset commit refused); restoring")
-		}
-		e.m.aborts.WithLabelValues(reason).Inc()
-		return nil
-	}
+	return committed, nil
+}
+
+// committed records a committed batch: metrics, the worker view, the
+// pending gauge and the commit hook.
+func (s *session) committed(b batch) {
+	e := s.e
 	now := time.Now()
 	s.lastCommit = now
-	c.At = now
+	b.c.At = now
 	e.m.commits.Inc()
-	for _, d := range decided {
+	for _, d := range b.decided {
 		m := d.Meta()
 		e.m.decisions.WithLabelValues(decisionKind(d.EventType()), string(m.Reason)).Inc()
 		switch d.(type) {
@@ -765,19 +785,18 @@ func (s *session) transact(ctx context.Context, recs []*kgo.Record, tick bool) e
 			s.workers.update(s.st, id)
 		}
 	}
-	for _, code := range dead {
+	for _, code := range b.dead {
 		e.m.deadLetter.WithLabelValues(code).Inc()
 	}
-	for _, in := range c.Inputs {
+	for _, in := range b.c.Inputs {
 		if in.Decisions > 0 && !in.Produced.IsZero() {
 			e.m.latency.Observe(now.Sub(in.Produced).Seconds())
 		}
 	}
-	s.updatePending(len(decided) > 0 && now.Sub(s.lastPending) >= time.Second)
+	s.updatePending(len(b.decided) > 0 && now.Sub(s.lastPending) >= time.Second)
 	if e.cfg.committed != nil {
-		e.cfg.committed(c)
+		e.cfg.committed(b.c)
 	}
-	return nil
 }
 
 // encode appends the records of one input's decisions to out.

@@ -41,7 +41,7 @@ type Projection struct{}
 func New() *Projection { return &Projection{} }
 
 // Name is the placement projection's name: its projector_offsets
-// rows and its runner's client id use it, and workerapi.DefaultProjector
+// rows and its runner's client id use it, and projection.Name
 // reads its position under it.
 const Name = "placement"
 
@@ -365,41 +365,62 @@ func (m *plMailbox) row() []any {
 // UPDATE each, removed mailboxes and forgotten workers deleted, plans upserted, history and
 // assignment changes COPYed.
 func (f *plFold) write(ctx context.Context, tx pgx.Tx) error {
-	var freshW, staleW, freshM, staleM [][]any
-	var goneW [][16]byte
+	r := f.rows()
+	if err := r.copy(ctx, tx); err != nil {
+		return err
+	}
+	if err := f.copyAppendOnly(ctx, tx); err != nil {
+		return err
+	}
+	return r.merge(ctx, tx, f.orgs)
+}
+
+// plRows are a batch's rows to write: fresh ones (COPYed into their
+// tables), stale ones (COPYed into staging tables and merged), gone ones
+// (deleted).
+type plRows struct {
+	freshW, staleW, freshM, staleM [][]any
+	goneW, goneM                   [][16]byte
+}
+
+func (f *plFold) rows() plRows {
+	var r plRows
 	for _, w := range f.workers {
 		switch {
 		case !w.dirty:
 		case !w.seen: // forgotten
 			if w.inDB {
-				goneW = append(goneW, w.id)
+				r.goneW = append(r.goneW, w.id)
 			}
 		case w.inDB:
-			staleW = append(staleW, w.row())
+			r.staleW = append(r.staleW, w.row())
 		default:
-			freshW = append(freshW, w.row())
+			r.freshW = append(r.freshW, w.row())
 		}
 	}
-	var gone [][16]byte
 	for _, m := range f.mailboxes {
 		switch {
 		case !m.dirty:
 		case !m.present:
 			if m.inDB {
-				gone = append(gone, m.id)
+				r.goneM = append(r.goneM, m.id)
 			}
 		case m.inDB:
-			staleM = append(staleM, m.row())
+			r.staleM = append(r.staleM, m.row())
 		default:
-			freshM = append(freshM, m.row())
+			r.freshM = append(r.freshM, m.row())
 		}
 	}
+	return r
+}
 
+// copy makes the staging tables it needs and COPYs the rows.
+func (r plRows) copy(ctx context.Context, tx pgx.Tx) error {
 	var stages []string
-	if len(staleW) > 0 {
+	if len(r.staleW) > 0 {
 		stages = append(stages, plStageWorkers)
 	}
-	if len(staleM) > 0 {
+	if len(r.staleM) > 0 {
 		stages = append(stages, plStageMailboxes)
 	}
 	if len(stages) > 0 {
@@ -412,10 +433,10 @@ func (f *plFold) write(ctx context.Context, tx pgx.Tx) error {
 		cols  []string
 		rows  [][]any
 	}{
-		{"placement_workers", plWorkerColumns, freshW},
-		{"placement_stage_workers", plWorkerColumns, staleW},
-		{"placement_mailboxes", plMailboxColumns, freshM},
-		{"placement_stage_mailboxes", plMailboxColumns, staleM},
+		{"placement_workers", plWorkerColumns, r.freshW},
+		{"placement_stage_workers", plWorkerColumns, r.staleW},
+		{"placement_mailboxes", plMailboxColumns, r.freshM},
+		{"placement_stage_mailboxes", plMailboxColumns, r.staleM},
 	}
 	for _, c := range copies {
 		if len(c.rows) == 0 {
@@ -425,35 +446,35 @@ func (f *plFold) write(ctx context.Context, tx pgx.Tx) error {
 			return fmt.Errorf("placement: copy into %s: %w", c.table, err)
 		}
 	}
-	if len(f.history) > 0 {
-		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"placement_history"}, plHistoryColumns, &plHistorySource{rows: f.history, i: -1}); err != nil {
-			return fmt.Errorf("placement: copy into placement_history: %w", err)
-		}
-	}
-	if len(f.changes) > 0 {
-		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"placement_assignment_changes"}, plChangeColumns, &plChangeSource{rows: f.changes, i: -1}); err != nil {
-			return fmt.Errorf("placement: copy into placement_assignment_changes: %w", err)
-		}
-	}
+	return nil
+}
 
+// copyAppendOnly COPYs the history and assignment-change rows.
+func (f *plFold) copyAppendOnly(ctx context.Context, tx pgx.Tx) error {
+	return AppendOnly{history: f.history, changes: f.changes}.WriteAppendOnly(ctx, tx)
+}
+
+// merge merges the staged rows, deletes the gone ones and upserts the
+// plans, in one round trip.
+func (r plRows) merge(ctx context.Context, tx pgx.Tx, orgs map[plKey]*plOrg) error {
 	b := &pgx.Batch{}
-	if len(staleW) > 0 {
+	if len(r.staleW) > 0 {
 		b.Queue(plMergeWorkersSQL)
 	}
-	if len(staleM) > 0 {
+	if len(r.staleM) > 0 {
 		b.Queue(plMergeMailboxesSQL)
 	}
-	if len(gone) > 0 {
-		b.Queue(plDeleteMailboxesSQL, gone)
+	if len(r.goneM) > 0 {
+		b.Queue(plDeleteMailboxesSQL, r.goneM)
 	}
-	if len(goneW) > 0 {
-		b.Queue(plDeleteWorkersSQL, goneW)
+	if len(r.goneW) > 0 {
+		b.Queue(plDeleteWorkersSQL, r.goneW)
 	}
-	if len(f.orgs) > 0 {
-		n := len(f.orgs)
+	if len(orgs) > 0 {
+		n := len(orgs)
 		ids, plans, ded, paid, src, since, offs := make([][16]byte, 0, n), make([]string, 0, n), make([]int32, 0, n),
 			make([]bool, 0, n), make([]string, 0, n), make([]int64, 0, n), make([]int64, 0, n)
-		for _, o := range f.orgs {
+		for _, o := range orgs {
 			ids, plans, ded = append(ids, o.id), append(plans, o.plan), append(ded, o.dedicated)
 			paid, src, since, offs = append(paid, o.paid), append(src, o.source), append(since, o.since), append(offs, o.offset)
 		}

@@ -343,7 +343,7 @@ FROM placement_pending ORDER BY mailbox_id`)
 func plCheckAssignments(t testing.TB, pool *pgxpool.Pool, boundaries []plBoundary, now *placement.State) {
 	t.Helper()
 	ctx := context.Background()
-	store := workerapi.NewPGStore(pool)
+	store := projection.NewStore(pool)
 	last := boundaries[len(boundaries)-1].token
 	for i := 1; i <= 8; i++ {
 		w := plWorkerID(i)

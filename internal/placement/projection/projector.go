@@ -24,7 +24,7 @@ import (
 // position reaches the log's end) from placement_checkpoint on, and applies
 // each poll's decisions in one transaction that also moves
 // placement_checkpoint and its projector_offsets row (projector
-// "placement", the position workerapi.PGStore hands out as change token).
+// "placement", the position projection.Store hands out as change token).
 //
 // Exactly once: the transaction first locks the checkpoint row and goes
 // ahead only if it still holds the offset the projector read from; if not

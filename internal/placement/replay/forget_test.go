@@ -204,7 +204,7 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 			break
 		}
 	}
-	res, err := workerapi.NewPGStore(pool).Assignments(ctx, gone, workerapi.Token{})
+	res, err := projection.NewStore(pool).Assignments(ctx, gone, workerapi.Token{})
 	if err != nil || !res.Full || len(res.Mailboxes) != 0 {
 		t.Fatalf("a forgotten worker's assignments: %+v %v, want an empty full list", res, err)
 	}

@@ -405,6 +405,36 @@ func (p *Placement) build(ctx context.Context) error {
 
 // pass applies the log from p.next up to to (exclusive), or to its end when
 // to < 0: a reader goroutine decodes, this one applies, batch by batch.
+// readChunks reads the decision log from from (up to to, when not -1) in
+// chunks into chunks, which it closes, and returns the log's end.
+func (p *Placement) readChunks(ctx context.Context, from, to int64, chunks chan<- []projection.Record) (int64, error) {
+	defer close(chunks)
+	const chunk = 2048
+	buf := make([]projection.Record, 0, chunk)
+	end, err := engine.ReadDecisions(ctx, p.cfg.Kafka, from, func(off int64, d topics.Decision) error {
+		if to >= 0 && off >= to {
+			return errStop
+		}
+		buf = append(buf, projection.Record{Offset: off, Decision: d})
+		if len(buf) == chunk {
+			select {
+			case chunks <- buf:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			buf = make([]projection.Record, 0, chunk)
+		}
+		return nil
+	})
+	if len(buf) > 0 && (err == nil || errors.Is(err, errStop)) {
+		select {
+		case chunks <- buf:
+		case <-ctx.Done():
+		}
+	}
+	return end, err
+}
+
 func (p *Placement) pass(ctx context.Context, to int64) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -419,30 +449,7 @@ func (p *Placement) pass(ctx context.Context, to int64) error {
 	readWG.Add(1)
 	go func() {
 		defer readWG.Done()
-		defer close(chunks)
-		const chunk = 2048
-		buf := make([]projection.Record, 0, chunk)
-		readEnd, readErr = engine.ReadDecisions(ctx, p.cfg.Kafka, from, func(off int64, d topics.Decision) error {
-			if to >= 0 && off >= to {
-				return errStop
-			}
-			buf = append(buf, projection.Record{Offset: off, Decision: d})
-			if len(buf) == chunk {
-				select {
-				case chunks <- buf:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-				buf = make([]projection.Record, 0, chunk)
-			}
-			return nil
-		})
-		if len(buf) > 0 && (readErr == nil || errors.Is(readErr, errStop)) {
-			select {
-			case chunks <- buf:
-			case <-ctx.Done():
-			}
-		}
+		readEnd, readErr = p.readChunks(ctx, from, to, chunks)
 	}()
 
 	var applied atomic.Int64
@@ -635,7 +642,7 @@ var ErrLiveBehind = errors.New("replay: the live projection is behind the rebuil
 // the live checkpoint; when the live projection is ahead the rebuild
 // catches up to exactly its offset first, when it is behind Verify waits
 // for it (up to wait). The rebuild also adopts the live retention horizon
-// of assignment changes (pruning below it, as workerapi.PruneChanges did
+// of assignment changes (pruning below it, as projection.PruneChanges did
 // on the live side). Each table is compared with EXCEPT both ways.
 func (p *Placement) Verify(ctx context.Context, wait time.Duration) (Report, error) {
 	if p.swapped {
@@ -706,14 +713,7 @@ func (p *Placement) verifyOnce(ctx context.Context) (rep Report, again bool, err
 // adoptHorizon prunes the rebuild's assignment changes below the live
 // retention horizon and records the horizon, as the live side did.
 func (p *Placement) adoptHorizon(ctx context.Context, horizon int64) error {
-	_, err := p.pool.Exec(ctx, `
-WITH horizon AS (
-  INSERT INTO placement_assignment_retention (singleton, retained_from) VALUES (true, $1)
-  ON CONFLICT (singleton) DO UPDATE
-    SET retained_from = GREATEST(placement_assignment_retention.retained_from, EXCLUDED.retained_from)
-  RETURNING retained_from
-)
-DELETE FROM placement_assignment_changes WHERE decision_offset < (SELECT retained_from FROM horizon)`, horizon)
+	_, err := projection.PruneChanges(ctx, p.pool, horizon)
 	if err != nil {
 		return fmt.Errorf("replay: adopt the live retention horizon %d: %w", horizon, err)
 	}

@@ -17,7 +17,6 @@ import (
 	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/internal/placement/replay"
-	"github.com/mailplane/mailplane/internal/workerapi"
 )
 
 // checkProjection checks the projection in pool against the decider's
@@ -113,7 +112,7 @@ func TestReplayPlacementEqualsLive(t *testing.T) {
 			if seed == 1 {
 				// The live side pruned old assignment changes; the
 				// rebuild adopts its horizon before comparing.
-				if _, err := workerapi.PruneChanges(ctx, e.db.Pool, l[len(l)/2].offset); err != nil {
+				if _, err := projection.PruneChanges(ctx, e.db.Pool, l[len(l)/2].offset); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -1,4 +1,4 @@
-package workerapi
+package projection
 
 import (
 	"context"
@@ -11,19 +11,12 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/workerapi"
 	"github.com/mailplane/mailplane/topics"
 )
 
-// DefaultProjector is the name under which the placement projection's
-// projector records its decision-log position in projector_offsets.
-const DefaultProjector = "placement"
-
-// TxBeginner begins transactions; *pgxpool.Pool and *pgx.Conn are ones.
-type TxBeginner interface {
-	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
-}
-
-// PGStore is the AssignmentStore of the Postgres placement projection. It
+// Store reads the placement projection for its readers: it is the
+// workerapi.AssignmentStore and workerapi.KnownWorkers of the worker API. It
 // reads, in one read-only repeatable-read transaction (one snapshot):
 //
 //   - projector_offsets: the placement projector's next offset on the
@@ -38,23 +31,23 @@ type TxBeginner interface {
 // snapshot is always consistent. The tables are migration
 // 0005_placement's (placement_assignments is a view of
 // placement_mailboxes).
-type PGStore struct {
+type Store struct {
 	db        TxBeginner
 	projector string
 	topic     string
 }
 
-// PGOption configures a PGStore.
-type PGOption func(*PGStore)
+// StoreOption configures a Store.
+type StoreOption func(*Store)
 
 // WithProjector names the projector whose decision-log offset is the
-// projection's position (default DefaultProjector).
-func WithProjector(name string) PGOption { return func(s *PGStore) { s.projector = name } }
+// projection's position (default Name).
+func WithStoreProjector(name string) StoreOption { return func(s *Store) { s.projector = name } }
 
-// NewPGStore returns a store reading the placement projection through db
+// NewStore returns a store reading the placement projection through db
 // (whose connections' search_path selects the projection's schema).
-func NewPGStore(db TxBeginner, opts ...PGOption) *PGStore {
-	s := &PGStore{db: db, projector: DefaultProjector, topic: topics.PlacementDecisions}
+func NewStore(db TxBeginner, opts ...StoreOption) *Store {
+	s := &Store{db: db, projector: Name, topic: topics.PlacementDecisions}
 	for _, o := range opts {
 		o(s)
 	}
@@ -94,35 +87,35 @@ LEFT JOIN placement_assignments a ON a.mailbox_id = c.mailbox_id AND a.worker_id
 ORDER BY c.mailbox_id`
 )
 
-// Assignments implements AssignmentStore.
-func (s *PGStore) Assignments(ctx context.Context, workerID string, since Token) (res Result, err error) {
+// Assignments implements workerapi.AssignmentStore.
+func (s *Store) Assignments(ctx context.Context, workerID string, since workerapi.Token) (res workerapi.Result, err error) {
 	tx, err := s.db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return Result{}, fmt.Errorf("workerapi: begin: %w", err)
+		return workerapi.Result{}, fmt.Errorf("placement store: begin: %w", err)
 	}
 	defer func() {
 		if rerr := tx.Rollback(ctx); rerr != nil && !errors.Is(rerr, pgx.ErrTxClosed) && err == nil {
-			err = fmt.Errorf("workerapi: end read: %w", rerr)
+			err = fmt.Errorf("placement store: end read: %w", rerr)
 		}
 	}()
 
 	var next, retainedFrom int64
 	if err := tx.QueryRow(ctx, sqlPosition, s.projector, s.topic).Scan(&next, &retainedFrom); err != nil {
-		return Result{}, fmt.Errorf("workerapi: read projection position: %w", err)
+		return workerapi.Result{}, fmt.Errorf("placement store: read projection position: %w", err)
 	}
-	res.Token = TokenAt(next)
+	res.Token = workerapi.TokenAt(next)
 
 	if since.IsZero() {
 		res.Full = true
 		rows, _ := tx.Query(ctx, sqlFull, workerID)
-		res.Mailboxes, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Assignment, error) {
-			var a Assignment
+		res.Mailboxes, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (workerapi.Assignment, error) {
+			var a workerapi.Assignment
 			err := row.Scan(&a.MailboxID, &a.OrgID, &a.Band, &a.WeightMilli, &a.AssignedAt)
 			a.AssignedAt = a.AssignedAt.UTC()
 			return a, err
 		})
 		if err != nil {
-			return Result{}, fmt.Errorf("workerapi: read assignments: %w", err)
+			return workerapi.Result{}, fmt.Errorf("placement store: read assignments: %w", err)
 		}
 		return res, nil
 	}
@@ -131,7 +124,7 @@ func (s *PGStore) Assignments(ctx context.Context, workerID string, since Token)
 	// of the projection comes from another history (a restored database,
 	// another cluster). Either way only a full resync is right.
 	if since.Offset() < retainedFrom || since.Offset() > next {
-		return Result{}, ErrTokenExpired
+		return workerapi.Result{}, workerapi.ErrTokenExpired
 	}
 	rows, _ := tx.Query(ctx, sqlChanges, workerID, since.Offset(), next)
 	var (
@@ -144,7 +137,7 @@ func (s *PGStore) Assignments(ctx context.Context, workerID string, since Token)
 	_, err = pgx.ForEachRow(rows, []any{&mailbox, &first, &present, &orgID, &band, &weight, &at}, func() error {
 		switch {
 		case present:
-			res.Added = append(res.Added, Assignment{
+			res.Added = append(res.Added, workerapi.Assignment{
 				MailboxID: mailbox, OrgID: *orgID, Band: domain.RiskPool(*band), WeightMilli: *weight,
 				AssignedAt: at.UTC(),
 			})
@@ -154,7 +147,7 @@ func (s *PGStore) Assignments(ctx context.Context, workerID string, since Token)
 		return nil
 	})
 	if err != nil {
-		return Result{}, fmt.Errorf("workerapi: read assignment changes: %w", err)
+		return workerapi.Result{}, fmt.Errorf("placement store: read assignment changes: %w", err)
 	}
 	return res, nil
 }
@@ -175,7 +168,7 @@ type Execer interface {
 // before verifying.
 func PruneChanges(ctx context.Context, db Execer, before int64) (int64, error) {
 	if before < 0 {
-		return 0, fmt.Errorf("workerapi: prune below %d: negative offset", before)
+		return 0, fmt.Errorf("placement store: prune below %d: negative offset", before)
 	}
 	tag, err := db.Exec(ctx, `
 WITH horizon AS (
@@ -187,7 +180,28 @@ WITH horizon AS (
 DELETE FROM placement_assignment_changes
 WHERE decision_offset < (SELECT retained_from FROM horizon)`, before)
 	if err != nil {
-		return 0, fmt.Errorf("workerapi: prune assignment changes: %w", err)
+		return 0, fmt.Errorf("placement store: prune assignment changes: %w", err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// KnownWorkers implements workerapi.KnownWorkers.
+func (s *Store) KnownWorkers(ctx context.Context, ids []string) (map[string]bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, workerapi.DefaultQueryTimeout)
+	defer cancel()
+	tx, err := s.db.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, fmt.Errorf("placement store: known workers: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	rows, _ := tx.Query(ctx, `SELECT worker_id::text FROM placement_workers WHERE worker_id = ANY($1::uuid[])`, ids)
+	known, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("placement store: known workers: %w", err)
+	}
+	out := make(map[string]bool, len(known))
+	for _, id := range known {
+		out[id] = true
+	}
+	return out, nil
 }
