@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -18,7 +18,7 @@ import (
 func TestACLsPlanPrintsRPKCommands(t *testing.T) {
 	t.Parallel()
 	var out bytes.Buffer
-	if err := runACLs(context.Background(), []string{"plan", "--principals", "api=mp-api,analyst=analytics"}, &out); err != nil {
+	if err := ACLs(context.Background(), []string{"plan", "--principals", "api=mp-api,analyst=analytics"}, &out); err != nil {
 		t.Fatal(err)
 	}
 	got := out.String()
@@ -27,7 +27,7 @@ func TestACLsPlanPrintsRPKCommands(t *testing.T) {
 		t.Fatalf("acls plan printed:\n%s\nwant:\n%s", got, want)
 	}
 	for _, bad := range [][]string{{}, {"drop"}, {"plan"}, {"plan", "--principals", "root=x"}} {
-		if err := runACLs(context.Background(), bad, &out); err == nil {
+		if err := ACLs(context.Background(), bad, &out); err == nil {
 			t.Errorf("acls %q accepted", bad)
 		}
 	}
@@ -47,7 +47,7 @@ func TestACLsApplyAsSuperuser(t *testing.T) {
 	var out bytes.Buffer
 	args := []string{"apply", "--brokers", brokers, "--kafka-sasl-mechanism", kafka.SASLScramSHA512,
 		"--kafka-sasl-user", "ops", "--kafka-sasl-password", "ops-pw", "--principals", "sync=mp-sync,analyst=analytics"}
-	if err := runACLs(context.Background(), args, &out); err != nil {
+	if err := ACLs(context.Background(), args, &out); err != nil {
 		t.Fatalf("acls apply: %v (%s)", err, out.String())
 	}
 	plan := topics.ACLPlan(map[topics.Role]string{topics.RoleSync: "mp-sync", topics.RoleAnalyst: "analytics"})

@@ -1,4 +1,4 @@
-package main
+package roles
 
 import (
 	"context"
@@ -12,22 +12,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/imapsync"
 	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/topics"
-)
-
-var (
-	cfgIMAPCAFile          = register(setting{"imap-ca-file", "IMAP_CA_FILE", "", "PEM bundle of extra CAs trusted for IMAP servers (private servers); the system pool is always trusted"})
-	cfgIMAPDisableAfter    = register(setting{"imap-auth-disable-after", "IMAP_AUTH_DISABLE_AFTER", "24h", "a mailbox whose IMAP login keeps failing this long is disabled (mailbox.disabled)"})
-	cfgGmailClientID       = register(setting{"oauth-gmail-client-id", "MAILPLANE_OAUTH_GMAIL_CLIENT_ID", "", "OAuth client id for gmail mailboxes whose credentials are a refresh token (IMAP login with XOAUTH2)"})
-	cfgGmailClientSecret   = register(setting{"oauth-gmail-client-secret", "MAILPLANE_OAUTH_GMAIL_CLIENT_SECRET", "", "OAuth client secret for gmail (prefer the environment to the flag)"})
-	cfgGmailTokenURL       = register(setting{"oauth-gmail-token-url", "MAILPLANE_OAUTH_GMAIL_TOKEN_URL", imapsync.GoogleTokenURL, "OAuth token endpoint for gmail"})
-	cfgOutlookClientID     = register(setting{"oauth-outlook-client-id", "MAILPLANE_OAUTH_OUTLOOK_CLIENT_ID", "", "OAuth client id for outlook mailboxes whose credentials are a refresh token"})
-	cfgOutlookClientSecret = register(setting{"oauth-outlook-client-secret", "MAILPLANE_OAUTH_OUTLOOK_CLIENT_SECRET", "", "OAuth client secret for outlook (prefer the environment to the flag)"})
-	cfgOutlookTokenURL     = register(setting{"oauth-outlook-token-url", "MAILPLANE_OAUTH_OUTLOOK_TOKEN_URL", imapsync.MicrosoftTokenURL, "OAuth token endpoint for outlook"})
-	cfgIMAPAllow           = register(setting{"imap-allow", "MAILPLANE_IMAP_ALLOW", "", "comma-separated CIDRs, IPs and host names IMAP may reach although internal (loopback, private, link-local, CGNAT) and send plain text (tls none) to; checked at ingest and on the resolved address at dial time (dev mode adds its IMAP server)"})
-	cfgSyncRunner          = register(setting{"sync-runner", "MAILPLANE_SYNC_RUNNER", "imap", "what sync workers run per mailbox: imap, or record (logs what it is told, syncs nothing)"})
 )
 
 // auditReporter sends IMAP failures to sync.audit and logs disable
@@ -111,8 +99,8 @@ func newRunner(rc *roleConfig, kc *kgo.Client, log *slog.Logger) (mailsync.Runne
 
 // oauthFlags registers the OAuth client settings.
 func oauthFlags(fs *flag.FlagSet) func() map[domain.Provider]imapsync.OAuthClient {
-	gid, gsec, gurl := cfgGmailClientID.String(fs), cfgGmailClientSecret.String(fs), cfgGmailTokenURL.String(fs)
-	oid, osec, ourl := cfgOutlookClientID.String(fs), cfgOutlookClientSecret.String(fs), cfgOutlookTokenURL.String(fs)
+	gid, gsec, gurl := config.GmailClientID.String(fs), config.GmailClientSecret.String(fs), config.GmailTokenURL.String(fs)
+	oid, osec, ourl := config.OutlookClientID.String(fs), config.OutlookClientSecret.String(fs), config.OutlookTokenURL.String(fs)
 	return func() map[domain.Provider]imapsync.OAuthClient {
 		m := map[domain.Provider]imapsync.OAuthClient{}
 		if *gid != "" {

@@ -1,4 +1,4 @@
-package main_test
+package cli_test
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/projections"
@@ -29,7 +30,7 @@ func plID(kind, i int) string { return fmt.Sprintf("0000000%d-0000-4000-8000-%01
 // history.
 func TestReplayAndShowCommands(t *testing.T) {
 	t.Parallel()
-	bin := buildBinary(t)
+	bin := mailplanetest.Build(t)
 	brokers := kafkatest.Brokers(t, 4)
 	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

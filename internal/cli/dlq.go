@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -6,18 +6,20 @@ import (
 	"flag"
 	"os"
 
+	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/dlq"
 )
 
-func runDLQ(ctx context.Context, args []string) error {
+// DLQ is `mailplane dlq list`: the newest dead letters.
+func DLQ(ctx context.Context, args []string) error {
 	if len(args) == 0 || args[0] != "list" {
 		return errors.New("usage: mailplane dlq list [--limit N]")
 	}
 	fs := flag.NewFlagSet("dlq list", flag.ExitOnError)
-	brokers := registerBrokerFlags(fs)
+	brokers := config.RegisterBrokerFlags(fs)
 	limit := fs.Int("limit", 100, "show at most the newest N dead letters (0: all)")
 	fs.Parse(args[1:])
-	entries, err := dlq.List(ctx, brokers.config("mailplane-dlq"), *limit)
+	entries, err := dlq.List(ctx, brokers.Config("mailplane-dlq"), *limit)
 	if err != nil {
 		return err
 	}

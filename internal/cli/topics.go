@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -11,17 +11,20 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/topics"
 )
 
-func runTopics(ctx context.Context, args []string) error {
+// Topics is `mailplane topics apply|list`: create missing topics and
+// report drift (an error on drift), or show the catalog.
+func Topics(ctx context.Context, args []string) error {
 	if len(args) == 0 || (args[0] != "apply" && args[0] != "list") {
 		return errors.New("usage: mailplane topics apply|list [flags]")
 	}
 	fs := flag.NewFlagSet("topics "+args[0], flag.ExitOnError)
-	brokers := registerBrokerFlags(fs)
-	parts := cfgStatePartitions.Int(fs)
+	brokers := config.RegisterBrokerFlags(fs)
+	parts := config.StatePartitions.Int(fs)
 	fs.Parse(args[1:])
 	specs := topics.Catalog(topics.Config{StatePartitions: int32(*parts)})
 	if args[0] == "list" {
@@ -32,7 +35,7 @@ func runTopics(ctx context.Context, args []string) error {
 		}
 		return tw.Flush()
 	}
-	kc, err := kgo.NewClient(kafka.ConnOptions(brokers.config("mailplane-topics"))...)
+	kc, err := kgo.NewClient(kafka.ConnOptions(brokers.Config("mailplane-topics"))...)
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package main_test
+package roles_test
 
 import (
 	"bytes"
@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -22,19 +21,9 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/examples"
 	"github.com/mailplane/mailplane/internal/devfleet"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/topics"
 )
-
-// buildBinary builds mailplane once per test binary run.
-func buildBinary(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "mailplane")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
 
 func freePort(t *testing.T) int {
 	t.Helper()
@@ -214,7 +203,7 @@ func TestDevModeEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal("kcat not found: install it (make deps); analysts' Kafka client is part of what this test checks")
 	}
-	bin := buildBinary(t)
+	bin := mailplanetest.Build(t)
 	// The private Postgres runs as the postgres user, which must be able to
 	// reach the data dir: t.TempDir() is private to root.
 	dataDir, err := os.MkdirTemp("/tmp", "mailplane-devtest-")

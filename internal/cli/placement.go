@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/config"
+	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/internal/replay"
 )
@@ -29,15 +31,15 @@ schema (default <live>_placement_<unix time>), with progress on stderr.
             when they are identical. The previous projection is left in
             the rebuild's schema, to drop once satisfied.`
 
-// runReplay is `mailplane replay placement`.
-func runReplay(ctx context.Context, args []string) error {
+// Replay is `mailplane replay placement`.
+func Replay(ctx context.Context, args []string) error {
 	if len(args) == 0 || args[0] != "placement" {
 		return errors.New(strings.TrimSpace(replayUsage))
 	}
 	fs := flag.NewFlagSet("replay placement", flag.ExitOnError)
 	fs.Usage = func() { fmt.Fprintln(fs.Output(), replayUsage); fs.PrintDefaults() }
-	brokers, dbURL := registerBrokerFlags(fs), cfgDatabaseURL.String(fs)
-	logLevel, logFormat := cfgLogLevel.String(fs), cfgLogFormat.String(fs)
+	brokers, dbURL := config.RegisterBrokerFlags(fs), config.DatabaseURL.String(fs)
+	logLevel, logFormat := config.LogLevel.String(fs), config.LogFormat.String(fs)
 	verify := fs.Bool("verify", false, "compare the rebuild with the live projection row for row")
 	swap := fs.Bool("swap", false, "swap the rebuild in (atomically)")
 	schema := fs.String("schema", "", "name of the fresh schema (default <live>_placement_<unix time>)")
@@ -47,8 +49,8 @@ func runReplay(ctx context.Context, args []string) error {
 	if *dbURL == "" {
 		return errors.New("no database: set DATABASE_URL (or --database-url)")
 	}
-	log := newLogger(*logLevel, *logFormat)
-	pool, err := openDB(ctx, *dbURL, log)
+	log := config.NewLogger(*logLevel, *logFormat)
+	pool, err := migrations.Open(ctx, *dbURL, log)
 	if err != nil {
 		return err
 	}
@@ -56,7 +58,7 @@ func runReplay(ctx context.Context, args []string) error {
 
 	bar := newProgressBar(os.Stderr)
 	rb, err := replay.RebuildPlacement(ctx, replay.Config{
-		Kafka:     brokers.config("mailplane-replay"),
+		Kafka:     brokers.Config("mailplane-replay"),
 		Live:      pool,
 		Schema:    *schema,
 		BatchSize: *batch,
@@ -147,14 +149,14 @@ capacity and last heartbeat, dead workers not yet forgotten, pending
 placements; --mailbox shows one mailbox's placement and
 its history of decisions.`
 
-// runPlacement is `mailplane placement show`.
-func runPlacement(ctx context.Context, args []string) error {
+// Placement is `mailplane placement show`.
+func Placement(ctx context.Context, args []string) error {
 	if len(args) == 0 || args[0] != "show" {
 		return errors.New(strings.TrimSpace(placementUsage))
 	}
 	fs := flag.NewFlagSet("placement show", flag.ExitOnError)
 	fs.Usage = func() { fmt.Fprintln(fs.Output(), placementUsage); fs.PrintDefaults() }
-	dbURL := cfgDatabaseURL.String(fs)
+	dbURL := config.DatabaseURL.String(fs)
 	mailbox := fs.String("mailbox", "", "show this mailbox's placement and history of decisions")
 	summary := fs.Bool("summary", false, "pools only, no worker list")
 	fs.Parse(args[1:])
@@ -211,7 +213,7 @@ FROM placement_pool_summary ORDER BY tier, array_position(ARRAY['clean','risky',
 	}
 	if dead > 0 && oldest != nil {
 		fmt.Fprintf(out, "\ndead workers: %d, the oldest last seen %s; the engine forgets a dead worker once its last heartbeat is older than its --%s\n",
-			dead, oldest.UTC().Format(time.RFC3339), cfgWorkerRetention.flag)
+			dead, oldest.UTC().Format(time.RFC3339), config.WorkerRetention.Flag)
 	}
 
 	if workers {

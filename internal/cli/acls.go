@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -11,20 +11,21 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/topics"
 )
 
-// runACLs is `mailplane acls plan|apply --principals role=user,...`: the
+// ACLs is `mailplane acls plan|apply --principals role=user,...`: the
 // broker ACLs that give each role only what it needs (topics.ACLPlan),
 // printed as rpk commands or applied as a superuser.
-func runACLs(ctx context.Context, args []string, out io.Writer) error {
+func ACLs(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 || (args[0] != "plan" && args[0] != "apply") {
 		return errors.New("usage: mailplane acls plan|apply --principals api=USER,engine=USER,state=USER,project=USER,sync=USER,analyst=USER")
 	}
 	sub := args[0]
 	fs := flag.NewFlagSet("acls "+sub, flag.ExitOnError)
-	brokers := registerBrokerFlags(fs)
+	brokers := config.RegisterBrokerFlags(fs)
 	spec := fs.String("principals", "", "role=SASL user pairs, comma-separated; roles: api, engine, state, project, sync, analyst")
 	fs.Parse(args[1:])
 	principals, err := topics.ParsePrincipals(*spec)
@@ -39,7 +40,7 @@ func runACLs(ctx context.Context, args []string, out io.Writer) error {
 		_, err := io.WriteString(out, topics.RPK(plan))
 		return err
 	}
-	cl, err := kgo.NewClient(kafka.ConnOptions(brokers.config("mailplane-acls"))...)
+	cl, err := kgo.NewClient(kafka.ConnOptions(brokers.Config("mailplane-acls"))...)
 	if err != nil {
 		return err
 	}

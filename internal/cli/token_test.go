@@ -1,8 +1,7 @@
-package main
+package cli
 
 import (
 	"bytes"
-	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,7 +17,7 @@ import (
 func TestTokenCommand(t *testing.T) {
 	t.Parallel()
 	var out bytes.Buffer
-	if err := runToken([]string{"--name", "reports", "--scopes", "publish:mailbox.warmup_observed", "--source", "/delivery-reports"}, &out); err != nil {
+	if err := Token([]string{"--name", "reports", "--scopes", "publish:mailbox.warmup_observed", "--source", "/delivery-reports"}, &out); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
@@ -41,7 +40,7 @@ func TestTokenCommand(t *testing.T) {
 		{"--name", "x", "--scopes", "publish:public", "--source", ""},
 		{"--name", "", "--scopes", "publish:public", "--source", "/b"},
 	} {
-		if err := runToken(args, &bytes.Buffer{}); err == nil {
+		if err := Token(args, &bytes.Buffer{}); err == nil {
 			t.Errorf("%v: accepted", args)
 		}
 	}
@@ -58,7 +57,7 @@ func TestWorkerTokenCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := runToken([]string{"worker", "--worker-id", id, "--data-dir", dir, "--worker-fleet-secret", ""}, &out); err != nil {
+	if err := Token([]string{"worker", "--worker-id", id, "--data-dir", dir, "--worker-fleet-secret", ""}, &out); err != nil {
 		t.Fatal(err)
 	}
 	a, err := access.FromBytes(nil, access.WithFleetSecret([]byte(secret)))
@@ -68,20 +67,10 @@ func TestWorkerTokenCommand(t *testing.T) {
 	if c, ok := a.Authenticate(strings.TrimSpace(out.String())); !ok || c.WorkerID != id {
 		t.Fatalf("worker token %q: %+v %v", out.String(), c, ok)
 	}
-	if err := runToken([]string{"worker", "--worker-id", "not-a-uuid", "--data-dir", dir}, &bytes.Buffer{}); err == nil {
+	if err := Token([]string{"worker", "--worker-id", "not-a-uuid", "--data-dir", dir}, &bytes.Buffer{}); err == nil {
 		t.Error("a bad worker id was accepted")
 	}
-	if err := runToken([]string{"worker", "--worker-id", id, "--data-dir", t.TempDir(), "--worker-fleet-secret", ""}, &bytes.Buffer{}); err == nil {
+	if err := Token([]string{"worker", "--worker-id", id, "--data-dir", t.TempDir(), "--worker-fleet-secret", ""}, &bytes.Buffer{}); err == nil {
 		t.Error("no secret, yet a token")
-	}
-}
-
-// TestAPIRoleNeedsTokensFile: outside dev mode the api role does not start
-// without its callers.
-func TestAPIRoleNeedsTokensFile(t *testing.T) {
-	t.Parallel()
-	err := runAPI(context.Background(), []string{"--api-tokens-file", ""})
-	if err == nil || !strings.Contains(err.Error(), "MAILPLANE_API_TOKENS_FILE") {
-		t.Fatalf("api role without a tokens file: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -10,11 +10,11 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/eventschema"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/sealing"
@@ -30,17 +30,19 @@ Plain-text mailbox credentials are sealed before they are produced.
 
 Types: `
 
-func runPublish(ctx context.Context, args []string) error {
+// Publish is `mailplane publish TYPE`: one event, validated as the ingest
+// API validates it, produced to the brokers or sent through --api.
+func Publish(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("publish", flag.ExitOnError)
 	data := fs.String("data", "", "event data as JSON (default: read stdin)")
 	id := fs.String("id", "", "event id (UUIDv7); a new one when empty (reuse one to retry safely)")
-	brokers := registerBrokerFlags(fs)
-	source := cfgSource.String(fs)
-	sealKeys := cfgSealKeys.String(fs)
-	sealKeyID := cfgSealKeyID.String(fs)
-	dataDir := cfgDataDir.String(fs)
-	apiURL := cfgAPIURL.String(fs)
-	tokens := cfgAPITokens.String(fs)
+	brokers := config.RegisterBrokerFlags(fs)
+	source := config.Source.String(fs)
+	sealKeys := config.SealKeys.String(fs)
+	sealKeyID := config.SealKeyID.String(fs)
+	dataDir := config.DataDir.String(fs)
+	apiURL := config.APIURL.String(fs)
+	tokens := config.APITokens.String(fs)
 	fs.Usage = func() {
 		short := []string{}
 		for _, t := range domain.EventTypes() {
@@ -77,7 +79,7 @@ func runPublish(ctx context.Context, args []string) error {
 		return publishHTTP(ctx, *apiURL, firstToken(*tokens), attrs, raw)
 	}
 
-	keyring, err := loadKeyring(*sealKeys, *sealKeyID, *dataDir, false)
+	keyring, err := sealing.Load(*sealKeys, *sealKeyID, *dataDir, false)
 	if err != nil {
 		return err
 	}
@@ -90,7 +92,7 @@ func runPublish(ctx context.Context, args []string) error {
 		printProblems(ps)
 		return ps.Err()
 	}
-	kc, err := kafka.NewProducer(brokers.config("mailplane-publish"))
+	kc, err := kafka.NewProducer(brokers.Config("mailplane-publish"))
 	if err != nil {
 		return err
 	}
@@ -144,17 +146,4 @@ func publishHTTP(ctx context.Context, base, token string, a domain.Attributes, d
 		return fmt.Errorf("API answered %s", resp.Status)
 	}
 	return nil
-}
-
-// loadKeyring returns the sealing keyring from configuration, else from the
-// dev data dir (created there when create is set), else nil.
-func loadKeyring(spec, activeID, dataDir string, create bool) (*sealing.Keyring, error) {
-	if spec != "" {
-		return sealing.ParseKeys(spec, activeID)
-	}
-	path := filepath.Join(dataDir, "seal.key")
-	if _, err := os.Stat(path); err == nil || create {
-		return sealing.LoadOrCreateFile(path)
-	}
-	return nil, nil
 }

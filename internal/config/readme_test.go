@@ -1,4 +1,4 @@
-package main_test
+package config_test
 
 import (
 	"os"
@@ -11,7 +11,7 @@ import (
 // prints, so it cannot drift from the flags.
 func TestREADMEConfigReference(t *testing.T) {
 	t.Parallel()
-	out, err := exec.Command("go", "run", ".", "help", "config").Output()
+	out, err := exec.Command("go", "run", "../../cmd/mailplane", "help", "config").Output()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package main
+package roles
 
 import (
 	"context"
@@ -122,13 +122,13 @@ func TestKeyRotationEndToEnd(t *testing.T) {
 
 	// k2 added and active; reseal; the processor folds the rotations.
 	k12 := testKeyring(t, "k2", "k1", "k2")
-	res, err := reseal(t.Context(), kcfg, k12, producer.New(kc, producer.WithSource("mailplane/cli")), log)
-	if err != nil || res.resealed != len(boxes) || res.failed != 0 || res.live != len(boxes) {
+	res, err := mailboxstate.Reseal(t.Context(), kcfg, k12, producer.New(kc, producer.WithSource("mailplane/cli")), log)
+	if err != nil || res.Resealed != len(boxes) || res.Failed != 0 || res.Live != len(boxes) {
 		t.Fatalf("reseal: %+v, %v", res, err)
 	}
 	waitFor(t, 60*time.Second, "every mailbox in mailbox.state under k2", stateUnder("k2"))
 	// Idempotent: nothing left to re-seal.
-	if res, err := reseal(t.Context(), kcfg, k12, producer.New(kc), log); err != nil || res.resealed != 0 || res.current != len(boxes) {
+	if res, err := mailboxstate.Reseal(t.Context(), kcfg, k12, producer.New(kc), log); err != nil || res.Resealed != 0 || res.Current != len(boxes) {
 		t.Fatalf("second reseal: %+v, %v", res, err)
 	}
 	stop()

@@ -1,4 +1,4 @@
-package main_test
+package cli_test
 
 import (
 	"bytes"
@@ -9,11 +9,12 @@ import (
 	"testing"
 
 	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 )
 
 func TestPublishCommand(t *testing.T) {
 	t.Parallel()
-	bin := buildBinary(t)
+	bin := mailplanetest.Build(t)
 	brokers := strings.Join(kafkatest.Brokers(t, 4), ",")
 	key := "cli-1:" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{3}, 32))
 	run := func(stdin string, args ...string) (string, string, int) {

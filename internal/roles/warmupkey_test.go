@@ -1,4 +1,4 @@
-package main_test
+package roles_test
 
 import (
 	"bytes"
@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 )
 
 // TestSyncRefusesToStartWithoutWarmupKey: `mailplane sync` without a warmup
@@ -15,7 +17,7 @@ import (
 // that is not there) after logging loudly that it runs insecurely.
 func TestSyncRefusesToStartWithoutWarmupKey(t *testing.T) {
 	t.Parallel()
-	bin := buildBinary(t)
+	bin := mailplanetest.Build(t)
 	run := func(env []string, args ...string) (string, int) {
 		ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 		defer cancel()

@@ -1,4 +1,4 @@
-package main
+package roles
 
 import (
 	"flag"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/config"
 )
 
 // TestPlacementWorkerRetentionFlag: the flag's default is the decider's
@@ -22,7 +23,7 @@ func TestPlacementWorkerRetentionFlag(t *testing.T) {
 		}
 		return read()
 	}
-	t.Setenv(cfgWorkerRetention.env, "")
+	t.Setenv(config.WorkerRetention.Env, "")
 	pc, err := parse()
 	if err != nil || pc.WorkerRetention != domain.DefaultWorkerRetention {
 		t.Fatalf("default: %+v %v, want %s", pc, err, domain.DefaultWorkerRetention)

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"crypto/rand"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/access"
+	"github.com/mailplane/mailplane/internal/config"
 )
 
 const tokenUsage = `Usage:
@@ -32,10 +33,10 @@ workers:read, ops, audit:read.
 Flags:
 `
 
-// runToken is `mailplane token`.
-func runToken(args []string, out io.Writer) error {
+// Token is `mailplane token`.
+func Token(args []string, out io.Writer) error {
 	if len(args) > 0 && args[0] == "worker" {
-		return runWorkerToken(args[1:], out)
+		return workerToken(args[1:], out)
 	}
 	fs := flag.NewFlagSet("token", flag.ContinueOnError)
 	name := fs.String("name", "", "caller name, 1-64 of [a-z0-9._-] (shows in logs and metrics)")
@@ -45,7 +46,7 @@ func runToken(args []string, out io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	list := splitList(*scopes)
+	list := config.SplitList(*scopes)
 	slices.Sort(list)
 	buf := make([]byte, 32)
 	if _, err := rand.Read(buf); err != nil {
@@ -61,12 +62,12 @@ func runToken(args []string, out io.Writer) error {
 	return nil
 }
 
-// runWorkerToken is `mailplane token worker`.
-func runWorkerToken(args []string, out io.Writer) error {
+// workerToken is `mailplane token worker`.
+func workerToken(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("token worker", flag.ContinueOnError)
 	id := fs.String("worker-id", "", "the worker's id (a lower-case UUID)")
-	secret := cfgWorkerFleetSecret.String(fs)
-	dataDir := cfgDataDir.String(fs)
+	secret := config.WorkerFleetSecret.String(fs)
+	dataDir := config.DataDir.String(fs)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), tokenUsage); fs.PrintDefaults() }
 	if err := fs.Parse(args); err != nil {
 		return err
