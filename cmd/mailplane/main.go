@@ -10,7 +10,9 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/cli"
+	"github.com/mailplane/mailplane/internal/config"
+	"github.com/mailplane/mailplane/internal/roles"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -53,59 +55,64 @@ func main() {
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	cmd, args := os.Args[1], os.Args[2:]
+	code := run(ctx, cmd, args)
+	stop()
+	os.Exit(code)
+}
+
+// run runs one command and returns the process's exit code: 0, 1 when the
+// command failed, 2 for an unknown command.
+func run(ctx context.Context, cmd string, args []string) int {
 	var err error
 	switch cmd {
 	case "dev":
-		err = runDev(ctx, args)
+		err = roles.Dev(ctx, args)
 	case "api":
-		err = runAPI(ctx, args)
+		err = roles.API(ctx, args)
 	case "engine":
-		err = runEngine(ctx, args)
+		err = roles.Engine(ctx, args)
 	case "sync":
-		err = runSync(ctx, args)
+		err = roles.Sync(ctx, args)
 	case "state":
-		err = runState(ctx, args)
+		err = roles.State(ctx, args)
 	case "project":
-		err = runProject(ctx, args)
+		err = roles.Project(ctx, args)
 	case "topics":
-		err = runTopics(ctx, args)
+		err = cli.Topics(ctx, args)
 	case "migrate":
-		err = runMigrate(ctx, args)
+		err = cli.Migrate(ctx, args)
 	case "publish":
-		err = runPublish(ctx, args)
+		err = cli.Publish(ctx, args)
 	case "token":
-		err = runToken(args, os.Stdout)
+		err = cli.Token(args, os.Stdout)
 	case "credentials":
-		err = runCredentials(ctx, args)
+		err = cli.Credentials(ctx, args)
 	case "acls":
-		err = runACLs(ctx, args, os.Stdout)
+		err = cli.ACLs(ctx, args, os.Stdout)
 	case "dlq":
-		err = runDLQ(ctx, args)
+		err = cli.DLQ(ctx, args)
 	case "replay":
-		err = runReplay(ctx, args)
+		err = cli.Replay(ctx, args)
 	case "placement":
-		err = runPlacement(ctx, args)
+		err = cli.Placement(ctx, args)
 	case "help", "-h", "--help":
 		if len(args) > 0 && args[0] == "config" {
-			printConfig(os.Stdout)
-			return
+			config.PrintReference(os.Stdout)
+		} else {
+			fmt.Print(usage)
 		}
-		fmt.Print(usage)
-		return
 	case "newid":
-		fmt.Println(domain.NewEventID())
-		return
+		cli.NewID(os.Stdout)
 	case "version":
 		fmt.Println("mailplane", version)
-		return
 	default:
 		fmt.Fprintf(os.Stderr, "mailplane: unknown command %q\n\n%s", cmd, usage)
-		os.Exit(2)
+		return 2
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "mailplane %s: %v\n", cmd, err)
-		os.Exit(1)
+		return 1
 	}
+	return 0
 }

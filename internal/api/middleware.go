@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/promreg"
@@ -94,17 +93,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	return m, nil
 }
-
-func (s *Server) metricsHandler() http.Handler {
-	return promhttp.HandlerFor(s.cfg.gatherer, promhttp.HandlerOpts{
-		ErrorLog:      errLogger{s},
-		ErrorHandling: promhttp.ContinueOnError,
-	})
-}
-
-type errLogger struct{ s *Server }
-
-func (e errLogger) Println(v ...any) { e.s.log.Warn("metrics: " + fmt.Sprint(v...)) }
 
 // statusWriter records the status a handler wrote.
 type statusWriter struct {

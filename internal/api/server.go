@@ -34,6 +34,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/opshttp"
 	"github.com/mailplane/mailplane/producer"
 )
 
@@ -121,6 +122,7 @@ type config struct {
 	schema         SchemaValidator
 	broker         Pinger
 	database       func(context.Context) error
+	health         *opshttp.Health
 	reg            prometheus.Registerer
 	gatherer       prometheus.Gatherer
 	logger         *slog.Logger
@@ -184,6 +186,11 @@ func WithDatabaseCheck(check func(ctx context.Context) error) Option {
 	return func(c *config) { c.database = check }
 }
 
+// WithHealth sets the checks of GET /healthz (public and ops), shared
+// with the process's ops listener; it overrides WithBrokerCheck,
+// WithDatabaseCheck and WithHealthTimeout.
+func WithHealth(h *opshttp.Health) Option { return func(c *config) { c.health = h } }
+
 // WithRegisterer registers the server's metrics on reg. When reg is also a
 // prometheus.Gatherer and WithGatherer is not given, /metrics serves it.
 func WithRegisterer(reg prometheus.Registerer) Option { return func(c *config) { c.reg = reg } }
@@ -230,6 +237,7 @@ type Server struct {
 	prod     Producer
 	seal     domain.SealFunc
 	metrics  *metrics
+	health   *opshttp.Health
 	inflight inflight
 	mux      *http.ServeMux
 	handler  http.Handler
@@ -287,6 +295,7 @@ func New(p Producer, opts ...Option) (*Server, error) {
 		mux:     http.NewServeMux(),
 		methods: map[string]map[string]bool{},
 		plain:   map[string]bool{},
+		health:  c.healthChecks(),
 	}
 	s.inflight.max = c.maxInflight
 	if c.sealer != nil {
@@ -300,7 +309,7 @@ func New(p Producer, opts ...Option) (*Server, error) {
 
 	builtin := []route{
 		{"POST /v1/events", http.HandlerFunc(s.handleEvents), true},
-		{"GET /healthz", http.HandlerFunc(s.handlePublicHealth), false},
+		{"GET /healthz", s.health.PublicHandler(), false},
 	}
 	for _, r := range append(builtin, c.routes...) {
 		if err := s.Handle(r.pattern, r.handler, r.auth); err != nil {

@@ -16,15 +16,16 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/opshttp"
 	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
 )
 
-func getHealth(t *testing.T, e *env) (int, HealthResponse) {
+func getHealth(t *testing.T, e *env) (int, opshttp.HealthResponse) {
 	t.Helper()
 	rr := httptest.NewRecorder()
 	e.srv.OpsHandler().ServeHTTP(rr, httptest.NewRequest(http.MethodGet, "/healthz", nil))
-	var hr HealthResponse
+	var hr opshttp.HealthResponse
 	if err := json.Unmarshal(rr.Body.Bytes(), &hr); err != nil {
 		t.Fatalf("healthz body: %v: %s", err, rr.Body)
 	}
@@ -35,8 +36,8 @@ func TestHealthzOK(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{})
 	status, hr := getHealth(t, e)
-	if status != http.StatusOK || hr.Status != HealthOK ||
-		hr.Checks["broker"].Status != HealthOK || hr.Checks["database"].Status != HealthOK {
+	if status != http.StatusOK || hr.Status != opshttp.HealthOK ||
+		hr.Checks["broker"].Status != opshttp.HealthOK || hr.Checks["database"].Status != opshttp.HealthOK {
 		t.Fatalf("%d %+v", status, hr)
 	}
 }
@@ -47,8 +48,8 @@ func TestHealthzDatabaseDown(t *testing.T) {
 		return errors.New("dial tcp 127.0.0.1:5432: connect: connection refused")
 	})}})
 	status, hr := getHealth(t, e)
-	if status != http.StatusServiceUnavailable || hr.Status != HealthUnavailable ||
-		hr.Checks["broker"].Status != HealthOK || hr.Checks["database"].Status != HealthError ||
+	if status != http.StatusServiceUnavailable || hr.Status != opshttp.HealthUnavailable ||
+		hr.Checks["broker"].Status != opshttp.HealthOK || hr.Checks["database"].Status != opshttp.HealthError ||
 		!strings.Contains(hr.Checks["database"].Error, "connection refused") {
 		t.Fatalf("%d %+v", status, hr)
 	}
@@ -62,7 +63,7 @@ func TestHealthzDatabaseHangs(t *testing.T) {
 	}})
 	start := time.Now()
 	status, hr := getHealth(t, e)
-	if status != http.StatusServiceUnavailable || hr.Checks["database"].Status != HealthError ||
+	if status != http.StatusServiceUnavailable || hr.Checks["database"].Status != opshttp.HealthError ||
 		!strings.Contains(hr.Checks["database"].Error, "timed out") {
 		t.Fatalf("%d %+v", status, hr)
 	}
@@ -87,8 +88,8 @@ func TestHealthzBrokerDown(t *testing.T) {
 	defer dead.Close()
 	e := newEnv(t, envOpts{opts: []Option{WithBrokerCheck(dead), WithHealthTimeout(500 * time.Millisecond)}})
 	status, hr := getHealth(t, e)
-	if status != http.StatusServiceUnavailable || hr.Checks["broker"].Status != HealthError ||
-		hr.Checks["broker"].Error == "" || hr.Checks["database"].Status != HealthOK {
+	if status != http.StatusServiceUnavailable || hr.Checks["broker"].Status != opshttp.HealthError ||
+		hr.Checks["broker"].Error == "" || hr.Checks["database"].Status != opshttp.HealthOK {
 		t.Fatalf("%d %+v", status, hr)
 	}
 }
@@ -101,11 +102,11 @@ func TestHealthzChecksDisabled(t *testing.T) {
 	}
 	rr := httptest.NewRecorder()
 	srv.OpsHandler().ServeHTTP(rr, httptest.NewRequest(http.MethodGet, "/healthz", nil))
-	var hr HealthResponse
+	var hr opshttp.HealthResponse
 	if err := json.Unmarshal(rr.Body.Bytes(), &hr); err != nil {
 		t.Fatal(err)
 	}
-	if rr.Code != http.StatusOK || hr.Checks["broker"].Status != HealthDisabled || hr.Checks["database"].Status != HealthDisabled {
+	if rr.Code != http.StatusOK || hr.Checks["broker"].Status != opshttp.HealthDisabled || hr.Checks["database"].Status != opshttp.HealthDisabled {
 		t.Fatalf("%d %s", rr.Code, rr.Body)
 	}
 }

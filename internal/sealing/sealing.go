@@ -167,3 +167,17 @@ func LoadOrCreateFile(path string) (*Keyring, error) {
 	}
 	return ParseKeys(strings.ReplaceAll(strings.TrimSpace(string(b)), "\n", ","), "")
 }
+
+// Load returns the keyring of spec (MAILPLANE_SEAL_KEYS, with activeID),
+// else the one kept in dataDir/seal.key by dev mode (created there when
+// create is set), else nil: no keys configured.
+func Load(spec, activeID, dataDir string, create bool) (*Keyring, error) {
+	if spec != "" {
+		return ParseKeys(spec, activeID)
+	}
+	path := filepath.Join(dataDir, "seal.key")
+	if _, err := os.Stat(path); err == nil || create {
+		return LoadOrCreateFile(path)
+	}
+	return nil, nil
+}

@@ -1,0 +1,55 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/internal/config"
+	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/topics"
+)
+
+// ACLs is `mailplane acls plan|apply --principals role=user,...`: the
+// broker ACLs that give each role only what it needs (topics.ACLPlan),
+// printed as rpk commands or applied as a superuser.
+func ACLs(ctx context.Context, args []string, out io.Writer) error {
+	if len(args) == 0 || (args[0] != "plan" && args[0] != "apply") {
+		return errors.New("usage: mailplane acls plan|apply --principals api=USER,engine=USER,state=USER,project=USER,sync=USER,analyst=USER")
+	}
+	sub := args[0]
+	fs := flag.NewFlagSet("acls "+sub, flag.ExitOnError)
+	brokers := config.RegisterBrokerFlags(fs)
+	spec := fs.String("principals", "", "role=SASL user pairs, comma-separated; roles: api, engine, state, project, sync, analyst")
+	fs.Parse(args[1:])
+	principals, err := topics.ParsePrincipals(*spec)
+	if err != nil {
+		return err
+	}
+	if len(principals) == 0 {
+		return errors.New("--principals names no role")
+	}
+	plan := topics.ACLPlan(principals)
+	if sub == "plan" {
+		_, err := io.WriteString(out, topics.RPK(plan))
+		return err
+	}
+	cl, err := kgo.NewClient(kafka.ConnOptions(brokers.Config("mailplane-acls"))...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	actx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := topics.ApplyACLs(actx, kadm.NewClient(cl), plan); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%d ACL bindings applied for %d principals\n", len(plan), len(principals))
+	return nil
+}

@@ -1,0 +1,156 @@
+package roles
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/billing"
+	"github.com/mailplane/mailplane/internal/config"
+	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/sealing"
+)
+
+// commonFlags are the flags every production role takes.
+type commonFlags struct {
+	brokers                             *config.BrokerFlags
+	dbURL, opsAddr, logLevel, logFormat *string
+	parts                               *int
+}
+
+func registerCommonFlags(fs *flag.FlagSet) commonFlags {
+	return commonFlags{
+		brokers: config.RegisterBrokerFlags(fs), dbURL: config.DatabaseURL.String(fs), opsAddr: config.OpsHTTP.String(fs),
+		logLevel: config.LogLevel.String(fs), logFormat: config.LogFormat.String(fs), parts: config.StatePartitions.Int(fs),
+	}
+}
+
+func (f commonFlags) logger() *slog.Logger { return config.NewLogger(*f.logLevel, *f.logFormat) }
+
+// roleConfig returns the shared part of a role's configuration, once fs
+// is parsed.
+func (f commonFlags) roleConfig(log *slog.Logger) *roleConfig {
+	return &roleConfig{
+		log: log, kafka: f.brokers.Config(""), databaseURL: *f.dbURL,
+		opsAddr: *f.opsAddr, statePartitions: int32(*f.parts),
+	}
+}
+
+// apiFlags are the api role's own settings (dev mode takes them too).
+type apiFlags struct {
+	http, tokensFile, fleetSecret *string
+	inflight, newWorkerBurst      *int
+	newWorkerRate                 *float64
+}
+
+func registerAPIFlags(fs *flag.FlagSet) apiFlags {
+	return apiFlags{
+		http: config.HTTP.String(fs), tokensFile: config.APITokensFile.String(fs), fleetSecret: config.WorkerFleetSecret.String(fs),
+		inflight: config.HTTPInflightBytes.Int(fs), newWorkerRate: config.WorkerNewRate.Float(fs), newWorkerBurst: config.WorkerNewBurst.Int(fs),
+	}
+}
+
+// apply copies the API settings into rc.
+func (f apiFlags) apply(rc *roleConfig) {
+	rc.httpAddr, rc.tokensFile, rc.fleetSecret = *f.http, *f.tokensFile, []byte(*f.fleetSecret)
+	rc.inflightBytes, rc.newWorkerRate, rc.newWorkerBurst = int64(*f.inflight), *f.newWorkerRate, *f.newWorkerBurst
+}
+
+// API is `mailplane api`: the ingest API role.
+func API(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("api", flag.ExitOnError)
+	cf := registerCommonFlags(fs)
+	af := registerAPIFlags(fs)
+	sealKeys := config.SealKeys.String(fs)
+	sealKeyID := config.SealKeyID.String(fs)
+	imapAllow := config.IMAPAllow.String(fs)
+	fs.Parse(args)
+	transport, err := domain.ParseTransportPolicy(*imapAllow)
+	if err != nil {
+		return err
+	}
+	if *af.tokensFile == "" {
+		return errors.New("no API tokens file: set MAILPLANE_API_TOKENS_FILE (or --api-tokens-file); `mailplane token` makes its lines")
+	}
+	if *sealKeys == "" {
+		return errors.New("no sealing keys: set MAILPLANE_SEAL_KEYS (id:base64 of 32 bytes)")
+	}
+	keyring, err := sealing.ParseKeys(*sealKeys, *sealKeyID)
+	if err != nil {
+		return err
+	}
+	bc, err := billingConfig()
+	if err != nil {
+		return err
+	}
+	rc := cf.roleConfig(cf.logger())
+	rc.billing, rc.keyring, rc.api, rc.imapTransport = bc, keyring, true, transport
+	af.apply(rc)
+	return runRoles(ctx, rc, nil)
+}
+
+// Project is `mailplane project`: the projectors.
+func Project(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("project", flag.ExitOnError)
+	cf := registerCommonFlags(fs)
+	fs.Parse(args)
+	rc := cf.roleConfig(cf.logger())
+	rc.project = true
+	return runRoles(ctx, rc, nil)
+}
+
+// State is `mailplane state`: the mailbox.state processor.
+func State(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("state", flag.ExitOnError)
+	cf := registerCommonFlags(fs)
+	fs.Parse(args)
+	rc := cf.roleConfig(cf.logger())
+	rc.stateProc = true
+	return runRoles(ctx, rc, nil)
+}
+
+// Engine is `mailplane engine`: the placement engine (one active, others
+// standby).
+func Engine(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("engine", flag.ExitOnError)
+	cf := registerCommonFlags(fs)
+	placementCfg := placementFlags(fs)
+	fs.Parse(args)
+	pc, err := placementCfg()
+	if err != nil {
+		return err
+	}
+	rc := cf.roleConfig(cf.logger())
+	rc.engine, rc.placement = true, pc
+	return runRoles(ctx, rc, nil)
+}
+
+// placementFlags registers the engine's decider settings on fs; the
+// returned func reads them once fs is parsed.
+func placementFlags(fs *flag.FlagSet) func() (placement.Config, error) {
+	retention := config.WorkerRetention.Duration(fs)
+	return func() (placement.Config, error) {
+		if *retention < time.Minute || *retention > domain.MaxWorkerRetentionSeconds*time.Second {
+			return placement.Config{}, fmt.Errorf("--%s %s: want a minute to ten years", config.WorkerRetention.Flag, *retention)
+		}
+		return placement.Config{WorkerRetention: *retention}, nil
+	}
+}
+
+// billingConfig reads the Stripe webhook configuration; nil when no
+// webhook secret is configured (the route is then not mounted).
+func billingConfig() (*billing.Config, error) {
+	if os.Getenv("MAILPLANE_STRIPE_WEBHOOK_SECRETS") == "" {
+		return nil, nil
+	}
+	cfg, err := billing.ConfigFromEnv(os.Getenv)
+	if err != nil {
+		return nil, fmt.Errorf("billing webhook: %w", err)
+	}
+	return &cfg, nil
+}

@@ -1,0 +1,185 @@
+// Package roles wires mailplane's roles into one process: the ingest API,
+// the projectors, the placement engine, the mailbox.state processor, the
+// sync workers and the outbox relay, each started from the same
+// configuration, stopped together when one fails, with one ops listener
+// (metrics and detailed health, package opshttp). The role commands
+// (mailplane api, project, engine, sync, state and dev) parse their flags
+// here and run Run's process.
+package roles
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/billing"
+	"github.com/mailplane/mailplane/internal/imapsync"
+	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/mailsync"
+	"github.com/mailplane/mailplane/internal/migrations"
+	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/sealing"
+	"github.com/mailplane/mailplane/topics"
+)
+
+// roleConfig is what the roles of one process share.
+type roleConfig struct {
+	log             *slog.Logger
+	kafka           kafka.Config // brokers, SASL and TLS; each client adds its id
+	databaseURL     string
+	httpAddr        string // the public API (api role)
+	opsAddr         string // metrics and detailed health, every role; "" for none
+	tokensFile      string // the API's callers (access package)
+	fleetSecret     []byte // derives the sending workers' credentials
+	inflightBytes   int64  // cap on request bodies being read by the API
+	newWorkerRate   float64
+	newWorkerBurst  int
+	keyring         *sealing.Keyring
+	statePartitions int32
+
+	billing *billing.Config // mount the Stripe webhook when set
+
+	api    bool // serve the ingest API
+	engine bool // run the placement engine (active or standby)
+	// placement configures the engine's decider (zero fields: defaults).
+	placement placement.Config
+	stateProc bool // run the mailbox.state processor
+	// syncWorkers sync workers run in the process (dev mode runs several
+	// to show partitions moving between them).
+	syncWorkers      int
+	syncConfig       mailsync.Config
+	syncRunner       string // imap or record
+	imapCAFile       string
+	imapDisableAfter time.Duration
+	imapWarmupHeader string
+	imapWarmupKey    []byte
+	imapOAuth        map[domain.Provider]imapsync.OAuthClient
+	// imapTransport is the IMAP allowlist (MAILPLANE_IMAP_ALLOW), applied
+	// by the API at ingest and by the IMAP runner at dial time.
+	imapTransport domain.TransportPolicy
+
+	reg       *prometheus.Registry // set by runRoles
+	project   bool                 // run the projectors
+	applyTops bool                 // apply the topic catalog first (dev mode)
+}
+
+// errNoDatabase is the answer of every role and command without a
+// database URL.
+var errNoDatabase = errors.New("no database: set DATABASE_URL (or --database-url)")
+
+// runRoles starts the configured roles and blocks until ctx is done or a
+// role fails; then it stops every role and returns the first error.
+func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
+	reg := prometheus.NewRegistry()
+	rc.reg = reg
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if rc.databaseURL == "" {
+		return errNoDatabase
+	}
+	pool, err := migrations.Open(ctx, rc.databaseURL, rc.log)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if rc.applyTops {
+		if err := applyTopics(ctx, rc); err != nil {
+			return err
+		}
+	}
+
+	p := newProcess(ctx, rc, pool)
+	defer p.shutdown()
+	for _, start := range []func() error{p.startProjectors, p.startRelay, p.startEngine,
+		p.startStateProcessor, p.startSyncWorkers, p.startHTTP} {
+		if err := start(); err != nil {
+			return err
+		}
+	}
+	if ready != nil {
+		ready()
+	}
+	p.wg.Wait()
+	return p.firstErr
+}
+
+// process owns the goroutines of the roles it started and what they use:
+// shutdown cancels them, waits for every one, then closes their clients
+// in the reverse order of opening.
+type process struct {
+	rc     *roleConfig
+	log    *slog.Logger
+	reg    *prometheus.Registry
+	pool   *pgxpool.Pool
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	wg       sync.WaitGroup
+	once     sync.Once
+	firstErr error
+	closers  []func()
+}
+
+func newProcess(ctx context.Context, rc *roleConfig, pool *pgxpool.Pool) *process {
+	ctx, cancel := context.WithCancel(ctx)
+	return &process{rc: rc, log: rc.log, reg: rc.reg, pool: pool, ctx: ctx, cancel: cancel}
+}
+
+// kcfg is the client configuration of one role: its client id, and its
+// metrics on the process's registry.
+func (p *process) kcfg(role string) kafka.Config {
+	c := p.rc.kafka.WithClientID("mailplane-" + role)
+	c.Registerer = p.reg
+	return c
+}
+
+// start runs role until it returns; an error (other than cancellation)
+// is kept if it is the first, and any return stops every role.
+func (p *process) start(role string, run func(context.Context) error) {
+	p.wg.Go(func() { p.fail(role, run(p.ctx)) })
+}
+
+func (p *process) fail(role string, err error) {
+	if err != nil && !errors.Is(err, context.Canceled) {
+		p.once.Do(func() { p.firstErr = fmt.Errorf("%s: %w", role, err) })
+		p.log.Error("role failed", "role", role, "err", err)
+	}
+	p.cancel()
+}
+
+// onShutdown queues f to run once every role has returned.
+func (p *process) onShutdown(f func()) { p.closers = append(p.closers, f) }
+
+func (p *process) shutdown() {
+	p.cancel()
+	p.wg.Wait()
+	for i := len(p.closers) - 1; i >= 0; i-- {
+		p.closers[i]()
+	}
+}
+
+func applyTopics(ctx context.Context, rc *roleConfig) error {
+	kc, err := kgo.NewClient(kafka.ConnOptions(rc.kafka)...)
+	if err != nil {
+		return err
+	}
+	defer kc.Close()
+	tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	rep, err := topics.Apply(tctx, kc, topics.Catalog(topics.Config{StatePartitions: rc.statePartitions}))
+	if err != nil {
+		return fmt.Errorf("topics: %w", err)
+	}
+	if len(rep.Created) > 0 {
+		rc.log.Info("topics created", "topics", rep.Created)
+	}
+	return rep.Err()
+}

@@ -1,0 +1,293 @@
+package roles
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/access"
+	"github.com/mailplane/mailplane/internal/api"
+	"github.com/mailplane/mailplane/internal/billing"
+	"github.com/mailplane/mailplane/internal/eventschema"
+	"github.com/mailplane/mailplane/internal/health"
+	"github.com/mailplane/mailplane/internal/imapsync"
+	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/mailboxstate"
+	"github.com/mailplane/mailplane/internal/mailsync"
+	"github.com/mailplane/mailplane/internal/opshttp"
+	"github.com/mailplane/mailplane/internal/outbox"
+	"github.com/mailplane/mailplane/internal/placement/engine"
+	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/projections"
+	"github.com/mailplane/mailplane/internal/workerapi"
+	"github.com/mailplane/mailplane/producer"
+)
+
+// assignmentChangesRetained is how many of the newest decision-log offsets
+// keep their per-worker assignment changes. A worker whose change token is
+// older gets 410 expired and resyncs in full, which is cheap; the bound
+// keeps the changes table from growing with the log.
+const assignmentChangesRetained = 5_000_000
+
+// startProjectors starts the projectors (registry, placement, health
+// scorer), the health ticker and the pruning of what they keep.
+func (p *process) startProjectors() error {
+	if !p.rc.project {
+		return nil
+	}
+	log := p.log.With("role", "projector")
+	pr, err := projections.New(p.kcfg("projector-registry"), p.pool, projections.NewRegistry(),
+		projections.WithLogger(log), projections.WithRegisterer(p.reg))
+	if err != nil {
+		return err
+	}
+	p.onShutdown(pr.Close)
+	p.start("projector registry", pr.Run)
+
+	// The placement projection reads the decision log with offsets,
+	// so it has its own runner (see projection.Projection).
+	pp, err := projection.NewProjector(p.kcfg("projector-placement"), p.pool,
+		projection.WithLogger(log), projection.WithRegisterer(p.reg))
+	if err != nil {
+		return err
+	}
+	p.start("projector placement", pp.Run)
+	p.start("assignment change pruning", pruneHourly("assignment changes", log, p.pruneAssignmentChanges))
+	return p.startHealthScorer()
+}
+
+// pruneAssignmentChanges drops the assignment changes of decision-log
+// offsets older than the newest assignmentChangesRetained.
+func (p *process) pruneAssignmentChanges(ctx context.Context) (int64, []any, error) {
+	cp, err := projection.ReadCheckpoint(ctx, p.pool)
+	if err != nil || cp.NextOffset <= assignmentChangesRetained {
+		return 0, nil, err
+	}
+	below := cp.NextOffset - assignmentChangesRetained
+	n, err := projection.PruneChanges(ctx, p.pool, below)
+	return n, []any{"below_offset", below}, err
+}
+
+// startHealthScorer starts the health scorer (a projection of the warmup
+// observations that decides health states), its ticker for ended
+// penalties and the pruning of reported warmup messages.
+func (p *process) startHealthScorer() error {
+	log := p.log.With("role", "health")
+	hm := health.NewMetrics(p.reg)
+	policy := domain.DefaultHealthPolicy()
+	scorer, err := health.NewScorer(policy, health.WithEmitted(func(ev domain.Event) { hm.Committed([]domain.Event{ev}) }))
+	if err != nil {
+		return err
+	}
+	hp, err := projections.New(p.kcfg("projector-health"), p.pool, scorer,
+		projections.WithLogger(log), projections.WithRegisterer(p.reg), projections.WithCommitted(hm.Committed))
+	if err != nil {
+		return err
+	}
+	p.onShutdown(hp.Close)
+	p.start("projector health", hp.Run)
+	p.start("health ticker", health.NewTicker(p.pool, policy, health.WithMetrics(hm), health.WithLogger(log)).Run)
+	// A warmup message reported longer ago than the scoring window no
+	// longer counts when seen again.
+	p.start("warmup seen pruning", pruneHourly("reported warmup messages", log, func(ctx context.Context) (int64, []any, error) {
+		n, err := imapsync.PruneWarmupSeen(ctx, p.pool, time.Now().Add(-policy.Window-24*time.Hour))
+		return n, nil, err
+	}))
+	return nil
+}
+
+// startRelay starts the outbox relay of a process that writes to the
+// outbox (projectors, sync workers); one per database publishes, the
+// others stand by. It stops after every other role, so what they queued
+// while stopping (a sync worker's ownership_lost) is still published.
+func (p *process) startRelay() error {
+	if !p.rc.project && p.rc.syncWorkers == 0 {
+		return nil
+	}
+	rctx, rcancel := context.WithCancel(context.WithoutCancel(p.ctx))
+	relayDone := make(chan struct{})
+	go func() {
+		defer close(relayDone)
+		_ = outbox.NewRelay(p.pool, p.kcfg("outbox"), outbox.WithLogger(p.log.With("role", "outbox")), outbox.WithRegisterer(p.reg)).Run(rctx)
+	}()
+	p.onShutdown(func() {
+		rcancel()
+		<-relayDone
+	})
+	return nil
+}
+
+func (p *process) startEngine() error {
+	if !p.rc.engine {
+		return nil
+	}
+	eng, err := engine.New(p.kcfg("placement-engine"),
+		engine.WithLogger(p.log.With("role", "engine")),
+		engine.WithRegisterer(p.reg),
+		engine.WithPlacementConfig(p.rc.placement),
+		// Restore from the placement projection and read only the
+		// decision log's tail.
+		engine.WithSnapshotter(projection.NewSnapshotter(p.pool)))
+	if err != nil {
+		return err
+	}
+	p.start("placement engine", eng.Run)
+	return nil
+}
+
+func (p *process) startStateProcessor() error {
+	if !p.rc.stateProc {
+		return nil
+	}
+	proc, err := mailboxstate.New(p.kcfg("mailbox-state"),
+		mailboxstate.WithLogger(p.log.With("role", "mailbox-state")), mailboxstate.WithRegisterer(p.reg))
+	if err != nil {
+		return err
+	}
+	p.start("mailbox.state processor", proc.Run)
+	return nil
+}
+
+// startSyncWorkers starts the process's sync workers; they share one
+// runner and one sync.audit producer.
+func (p *process) startSyncWorkers() error {
+	if p.rc.syncWorkers == 0 {
+		return nil
+	}
+	audit, err := kafka.NewProducer(p.kcfg("sync-audit"))
+	if err != nil {
+		return err
+	}
+	p.onShutdown(audit.Close)
+	runner, err := newRunner(p.rc, audit, p.log.With("role", "sync"))
+	if err != nil {
+		return err
+	}
+	for i := range p.rc.syncWorkers {
+		cfg := p.rc.syncConfig
+		cfg.WorkerID = syncWorkerID(cfg.WorkerID, i, p.rc.syncWorkers)
+		cfg.Logger, cfg.Registerer = p.log.With("role", "sync", "worker", i+1), p.reg
+		cfg.NoOutboxRelay = true // the process's relay publishes
+		w, err := mailsync.New(p.kcfg(fmt.Sprintf("sync-%d", i+1)), p.pool, runner, cfg)
+		if err != nil {
+			return err
+		}
+		p.start(fmt.Sprintf("sync worker %d", i+1), w.Run)
+	}
+	return nil
+}
+
+// startHTTP starts the API (api role) and the ops listener. Both answer
+// /healthz from one opshttp.Health: the API its public shape, the ops
+// listener the detailed one, for every role alike.
+func (p *process) startHTTP() error {
+	if !p.rc.api && p.rc.opsAddr == "" {
+		return nil
+	}
+	var broker *kgo.Client
+	if p.rc.api {
+		kc, err := kafka.NewProducer(p.kcfg("api"))
+		if err != nil {
+			return err
+		}
+		p.onShutdown(kc.Close)
+		broker = kc
+	} else {
+		kc, err := kgo.NewClient(kafka.ConnOptions(p.rc.kafka)...)
+		if err != nil {
+			return err
+		}
+		p.onShutdown(kc.Close)
+		broker = kc
+	}
+	hc := opshttp.NewHealth(0, map[string]opshttp.Check{"broker": broker.Ping, "database": p.pool.Ping})
+	if p.rc.api {
+		if err := p.startAPI(broker, hc); err != nil {
+			return err
+		}
+	}
+	if p.rc.opsAddr != "" {
+		ops := opshttp.Handler(hc, p.reg, p.reg, p.log)
+		p.start("ops http", func(ctx context.Context) error { return opshttp.Serve(ctx, p.rc.opsAddr, ops, p.log) })
+	}
+	return nil
+}
+
+// startAPI starts the ingest API with the worker API and, when
+// configured, the billing webhook.
+func (p *process) startAPI(kc *kgo.Client, hc *opshttp.Health) error {
+	rc, log := p.rc, p.log.With("role", "api")
+	auth, err := access.New(rc.tokensFile, access.WithFleetSecret(rc.fleetSecret),
+		access.WithLogger(log), access.WithRegisterer(p.reg))
+	if err != nil {
+		return err
+	}
+	if len(rc.fleetSecret) == 0 {
+		p.log.Warn("no worker fleet secret (MAILPLANE_WORKER_FLEET_SECRET): sending workers cannot authenticate")
+	}
+	if rc.tokensFile != "" {
+		// Returns only when ctx is done (a role returning stops them all).
+		p.start("tokens file watch", func(ctx context.Context) error { auth.Watch(ctx, 0); return nil })
+	}
+	pgStore := projection.NewStore(p.pool)
+	limiter := workerapi.NewWorkerLimiter(pgStore, rc.newWorkerRate, rc.newWorkerBurst, p.reg)
+	pc := producer.New(kc, producer.WithSealer(rc.keyring), producer.WithSource("mailplane/api"), producer.WithRegisterer(p.reg))
+	srv, err := api.New(pc,
+		api.WithAddr(rc.httpAddr),
+		api.WithAuthenticator(auth),
+		api.WithAdmission(limiter.Admit),
+		api.WithMaxInflightBytes(rc.inflightBytes),
+		api.WithSealer(rc.keyring),
+		api.WithTransportPolicy(rc.imapTransport),
+		api.WithSchemaValidator(eventschema.Default()),
+		api.WithHealth(hc),
+		api.WithRegisterer(p.reg),
+		api.WithGatherer(p.reg),
+		api.WithLogger(log),
+	)
+	if err != nil {
+		return err
+	}
+	if err := workerapi.Register(srv, workerapi.WithLogger(log), workerapi.WithAssignmentStore(pgStore)); err != nil {
+		return err
+	}
+	if rc.billing != nil {
+		if err := billing.Register(srv, *rc.billing, billing.WithLogger(p.log.With("role", "billing")),
+			billing.WithDatabase(p.pool), billing.WithRegisterer(p.reg)); err != nil {
+			return err
+		}
+	}
+	p.start("api", srv.Run)
+	return nil
+}
+
+// pruneHourly returns a role that runs prune once at start and then
+// hourly until ctx is done, each run bounded to five minutes; a failure
+// is logged and retried an hour later. prune returns the rows it dropped
+// and what to log with them.
+func pruneHourly(what string, log *slog.Logger, prune func(context.Context) (int64, []any, error)) func(context.Context) error {
+	return func(ctx context.Context) error {
+		t := time.NewTicker(time.Hour)
+		defer t.Stop()
+		for {
+			qctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+			n, attrs, err := prune(qctx)
+			cancel()
+			switch {
+			case err != nil && ctx.Err() == nil:
+				log.Warn("pruning "+what+" failed; retrying in an hour", "err", err)
+			case err == nil && n > 0:
+				log.Info("pruned "+what, append([]any{"rows", n}, attrs...)...)
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+			}
+		}
+	}
+}
