@@ -11,7 +11,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mailplane/mailplane/domain"
@@ -168,190 +167,130 @@ func Placement(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback(ctx)
+	store := projection.NewStore(pool)
 	if *mailbox != "" {
 		if !domain.IsUUID(*mailbox) {
 			return fmt.Errorf("--mailbox %q is not a lower-case UUID", *mailbox)
 		}
-		return showMailbox(ctx, tx, os.Stdout, *mailbox)
+		m, err := store.Mailbox(ctx, *mailbox)
+		if err != nil {
+			return err
+		}
+		showMailbox(os.Stdout, *mailbox, m)
+		return nil
 	}
-	return showPlacement(ctx, tx, os.Stdout, !*summary)
-}
-
-// showPlacement prints the pools, the workers (grouped by tier and pool)
-// and the pending placements, all from one snapshot.
-func showPlacement(ctx context.Context, tx pgx.Tx, out io.Writer, workers bool) error {
-	ck, err := projection.ReadCheckpoint(ctx, tx)
+	o, err := store.Overview(ctx, !*summary, pendingShown)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "placement projection at decision-log offset %d\n\n", ck.NextOffset)
-
-	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "TIER\tPOOL\tWORKERS\tLIVE\tELIGIBLE\tLOAD\tCAPACITY\tUTIL\tMAILBOXES")
-	rows, _ := tx.Query(ctx, `SELECT tier, pool, workers, live_workers, eligible_workers, load_milli, capacity, live_capacity, mailboxes
-FROM placement_pool_summary ORDER BY tier, array_position(ARRAY['clean','risky','quarantine'], pool)`)
-	var tier, pl string
-	var nw, nlive, nelig, load, capacity, liveCap, mbs int64
-	if _, err := pgx.ForEachRow(rows, []any{&tier, &pl, &nw, &nlive, &nelig, &load, &capacity, &liveCap, &mbs}, func() error {
-		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%s\t%d\t%s\t%d\n", tier, pl, nw, nlive, nelig, milli(load), capacity, util(load, liveCap), mbs)
-		return nil
-	}); err != nil {
-		return fmt.Errorf("pools: %w", err)
-	}
-	w.Flush()
-
-	// Dead workers stay listed until the engine forgets them.
-	var dead int64
-	var oldest *time.Time
-	if err := tx.QueryRow(ctx, `SELECT count(*), min(last_seen) FROM placement_workers WHERE NOT live`).Scan(&dead, &oldest); err != nil {
-		return fmt.Errorf("dead workers: %w", err)
-	}
-	if dead > 0 && oldest != nil {
-		fmt.Fprintf(out, "\ndead workers: %d, the oldest last seen %s; the engine forgets a dead worker once its last heartbeat is older than its --%s\n",
-			dead, oldest.UTC().Format(time.RFC3339), config.WorkerRetention.Flag)
-	}
-
-	if workers {
-		fmt.Fprintln(out)
-		w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(w, "TIER\tPOOL\tWORKER\tEGRESS\tHEALTH\tSTATE\tLOAD/CAPACITY\tUTIL\tMAILBOXES\tORG\tLAST SEEN")
-		rows, _ = tx.Query(ctx, `SELECT tier, pool, worker_id::text, egress, health, live, stopping, releasing, load_milli, capacity, mailboxes,
-    COALESCE(dedicated_org::text, ''), last_seen
-FROM placement_workers ORDER BY tier, array_position(ARRAY['clean','risky','quarantine'], pool), worker_id`)
-		var id, egress, health, org string
-		var live, stopping, releasing bool
-		var lastSeen time.Time
-		if _, err := pgx.ForEachRow(rows, []any{&tier, &pl, &id, &egress, &health, &live, &stopping, &releasing, &load, &capacity, &mbs, &org, &lastSeen}, func() error {
-			state := "live"
-			switch {
-			case !live:
-				state = "dead"
-			case releasing:
-				state = "releasing"
-			case stopping:
-				state = "stopping"
-			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s/%d\t%s\t%d\t%s\t%s\n", tier, pl, id, egress, health, state, milli(load), capacity, util(load, capacity), mbs,
-				dash(org), lastSeen.UTC().Format(time.RFC3339))
-			return nil
-		}); err != nil {
-			return fmt.Errorf("workers: %w", err)
-		}
-		w.Flush()
-	}
-
-	rows, _ = tx.Query(ctx, `SELECT c.org_id::text, c.dedicated_workers, count(w.worker_id) FILTER (WHERE NOT w.releasing)
-FROM placement_org_classes c
-LEFT JOIN placement_workers w ON w.dedicated_org = c.org_id AND w.tier = 'dedicated'
-WHERE c.class = 'dedicated'
-GROUP BY 1, 2
-HAVING count(w.worker_id) FILTER (WHERE NOT w.releasing) < c.dedicated_workers
-ORDER BY 1`)
-	var org string
-	var want, have int64
-	if _, err := pgx.ForEachRow(rows, []any{&org, &want, &have}, func() error {
-		fmt.Fprintf(out, "\ndedicated org %s has %d of its %d workers (short %d)", org, have, want, want-have)
-		return nil
-	}); err != nil {
-		return fmt.Errorf("dedicated shortfalls: %w", err)
-	}
-
-	fmt.Fprintln(out)
-	fmt.Fprintln(out)
-	var refused, degraded int64
-	if err := tx.QueryRow(ctx, `SELECT count(*) FILTER (WHERE worker_id IS NULL), count(*) FILTER (WHERE worker_id IS NOT NULL)
-FROM placement_pending`).Scan(&refused, &degraded); err != nil {
-		return fmt.Errorf("pending: %w", err)
-	}
-	fmt.Fprintf(out, "pending: %d refused (no eligible worker), %d degraded (waiting for dedicated capacity)\n", refused, degraded)
-	if refused+degraded == 0 {
-		return nil
-	}
-	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "MAILBOX\tORG\tBAND\tWEIGHT\tREASON\tSINCE\tON WORKER")
-	rows, _ = tx.Query(ctx, `SELECT mailbox_id::text, org_id::text, band, weight_milli, reason, since, COALESCE(worker_id::text, '-')
-FROM placement_pending ORDER BY since, mailbox_id LIMIT 50`)
-	var mb, band, reason, on string
-	var weight int64
-	var since time.Time
-	if _, err := pgx.ForEachRow(rows, []any{&mb, &org, &band, &weight, &reason, &since, &on}, func() error {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", mb, org, band, milli(weight), reason, since.UTC().Format(time.RFC3339), on)
-		return nil
-	}); err != nil {
-		return fmt.Errorf("pending: %w", err)
-	}
-	w.Flush()
-	if refused+degraded > 50 {
-		fmt.Fprintf(out, "(%d more)\n", refused+degraded-50)
-	}
+	showPlacement(os.Stdout, o)
 	return nil
 }
 
-// showMailbox prints one mailbox's placement and its decisions.
-func showMailbox(ctx context.Context, tx pgx.Tx, out io.Writer, id string) error {
-	var org, band, worker, tier, pending string
-	var weight, offset int64
-	var degraded bool
-	err := tx.QueryRow(ctx, `SELECT org_id::text, band, weight_milli, COALESCE(worker_id::text, ''), COALESCE(tier, ''), degraded,
-    COALESCE(pending_reason, ''), decision_offset
-FROM placement_mailbox_status WHERE mailbox_id = $1`, id).Scan(&org, &band, &weight, &worker, &tier, &degraded, &pending, &offset)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		fmt.Fprintf(out, "mailbox %s is not placed (unknown, or removed)\n", id)
-	case err != nil:
-		return err
-	default:
-		fmt.Fprintf(out, "mailbox %s  org %s  band %s  weight %s\n", id, org, band, milli(weight))
+// pendingShown is how many pending placements placement show lists.
+const pendingShown = 50
+
+// showPlacement prints the pools, the workers (grouped by tier and pool)
+// and the pending placements.
+func showPlacement(out io.Writer, o projection.Overview) {
+	fmt.Fprintf(out, "placement projection at decision-log offset %d\n\n", o.NextOffset)
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "TIER\tPOOL\tWORKERS\tLIVE\tELIGIBLE\tLOAD\tCAPACITY\tUTIL\tMAILBOXES")
+	for _, p := range o.Pools {
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%d\t%s\t%d\t%s\t%d\n", p.Tier, p.Pool, p.Workers, p.LiveWorkers, p.EligibleWorkers,
+			milli(p.LoadMilli), p.Capacity, util(p.LoadMilli, p.LiveCapacity), p.Count)
+	}
+	w.Flush()
+	// Dead workers stay listed until the engine forgets them.
+	if o.DeadWorkers > 0 && !o.OldestDead.IsZero() {
+		fmt.Fprintf(out, "\ndead workers: %d, the oldest last seen %s; the engine forgets a dead worker once its last heartbeat is older than its --%s\n",
+			o.DeadWorkers, o.OldestDead.Format(time.RFC3339), config.WorkerRetention.Flag)
+	}
+	if o.Workers != nil {
+		fmt.Fprintln(out)
+		showWorkers(out, o.Workers)
+	}
+	for _, s := range o.Shortfalls {
+		fmt.Fprintf(out, "\ndedicated org %s has %d of its %d workers (short %d)", s.OrgID, s.Have, s.Want, s.Want-s.Have)
+	}
+	fmt.Fprintln(out)
+	fmt.Fprintln(out)
+	fmt.Fprintf(out, "pending: %d refused (no eligible worker), %d degraded (waiting for dedicated capacity)\n", o.Refused, o.Degraded)
+	if o.Refused+o.Degraded == 0 {
+		return
+	}
+	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "MAILBOX\tORG\tBAND\tWEIGHT\tREASON\tSINCE\tON WORKER")
+	for _, p := range o.Pending {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.MailboxID, p.OrgID, p.Band, milli(p.WeightMilli), p.Reason,
+			p.Since.UTC().Format(time.RFC3339), dash(p.WorkerID))
+	}
+	w.Flush()
+	if n := o.Refused + o.Degraded; n > int64(len(o.Pending)) {
+		fmt.Fprintf(out, "(%d more)\n", n-int64(len(o.Pending)))
+	}
+}
+
+func showWorkers(out io.Writer, workers []projection.WorkerRow) {
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "TIER\tPOOL\tWORKER\tEGRESS\tHEALTH\tSTATE\tLOAD/CAPACITY\tUTIL\tMAILBOXES\tORG\tLAST SEEN")
+	for _, r := range workers {
+		state := "live"
 		switch {
-		case worker == "":
-			fmt.Fprintf(out, "pending: %s\n", pending)
-		case degraded:
-			fmt.Fprintf(out, "on worker %s (%s), degraded: waiting for dedicated capacity\n", worker, tier)
+		case !r.Live:
+			state = "dead"
+		case r.Releasing:
+			state = "releasing"
+		case r.Stopping:
+			state = "stopping"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s/%d\t%s\t%d\t%s\t%s\n", r.Tier, r.Pool, r.ID, r.Egress, r.Health, state,
+			milli(r.LoadMilli), r.Capacity, util(r.LoadMilli, r.Capacity), r.Mailboxes, dash(r.DedicatedOrg), r.LastSeen.UTC().Format(time.RFC3339))
+	}
+	w.Flush()
+}
+
+// showMailbox prints one mailbox's placement and its decisions.
+func showMailbox(out io.Writer, id string, m projection.MailboxStory) {
+	switch {
+	case !m.Placed:
+		fmt.Fprintf(out, "mailbox %s is not placed (unknown, or removed)\n", id)
+	default:
+		fmt.Fprintf(out, "mailbox %s  org %s  band %s  weight %s\n", id, m.OrgID, m.Band, milli(m.WeightMilli))
+		switch {
+		case m.WorkerID == "":
+			fmt.Fprintf(out, "pending: %s\n", m.PendingReason)
+		case m.Degraded:
+			fmt.Fprintf(out, "on worker %s (%s), degraded: waiting for dedicated capacity\n", m.WorkerID, m.Tier)
 		default:
-			fmt.Fprintf(out, "on worker %s (%s)\n", worker, tier)
+			fmt.Fprintf(out, "on worker %s (%s)\n", m.WorkerID, m.Tier)
 		}
 	}
 	fmt.Fprintln(out)
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "OFFSET\tAT\tDECISION\tREASON\tFROM\tTO\tBAND\tDETAIL")
-	rows, _ := tx.Query(ctx, `SELECT decision_offset, at, type, reason, COALESCE(from_worker::text, ''), COALESCE(to_worker::text, ''),
-    COALESCE(from_band, ''), COALESCE(to_band, ''), COALESCE(cause, ''), COALESCE(detail, ''), COALESCE(health, '')
-FROM placement_history WHERE mailbox_id = $1 ORDER BY decision_offset`, id)
-	var at time.Time
-	var typ, reason, from, to, fromBand, toBand, cause, detail, health string
-	n := 0
-	if _, err := pgx.ForEachRow(rows, []any{&offset, &at, &typ, &reason, &from, &to, &fromBand, &toBand, &cause, &detail, &health}, func() error {
-		n++
-		bands := toBand
-		if fromBand != "" && fromBand != toBand {
-			bands = fromBand + " → " + toBand
+	for _, h := range m.History {
+		bands := h.ToBand
+		if h.FromBand != "" && h.FromBand != h.ToBand {
+			bands = h.FromBand + " → " + h.ToBand
 		}
 		var extra []string
-		for _, kv := range [][2]string{{"cause", cause}, {"health", health}, {"", detail}} {
-			if kv[1] != "" {
-				if kv[0] != "" {
-					extra = append(extra, kv[0]+" "+kv[1])
-				} else {
-					extra = append(extra, kv[1])
-				}
+		for _, kv := range [][2]string{{"cause", h.Cause}, {"health", h.Health}, {"", h.Detail}} {
+			switch {
+			case kv[1] == "":
+			case kv[0] != "":
+				extra = append(extra, kv[0]+" "+kv[1])
+			default:
+				extra = append(extra, kv[1])
 			}
 		}
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", offset, at.UTC().Format(time.RFC3339Nano), typ, reason,
-			dash(from), dash(to), dash(bands), strings.Join(extra, "; "))
-		return nil
-	}); err != nil {
-		return fmt.Errorf("history: %w", err)
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", h.Offset, h.At.UTC().Format(time.RFC3339Nano), h.Type, h.Reason,
+			dash(h.FromWorker), dash(h.ToWorker), dash(bands), strings.Join(extra, "; "))
 	}
 	w.Flush()
-	if n == 0 {
+	if len(m.History) == 0 {
 		fmt.Fprintln(out, "(no decisions)")
 	}
-	return nil
 }
 
 func dash(s string) string {
