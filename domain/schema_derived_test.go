@@ -13,8 +13,6 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/domain/schemas/derived"
 	"github.com/mailplane/mailplane/internal/eventschema"
-	"github.com/mailplane/mailplane/internal/mailboxstate"
-	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -28,13 +26,13 @@ const derivedBaselineDir = "schemas/derived/baseline"
 // mailsync has no list of its types: a new one must be added here.
 func derivedRecordTypes() []string {
 	ts := slices.Concat(domain.PlacementDecisionTypes(), []string{
-		mailboxstate.Type,
-		mailsync.TypeTier,
-		mailsync.TypeOwnershipAcquired,
-		mailsync.TypeOwnershipLost,
-		mailsync.TypeOwnershipSuspended,
-		mailsync.TypeTierChanged,
-		mailsync.TypeSyncFailed,
+		domain.TypeMailboxStateRecord,
+		domain.TypeSyncTierRecord,
+		domain.TypeSyncOwnershipAcquired,
+		domain.TypeSyncOwnershipLost,
+		domain.TypeSyncOwnershipSuspended,
+		domain.TypeSyncTierChanged,
+		domain.TypeSyncFailed,
 	})
 	slices.Sort(ts)
 	return ts
