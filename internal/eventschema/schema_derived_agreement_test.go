@@ -1,4 +1,4 @@
-package domain_test
+package eventschema_test
 
 import (
 	"bytes"
@@ -9,21 +9,16 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/domain/schemas/derived"
 	"github.com/mailplane/mailplane/internal/eventschema"
-	"github.com/mailplane/mailplane/internal/mailboxstate"
-	"github.com/mailplane/mailplane/internal/mailsync"
-	"github.com/mailplane/mailplane/topics"
 )
 
 // The derived schemas against the Go readers of the same records. Samples
 // are generated from each schema (every property left out, set to null, to
 // each JSON type, to each enum value, to each bound and past it, ...) and
 // run through the schema and through the Go reader (DecodePlacementDecision,
-// mailboxstate.Decode, mailsync.DecodeTierRecord, json.Unmarshal for the
+// DecodeMailboxStateRecord, DecodeSyncTierRecord, json.Unmarshal for the
 // sync audit records, which have no validation).
 //
 // Two directions are checked:
@@ -230,37 +225,25 @@ func derivedGoAccepts(typ, data string) error {
 	}
 	switch typ {
 	case domain.TypeMailboxStateRecord:
-		r := &kgo.Record{Topic: topics.MailboxState, Key: key(), Value: []byte(data),
-			Headers: []kgo.RecordHeader{{Key: topics.HeaderType, Value: []byte(typ)}}}
-		_, live, err := mailboxstate.Decode(r)
+		_, live, err := domain.DecodeMailboxStateRecord(typ, key(), []byte(data))
 		if err == nil && !live {
 			err = fmt.Errorf("read as a tombstone")
 		}
 		return err
 	case domain.TypeSyncTierRecord:
-		r := &kgo.Record{Topic: topics.SyncTier, Key: key(), Value: []byte(data),
-			Headers: []kgo.RecordHeader{{Key: topics.HeaderType, Value: []byte(typ)}}}
-		_, ok, err := mailsync.DecodeTierRecord(r)
+		_, ok, err := domain.DecodeSyncTierRecord(typ, key(), []byte(data))
 		if err == nil && !ok {
 			err = fmt.Errorf("read as a tombstone")
 		}
 		return err
 	}
-	var d domain.Data
-	switch typ {
-	case domain.TypeSyncOwnershipAcquired:
-		d = new(domain.SyncOwnershipAcquired)
-	case domain.TypeSyncOwnershipLost:
-		d = new(domain.SyncOwnershipLost)
-	case domain.TypeSyncOwnershipSuspended:
-		d = new(domain.SyncOwnershipSuspended)
-	case domain.TypeSyncTierChanged:
-		d = new(domain.SyncTierChanged)
-	case domain.TypeSyncFailed:
-		d = new(domain.SyncFailed)
-	default:
+	if slices.Contains(domain.PlacementDecisionTypes(), typ) {
 		_, err := domain.DecodePlacementDecision(typ, []byte(data))
 		return err
+	}
+	d, ok := domain.NewRecord(typ)
+	if !ok {
+		return fmt.Errorf("no Go type for %s", typ)
 	}
 	if err := json.Unmarshal([]byte(data), d); err != nil {
 		return err
