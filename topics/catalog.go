@@ -5,6 +5,7 @@ package topics
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/mailplane/mailplane/domain"
@@ -153,4 +154,34 @@ func ForType(eventType string) (string, error) {
 // (warmup_observed) but is consumed only by the health scorer.
 func DomainTopics() []string {
 	return []string{MailboxEvents, OrgEvents, UserEvents, WorkerEvents}
+}
+
+// RecordTypes returns the ce_types of the records on topic, sorted; package
+// domain holds each one's Go type and schema (domain.NewRecord,
+// domain.Schema, domain/schemas/derived). It is nil for the topics whose
+// records are not in the catalog: the DLQ keeps other topics' records as
+// they were, and mailbox.state-dedupe is internal to its processor.
+func RecordTypes(topic string) []string {
+	var ts []string
+	switch topic {
+	case MailboxEvents, MailboxObservations, OrgEvents, UserEvents, WorkerEvents:
+		for _, t := range domain.EventTypes() {
+			if to, err := ForType(t); err == nil && to == topic {
+				ts = append(ts, t)
+			}
+		}
+	case PlacementDecisions:
+		ts = domain.PlacementDecisionTypes()
+	case MailboxState:
+		ts = []string{domain.TypeMailboxStateRecord}
+	case SyncTier:
+		ts = []string{domain.TypeSyncTierRecord}
+	case SyncAudit:
+		ts = []string{
+			domain.TypeSyncOwnershipAcquired, domain.TypeSyncOwnershipLost, domain.TypeSyncOwnershipSuspended,
+			domain.TypeSyncTierChanged, domain.TypeSyncFailed,
+		}
+	}
+	slices.Sort(ts)
+	return ts
 }

@@ -11,8 +11,6 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/domain/schemas/derived"
 	"github.com/mailplane/mailplane/internal/eventschema"
-	"github.com/mailplane/mailplane/internal/mailboxstate"
-	"github.com/mailplane/mailplane/internal/mailsync"
 )
 
 const (
@@ -42,15 +40,15 @@ var derivedValid = map[string]string{
 	domain.TypePlacementUnassigned:          `{"at":"` + dT + `","reason":"mailbox_removed","mailbox_id":"` + dM + `","org_id":"` + dO + `","band":"clean","weight_milli":1000}`,
 	domain.TypePlacementBandChanged:         `{"at":"` + dT + `","reason":"band_improved","mailbox_id":"` + dM + `","org_id":"` + dO + `","from_band":"quarantine","to_band":"risky","health":"throttled","score":40}`,
 	domain.TypePlacementBandHeld:            `{"at":"` + dT + `","reason":"band_recovery_cancelled","mailbox_id":"` + dM + `","band":"risky","health":"watch"}`,
-	mailboxstate.Type: `{"mailbox_id":"` + dM + `","org_id":"` + dO + `","user_id":"` + dU + `","address":"ada@example.com","provider":"gmail","warmup_enabled":false,` +
+	domain.TypeMailboxStateRecord: `{"mailbox_id":"` + dM + `","org_id":"` + dO + `","user_id":"` + dU + `","address":"ada@example.com","provider":"gmail","warmup_enabled":false,` +
 		`"imap":{"host":"imap.gmail.com","port":993,"tls":"implicit","username":"ada@example.com"},` +
 		`"sealed_credentials":{"key_id":"k1","alg":"A256GCM","nonce":"AAECAwQFBgcICQoL","ciphertext":"c2VhbGVk"},"enabled":true,"added_at":"` + dT + `","source_event_id":"` + dW + `"}`,
-	mailsync.TypeTier:               `{"mailbox_id":"` + dM + `","tier":"cold","reason":"inactive","partition":0,"epoch":1,"owner":"host-1-0123456789ab","changed_at":"` + dT + `"}`,
-	mailsync.TypeOwnershipAcquired:  `{"partition":255,"epoch":12,"owner":"host-1-0123456789ab","at":"` + dT + `"}`,
-	mailsync.TypeOwnershipLost:      `{"partition":255,"epoch":12,"owner":"host-1-0123456789ab","reason":"lost","runners":0,"at":"` + dT + `"}`,
-	mailsync.TypeOwnershipSuspended: `{"partition":255,"epoch":12,"owner":"host-1-0123456789ab","reason":"fenced","runners":40,"at":"` + dT + `"}`,
-	mailsync.TypeTierChanged:        `{"mailbox_id":"` + dM + `","from":"hot","to":"warm","reason":"hot_budget","partition":1,"epoch":3,"owner":"host-1-0123456789ab","at":"` + dT + `"}`,
-	mailsync.TypeSyncFailed:         `{"mailbox_id":"` + dM + `","partition":1,"epoch":3,"owner":"host-1-0123456789ab","error":"imap: login failed","attempt":1,"at":"` + dT + `"}`,
+	domain.TypeSyncTierRecord:         `{"mailbox_id":"` + dM + `","tier":"cold","reason":"inactive","partition":0,"epoch":1,"owner":"host-1-0123456789ab","changed_at":"` + dT + `"}`,
+	domain.TypeSyncOwnershipAcquired:  `{"partition":255,"epoch":12,"owner":"host-1-0123456789ab","at":"` + dT + `"}`,
+	domain.TypeSyncOwnershipLost:      `{"partition":255,"epoch":12,"owner":"host-1-0123456789ab","reason":"lost","runners":0,"at":"` + dT + `"}`,
+	domain.TypeSyncOwnershipSuspended: `{"partition":255,"epoch":12,"owner":"host-1-0123456789ab","reason":"fenced","runners":40,"at":"` + dT + `"}`,
+	domain.TypeSyncTierChanged:        `{"mailbox_id":"` + dM + `","from":"hot","to":"warm","reason":"hot_budget","partition":1,"epoch":3,"owner":"host-1-0123456789ab","at":"` + dT + `"}`,
+	domain.TypeSyncFailed:             `{"mailbox_id":"` + dM + `","partition":1,"epoch":3,"owner":"host-1-0123456789ab","error":"imap: login failed","attempt":1,"at":"` + dT + `"}`,
 }
 
 // set returns data with field (top level, or "a.b") set to the JSON literal
@@ -106,15 +104,15 @@ func TestDerivedValidate(t *testing.T) {
 	v := eventschema.Derived()
 	refused := derivedValid[domain.TypePlacementRefused]
 	held := derivedValid[domain.TypePlacementBandHeld]
-	state := derivedValid[mailboxstate.Type]
+	state := derivedValid[domain.TypeMailboxStateRecord]
 	cases := []struct {
 		name, typ, data string
 		want            []string // "field code", sorted
 	}{
 		{"short decision type", "placement.refused", refused, nil},
 		{"short state type", "mailbox.state", state, nil},
-		{"short sync types", "sync.tier", derivedValid[mailsync.TypeTier], nil},
-		{"short audit type", "sync.ownership_lost", derivedValid[mailsync.TypeOwnershipLost], nil},
+		{"short sync types", "sync.tier", derivedValid[domain.TypeSyncTierRecord], nil},
+		{"short audit type", "sync.ownership_lost", derivedValid[domain.TypeSyncOwnershipLost], nil},
 		{"unknown type", "mailplane.placement.nope.v1", refused, []string{"type unknown_type"}},
 		{"empty type", "", refused, []string{"type unknown_type"}},
 		{"empty data", domain.TypePlacementRefused, "  ", []string{"data required"}},
@@ -125,10 +123,10 @@ func TestDerivedValidate(t *testing.T) {
 		{"from_worker with from_band", domain.TypePlacementRefused, set(set(refused, "from_worker", `"`+dW+`"`), "from_band", `"risky"`), nil},
 		{"candidate needs since", domain.TypePlacementBandHeld, set(held, "candidate", `"clean"`), []string{"data.since schema"}},
 		{"candidate with since", domain.TypePlacementBandHeld, set(set(held, "candidate", `"clean"`), "since", `"2026-03-01T11:00:00.5+01:00"`), nil},
-		{"nested path", mailboxstate.Type, set(state, "imap.port", `0`), []string{"data.imap.port schema"}},
-		{"nested additional", mailboxstate.Type, set(state, "sealed_credentials.password", `"x"`), []string{"data.sealed_credentials.password schema"}},
-		{"plain credentials", mailboxstate.Type, set(state, "credentials", `{"password":"hunter2"}`), []string{"data.credentials schema"}},
-		{"date-time asserted", mailsync.TypeSyncFailed, set(derivedValid[mailsync.TypeSyncFailed], "at", `"2026-02-29T00:00:00Z"`), []string{"data.at schema"}},
+		{"nested path", domain.TypeMailboxStateRecord, set(state, "imap.port", `0`), []string{"data.imap.port schema"}},
+		{"nested additional", domain.TypeMailboxStateRecord, set(state, "sealed_credentials.password", `"x"`), []string{"data.sealed_credentials.password schema"}},
+		{"plain credentials", domain.TypeMailboxStateRecord, set(state, "credentials", `{"password":"hunter2"}`), []string{"data.credentials schema"}},
+		{"date-time asserted", domain.TypeSyncFailed, set(derivedValid[domain.TypeSyncFailed], "at", `"2026-02-29T00:00:00Z"`), []string{"data.at schema"}},
 		{"every violation", domain.TypePlacementAssigned, `{"at":"x","reason":"because","mailbox_id":"` + strings.ToUpper(dM) + `","weight_milli":500,"degraded":"no"}`,
 			[]string{"data.at schema", "data.band schema", "data.degraded schema", "data.mailbox_id schema", "data.org_id schema", "data.reason schema", "data.tier schema", "data.weight_milli schema", "data.worker_id schema"}},
 	}
@@ -175,14 +173,14 @@ func TestDerivedRejectsInvalid(t *testing.T) {
 		domain.TypePlacementUnassigned:          {{"worker_id", `""`}, {"detail", `""`}, {"detail", `"` + strings.Repeat("d", 501) + `"`}, {"weight_milli", ""}},
 		domain.TypePlacementBandChanged:         {{"score", `100.5`}, {"score", `-0.5`}, {"health", ""}, {"to_band", `"worse"`}},
 		domain.TypePlacementBandHeld:            {{"candidate", `""`}, {"since", `"2026-03-01"`}, {"band", ""}},
-		mailboxstate.Type: {{"added_at", ""}, {"address", `"ada"`}, {"provider", `"yahoo"`}, {"imap.tls", `"ssl"`}, {"sealed_credentials", ""},
+		domain.TypeMailboxStateRecord: {{"added_at", ""}, {"address", `"ada"`}, {"provider", `"yahoo"`}, {"imap.tls", `"ssl"`}, {"sealed_credentials", ""},
 			{"sealed_credentials.alg", `"none"`}, {"source_event_id", `"` + dU[:14] + "4" + dU[15:] + `"`}, {"enabled", `"true"`}},
-		mailsync.TypeTier:               {{"tier", `"lukewarm"`}, {"reason", `"why"`}, {"changed_at", ""}, {"mailbox_id", `"mb-1"`}},
-		mailsync.TypeOwnershipAcquired:  {{"at", ""}, {"partition", `2147483648`}, {"epoch", `1.5`}},
-		mailsync.TypeOwnershipLost:      {{"reason", `"watchdog"`}, {"runners", `-1`}, {"reason", ""}},
-		mailsync.TypeOwnershipSuspended: {{"reason", `"revoked"`}, {"runners", ""}, {"at", `"2026-03-01T12:00:00"`}},
-		mailsync.TypeTierChanged:        {{"from", `"tepid"`}, {"to", ""}, {"reason", `"session "`}},
-		mailsync.TypeSyncFailed:         {{"attempt", `0`}, {"error", `"` + strings.Repeat("e", 502) + `"`}, {"mailbox_id", ""}, {"error", `null`}},
+		domain.TypeSyncTierRecord:         {{"tier", `"lukewarm"`}, {"reason", `"why"`}, {"changed_at", ""}, {"mailbox_id", `"mb-1"`}},
+		domain.TypeSyncOwnershipAcquired:  {{"at", ""}, {"partition", `2147483648`}, {"epoch", `1.5`}},
+		domain.TypeSyncOwnershipLost:      {{"reason", `"watchdog"`}, {"runners", `-1`}, {"reason", ""}},
+		domain.TypeSyncOwnershipSuspended: {{"reason", `"revoked"`}, {"runners", ""}, {"at", `"2026-03-01T12:00:00"`}},
+		domain.TypeSyncTierChanged:        {{"from", `"tepid"`}, {"to", ""}, {"reason", `"session "`}},
+		domain.TypeSyncFailed:             {{"attempt", `0`}, {"error", `"` + strings.Repeat("e", 502) + `"`}, {"mailbox_id", ""}, {"error", `null`}},
 	}
 	v := eventschema.Derived()
 	for _, typ := range derived.Types() {
@@ -197,7 +195,7 @@ func TestDerivedRejectsInvalid(t *testing.T) {
 		family := "sync"
 		if slices.Contains(domain.PlacementDecisionTypes(), typ) {
 			family = "decision"
-		} else if typ == mailboxstate.Type {
+		} else if typ == domain.TypeMailboxStateRecord {
 			family = ""
 		}
 		samples := append(slices.Clone(perType[typ]), common[family]...)
@@ -243,12 +241,12 @@ func TestDerivedGoZeroValuesConform(t *testing.T) {
 		&domain.PlacementUnassigned{PlacementMeta: meta, MailboxID: dM, OrgID: dO, Band: domain.RiskQuarantine, Weight: domain.PlacementWeightFull},
 		&domain.PlacementBandChanged{PlacementMeta: meta, MailboxID: dM, OrgID: dO, FromBand: domain.RiskRisky, ToBand: domain.RiskClean, Health: domain.HealthHealthy},
 		&domain.PlacementBandHeld{PlacementMeta: meta, MailboxID: dM, Band: domain.RiskRisky, Health: domain.HealthWatch},
-		&mailsync.TierRecord{MailboxID: dM, Tier: mailsync.TierWarm, Reason: mailsync.ReasonDefault, Epoch: 1, Owner: "o", ChangedAt: at},
-		&mailsync.OwnershipAcquired{Epoch: 1, Owner: "o", At: at},
-		&mailsync.OwnershipLost{Epoch: 1, Owner: "o", Reason: mailsync.LostRevoked, At: at},
-		&mailsync.OwnershipSuspended{Epoch: 1, Owner: "o", Reason: mailsync.SuspendedWatchdog, At: at},
-		&mailsync.TierChanged{MailboxID: dM, From: mailsync.TierWarm, To: mailsync.TierCold, Reason: mailsync.ReasonInactive, Epoch: 1, Owner: "o", At: at},
-		&mailsync.SyncFailed{MailboxID: dM, Epoch: 1, Owner: "o", Attempt: 1, At: at},
+		&domain.SyncTierRecord{MailboxID: dM, Tier: domain.SyncTierWarm, Reason: domain.SyncReasonDefault, Epoch: 1, Owner: "o", ChangedAt: at},
+		&domain.SyncOwnershipAcquired{Epoch: 1, Owner: "o", At: at},
+		&domain.SyncOwnershipLost{Epoch: 1, Owner: "o", Reason: domain.SyncLostRevoked, At: at},
+		&domain.SyncOwnershipSuspended{Epoch: 1, Owner: "o", Reason: domain.SyncSuspendedWatchdog, At: at},
+		&domain.SyncTierChanged{MailboxID: dM, From: domain.SyncTierWarm, To: domain.SyncTierCold, Reason: domain.SyncReasonInactive, Epoch: 1, Owner: "o", At: at},
+		&domain.SyncFailed{MailboxID: dM, Epoch: 1, Owner: "o", Attempt: 1, At: at},
 	}
 	seen := map[string]bool{}
 	v := eventschema.Derived()
@@ -265,7 +263,7 @@ func TestDerivedGoZeroValuesConform(t *testing.T) {
 		}
 		seen[d.EventType()] = true
 	}
-	m := mailboxstate.Mailbox{MailboxID: dM, OrgID: dO, UserID: dU, Address: "a@b.c", Provider: domain.ProviderSMTPIMAP,
+	m := domain.MailboxStateRecord{MailboxID: dM, OrgID: dO, UserID: dU, Address: "a@b.c", Provider: domain.ProviderSMTPIMAP,
 		IMAP:              domain.IMAPEndpoint{Host: "h", Port: 1, TLS: domain.TLSNone, Username: "u"},
 		SealedCredentials: &domain.SealedSecret{KeyID: "k", Alg: domain.SealAlg, Nonce: "AA==", Ciphertext: "AA=="}, AddedAt: at}
 	if ps := m.Validate(); len(ps) > 0 {
@@ -282,10 +280,10 @@ func TestDerivedGoZeroValuesConform(t *testing.T) {
 	_ = json.Unmarshal(b, &obj)
 	delete(obj, "source_event_id")
 	b, _ = json.Marshal(obj)
-	if ps := v.Validate(mailboxstate.Type, b); len(ps) > 0 {
+	if ps := v.Validate(domain.TypeMailboxStateRecord, b); len(ps) > 0 {
 		t.Errorf("mailbox.state: Go writes %s, which the schema refuses: %s", b, ps)
 	}
-	seen[mailboxstate.Type] = true
+	seen[domain.TypeMailboxStateRecord] = true
 	for _, typ := range derived.Types() {
 		if !seen[typ] {
 			t.Errorf("%s not covered", typ)
@@ -295,7 +293,7 @@ func TestDerivedGoZeroValuesConform(t *testing.T) {
 
 func TestNewDerivedFromFSErrors(t *testing.T) {
 	t.Parallel()
-	typ := mailsync.TypeSyncFailed
+	typ := domain.TypeSyncFailed
 	cases := map[string]fstest.MapFS{
 		"missing file": {},
 		"not JSON":     {typ + ".json": {Data: []byte(`{`)}},
@@ -313,7 +311,7 @@ func TestNewDerivedFromFSErrors(t *testing.T) {
 	if ps := v.Validate("sync.failed", []byte(`{"any":1}`)); len(ps) > 0 {
 		t.Errorf("permissive schema refused: %s", ps)
 	}
-	if ps := v.Validate(mailsync.TypeTier, []byte(`{}`)); !ps.Has(domain.CodeUnknownType) {
+	if ps := v.Validate(domain.TypeSyncTierRecord, []byte(`{}`)); !ps.Has(domain.CodeUnknownType) {
 		t.Errorf("type without a schema: %s", ps)
 	}
 }

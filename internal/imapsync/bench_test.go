@@ -35,7 +35,6 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/imapsync"
-	"github.com/mailplane/mailplane/internal/mailboxstate"
 	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
@@ -169,7 +168,7 @@ func newBenchWorld(b *testing.B, srv *benchServer, mode domain.TLSMode) *benchWo
 // addJobs builds n jobs (mailboxes u00000...) in tier, the way a worker
 // does: the mailbox.state record with sealed credentials, its partition's
 // epoch and fenced writer. No connection pacing (mailsync.NewJob has none).
-func (w *benchWorld) addJobs(n int, tier mailsync.Tier, pollWarm time.Duration) {
+func (w *benchWorld) addJobs(n int, tier domain.SyncTier, pollWarm time.Duration) {
 	b, kr := w.b, w.kr
 	added := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
 	for i := range n {
@@ -179,7 +178,7 @@ func (w *benchWorld) addJobs(n int, tier mailsync.Tier, pollWarm time.Duration) 
 		if err != nil {
 			b.Fatal(err)
 		}
-		mb := mailboxstate.Mailbox{
+		mb := domain.MailboxStateRecord{
 			MailboxID: id, OrgID: "0190a1b2-0000-7000-8000-000000000001", UserID: fmt.Sprintf("0190a1b2-0000-7000-9000-%012x", i),
 			Address: benchUser(i) + "@bench.example", Provider: domain.ProviderSMTPIMAP,
 			IMAP:              domain.IMAPEndpoint{Host: w.host, Port: w.port, TLS: w.mode, Username: benchUser(i)},
@@ -346,7 +345,7 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 	// Reset the peak RSS (VmHWM) to the current RSS: an earlier benchmark
 	// in this process may have set it.
 	_ = os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
-	w.addJobs(n, mailsync.TierHot, time.Hour)
+	w.addJobs(n, domain.SyncTierHot, time.Hour)
 
 	b.ResetTimer()
 	w.start()
@@ -512,7 +511,7 @@ func benchWarm(b *testing.B, mode domain.TLSMode) {
 	raiseNoFile()
 	srv := startBenchServer(b, n)
 	w := newBenchWorld(b, srv, mode)
-	w.addJobs(n, mailsync.TierWarm, time.Second)
+	w.addJobs(n, domain.SyncTierWarm, time.Second)
 
 	b.ResetTimer()
 	w.start()

@@ -61,7 +61,7 @@ func (te *tokenEndpoint) count() int {
 // oauthSetup is setup for a gmail mailbox whose sealed credentials hold
 // refreshToken.
 func oauthSetup(t *testing.T, mem *memServer, te *tokenEndpoint, refreshToken string, tune func(*imapsync.Config)) *harness {
-	return setup(t, mem, mailsync.TierWarm, func(c *imapsync.Config, j *mailsync.Job) {
+	return setup(t, mem, domain.SyncTierWarm, func(c *imapsync.Config, j *mailsync.Job) {
 		j.PollWarm = 200 * time.Millisecond
 		c.OAuth = map[domain.Provider]imapsync.OAuthClient{domain.ProviderGmail: {TokenURL: te.srv.URL, ClientID: "mailplane-test", ClientSecret: "s3cret"}}
 		plain, _ := json.Marshal(domain.Credentials{OAuthRefreshToken: refreshToken})

@@ -76,7 +76,7 @@ func TestOAuthRotationPersistedAcrossOwners(t *testing.T) {
 	mem.addUser(t, user, password)
 	mem.deliver(t, user, "INBOX", readMsg(t, "inbox1.eml"))
 	re := newRotatingEndpoint(t, mem)
-	h := setup(t, mem, mailsync.TierWarm, func(c *imapsync.Config, j *mailsync.Job) {
+	h := setup(t, mem, domain.SyncTierWarm, func(c *imapsync.Config, j *mailsync.Job) {
 		j.PollWarm = 200 * time.Millisecond
 		c.OAuth = map[domain.Provider]imapsync.OAuthClient{domain.ProviderOutlook: {TokenURL: re.srv.URL, ClientID: "mailplane-test"}}
 		j.Mailbox.Provider = domain.ProviderOutlook
@@ -144,7 +144,7 @@ func TestOAuthRotationPersistedAcrossOwners(t *testing.T) {
 		t.Fatalf("the rotation does not apply to the registration it came from: added_at %s, state %s", cr.AddedAt, mb.AddedAt)
 	}
 	mem.deliver(t, user, "INBOX", readMsg(t, "inbox2.eml"))
-	job, _ := mailsync.NewJob(next, 0, epochs[0], "second-owner", h.fence.Writer(0, epochs[0], "second-owner", mailboxID), mailsync.TierWarm,
+	job, _ := mailsync.NewJob(next, 0, epochs[0], "second-owner", h.fence.Writer(0, epochs[0], "second-owner", mailboxID), domain.SyncTierWarm,
 		func(time.Time, bool) {})
 	job.PollWarm, job.PollCold = 200*time.Millisecond, time.Hour
 	rep := &recReporter{}

@@ -46,7 +46,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/internal/mailboxstate"
 	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/internal/sealing"
 )
@@ -222,7 +221,7 @@ type mailboxRun struct {
 	log *slog.Logger
 
 	mu          sync.Mutex
-	tier        mailsync.Tier
+	tier        domain.SyncTier
 	cursors     map[string]cursor // by folder name
 	loaded      bool
 	newest      time.Time
@@ -265,7 +264,7 @@ func (m *mailboxRun) run(ctx context.Context) error {
 			}
 		}()
 		var err error
-		if tier == mailsync.TierHot {
+		if tier == domain.SyncTierHot {
 			err = m.hot(tctx)
 		} else {
 			err = m.poller(tctx, tier, false)
@@ -284,7 +283,7 @@ func (m *mailboxRun) run(ctx context.Context) error {
 
 // poller syncs every interval on a short-lived connection: all folders
 // (warm, cold) or only the special-use ones (alongside a hot IDLE).
-func (m *mailboxRun) poller(ctx context.Context, tier mailsync.Tier, specialOnly bool) error {
+func (m *mailboxRun) poller(ctx context.Context, tier domain.SyncTier, specialOnly bool) error {
 	interval := m.job.PollInterval(tier)
 	m.mu.Lock()
 	last := m.lastPoll
@@ -368,7 +367,7 @@ func (m *mailboxRun) hot(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if err := m.poller(ctx, mailsync.TierWarm, true); err != nil {
+		if err := m.poller(ctx, domain.SyncTierWarm, true); err != nil {
 			cancel(err)
 		}
 	}()
@@ -499,7 +498,7 @@ func (m *mailboxRun) disconnect(c *conn) {
 	m.r.metrics.open.WithLabelValues(string(m.currentTier())).Dec()
 }
 
-func (m *mailboxRun) currentTier() mailsync.Tier {
+func (m *mailboxRun) currentTier() domain.SyncTier {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.tier
@@ -607,7 +606,7 @@ func (s *secret) wipe() {
 }
 
 // unseal opens the mailbox's credentials; the caller wipes them.
-func (r *Runner) unseal(mb mailboxstate.Mailbox) (*secret, error) {
+func (r *Runner) unseal(mb domain.MailboxStateRecord) (*secret, error) {
 	if mb.SealedCredentials == nil {
 		return nil, &Error{Kind: KindCredentials, Op: "credentials", Reason: "the mailbox has no credentials"}
 	}

@@ -17,7 +17,6 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/imapsync"
-	"github.com/mailplane/mailplane/internal/mailboxstate"
 	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/outbox"
@@ -67,7 +66,7 @@ type harness struct {
 	cfg     imapsync.Config
 	rep     *recReporter
 	job     *mailsync.Job
-	setTier func(mailsync.Tier)
+	setTier func(domain.SyncTier)
 
 	mu        sync.Mutex
 	newest    time.Time
@@ -80,7 +79,7 @@ type harness struct {
 // setup starts a runner's world: a server with user alice, a proxy in
 // front of it, a migrated schema with partition 0's epoch taken, and a job
 // for the mailbox. The runner is not started.
-func setup(t *testing.T, srv testServer, tier mailsync.Tier, tune func(*imapsync.Config, *mailsync.Job), sealPassword string) *harness {
+func setup(t *testing.T, srv testServer, tier domain.SyncTier, tune func(*imapsync.Config, *mailsync.Job), sealPassword string) *harness {
 	t.Helper()
 	h := &harness{t: t, srv: srv, proxy: newProxy(t, srv.addr()), db: pgtest.New(t), rep: &recReporter{}}
 	ctx := t.Context()
@@ -103,7 +102,7 @@ func setup(t *testing.T, srv testServer, tier mailsync.Tier, tune func(*imapsync
 	if sealPassword == "" {
 		sealPassword = password
 	}
-	mb := mailboxstate.Mailbox{
+	mb := domain.MailboxStateRecord{
 		MailboxID: mailboxID, OrgID: "0190a1b2-0000-7000-8000-000000000001", UserID: "0190a1b2-0000-7000-8000-000000000002",
 		Address: user + "@example.org", Provider: domain.ProviderSMTPIMAP,
 		IMAP:    domain.IMAPEndpoint{Host: h.proxy.Host(), Port: h.proxy.Port(), TLS: srv.tls(), Username: user},
@@ -331,7 +330,7 @@ func testFirstSync(t *testing.T, srv testServer) {
 	srv.deliver(t, user, "INBOX", readMsg(t, "inbox2.eml"))
 	srv.deliver(t, user, srv.junk(), readMsg(t, "junk1.eml"))
 	srv.deliver(t, user, srv.sent(), readMsg(t, "sent1.eml"))
-	h := setup(t, srv, mailsync.TierWarm, func(_ *imapsync.Config, j *mailsync.Job) { j.PollWarm = 300 * time.Millisecond }, "")
+	h := setup(t, srv, domain.SyncTierWarm, func(_ *imapsync.Config, j *mailsync.Job) { j.PollWarm = 300 * time.Millisecond }, "")
 	h.start()
 	rs := h.waitRows(4, 15*time.Second)
 
@@ -392,10 +391,10 @@ func testFirstSync(t *testing.T, srv testServer) {
 // arrives through IDLE.
 func testNewMailDuringIdle(t *testing.T, srv testServer) {
 	srv.deliver(t, user, "INBOX", readMsg(t, "inbox1.eml"))
-	h := setup(t, srv, mailsync.TierWarm, nil, "")
+	h := setup(t, srv, domain.SyncTierWarm, nil, "")
 	h.start()
 	h.waitRows(1, 15*time.Second)
-	h.setTier(mailsync.TierHot)
+	h.setTier(domain.SyncTierHot)
 	// Give the hot connection time to select INBOX and enter IDLE.
 	time.Sleep(time.Second)
 	at := time.Now()
@@ -409,7 +408,7 @@ func testNewMailDuringIdle(t *testing.T, srv testServer) {
 }
 
 func testJunkDuringHot(t *testing.T, srv testServer) {
-	h := setup(t, srv, mailsync.TierHot, func(_ *imapsync.Config, j *mailsync.Job) { j.PollWarm = 500 * time.Millisecond }, "")
+	h := setup(t, srv, domain.SyncTierHot, func(_ *imapsync.Config, j *mailsync.Job) { j.PollWarm = 500 * time.Millisecond }, "")
 	h.start()
 	waitFor(t, 15*time.Second, "INBOX and Junk cursors", func() (bool, string) {
 		cs := h.cursors()
@@ -429,7 +428,7 @@ func testJunkDuringHot(t *testing.T, srv testServer) {
 func testUIDValidityChange(t *testing.T, srv testServer) {
 	srv.deliver(t, user, "INBOX", readMsg(t, "inbox1.eml"))
 	srv.deliver(t, user, "INBOX", readMsg(t, "inbox2.eml"))
-	h := setup(t, srv, mailsync.TierWarm, func(_ *imapsync.Config, j *mailsync.Job) { j.PollWarm = 300 * time.Millisecond }, "")
+	h := setup(t, srv, domain.SyncTierWarm, func(_ *imapsync.Config, j *mailsync.Job) { j.PollWarm = 300 * time.Millisecond }, "")
 	h.start()
 	before := h.waitRows(2, 15*time.Second)
 	v := srv.newUIDValidity(t, user, "INBOX")
@@ -450,7 +449,7 @@ func testUIDValidityChange(t *testing.T, srv testServer) {
 func testFlagsChange(t *testing.T, srv testServer) {
 	srv.deliver(t, user, "INBOX", readMsg(t, "inbox1.eml"))
 	srv.deliver(t, user, "INBOX", readMsg(t, "inbox2.eml"))
-	h := setup(t, srv, mailsync.TierWarm, func(_ *imapsync.Config, j *mailsync.Job) { j.PollWarm = 300 * time.Millisecond }, "")
+	h := setup(t, srv, domain.SyncTierWarm, func(_ *imapsync.Config, j *mailsync.Job) { j.PollWarm = 300 * time.Millisecond }, "")
 	h.start()
 	h.waitRows(2, 15*time.Second)
 	r0, _ := h.byMessageID("warm-1@warm.example")
@@ -475,7 +474,7 @@ func testFlagsChange(t *testing.T, srv testServer) {
 
 func testServerCloses(t *testing.T, srv testServer) {
 	srv.deliver(t, user, "INBOX", readMsg(t, "inbox1.eml"))
-	h := setup(t, srv, mailsync.TierHot, nil, "")
+	h := setup(t, srv, domain.SyncTierHot, nil, "")
 	h.start()
 	h.waitRows(1, 15*time.Second)
 	time.Sleep(500 * time.Millisecond) // in IDLE
@@ -497,7 +496,7 @@ func testServerCloses(t *testing.T, srv testServer) {
 
 func testBlackHole(t *testing.T, srv testServer) {
 	srv.deliver(t, user, "INBOX", readMsg(t, "inbox1.eml"))
-	h := setup(t, srv, mailsync.TierHot, func(c *imapsync.Config, _ *mailsync.Job) {
+	h := setup(t, srv, domain.SyncTierHot, func(c *imapsync.Config, _ *mailsync.Job) {
 		c.IdleRefresh, c.IdleMargin, c.CommandTimeout = 2*time.Second, 500*time.Millisecond, time.Second
 	}, "")
 	h.start()
@@ -525,7 +524,7 @@ func testBlackHole(t *testing.T, srv testServer) {
 func testWrongPassword(t *testing.T, srv testServer) {
 	const wrong = "not-the-password-42"
 	srv.deliver(t, user, "INBOX", readMsg(t, "inbox1.eml"))
-	h := setup(t, srv, mailsync.TierWarm, func(c *imapsync.Config, _ *mailsync.Job) {
+	h := setup(t, srv, domain.SyncTierWarm, func(c *imapsync.Config, _ *mailsync.Job) {
 		c.DisableAfter = 400 * time.Millisecond
 		// Dovecot delays repeated failures from one address (up to 15 s;
 		// login_trusted_networks does not lift it): the login deadline must
@@ -591,7 +590,7 @@ func testWrongPassword(t *testing.T, srv testServer) {
 
 func testUntrustedTLS(t *testing.T, srv testServer) {
 	srv.deliver(t, user, "INBOX", readMsg(t, "inbox1.eml"))
-	h := setup(t, srv, mailsync.TierWarm, func(c *imapsync.Config, _ *mailsync.Job) {
+	h := setup(t, srv, domain.SyncTierWarm, func(c *imapsync.Config, _ *mailsync.Job) {
 		c.RootCAs = x509.NewCertPool() // trusts nothing: the server's self-signed certificate is refused
 	}, "")
 	h.start()
@@ -613,7 +612,7 @@ func testUntrustedTLS(t *testing.T, srv testServer) {
 
 func testFenced(t *testing.T, srv testServer) {
 	srv.deliver(t, user, "INBOX", readMsg(t, "inbox1.eml"))
-	h := setup(t, srv, mailsync.TierWarm, func(_ *imapsync.Config, j *mailsync.Job) { j.PollWarm = 200 * time.Millisecond }, "")
+	h := setup(t, srv, domain.SyncTierWarm, func(_ *imapsync.Config, j *mailsync.Job) { j.PollWarm = 200 * time.Millisecond }, "")
 	h.start()
 	h.waitRows(1, 15*time.Second)
 	if _, err := h.fence.Acquire(context.Background(), "another-worker", []int32{0}); err != nil {
@@ -668,7 +667,7 @@ func testExpunge(t *testing.T, srv testServer) {
 	srv.deliver(t, user, "INBOX", readMsg(t, "inbox1.eml"))
 	srv.deliver(t, user, "INBOX", readMsg(t, "inbox2.eml"))
 	srv.deliver(t, user, "INBOX", readMsg(t, "new1.eml"))
-	h := setup(t, srv, mailsync.TierWarm, func(_ *imapsync.Config, j *mailsync.Job) { j.PollWarm = 300 * time.Millisecond }, "")
+	h := setup(t, srv, domain.SyncTierWarm, func(_ *imapsync.Config, j *mailsync.Job) { j.PollWarm = 300 * time.Millisecond }, "")
 	h.start()
 	h.waitRows(3, 15*time.Second)
 	srv.expunge(t, user, "INBOX", 2)
@@ -681,7 +680,7 @@ func testExpunge(t *testing.T, srv testServer) {
 		}
 		return len(rs) == 2, fmt.Sprint(len(rs), " rows")
 	})
-	h.setTier(mailsync.TierHot)
+	h.setTier(domain.SyncTierHot)
 	time.Sleep(500 * time.Millisecond) // into IDLE
 	srv.expunge(t, user, "INBOX", 3)
 	waitFor(t, 10*time.Second, "the row of a message expunged during IDLE gone", func() (bool, string) {

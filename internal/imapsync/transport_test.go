@@ -113,7 +113,7 @@ func TestRunnerNeverPresentsCredentialsElsewhere(t *testing.T) {
 			t.Parallel()
 			mem := newMem(t).(*memServer)
 			mem.addUser(t, user, password)
-			h := setup(t, mem, mailsync.TierWarm, redirect(ep), "")
+			h := setup(t, mem, domain.SyncTierWarm, redirect(ep), "")
 			h.cfg.Transport = domain.MustTransportPolicy("127.0.0.0/8,localhost")
 			h.start()
 			f := waitFailure(t, h, imapsync.KindUnbound)
@@ -154,7 +154,7 @@ func TestRunnerTransportPolicyAtDialTime(t *testing.T) {
 			fake := newFakeIMAP(t, "* OK IMAP4rev1 ready\r\n")
 			mem := newMem(t).(*memServer)
 			ep := domain.IMAPEndpoint{Host: c.host, Port: fake.port(), TLS: c.tls, Username: user}
-			h := setup(t, mem, mailsync.TierWarm, func(cfg *imapsync.Config, j *mailsync.Job) {
+			h := setup(t, mem, domain.SyncTierWarm, func(cfg *imapsync.Config, j *mailsync.Job) {
 				j.PollWarm = 100 * time.Millisecond
 			}, "")
 			resealFor(t, h, ep)
@@ -188,7 +188,7 @@ func TestRunnerFailuresCarryNoRemoteBytes(t *testing.T) {
 	for _, port := range []int{notIMAP.port(), closedPort} {
 		mem := newMem(t).(*memServer)
 		ep := domain.IMAPEndpoint{Host: "127.0.0.1", Port: port, TLS: domain.TLSNone, Username: user}
-		h := setup(t, mem, mailsync.TierWarm, func(cfg *imapsync.Config, j *mailsync.Job) { j.PollWarm = 100 * time.Millisecond }, "")
+		h := setup(t, mem, domain.SyncTierWarm, func(cfg *imapsync.Config, j *mailsync.Job) { j.PollWarm = 100 * time.Millisecond }, "")
 		resealFor(t, h, ep)
 		h.start()
 		f := waitFailure(t, h, imapsync.KindNetwork)
@@ -224,7 +224,7 @@ func TestRunnerNoPlainLoginWithoutSTARTTLS(t *testing.T) {
 	fake := newFakeIMAP(t, "* OK [CAPABILITY IMAP4rev1 AUTH=PLAIN] ready\r\n")
 	mem := newMem(t).(*memServer)
 	ep := domain.IMAPEndpoint{Host: "127.0.0.1", Port: fake.port(), TLS: domain.TLSStartTLS, Username: user}
-	h := setup(t, mem, mailsync.TierWarm, func(cfg *imapsync.Config, j *mailsync.Job) { j.PollWarm = 100 * time.Millisecond }, "")
+	h := setup(t, mem, domain.SyncTierWarm, func(cfg *imapsync.Config, j *mailsync.Job) { j.PollWarm = 100 * time.Millisecond }, "")
 	resealFor(t, h, ep)
 	h.start()
 	waitFor(t, 10*time.Second, "two failed attempts", func() (bool, string) {

@@ -57,7 +57,7 @@ func testWarmupObserved(t *testing.T, srv testServer) {
 	srv.deliver(t, user, srv.junk(), warmupMsg("junk-1", "warm junk"))
 	srv.deliver(t, user, srv.junk(), readMsg(t, "junk1.eml")) // malformed header: "w2"
 	srv.deliver(t, user, srv.sent(), warmupMsg("sent-1", "own copy"))
-	h := setup(t, srv, mailsync.TierWarm, func(_ *imapsync.Config, j *mailsync.Job) { j.PollWarm = 300 * time.Millisecond }, "")
+	h := setup(t, srv, domain.SyncTierWarm, func(_ *imapsync.Config, j *mailsync.Job) { j.PollWarm = 300 * time.Millisecond }, "")
 	h.start()
 	h.waitRows(4, 15*time.Second)
 	var obs map[string]*domain.WarmupObserved

@@ -47,7 +47,7 @@ import (
 
 // current is a mailbox's record as the fold sees it.
 type current struct {
-	m    Mailbox
+	m    domain.MailboxStateRecord
 	live bool  // false: a tombstone
 	err  error // the last record does not decode
 }

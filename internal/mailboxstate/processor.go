@@ -457,16 +457,16 @@ func (p *Processor) fold(r *kgo.Record, a *applied, batch *batchState, out []*kg
 		next, kind = current{m: m, live: true}, outcomeUpserted
 	case *domain.MailboxRemoved:
 		state, kind = Tombstone(d.MailboxID, e.ID, e.Time), outcomeTombstoned
-		next = current{m: Mailbox{MailboxID: d.MailboxID}}
+		next = current{m: domain.MailboxStateRecord{MailboxID: d.MailboxID}}
 	case *domain.MailboxDisabled:
 		var dl *dlq.Failure
-		state, next, kind, dl = p.foldIntoCurrent(r, batch, d.MailboxID, e, func(m Mailbox) (Mailbox, bool) { return Disabled(m, e), true })
+		state, next, kind, dl = p.foldIntoCurrent(r, batch, d.MailboxID, e, func(m domain.MailboxStateRecord) (domain.MailboxStateRecord, bool) { return Disabled(m, e), true })
 		if dl != nil {
 			return deadLetter(dl.Code, dl.Err)
 		}
 	case *domain.CredentialsRotated:
 		var dl *dlq.Failure
-		state, next, kind, dl = p.foldIntoCurrent(r, batch, d.MailboxID, e, func(m Mailbox) (Mailbox, bool) { return Rotated(m, e, d) })
+		state, next, kind, dl = p.foldIntoCurrent(r, batch, d.MailboxID, e, func(m domain.MailboxStateRecord) (domain.MailboxStateRecord, bool) { return Rotated(m, e, d) })
 		if dl != nil {
 			return deadLetter(dl.Code, dl.Err)
 		}
@@ -504,7 +504,7 @@ type metrics struct {
 // remembered all the same, so that a copy of it after a later
 // mailbox.added does not apply to that mailbox. dl is set when the event
 // goes to the DLQ instead.
-func (p *Processor) foldIntoCurrent(r *kgo.Record, batch *batchState, id string, e domain.Event, change func(Mailbox) (Mailbox, bool)) (state *kgo.Record, next current, kind outcome, dl *dlq.Failure) {
+func (p *Processor) foldIntoCurrent(r *kgo.Record, batch *batchState, id string, e domain.Event, change func(domain.MailboxStateRecord) (domain.MailboxStateRecord, bool)) (state *kgo.Record, next current, kind outcome, dl *dlq.Failure) {
 	cur, ok := batch.get(id)
 	switch {
 	case cur.err != nil:
@@ -512,7 +512,7 @@ func (p *Processor) foldIntoCurrent(r *kgo.Record, batch *batchState, id string,
 		return nil, current{}, 0, &dlq.Failure{Code: domain.ErrorCode(cur.err), Err: "the mailbox's current mailbox.state record does not decode: " + cur.err.Error()}
 	case !ok || !cur.live:
 		if !ok {
-			cur = current{m: Mailbox{MailboxID: id}}
+			cur = current{m: domain.MailboxStateRecord{MailboxID: id}}
 		}
 		return nil, cur, outcomeIgnored, nil
 	}

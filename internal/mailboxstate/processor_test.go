@@ -436,7 +436,7 @@ func TestAddedAtNeverAfterReceived(t *testing.T) {
 	produceDated(t, kcfg, recs...)
 	got := map[string]time.Time{}
 	for _, r := range waitCommitted(t, kcfg, topics.MailboxState, 2) {
-		var m mailboxstate.Mailbox
+		var m domain.MailboxStateRecord
 		if err := json.Unmarshal(r.Value, &m); err != nil {
 			t.Fatal(err)
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
 )
 
@@ -111,12 +112,12 @@ func (p *Processor) readToEnd(ctx context.Context, clientSuffix, topic string, p
 // Records that do not decode are skipped and counted in bad. Operator
 // commands use it (`mailplane credentials reseal`); the processor and the
 // sync workers have their own readers.
-func ReadLive(ctx context.Context, kcfg kafka.Config, topic string, log *slog.Logger) (live map[string]Mailbox, bad int, err error) {
+func ReadLive(ctx context.Context, kcfg kafka.Config, topic string, log *slog.Logger) (live map[string]domain.MailboxStateRecord, bad int, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	p := &Processor{kcfg: kcfg, log: log}
-	live = map[string]Mailbox{}
+	live = map[string]domain.MailboxStateRecord{}
 	all := func(n int) []int32 {
 		ps := make([]int32, n)
 		for i := range ps {

@@ -16,7 +16,7 @@ func TestRotatedAppliesToItsRegistration(t *testing.T) {
 	added := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	old := &domain.SealedSecret{KeyID: "k1", Alg: domain.SealAlg, Nonce: "AAAA", Ciphertext: "AAAA"}
 	fresh := &domain.SealedSecret{KeyID: "k2", Alg: domain.SealAlg, Nonce: "BBBB", Ciphertext: "BBBB"}
-	m := mailboxstate.Mailbox{MailboxID: "0190a5b2-4c5e-7b1a-9c3d-00000000c001", SealedCredentials: old, Enabled: true, AddedAt: added, SourceEventID: "a"}
+	m := domain.MailboxStateRecord{MailboxID: "0190a5b2-4c5e-7b1a-9c3d-00000000c001", SealedCredentials: old, Enabled: true, AddedAt: added, SourceEventID: "a"}
 	e := domain.Event{ID: "r"}
 	got, ok := mailboxstate.Rotated(m, e, &domain.CredentialsRotated{MailboxID: m.MailboxID, SealedCredentials: fresh, Cause: domain.RotationReseal, AddedAt: added})
 	if !ok || got.SealedCredentials != fresh || got.SourceEventID != "r" || !got.Enabled || !got.AddedAt.Equal(added) {

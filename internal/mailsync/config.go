@@ -199,8 +199,8 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
-func (c Config) policy() TierPolicy {
-	return TierPolicy{
+func (c Config) policy() domain.SyncTierPolicy {
+	return domain.SyncTierPolicy{
 		SessionGrace: c.TierSessionGrace,
 		HotActivity:  c.TierHotActivity,
 		ColdAfter:    c.TierColdAfter,

@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/outbox"
 )
 
@@ -13,7 +14,7 @@ import (
 // tier to another under epoch of partition, exactly as a worker's record
 // loop does: the sync.tier record and the sync.audit tier_changed event,
 // queued in the outbox in a transaction fenced on the epoch.
-func WriteTierChange(ctx context.Context, f *Fence, partition int32, epoch int64, owner, mailboxID string, from, to Tier, reason string) error {
+func WriteTierChange(ctx context.Context, f *Fence, partition int32, epoch int64, owner, mailboxID string, from, to domain.SyncTier, reason string) error {
 	recs, err := tierRecords(owner, partition, epoch, mailboxID, from, to, reason, time.Now().UTC())
 	if err != nil {
 		return err
@@ -23,7 +24,7 @@ func WriteTierChange(ctx context.Context, f *Fence, partition int32, epoch int64
 
 // WriteTierChangeHolding is WriteTierChange calling hold inside the fenced
 // transaction, after the records are queued and before the commit.
-func WriteTierChangeHolding(ctx context.Context, f *Fence, partition int32, epoch int64, owner, mailboxID string, from, to Tier, reason string, hold func()) error {
+func WriteTierChangeHolding(ctx context.Context, f *Fence, partition int32, epoch int64, owner, mailboxID string, from, to domain.SyncTier, reason string, hold func()) error {
 	recs, err := tierRecords(owner, partition, epoch, mailboxID, from, to, reason, time.Now().UTC())
 	if err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/outbox"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -111,7 +112,7 @@ func (f *Fence) Acquire(ctx context.Context, owner string, partitions []int32) (
 		)
 		if _, err := pgx.ForEachRow(rows, []any{&p, &e, &at}, func() error {
 			out[p] = e
-			r, err := encodeRecord(topics.SyncAudit, owner, at, &OwnershipAcquired{Partition: p, Epoch: e, Owner: owner, At: at.UTC()})
+			r, err := encodeRecord(topics.SyncAudit, owner, at, &domain.SyncOwnershipAcquired{Partition: p, Epoch: e, Owner: owner, At: at.UTC()})
 			recs = append(recs, r)
 			return err
 		}); err != nil {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/mailplane/mailplane/internal/mailboxstate"
+	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/mailsync"
 )
 
@@ -26,7 +26,7 @@ func TestGracefulLeave(t *testing.T) {
 	if testing.Short() {
 		n = 120
 	}
-	var mbs []mailboxstate.Mailbox
+	var mbs []domain.MailboxStateRecord
 	for range n {
 		mbs = append(mbs, f.mailbox("", time.Hour))
 	}
@@ -95,7 +95,7 @@ func TestBlackholedMember(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 6)
 	f := newFixture(60)
-	var mbs []mailboxstate.Mailbox
+	var mbs []domain.MailboxStateRecord
 	for range 120 {
 		mbs = append(mbs, f.mailbox("", time.Hour))
 	}
@@ -212,7 +212,7 @@ func TestFencedPartitionResumes(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2)
 	f := newFixture(90)
-	var mbs []mailboxstate.Mailbox
+	var mbs []domain.MailboxStateRecord
 	for range 20 {
 		mbs = append(mbs, f.mailbox("", time.Hour))
 	}
@@ -260,7 +260,7 @@ func TestRebalanceWaitingOnDeadMember(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 6)
 	f := newFixture(60)
-	var mbs []mailboxstate.Mailbox
+	var mbs []domain.MailboxStateRecord
 	for range 60 {
 		mbs = append(mbs, f.mailbox("", time.Hour))
 	}

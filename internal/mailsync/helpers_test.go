@@ -120,12 +120,12 @@ func (f *fixture) uuid() string {
 
 // mailbox returns a live mailbox of user (a fresh user if empty), added
 // addedAgo ago.
-func (f *fixture) mailbox(user string, addedAgo time.Duration) mailboxstate.Mailbox {
+func (f *fixture) mailbox(user string, addedAgo time.Duration) domain.MailboxStateRecord {
 	if user == "" {
 		user = f.uuid()
 	}
 	id := f.uuid()
-	return mailboxstate.Mailbox{
+	return domain.MailboxStateRecord{
 		MailboxID: id, OrgID: f.uuid(), UserID: user,
 		Address:  "box-" + id[:8] + "@example.com",
 		Provider: domain.ProviderSMTPIMAP,
@@ -138,7 +138,7 @@ func (f *fixture) mailbox(user string, addedAgo time.Duration) mailboxstate.Mail
 	}
 }
 
-func stateRecord(t testing.TB, m mailboxstate.Mailbox) *kgo.Record {
+func stateRecord(t testing.TB, m domain.MailboxStateRecord) *kgo.Record {
 	t.Helper()
 	r, err := mailboxstate.Record(m, m.AddedAt)
 	if err != nil {
@@ -147,7 +147,7 @@ func stateRecord(t testing.TB, m mailboxstate.Mailbox) *kgo.Record {
 	return r
 }
 
-func stateRecords(t testing.TB, ms ...mailboxstate.Mailbox) []*kgo.Record {
+func stateRecords(t testing.TB, ms ...domain.MailboxStateRecord) []*kgo.Record {
 	out := make([]*kgo.Record, len(ms))
 	for i, m := range ms {
 		out[i] = stateRecord(t, m)
@@ -354,7 +354,7 @@ func counterValue(t testing.TB, reg *prometheus.Registry, name string) float64 {
 	return sum
 }
 
-func ids(ms []mailboxstate.Mailbox) map[string]bool {
+func ids(ms []domain.MailboxStateRecord) map[string]bool {
 	out := map[string]bool{}
 	for _, m := range ms {
 		out[m.MailboxID] = true

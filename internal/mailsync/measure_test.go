@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mailplane/mailplane/internal/mailboxstate"
+	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/mailsync"
 )
 
@@ -24,7 +24,7 @@ func TestAssignLargePartition(t *testing.T) {
 	const n = 10_000
 	e := newEnv(t, 1)
 	f := newFixture(80)
-	mbs := make([]mailboxstate.Mailbox, n)
+	mbs := make([]domain.MailboxStateRecord, n)
 	for i := range mbs {
 		mbs[i] = f.mailbox("", time.Hour)
 	}
@@ -82,18 +82,18 @@ func TestAssignLargePartition(t *testing.T) {
 // worker does on every cadence tick.
 func BenchmarkEvaluateTiers(b *testing.B) {
 	now := time.Now()
-	in := make([]mailsync.TierInput, 10_000)
+	in := make([]domain.SyncTierInput, 10_000)
 	for i := range in {
-		in[i] = mailsync.TierInput{Current: mailsync.TierWarm, MailKnown: true,
+		in[i] = domain.SyncTierInput{Current: domain.SyncTierWarm, MailKnown: true,
 			NewestMail: now.Add(-time.Duration(i) * time.Minute), TrackedSince: now.Add(-time.Hour), AddedAt: now.Add(-24 * time.Hour)}
 		if i%10 == 0 {
 			in[i].SessionAt = now.Add(-time.Minute)
 		}
 	}
-	p := mailsync.TierPolicy{SessionGrace: 15 * time.Minute, HotActivity: 2 * time.Hour, ColdAfter: 7 * 24 * time.Hour,
+	p := domain.SyncTierPolicy{SessionGrace: 15 * time.Minute, HotActivity: 2 * time.Hour, ColdAfter: 7 * 24 * time.Hour,
 		UnknownGrace: 10 * time.Minute, HotBudget: 500}
 	b.ReportAllocs()
 	for b.Loop() {
-		mailsync.EvaluateTiers(now, p, in)
+		domain.EvaluateSyncTiers(now, p, in)
 	}
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/mailplane/mailplane/internal/mailboxstate"
+	"github.com/mailplane/mailplane/domain"
 )
 
 // RecordingRunner is a Runner that syncs nothing: it records what it is
@@ -26,10 +26,10 @@ type RecordingRunner struct {
 	NoWrites bool
 	// NewestMail, when set, gives the newest-mail date to report at start
 	// (ok false: report nothing, as a runner that has not synced yet).
-	NewestMail func(m mailboxstate.Mailbox) (newest time.Time, ok bool)
+	NewestMail func(m domain.MailboxStateRecord) (newest time.Time, ok bool)
 	// OnTier, when set, is called with every tier the runner is told,
 	// the starting one included.
-	OnTier func(mailboxID string, t Tier, at time.Time)
+	OnTier func(mailboxID string, t domain.SyncTier, at time.Time)
 
 	mu       sync.Mutex
 	running  map[string]*RunInfo
@@ -46,8 +46,8 @@ type RunInfo struct {
 	Partition int32
 	Epoch     int64
 	Owner     string
-	StartTier Tier
-	Tier      Tier
+	StartTier domain.SyncTier
+	Tier      domain.SyncTier
 	Since     time.Time
 }
 
@@ -190,7 +190,7 @@ func (r *RecordingRunner) Run(ctx context.Context, job *Job) error {
 	}
 }
 
-func (r *RecordingRunner) write(ctx context.Context, job *Job, kind string, tier Tier) error {
+func (r *RecordingRunner) write(ctx context.Context, job *Job, kind string, tier domain.SyncTier) error {
 	if r.NoWrites || job.Writer == nil {
 		return nil
 	}

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/mailplane/mailplane/internal/mailboxstate"
+	"github.com/mailplane/mailplane/domain"
 )
 
 // Runner syncs mailboxes. The worker calls Run once per mailbox it runs,
@@ -38,7 +38,7 @@ func (f RunnerFunc) Run(ctx context.Context, job *Job) error { return f(ctx, job
 // changed mailbox record is a new Job (the runner is restarted).
 type Job struct {
 	// Mailbox is the mailbox's mailbox.state record.
-	Mailbox mailboxstate.Mailbox
+	Mailbox domain.MailboxStateRecord
 	// Partition and Epoch are the ownership the runner works under; Owner
 	// is the worker's id.
 	Partition int32
@@ -58,13 +58,13 @@ type Job struct {
 // Tier returns the mailbox's current tier and a channel closed at its next
 // change. The tier changes while the runner runs (a user.active promotes to
 // hot at once); a runner selects on the channel and calls Tier again.
-func (j *Job) Tier() (Tier, <-chan struct{}) { return j.box.get() }
+func (j *Job) Tier() (domain.SyncTier, <-chan struct{}) { return j.box.get() }
 
 // PollInterval is how often a runner in tier t polls: INBOX and the
 // special-use folders for warm and cold; the special-use folders alongside
 // IDLE for hot.
-func (j *Job) PollInterval(t Tier) time.Duration {
-	if t == TierCold {
+func (j *Job) PollInterval(t domain.SyncTier) time.Duration {
+	if t == domain.SyncTierCold {
 		return j.PollCold
 	}
 	return j.PollWarm
@@ -97,10 +97,10 @@ func (j *Job) ReportNoMail() {
 // NewJob builds a Job for tests of runners outside a worker: a fixed tier
 // (changed through the returned setter), no pacing, and reports passed to
 // report (may be nil).
-func NewJob(m mailboxstate.Mailbox, partition int32, epoch int64, owner string, w Writer, tier Tier, report func(newest time.Time, known bool)) (*Job, func(Tier)) {
-	box := newTierBox(tier, ReasonDefault)
+func NewJob(m domain.MailboxStateRecord, partition int32, epoch int64, owner string, w Writer, tier domain.SyncTier, report func(newest time.Time, known bool)) (*Job, func(domain.SyncTier)) {
+	box := newTierBox(tier, domain.SyncReasonDefault)
 	d := DefaultConfig()
 	j := &Job{Mailbox: m, Partition: partition, Epoch: epoch, Owner: owner, Writer: w,
 		PollWarm: d.PollWarm, PollCold: d.PollCold, box: box, report: report}
-	return j, func(t Tier) { box.set(t, "test") }
+	return j, func(t domain.SyncTier) { box.set(t, "test") }
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/internal/outbox"
 	"github.com/mailplane/mailplane/topics"
@@ -30,9 +31,9 @@ func (e *env) startRelay() {
 
 // tierRecords decodes the records of sync.tier, in log order (the tests
 // using it have one partition).
-func tierRecords(t testing.TB, recs []*kgo.Record) []mailsync.TierRecord {
+func tierRecords(t testing.TB, recs []*kgo.Record) []domain.SyncTierRecord {
 	t.Helper()
-	var out []mailsync.TierRecord
+	var out []domain.SyncTierRecord
 	for _, r := range recs {
 		rec, live, err := mailsync.DecodeTierRecord(r)
 		if err != nil {
@@ -46,14 +47,14 @@ func tierRecords(t testing.TB, recs []*kgo.Record) []mailsync.TierRecord {
 }
 
 // tierChanges decodes the tier_changed events of sync.audit.
-func tierChanges(t testing.TB, recs []*kgo.Record) []mailsync.TierChanged {
+func tierChanges(t testing.TB, recs []*kgo.Record) []domain.SyncTierChanged {
 	t.Helper()
-	var out []mailsync.TierChanged
+	var out []domain.SyncTierChanged
 	for _, r := range recs {
-		if typ, _ := topics.Header(r, topics.HeaderType); typ != mailsync.TypeTierChanged {
+		if typ, _ := topics.Header(r, topics.HeaderType); typ != domain.TypeSyncTierChanged {
 			continue
 		}
-		var c mailsync.TierChanged
+		var c domain.SyncTierChanged
 		if err := json.Unmarshal(r.Value, &c); err != nil {
 			t.Fatal(err)
 		}
@@ -84,7 +85,7 @@ func TestStaleTierWriteFenced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := mailsync.WriteTierChange(ctx, f, 0, a[0], "a", mb, mailsync.TierWarm, mailsync.TierCold, mailsync.ReasonInactive); err != nil {
+	if err := mailsync.WriteTierChange(ctx, f, 0, a[0], "a", mb, domain.SyncTierWarm, domain.SyncTierCold, domain.SyncReasonInactive); err != nil {
 		t.Fatalf("a's write at its current epoch: %v", err)
 	}
 	b, err := f.Acquire(ctx, "b", []int32{0})
@@ -92,7 +93,7 @@ func TestStaleTierWriteFenced(t *testing.T) {
 		t.Fatal(err)
 	}
 	// a still believes it owns the partition (a zombie) and promotes.
-	err = mailsync.WriteTierChange(ctx, f, 0, a[0], "a", mb, mailsync.TierCold, mailsync.TierHot, mailsync.ReasonSession)
+	err = mailsync.WriteTierChange(ctx, f, 0, a[0], "a", mb, domain.SyncTierCold, domain.SyncTierHot, domain.SyncReasonSession)
 	var fe *mailsync.FencedError
 	if !errors.Is(err, mailsync.ErrFenced) || !errors.As(err, &fe) || fe.Epoch != a[0] || fe.Current != b[0] {
 		t.Fatalf("stale tier write: %v, want refused at epoch %d (current %d)", err, a[0], b[0])
@@ -104,7 +105,7 @@ func TestStaleTierWriteFenced(t *testing.T) {
         WHERE owner = 'a' AND kind = 'tier' AND epoch = $1 AND current_epoch = $2 AND mailbox_id = $3`, a[0], b[0], mb); got != 1 {
 		t.Errorf("refused tier writes recorded: %d, want 1", got)
 	}
-	if err := mailsync.WriteTierChange(ctx, f, 0, b[0], "b", mb, mailsync.TierCold, mailsync.TierWarm, mailsync.ReasonDefault); err != nil {
+	if err := mailsync.WriteTierChange(ctx, f, 0, b[0], "b", mb, domain.SyncTierCold, domain.SyncTierWarm, domain.SyncReasonDefault); err != nil {
 		t.Fatalf("b's write: %v", err)
 	}
 
@@ -114,7 +115,7 @@ func TestStaleTierWriteFenced(t *testing.T) {
 	inTx, release := make(chan struct{}), make(chan struct{})
 	held := make(chan error, 1)
 	go func() {
-		held <- mailsync.WriteTierChangeHolding(ctx, f, 0, b[0], "b", mb, mailsync.TierWarm, mailsync.TierHot, mailsync.ReasonSession,
+		held <- mailsync.WriteTierChangeHolding(ctx, f, 0, b[0], "b", mb, domain.SyncTierWarm, domain.SyncTierHot, domain.SyncReasonSession,
 			func() { close(inTx); <-release })
 	}()
 	<-inTx
@@ -136,11 +137,11 @@ func TestStaleTierWriteFenced(t *testing.T) {
 		t.Fatalf("b's tier write in flight: %v", err)
 	}
 	c := <-acquired
-	if err := mailsync.WriteTierChange(ctx, f, 0, c[0], "c", mb, mailsync.TierHot, mailsync.TierCold, mailsync.ReasonInactive); err != nil {
+	if err := mailsync.WriteTierChange(ctx, f, 0, c[0], "c", mb, domain.SyncTierHot, domain.SyncTierCold, domain.SyncReasonInactive); err != nil {
 		t.Fatalf("c's write: %v", err)
 	}
 
-	var recs []mailsync.TierRecord
+	var recs []domain.SyncTierRecord
 	waitFor(t, 10*time.Second, "c's tier record on sync.tier", func() (bool, string) {
 		recs = tierRecords(t, readTopic(t, e, topics.SyncTier))
 		for _, r := range recs {
@@ -152,11 +153,11 @@ func TestStaleTierWriteFenced(t *testing.T) {
 	})
 	// In log order: no record of a stale epoch after a newer one, so
 	// compaction keeps c's.
-	want := []mailsync.TierRecord{
-		{MailboxID: mb, Tier: mailsync.TierCold, Partition: 0, Epoch: a[0], Owner: "a"},
-		{MailboxID: mb, Tier: mailsync.TierWarm, Partition: 0, Epoch: b[0], Owner: "b"},
-		{MailboxID: mb, Tier: mailsync.TierHot, Partition: 0, Epoch: b[0], Owner: "b"},
-		{MailboxID: mb, Tier: mailsync.TierCold, Partition: 0, Epoch: c[0], Owner: "c"},
+	want := []domain.SyncTierRecord{
+		{MailboxID: mb, Tier: domain.SyncTierCold, Partition: 0, Epoch: a[0], Owner: "a"},
+		{MailboxID: mb, Tier: domain.SyncTierWarm, Partition: 0, Epoch: b[0], Owner: "b"},
+		{MailboxID: mb, Tier: domain.SyncTierHot, Partition: 0, Epoch: b[0], Owner: "b"},
+		{MailboxID: mb, Tier: domain.SyncTierCold, Partition: 0, Epoch: c[0], Owner: "c"},
 	}
 	if len(recs) != len(want) {
 		t.Fatalf("sync.tier holds %+v, want a's cold, b's warm and hot, c's cold", recs)
@@ -172,14 +173,14 @@ func TestStaleTierWriteFenced(t *testing.T) {
 		t.Errorf("tier_changed events %+v, want one per committed change (none of a's refused one)", changes)
 	}
 	for _, ch := range changes {
-		if ch.Owner == "a" && ch.To == mailsync.TierHot {
+		if ch.Owner == "a" && ch.To == domain.SyncTierHot {
 			t.Errorf("the refused change reached sync.audit: %+v", ch)
 		}
 	}
 	// Taking each epoch announced it, in the same transaction.
 	announced := 0
 	for _, r := range readTopic(t, e, topics.SyncAudit) {
-		if typ, _ := topics.Header(r, topics.HeaderType); typ == mailsync.TypeOwnershipAcquired {
+		if typ, _ := topics.Header(r, topics.HeaderType); typ == domain.TypeSyncOwnershipAcquired {
 			announced++
 		}
 	}
@@ -225,10 +226,10 @@ func TestStaleOwnerTierFenced(t *testing.T) {
 	start := time.Now()
 	e.produce(userActive(t, user, start))
 	waitFor(t, 5*time.Second, "the runner told hot", func() (bool, string) {
-		_, ok := watch.firstAfter(box.MailboxID, mailsync.TierHot, start)
+		_, ok := watch.firstAfter(box.MailboxID, domain.SyncTierHot, start)
 		return ok, "not hot"
 	})
-	at, _ := watch.firstAfter(box.MailboxID, mailsync.TierHot, start)
+	at, _ := watch.firstAfter(box.MailboxID, domain.SyncTierHot, start)
 	t.Logf("user.active to the runner told hot, under a stale epoch: %s", at.Sub(start))
 	waitFor(t, 10*time.Second, "the stale tier write refused", func() (bool, string) {
 		n := count(t, e.db.Pool, `SELECT count(*) FROM sync_fenced_writes WHERE owner = 'stale-owner' AND kind = 'tier'
@@ -239,11 +240,11 @@ func TestStaleOwnerTierFenced(t *testing.T) {
 		t.Errorf("mailplane_sync_fenced_writes_total = %v", got)
 	}
 
-	var recs []mailsync.TierRecord
+	var recs []domain.SyncTierRecord
 	waitFor(t, 20*time.Second, "the hot tier recorded under a newer epoch", func() (bool, string) {
 		recs = tierRecords(t, readTopic(t, e, topics.SyncTier))
 		for _, r := range recs {
-			if r.MailboxID == box.MailboxID && r.Tier == mailsync.TierHot && r.Epoch > taken[0] && r.Owner == "stale-owner" {
+			if r.MailboxID == box.MailboxID && r.Tier == domain.SyncTierHot && r.Epoch > taken[0] && r.Owner == "stale-owner" {
 				return true, ""
 			}
 		}
@@ -260,13 +261,13 @@ func TestStaleOwnerTierFenced(t *testing.T) {
 			t.Errorf("a tier_changed event at stale epoch %d reached sync.audit: %+v", c.Epoch, c)
 		}
 	}
-	if len(changes) == 0 || changes[0].From != mailsync.TierWarm || changes[0].To != mailsync.TierHot {
+	if len(changes) == 0 || changes[0].From != domain.SyncTierWarm || changes[0].To != domain.SyncTierHot {
 		t.Errorf("tier_changed events %+v, want warm to hot under the new epoch", changes)
 	}
 	if ok, why := exactlyOnce(t, e.db.Pool, live, m); !ok {
 		t.Error(why)
 	}
-	if info := rec.Running()[box.MailboxID]; info.Tier != mailsync.TierHot {
+	if info := rec.Running()[box.MailboxID]; info.Tier != domain.SyncTierHot {
 		t.Errorf("after resuming the mailbox runs %+v, want hot", info)
 	}
 	if n := staleWrites(t, e.db.Pool); n != 0 {
@@ -304,6 +305,6 @@ func TestNoOutboxRelay(t *testing.T) {
 	e.startRelay()
 	waitFor(t, 10*time.Second, "the tier record published", func() (bool, string) {
 		recs := tierRecords(t, readTopic(t, e, topics.SyncTier))
-		return len(recs) == 1 && recs[0].Tier == mailsync.TierHot && recs[0].MailboxID == box.MailboxID, fmt.Sprintf("%+v", recs)
+		return len(recs) == 1 && recs[0].Tier == domain.SyncTierHot && recs[0].MailboxID == box.MailboxID, fmt.Sprintf("%+v", recs)
 	})
 }

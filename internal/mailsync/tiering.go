@@ -115,7 +115,7 @@ func (w *Worker) userActiveLocked(user string, at, now, wall time.Time) {
 		if mb.part.state != partLive {
 			continue
 		}
-		if w.setTierLocked(mb, TierHot, ReasonSession) && mb.run != nil && w.usersCaughtUp {
+		if w.setTierLocked(mb, domain.SyncTierHot, domain.SyncReasonSession) && mb.run != nil && w.usersCaughtUp {
 			w.m.promotionSeconds.Observe(max(0, wall.Sub(at).Seconds()))
 		}
 	}
@@ -129,7 +129,7 @@ func (w *Worker) inSessionLocked(user string, now time.Time) bool {
 // setTierLocked changes mb's tier (telling its runner at once) and queues
 // the change for sync.tier and sync.audit. It reports whether the tier
 // changed.
-func (w *Worker) setTierLocked(mb *mbox, t Tier, reason string) bool {
+func (w *Worker) setTierLocked(mb *mbox, t domain.SyncTier, reason string) bool {
 	from, changed := mb.box.set(t, reason)
 	if !changed {
 		return false
@@ -145,7 +145,7 @@ func (w *Worker) setTierLocked(mb *mbox, t Tier, reason string) bool {
 
 // queueTierLocked queues mb's tier record and tier_changed event (none
 // when from is to: a record written again) under its partition's epoch.
-func (w *Worker) queueTierLocked(mb *mbox, from, to Tier, reason string) {
+func (w *Worker) queueTierLocked(mb *mbox, from, to domain.SyncTier, reason string) {
 	p := mb.part
 	recs, err := tierRecords(w.cfg.WorkerID, p.id, p.epoch, mb.rec.MailboxID, from, to, reason, time.Now().UTC())
 	if err != nil {
@@ -157,13 +157,13 @@ func (w *Worker) queueTierLocked(mb *mbox, from, to Tier, reason string) {
 
 // tierRecords renders a tier decision: the mailbox's sync.tier record and,
 // when the tier changed, its sync.audit tier_changed event.
-func tierRecords(owner string, partition int32, epoch int64, mailboxID string, from, to Tier, reason string, at time.Time) ([]*kgo.Record, error) {
-	tr, err := encodeRecord(topics.SyncTier, owner, at, &TierRecord{MailboxID: mailboxID, Tier: to, Reason: reason,
+func tierRecords(owner string, partition int32, epoch int64, mailboxID string, from, to domain.SyncTier, reason string, at time.Time) ([]*kgo.Record, error) {
+	tr, err := encodeRecord(topics.SyncTier, owner, at, &domain.SyncTierRecord{MailboxID: mailboxID, Tier: to, Reason: reason,
 		Partition: partition, Epoch: epoch, Owner: owner, ChangedAt: at})
 	if err != nil || from == to {
 		return []*kgo.Record{tr}, err
 	}
-	ar, err := encodeRecord(topics.SyncAudit, owner, at, &TierChanged{MailboxID: mailboxID, From: from, To: to,
+	ar, err := encodeRecord(topics.SyncAudit, owner, at, &domain.SyncTierChanged{MailboxID: mailboxID, From: from, To: to,
 		Reason: reason, Partition: partition, Epoch: epoch, Owner: owner, At: at})
 	return []*kgo.Record{tr, ar}, err
 }
@@ -211,13 +211,13 @@ func (w *Worker) evaluateLocked(prune bool) {
 	}
 	// A fixed order: ties in the budget go the same way on every run.
 	slices.SortFunc(boxes, func(a, b *mbox) int { return strings.Compare(a.rec.MailboxID, b.rec.MailboxID) })
-	in := make([]TierInput, len(boxes))
+	in := make([]domain.SyncTierInput, len(boxes))
 	for i, mb := range boxes {
 		cur, _ := mb.box.get()
-		in[i] = TierInput{Current: cur, SessionAt: w.sessions[mb.rec.UserID], MailKnown: mb.mailKnown,
+		in[i] = domain.SyncTierInput{Current: cur, SessionAt: w.sessions[mb.rec.UserID], MailKnown: mb.mailKnown,
 			NewestMail: mb.newestMail, TrackedSince: mb.trackedSince, AddedAt: mb.rec.AddedAt}
 	}
-	for i, d := range EvaluateTiers(now, w.cfg.policy(), in) {
+	for i, d := range domain.EvaluateSyncTiers(now, w.cfg.policy(), in) {
 		w.setTierLocked(boxes[i], d.Tier, d.Reason)
 	}
 	if prune {
@@ -249,9 +249,9 @@ const (
 // epoch and written unfenced.
 type pendingWrite struct {
 	partition int32
-	epoch     int64  // 0: not fenced
-	mailboxID string // a tier write's mailbox
-	from, to  Tier   // a tier write's change; to is empty for a tombstone
+	epoch     int64           // 0: not fenced
+	mailboxID string          // a tier write's mailbox
+	from, to  domain.SyncTier // a tier write's change; to is empty for a tombstone
 	recs      []*kgo.Record
 }
 
@@ -419,7 +419,7 @@ func (w *Worker) tierWritesFenced(partition int32, epoch int64, items []pendingW
 	switch {
 	case p.epoch == epoch && p.state == partLive:
 		w.log.Warn("a tier write was fenced; stopping the partition's runners", "partition", partition, "epoch", epoch, "err", err)
-		w.suspendLocked(p, SuspendedFenced)
+		w.suspendLocked(p, domain.SyncSuspendedFenced)
 	case p.epoch != epoch && p.state == partLive:
 		// Already running under a newer epoch of ours.
 		w.recordAgainLocked(p)

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mailplane/mailplane/internal/mailboxstate"
+	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/mailsync"
 )
 
@@ -36,7 +36,7 @@ func TestFutureUserActiveDoesNotKeepSessionHot(t *testing.T) {
 	clock := &settableClock{now: start}
 	user := f.uuid()
 	mb := f.mailbox(user, time.Hour)
-	rec := &mailsync.RecordingRunner{NewestMail: func(mailboxstate.Mailbox) (time.Time, bool) {
+	rec := &mailsync.RecordingRunner{NewestMail: func(domain.MailboxStateRecord) (time.Time, bool) {
 		return start.Add(-3 * time.Hour), true // too old to be hot by itself
 	}}
 	cfg := testConfig(t, "session-clock")
@@ -48,12 +48,12 @@ func TestFutureUserActiveDoesNotKeepSessionHot(t *testing.T) {
 	e.produce(stateRecords(t, mb)...)
 	waitFor(t, 15*time.Second, "the session's mailbox hot", func() (bool, string) {
 		got := rec.Running()[mb.MailboxID].Tier
-		return got == mailsync.TierHot, fmt.Sprintf("tier %q", got)
+		return got == domain.SyncTierHot, fmt.Sprintf("tier %q", got)
 	})
 
 	clock.Add(cfg.TierSessionGrace + time.Minute)
 	waitFor(t, 15*time.Second, "the session over, the mailbox warm", func() (bool, string) {
 		got := rec.Running()[mb.MailboxID].Tier
-		return got == mailsync.TierWarm, fmt.Sprintf("tier %q", got)
+		return got == domain.SyncTierWarm, fmt.Sprintf("tier %q", got)
 	})
 }

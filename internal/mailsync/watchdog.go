@@ -8,6 +8,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/mailplane/mailplane/domain"
 )
 
 // watchdog tracks when the group coordinator last answered this member.
@@ -154,7 +156,7 @@ func (w *Worker) watchdogLoop(ctx context.Context) {
 		w.wd.trip(now)
 		w.m.watchdogStops.Inc()
 		w.log.Warn("watchdog: no group request answered in time; stopping every runner", "silent_for", silent, "limit", limit)
-		n := w.suspendAll(SuspendedWatchdog)
+		n := w.suspendAll(domain.SyncSuspendedWatchdog)
 		w.log.Warn("watchdog: runners stopped", "runners", n, "took", time.Since(now))
 	}
 }

@@ -25,7 +25,7 @@
 //     a new epoch, only once two heartbeats sent afterwards were answered
 //     while the partition is still assigned.
 //   - Tiers (hot, warm, cold) are decided by the owner, on a cadence and on
-//     events (EvaluateTiers); a user.active promotes the user's mailboxes at
+//     events (domain.EvaluateSyncTiers); a user.active promotes the user's mailboxes at
 //     once (their runners are told in memory; the record follows).
 //   - Tier changes are recorded like any other write of the partition: the
 //     mailbox's sync.tier record (a new owner inherits it) and its
@@ -130,7 +130,7 @@ type partition struct {
 	loadingSince time.Time
 	lastProgress time.Time
 	tiersLoaded  bool
-	inherited    map[string]TierRecord
+	inherited    map[string]domain.SyncTierRecord
 
 	boxes    map[string]*mbox
 	stopping map[string]chan struct{} // runners stopped but maybe not yet returned
@@ -142,7 +142,7 @@ type partition struct {
 
 // mbox is one live mailbox of an owned partition.
 type mbox struct {
-	rec          mailboxstate.Mailbox
+	rec          domain.MailboxStateRecord
 	part         *partition
 	box          *tierBox
 	mailKnown    bool
@@ -153,7 +153,7 @@ type mbox struct {
 	// its tier is recorded again under the partition's next epoch, as a
 	// change from unrecordedFrom (the refused change's from).
 	unrecorded     bool
-	unrecordedFrom Tier
+	unrecordedFrom domain.SyncTier
 }
 
 type runHandle struct {
@@ -427,16 +427,16 @@ func (w *Worker) apply(fs kgo.Fetches) {
 
 // addLocked tracks a new live mailbox of part, in the tier the previous
 // owner left it in (default warm), hot at once if its user is in session.
-func (w *Worker) addLocked(part *partition, m mailboxstate.Mailbox, now time.Time) *mbox {
-	tier, reason := TierWarm, ReasonDefault
+func (w *Worker) addLocked(part *partition, m domain.MailboxStateRecord, now time.Time) *mbox {
+	tier, reason := domain.SyncTierWarm, domain.SyncReasonDefault
 	if rec, ok := part.inherited[m.MailboxID]; ok {
-		tier, reason = rec.Tier, ReasonInherited
+		tier, reason = rec.Tier, domain.SyncReasonInherited
 	}
 	mb := &mbox{rec: m, part: part, box: newTierBox(tier, reason), trackedSince: now}
 	part.boxes[m.MailboxID] = mb
 	w.indexLocked(mb)
 	if part.state == partLive && w.inSessionLocked(m.UserID, w.cfg.Now()) {
-		w.setTierLocked(mb, TierHot, ReasonSession)
+		w.setTierLocked(mb, domain.SyncTierHot, domain.SyncReasonSession)
 	}
 	return mb
 }
@@ -547,7 +547,7 @@ func (w *Worker) runLoop(ctx context.Context, h *runHandle, part *partition, job
 		}
 		w.m.runnerFailures.Inc()
 		w.log.Warn("runner failed; restarting after a backoff", "mailbox", id, "attempt", attempt, "err", err)
-		w.audit(&SyncFailed{MailboxID: id, Partition: part.id, Epoch: job.Epoch, Owner: w.cfg.WorkerID,
+		w.audit(&domain.SyncFailed{MailboxID: id, Partition: part.id, Epoch: job.Epoch, Owner: w.cfg.WorkerID,
 			Error: truncate(err.Error(), maxAuditErrorLen), Attempt: attempt, At: time.Now().UTC()})
 		d := backoff/2 + rand.N(backoff/2+1)
 		select {
@@ -577,7 +577,7 @@ func (w *Worker) fenced(part *partition, epoch int64) {
 	if w.parts[part.id] != part || part.epoch != epoch || part.state != partLive {
 		return
 	}
-	w.suspendLocked(part, SuspendedFenced)
+	w.suspendLocked(part, domain.SyncSuspendedFenced)
 }
 
 // suspendLocked stops part's runners on the worker's own suspicion that it
@@ -595,7 +595,7 @@ func (w *Worker) suspendLocked(part *partition, reason string) int {
 	part.suspendReason = reason
 	w.uncountLocked(part)
 	w.log.Warn("partition suspended: runners stopped", "partition", part.id, "epoch", part.epoch, "reason", reason, "runners", n)
-	w.queueAuditLocked(part.id, &OwnershipSuspended{Partition: part.id, Epoch: part.epoch, Owner: w.cfg.WorkerID, Reason: reason, Runners: n, At: time.Now().UTC()})
+	w.queueAuditLocked(part.id, &domain.SyncOwnershipSuspended{Partition: part.id, Epoch: part.epoch, Owner: w.cfg.WorkerID, Reason: reason, Runners: n, At: time.Now().UTC()})
 	return n
 }
 
@@ -789,7 +789,7 @@ func (w *Worker) loadTiers(parts []*partition) {
 		p.tiersLoaded = true
 		for id, mb := range p.boxes {
 			if rec, ok := p.inherited[id]; ok && mb.run == nil {
-				mb.box.set(rec.Tier, ReasonInherited)
+				mb.box.set(rec.Tier, domain.SyncReasonInherited)
 			}
 		}
 	}
@@ -800,13 +800,13 @@ func (w *Worker) loadTiers(parts []*partition) {
 // readTiers reads sync.tier partitions to their last stable offsets: per
 // mailbox, the last record, unless an earlier one was written under a
 // higher epoch (a stale owner's late record loses).
-func (w *Worker) readTiers(ctx context.Context, ids []int32) (map[int32]map[string]TierRecord, error) {
-	out := map[int32]map[string]TierRecord{}
+func (w *Worker) readTiers(ctx context.Context, ids []int32) (map[int32]map[string]domain.SyncTierRecord, error) {
+	out := map[int32]map[string]domain.SyncTierRecord{}
 	starts, ends := w.listOffsets(ctx, topics.SyncTier, ids)
 	want := map[int32]int64{}
 	offsets := map[int32]kgo.Offset{}
 	for _, id := range ids {
-		out[id] = map[string]TierRecord{}
+		out[id] = map[string]domain.SyncTierRecord{}
 		if ends[id] < 0 {
 			return out, fmt.Errorf("no end offset for sync.tier partition %d", id)
 		}
@@ -883,7 +883,7 @@ func (w *Worker) housekeeping() {
 				continue
 			}
 			if tripped {
-				w.suspendLocked(p, SuspendedWatchdog)
+				w.suspendLocked(p, domain.SyncSuspendedWatchdog)
 				continue
 			}
 			w.goLiveLocked(p, now)
@@ -963,11 +963,11 @@ func (w *Worker) resume(ids []int32) {
 }
 
 func (w *Worker) revoked(_ context.Context, _ *kgo.Client, m map[string][]int32) {
-	w.drop(m[topics.MailboxState], LostRevoked)
+	w.drop(m[topics.MailboxState], domain.SyncLostRevoked)
 }
 
 func (w *Worker) lost(_ context.Context, _ *kgo.Client, m map[string][]int32) {
-	w.drop(m[topics.MailboxState], LostLost)
+	w.drop(m[topics.MailboxState], domain.SyncLostLost)
 }
 
 // drop stops the runners of partitions the group took away and waits for
@@ -1007,7 +1007,7 @@ func (w *Worker) drop(ids []int32, reason string) {
 	at := time.Now().UTC()
 	w.mu.Lock()
 	for _, p := range gone {
-		w.queueAuditLocked(p.id, &OwnershipLost{Partition: p.id, Epoch: p.epoch, Owner: w.cfg.WorkerID, Reason: reason, Runners: counts[p.id], At: at})
+		w.queueAuditLocked(p.id, &domain.SyncOwnershipLost{Partition: p.id, Epoch: p.epoch, Owner: w.cfg.WorkerID, Reason: reason, Runners: counts[p.id], At: at})
 	}
 	w.mu.Unlock()
 	// The partitions' last tier records (and these events) are committed
@@ -1031,7 +1031,7 @@ func (w *Worker) dropAll() {
 		ids = append(ids, id)
 	}
 	w.mu.Unlock()
-	w.drop(ids, LostRevoked)
+	w.drop(ids, domain.SyncLostRevoked)
 }
 
 // reportMail records a runner's newest mail and asks for an evaluation.

@@ -27,7 +27,7 @@ func TestAddRemove(t *testing.T) {
 	rec := &mailsync.RecordingRunner{}
 	m := e.start(testConfig(t, "solo"), rec)
 
-	var mbs []mailboxstate.Mailbox
+	var mbs []domain.MailboxStateRecord
 	for range 20 {
 		mbs = append(mbs, f.mailbox("", time.Hour))
 	}
@@ -90,7 +90,7 @@ func TestAddRemove(t *testing.T) {
 		t.Errorf("an identical record restarted the runner (%d starts, was %d)", got, starts)
 	}
 
-	more := []mailboxstate.Mailbox{f.mailbox("", 0), f.mailbox("", 0), f.mailbox("", 0)}
+	more := []domain.MailboxStateRecord{f.mailbox("", 0), f.mailbox("", 0), f.mailbox("", 0)}
 	e.produce(stateRecords(t, more...)...)
 	for id := range ids(more) {
 		live[id] = true
@@ -122,11 +122,11 @@ type tierWatch struct {
 }
 
 type tierAt struct {
-	tier mailsync.Tier
+	tier domain.SyncTier
 	at   time.Time
 }
 
-func (w *tierWatch) on(id string, t mailsync.Tier, at time.Time) {
+func (w *tierWatch) on(id string, t domain.SyncTier, at time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.seen == nil {
@@ -136,7 +136,7 @@ func (w *tierWatch) on(id string, t mailsync.Tier, at time.Time) {
 }
 
 // firstAfter returns when id was first told tier t after since.
-func (w *tierWatch) firstAfter(id string, t mailsync.Tier, since time.Time) (time.Time, bool) {
+func (w *tierWatch) firstAfter(id string, t domain.SyncTier, since time.Time) (time.Time, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, s := range w.seen[id] {
@@ -162,8 +162,8 @@ func TestUserActivePromotes(t *testing.T) {
 	if testing.Short() {
 		users = 40
 	}
-	byUser := map[string][]mailboxstate.Mailbox{}
-	var all []mailboxstate.Mailbox
+	byUser := map[string][]domain.MailboxStateRecord{}
+	var all []domain.MailboxStateRecord
 	for range users {
 		u := f.uuid()
 		for range 2 {
@@ -175,7 +175,7 @@ func TestUserActivePromotes(t *testing.T) {
 	e.produce(stateRecords(t, all...)...)
 	waitFor(t, 30*time.Second, "every mailbox running", func() (bool, string) { return exactlyOnce(t, e.db.Pool, ids(all), m) })
 	for id, info := range rec.Running() {
-		if info.Tier != mailsync.TierWarm {
+		if info.Tier != domain.SyncTierWarm {
 			t.Fatalf("mailbox %s starts %s, want warm", id, info.Tier)
 		}
 	}
@@ -188,10 +188,10 @@ func TestUserActivePromotes(t *testing.T) {
 		produced := time.Since(start)
 		for _, mb := range mbs {
 			waitFor(t, 5*time.Second, "promotion of "+mb.MailboxID, func() (bool, string) {
-				_, ok := watch.firstAfter(mb.MailboxID, mailsync.TierHot, start)
+				_, ok := watch.firstAfter(mb.MailboxID, domain.SyncTierHot, start)
 				return ok, "not hot"
 			})
-			at, _ := watch.firstAfter(mb.MailboxID, mailsync.TierHot, start)
+			at, _ := watch.firstAfter(mb.MailboxID, domain.SyncTierHot, start)
 			lat = append(lat, at.Sub(start))
 			if at.Sub(start) > 100*time.Millisecond {
 				t.Logf("slow promotion of user #%d: %s (producing the event took %s)", i, at.Sub(start), produced)
@@ -202,7 +202,7 @@ func TestUserActivePromotes(t *testing.T) {
 			// Only that user's mailboxes are hot.
 			hot := 0
 			for _, info := range rec.Running() {
-				if info.Tier == mailsync.TierHot {
+				if info.Tier == domain.SyncTierHot {
 					hot++
 				}
 			}
@@ -228,7 +228,7 @@ func TestHotBudgetDemotes(t *testing.T) {
 	f := newFixture(30)
 	now := time.Now()
 	ago := map[string]time.Duration{}
-	var mbs []mailboxstate.Mailbox
+	var mbs []domain.MailboxStateRecord
 	for _, d := range []time.Duration{10 * time.Minute, 20 * time.Minute, 30 * time.Minute, 40 * time.Minute} {
 		mb := f.mailbox("", time.Hour)
 		ago[mb.MailboxID] = d
@@ -239,7 +239,7 @@ func TestHotBudgetDemotes(t *testing.T) {
 	inSession := f.mailbox(sessionUser, time.Hour) // old mail, but in session
 	ago[inSession.MailboxID] = 100 * time.Minute
 	mbs = append(mbs, quiet, inSession)
-	rec := &mailsync.RecordingRunner{NewestMail: func(m mailboxstate.Mailbox) (time.Time, bool) {
+	rec := &mailsync.RecordingRunner{NewestMail: func(m domain.MailboxStateRecord) (time.Time, bool) {
 		if d, ok := ago[m.MailboxID]; ok {
 			return now.Add(-d), true
 		}
@@ -251,13 +251,13 @@ func TestHotBudgetDemotes(t *testing.T) {
 	e.produce(userActive(t, sessionUser, time.Now()))
 	m := e.start(cfg, rec)
 	e.produce(stateRecords(t, mbs...)...)
-	want := map[string]mailsync.Tier{
-		mbs[0].MailboxID:    mailsync.TierHot, // 10m: the most recent
-		mbs[1].MailboxID:    mailsync.TierWarm,
-		mbs[2].MailboxID:    mailsync.TierWarm,
-		mbs[3].MailboxID:    mailsync.TierWarm,
-		quiet.MailboxID:     mailsync.TierWarm,
-		inSession.MailboxID: mailsync.TierHot,
+	want := map[string]domain.SyncTier{
+		mbs[0].MailboxID:    domain.SyncTierHot, // 10m: the most recent
+		mbs[1].MailboxID:    domain.SyncTierWarm,
+		mbs[2].MailboxID:    domain.SyncTierWarm,
+		mbs[3].MailboxID:    domain.SyncTierWarm,
+		quiet.MailboxID:     domain.SyncTierWarm,
+		inSession.MailboxID: domain.SyncTierHot,
 	}
 	waitFor(t, 15*time.Second, "tiers within the budget", func() (bool, string) {
 		run := rec.Running()
@@ -292,7 +292,7 @@ func TestTiersSurviveOwnerChange(t *testing.T) {
 	cold := f.mailbox("", 60*24*time.Hour)
 	plain := f.mailbox("", time.Hour)
 	mail := map[string]time.Time{hot.MailboxID: now.Add(-10 * time.Minute), cold.MailboxID: now.Add(-30 * 24 * time.Hour)}
-	recA := &mailsync.RecordingRunner{NewestMail: func(m mailboxstate.Mailbox) (time.Time, bool) {
+	recA := &mailsync.RecordingRunner{NewestMail: func(m domain.MailboxStateRecord) (time.Time, bool) {
 		t, ok := mail[m.MailboxID]
 		return t, ok
 	}}
@@ -302,8 +302,8 @@ func TestTiersSurviveOwnerChange(t *testing.T) {
 	e.produce(stateRecords(t, hot, cold, plain)...)
 	waitFor(t, 15*time.Second, "the first owner's tiers", func() (bool, string) {
 		run := recA.Running()
-		return run[hot.MailboxID].Tier == mailsync.TierHot && run[cold.MailboxID].Tier == mailsync.TierCold &&
-			run[plain.MailboxID].Tier == mailsync.TierWarm, fmt.Sprintf("%+v", run)
+		return run[hot.MailboxID].Tier == domain.SyncTierHot && run[cold.MailboxID].Tier == domain.SyncTierCold &&
+			run[plain.MailboxID].Tier == domain.SyncTierWarm, fmt.Sprintf("%+v", run)
 	})
 	waitFor(t, 10*time.Second, "tier records in sync.tier", func() (bool, string) {
 		recs := readTopic(t, e, topics.SyncTier)
@@ -313,10 +313,10 @@ func TestTiersSurviveOwnerChange(t *testing.T) {
 
 	recB := &mailsync.RecordingRunner{} // knows nothing about mail
 	b := e.start(testConfig(t, "second-owner"), recB)
-	live := ids([]mailboxstate.Mailbox{hot, cold, plain})
+	live := ids([]domain.MailboxStateRecord{hot, cold, plain})
 	waitFor(t, 20*time.Second, "the second owner running everything", func() (bool, string) { return exactlyOnce(t, e.db.Pool, live, b) })
 	run := recB.Running()
-	for id, want := range map[string]mailsync.Tier{hot.MailboxID: mailsync.TierHot, cold.MailboxID: mailsync.TierCold, plain.MailboxID: mailsync.TierWarm} {
+	for id, want := range map[string]domain.SyncTier{hot.MailboxID: domain.SyncTierHot, cold.MailboxID: domain.SyncTierCold, plain.MailboxID: domain.SyncTierWarm} {
 		if got := run[id].StartTier; got != want {
 			t.Errorf("second owner started %s in %s, want %s", id, got, want)
 		}
@@ -332,7 +332,7 @@ func TestTiersSurviveOwnerChange(t *testing.T) {
 			typ, _ := topics.Header(r, topics.HeaderType)
 			types[typ]++
 		}
-		return types[mailsync.TypeOwnershipAcquired] >= 8 && types[mailsync.TypeOwnershipLost] >= 4 && types[mailsync.TypeTierChanged] >= 2,
+		return types[domain.TypeSyncOwnershipAcquired] >= 8 && types[domain.TypeSyncOwnershipLost] >= 4 && types[domain.TypeSyncTierChanged] >= 2,
 			fmt.Sprintf("audit types %v", types)
 	})
 }
@@ -419,7 +419,7 @@ func TestEventsStartAndStop(t *testing.T) {
 		})
 		starts = append(starts, time.Since(start))
 		info := rec.Running()[m.MailboxID]
-		if info.UserID != m.UserID || info.Tier != mailsync.TierWarm {
+		if info.UserID != m.UserID || info.Tier != domain.SyncTierWarm {
 			t.Errorf("running %+v", info)
 		}
 		start = time.Now()

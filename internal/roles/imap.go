@@ -29,9 +29,9 @@ type auditReporter struct {
 
 func (r *auditReporter) SyncFailed(ctx context.Context, f imapsync.Failure) {
 	rec, err := topics.EncodeTo(topics.SyncAudit, domain.Event{
-		ID: domain.NewEventID(), Type: mailsync.TypeSyncFailed, Source: "mailplane/sync/" + r.owner,
+		ID: domain.NewEventID(), Type: domain.TypeSyncFailed, Source: "mailplane/sync/" + r.owner,
 		Time: f.At.UTC(), Subject: f.MailboxID,
-		Data: &mailsync.SyncFailed{MailboxID: f.MailboxID, Partition: f.Partition, Epoch: f.Epoch, Owner: r.owner,
+		Data: &domain.SyncFailed{MailboxID: f.MailboxID, Partition: f.Partition, Epoch: f.Epoch, Owner: r.owner,
 			Error: truncate(f.Err.Error(), 500), Category: string(f.Err.Kind), Attempt: max(f.Consecutive, 1), At: f.At.UTC()},
 	})
 	if err != nil {

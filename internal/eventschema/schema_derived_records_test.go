@@ -1,4 +1,4 @@
-package domain_test
+package eventschema_test
 
 import (
 	"bytes"
@@ -410,7 +410,7 @@ func TestDerivedMailboxStateConforms(t *testing.T) {
 	if r.Value != nil || string(r.Key) != drMailbox(1) || r.Topic != topics.MailboxState {
 		t.Errorf("tombstone %+v", r)
 	}
-	if typ, _ := topics.Header(r, topics.HeaderType); typ != mailboxstate.Type {
+	if typ, _ := topics.Header(r, topics.HeaderType); typ != domain.TypeMailboxStateRecord {
 		t.Errorf("tombstone ce_type %q", typ)
 	}
 	if _, live, err := mailboxstate.Decode(r); err != nil || live {
@@ -435,26 +435,26 @@ func drSyncRecord(t *testing.T, topic, owner string, at time.Time, d domain.Data
 }
 
 // TestDerivedSyncRecordsConform validates sync.tier and sync.audit records
-// built from the tier decisions of mailsync.EvaluateTiers and the values
+// built from the tier decisions of domain.EvaluateSyncTiers and the values
 // the worker writes.
 func TestDerivedSyncRecordsConform(t *testing.T) {
 	t.Parallel()
 	v := eventschema.Derived()
 	now := drT0.Add(30 * 24 * time.Hour)
-	policy := mailsync.TierPolicy{SessionGrace: 15 * time.Minute, HotActivity: 2 * time.Hour, ColdAfter: 168 * time.Hour, UnknownGrace: time.Minute, HotBudget: 4}
-	in := []mailsync.TierInput{
-		{Current: mailsync.TierWarm, SessionAt: now.Add(-time.Minute), TrackedSince: drT0, AddedAt: drT0},                                 // session
-		{Current: mailsync.TierWarm, MailKnown: true, NewestMail: now.Add(-time.Hour), TrackedSince: drT0, AddedAt: drT0},                 // recent mail
-		{Current: mailsync.TierWarm, MailKnown: true, NewestMail: now.Add(-90 * time.Minute), TrackedSince: drT0, AddedAt: drT0},          // recent, demoted
-		{Current: mailsync.TierHot, MailKnown: true, NewestMail: now.Add(-100 * time.Minute), TrackedSince: drT0, AddedAt: drT0},          // recent, demoted
-		{Current: mailsync.TierWarm, MailKnown: true, TrackedSince: drT0, AddedAt: drT0},                                                  // inactive
-		{Current: mailsync.TierHot, MailKnown: true, NewestMail: now.Add(-48 * time.Hour), TrackedSince: drT0, AddedAt: drT0},             // default
-		{Current: mailsync.TierCold, TrackedSince: now.Add(-time.Second), AddedAt: drT0},                                                  // unknown
-		{Current: mailsync.TierCold, MailKnown: true, NewestMail: now.Add(-200 * time.Hour), TrackedSince: drT0, AddedAt: drT0},           // inactive
-		{Current: mailsync.TierHot, SessionAt: now.Add(-5 * time.Minute), MailKnown: true, TrackedSince: drT0, AddedAt: now},              // session
-		{Current: mailsync.TierWarm, SessionAt: now.Add(-time.Hour), MailKnown: true, NewestMail: now, TrackedSince: drT0, AddedAt: drT0}, // recent
+	policy := domain.SyncTierPolicy{SessionGrace: 15 * time.Minute, HotActivity: 2 * time.Hour, ColdAfter: 168 * time.Hour, UnknownGrace: time.Minute, HotBudget: 4}
+	in := []domain.SyncTierInput{
+		{Current: domain.SyncTierWarm, SessionAt: now.Add(-time.Minute), TrackedSince: drT0, AddedAt: drT0},                                 // session
+		{Current: domain.SyncTierWarm, MailKnown: true, NewestMail: now.Add(-time.Hour), TrackedSince: drT0, AddedAt: drT0},                 // recent mail
+		{Current: domain.SyncTierWarm, MailKnown: true, NewestMail: now.Add(-90 * time.Minute), TrackedSince: drT0, AddedAt: drT0},          // recent, demoted
+		{Current: domain.SyncTierHot, MailKnown: true, NewestMail: now.Add(-100 * time.Minute), TrackedSince: drT0, AddedAt: drT0},          // recent, demoted
+		{Current: domain.SyncTierWarm, MailKnown: true, TrackedSince: drT0, AddedAt: drT0},                                                  // inactive
+		{Current: domain.SyncTierHot, MailKnown: true, NewestMail: now.Add(-48 * time.Hour), TrackedSince: drT0, AddedAt: drT0},             // default
+		{Current: domain.SyncTierCold, TrackedSince: now.Add(-time.Second), AddedAt: drT0},                                                  // unknown
+		{Current: domain.SyncTierCold, MailKnown: true, NewestMail: now.Add(-200 * time.Hour), TrackedSince: drT0, AddedAt: drT0},           // inactive
+		{Current: domain.SyncTierHot, SessionAt: now.Add(-5 * time.Minute), MailKnown: true, TrackedSince: drT0, AddedAt: now},              // session
+		{Current: domain.SyncTierWarm, SessionAt: now.Add(-time.Hour), MailKnown: true, NewestMail: now, TrackedSince: drT0, AddedAt: drT0}, // recent
 	}
-	decided := mailsync.EvaluateTiers(now, policy, in)
+	decided := domain.EvaluateSyncTiers(now, policy, in)
 	owner := "sync-7f9c4d-12345-0123456789ab"
 	reasons := map[string]bool{}
 	types := map[string]bool{}
@@ -462,40 +462,40 @@ func TestDerivedSyncRecordsConform(t *testing.T) {
 		reasons[dec.Reason] = true
 		mb := drMailbox(i + 1)
 		part, epoch := int32(i%4), int64(1+i)
-		tr := drSyncRecord(t, topics.SyncTier, owner, now, &mailsync.TierRecord{MailboxID: mb, Tier: dec.Tier, Reason: dec.Reason,
+		tr := drSyncRecord(t, topics.SyncTier, owner, now, &domain.SyncTierRecord{MailboxID: mb, Tier: dec.Tier, Reason: dec.Reason,
 			Partition: part, Epoch: epoch, Owner: owner, ChangedAt: now})
 		checkDerivedRecord(t, v, tr)
 		if rec, ok, err := mailsync.DecodeTierRecord(tr); err != nil || !ok || rec.Tier != dec.Tier {
 			t.Errorf("sync.tier record does not decode back: %+v %v %v", rec, ok, err)
 		}
-		types[mailsync.TypeTier] = true
+		types[domain.TypeSyncTierRecord] = true
 		if dec.Tier != in[i].Current {
-			types[mailsync.TypeTierChanged] = true
-			checkDerivedRecord(t, v, drSyncRecord(t, topics.SyncAudit, owner, now, &mailsync.TierChanged{MailboxID: mb, From: in[i].Current, To: dec.Tier,
+			types[domain.TypeSyncTierChanged] = true
+			checkDerivedRecord(t, v, drSyncRecord(t, topics.SyncAudit, owner, now, &domain.SyncTierChanged{MailboxID: mb, From: in[i].Current, To: dec.Tier,
 				Reason: dec.Reason, Partition: part, Epoch: epoch, Owner: owner, At: now}))
 		}
 	}
 	// The worker also writes inherited tiers' records on assignment.
-	checkDerivedRecord(t, v, drSyncRecord(t, topics.SyncTier, owner, now, &mailsync.TierRecord{MailboxID: drMailbox(99), Tier: mailsync.TierCold,
-		Reason: mailsync.ReasonInherited, Partition: 255, Epoch: 1, Owner: owner, ChangedAt: now}))
-	for _, r := range []string{mailsync.ReasonSession, mailsync.ReasonRecentMail, mailsync.ReasonHotBudget, mailsync.ReasonInactive, mailsync.ReasonDefault, mailsync.ReasonUnknown} {
+	checkDerivedRecord(t, v, drSyncRecord(t, topics.SyncTier, owner, now, &domain.SyncTierRecord{MailboxID: drMailbox(99), Tier: domain.SyncTierCold,
+		Reason: domain.SyncReasonInherited, Partition: 255, Epoch: 1, Owner: owner, ChangedAt: now}))
+	for _, r := range []string{domain.SyncReasonSession, domain.SyncReasonRecentMail, domain.SyncReasonHotBudget, domain.SyncReasonInactive, domain.SyncReasonDefault, domain.SyncReasonUnknown} {
 		if !reasons[r] {
 			t.Errorf("no tier decision with reason %s", r)
 		}
 	}
 
 	audit := []domain.Data{
-		&mailsync.OwnershipAcquired{Partition: 0, Epoch: 1, Owner: owner, At: now},
-		&mailsync.OwnershipAcquired{Partition: 255, Epoch: 1 << 40, Owner: owner, At: now},
-		&mailsync.OwnershipLost{Partition: 3, Epoch: 7, Owner: owner, Reason: mailsync.LostRevoked, Runners: 12, At: now},
-		&mailsync.OwnershipLost{Partition: 3, Epoch: 7, Owner: owner, Reason: mailsync.LostLost, Runners: 0, At: now},
-		&mailsync.OwnershipSuspended{Partition: 4, Epoch: 2, Owner: owner, Reason: mailsync.SuspendedWatchdog, Runners: 3, At: now},
-		&mailsync.OwnershipSuspended{Partition: 4, Epoch: 2, Owner: owner, Reason: mailsync.SuspendedFenced, Runners: 0, At: now},
-		&mailsync.SyncFailed{MailboxID: drMailbox(1), Partition: 4, Epoch: 2, Owner: owner, Error: "imap: dial tcp 10.0.0.1:993: connection refused", Attempt: 1, At: now},
+		&domain.SyncOwnershipAcquired{Partition: 0, Epoch: 1, Owner: owner, At: now},
+		&domain.SyncOwnershipAcquired{Partition: 255, Epoch: 1 << 40, Owner: owner, At: now},
+		&domain.SyncOwnershipLost{Partition: 3, Epoch: 7, Owner: owner, Reason: domain.SyncLostRevoked, Runners: 12, At: now},
+		&domain.SyncOwnershipLost{Partition: 3, Epoch: 7, Owner: owner, Reason: domain.SyncLostLost, Runners: 0, At: now},
+		&domain.SyncOwnershipSuspended{Partition: 4, Epoch: 2, Owner: owner, Reason: domain.SyncSuspendedWatchdog, Runners: 3, At: now},
+		&domain.SyncOwnershipSuspended{Partition: 4, Epoch: 2, Owner: owner, Reason: domain.SyncSuspendedFenced, Runners: 0, At: now},
+		&domain.SyncFailed{MailboxID: drMailbox(1), Partition: 4, Epoch: 2, Owner: owner, Error: "imap: dial tcp 10.0.0.1:993: connection refused", Attempt: 1, At: now},
 		// The worker cuts errors to 500 bytes and appends "…".
-		&mailsync.SyncFailed{MailboxID: drMailbox(2), Partition: 4, Epoch: 2, Owner: owner, Error: strings.Repeat("e", 500) + "…", Attempt: 9, At: now},
-		&mailsync.SyncFailed{MailboxID: drMailbox(3), Partition: 4, Epoch: 2, Owner: owner, Error: strings.Repeat("é", 250) + "…", Attempt: 2, At: now},
-		&mailsync.SyncFailed{MailboxID: drMailbox(4), Partition: 4, Epoch: 2, Owner: owner, Error: "", Attempt: 3, At: now},
+		&domain.SyncFailed{MailboxID: drMailbox(2), Partition: 4, Epoch: 2, Owner: owner, Error: strings.Repeat("e", 500) + "…", Attempt: 9, At: now},
+		&domain.SyncFailed{MailboxID: drMailbox(3), Partition: 4, Epoch: 2, Owner: owner, Error: strings.Repeat("é", 250) + "…", Attempt: 2, At: now},
+		&domain.SyncFailed{MailboxID: drMailbox(4), Partition: 4, Epoch: 2, Owner: owner, Error: "", Attempt: 3, At: now},
 	}
 	for _, d := range audit {
 		checkDerivedRecord(t, v, drSyncRecord(t, topics.SyncAudit, owner, now, d))

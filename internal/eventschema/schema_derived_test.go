@@ -1,4 +1,4 @@
-package domain_test
+package eventschema_test
 
 import (
 	"bytes"
@@ -13,8 +13,6 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/domain/schemas/derived"
 	"github.com/mailplane/mailplane/internal/eventschema"
-	"github.com/mailplane/mailplane/internal/mailboxstate"
-	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -22,23 +20,11 @@ import (
 // sync.audit) have their schemas in schemas/derived, apart from the domain
 // event schemas that the other schema tests enumerate as schemas/*.json.
 
-const derivedBaselineDir = "schemas/derived/baseline"
+const derivedBaselineDir = "../../domain/schemas/derived/baseline"
 
-// derivedRecordTypes is every derived record type the Go code declares.
-// mailsync has no list of its types: a new one must be added here.
-func derivedRecordTypes() []string {
-	ts := slices.Concat(domain.PlacementDecisionTypes(), []string{
-		mailboxstate.Type,
-		mailsync.TypeTier,
-		mailsync.TypeOwnershipAcquired,
-		mailsync.TypeOwnershipLost,
-		mailsync.TypeOwnershipSuspended,
-		mailsync.TypeTierChanged,
-		mailsync.TypeSyncFailed,
-	})
-	slices.Sort(ts)
-	return ts
-}
+// derivedRecordTypes is every derived record type the Go code declares
+// (domain's catalog).
+func derivedRecordTypes() []string { return domain.DerivedRecordTypes() }
 
 // derivedSchemaDoc returns typ's derived schema, decoded with numbers kept.
 func derivedSchemaDoc(t testing.TB, typ string) map[string]any {

@@ -1,4 +1,4 @@
-package domain_test
+package eventschema_test
 
 import (
 	"bytes"
@@ -9,21 +9,16 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/domain/schemas/derived"
 	"github.com/mailplane/mailplane/internal/eventschema"
-	"github.com/mailplane/mailplane/internal/mailboxstate"
-	"github.com/mailplane/mailplane/internal/mailsync"
-	"github.com/mailplane/mailplane/topics"
 )
 
 // The derived schemas against the Go readers of the same records. Samples
 // are generated from each schema (every property left out, set to null, to
 // each JSON type, to each enum value, to each bound and past it, ...) and
 // run through the schema and through the Go reader (DecodePlacementDecision,
-// mailboxstate.Decode, mailsync.DecodeTierRecord, json.Unmarshal for the
+// DecodeMailboxStateRecord, DecodeSyncTierRecord, json.Unmarshal for the
 // sync audit records, which have no validation).
 //
 // Two directions are checked:
@@ -74,16 +69,16 @@ var derivedValidData = map[string]string{
 	domain.TypePlacementBandChanged: `{"at":"` + dvT + `","reason":"band_worsened","mailbox_id":"` + dvM + `","org_id":"` + dvO + `","from_band":"clean","to_band":"risky","health":"watch","score":62.5}`,
 	domain.TypePlacementBandHeld: `{"at":"` + dvT + `","reason":"band_recovery_started","mailbox_id":"` + dvM + `","band":"risky","candidate":"clean",` +
 		`"since":"2026-03-01T11:00:00Z","health":"healthy"}`,
-	mailboxstate.Type: `{"mailbox_id":"` + dvM + `","org_id":"` + dvO + `","user_id":"` + dvU + `","address":"ada@example.com","provider":"smtp_imap",` +
+	domain.TypeMailboxStateRecord: `{"mailbox_id":"` + dvM + `","org_id":"` + dvO + `","user_id":"` + dvU + `","address":"ada@example.com","provider":"smtp_imap",` +
 		`"warmup_enabled":true,"imap":{"host":"imap.example.com","port":993,"tls":"implicit","username":"ada@example.com"},` +
 		`"sealed_credentials":{"key_id":"k1","alg":"A256GCM","nonce":"AAECAwQFBgcICQoL","ciphertext":"c2VhbGVk"},` +
 		`"enabled":true,"added_at":"` + dvT + `","source_event_id":"` + dvE + `"}`,
-	mailsync.TypeTier:               `{"mailbox_id":"` + dvM + `","tier":"hot","reason":"session","partition":3,"epoch":7,"owner":"sync-1","changed_at":"` + dvT + `"}`,
-	mailsync.TypeOwnershipAcquired:  `{"partition":3,"epoch":7,"owner":"sync-1","at":"` + dvT + `"}`,
-	mailsync.TypeOwnershipLost:      `{"partition":3,"epoch":7,"owner":"sync-1","reason":"revoked","runners":12,"at":"` + dvT + `"}`,
-	mailsync.TypeOwnershipSuspended: `{"partition":3,"epoch":7,"owner":"sync-1","reason":"watchdog","runners":12,"at":"` + dvT + `"}`,
-	mailsync.TypeTierChanged:        `{"mailbox_id":"` + dvM + `","from":"warm","to":"hot","reason":"session","partition":3,"epoch":7,"owner":"sync-1","at":"` + dvT + `"}`,
-	mailsync.TypeSyncFailed:         `{"mailbox_id":"` + dvM + `","partition":3,"epoch":7,"owner":"sync-1","error":"imapsync: connect: connect: no IMAP server answered","category":"connect","attempt":2,"at":"` + dvT + `"}`,
+	domain.TypeSyncTierRecord:         `{"mailbox_id":"` + dvM + `","tier":"hot","reason":"session","partition":3,"epoch":7,"owner":"sync-1","changed_at":"` + dvT + `"}`,
+	domain.TypeSyncOwnershipAcquired:  `{"partition":3,"epoch":7,"owner":"sync-1","at":"` + dvT + `"}`,
+	domain.TypeSyncOwnershipLost:      `{"partition":3,"epoch":7,"owner":"sync-1","reason":"revoked","runners":12,"at":"` + dvT + `"}`,
+	domain.TypeSyncOwnershipSuspended: `{"partition":3,"epoch":7,"owner":"sync-1","reason":"watchdog","runners":12,"at":"` + dvT + `"}`,
+	domain.TypeSyncTierChanged:        `{"mailbox_id":"` + dvM + `","from":"warm","to":"hot","reason":"session","partition":3,"epoch":7,"owner":"sync-1","at":"` + dvT + `"}`,
+	domain.TypeSyncFailed:             `{"mailbox_id":"` + dvM + `","partition":3,"epoch":7,"owner":"sync-1","error":"imapsync: connect: connect: no IMAP server answered","category":"connect","attempt":2,"at":"` + dvT + `"}`,
 }
 
 // derivedSample is one generated sample: kind says what was done to which
@@ -229,38 +224,26 @@ func derivedGoAccepts(typ, data string) error {
 		return []byte(dvM)
 	}
 	switch typ {
-	case mailboxstate.Type:
-		r := &kgo.Record{Topic: topics.MailboxState, Key: key(), Value: []byte(data),
-			Headers: []kgo.RecordHeader{{Key: topics.HeaderType, Value: []byte(typ)}}}
-		_, live, err := mailboxstate.Decode(r)
+	case domain.TypeMailboxStateRecord:
+		_, live, err := domain.DecodeMailboxStateRecord(typ, key(), []byte(data))
 		if err == nil && !live {
 			err = fmt.Errorf("read as a tombstone")
 		}
 		return err
-	case mailsync.TypeTier:
-		r := &kgo.Record{Topic: topics.SyncTier, Key: key(), Value: []byte(data),
-			Headers: []kgo.RecordHeader{{Key: topics.HeaderType, Value: []byte(typ)}}}
-		_, ok, err := mailsync.DecodeTierRecord(r)
+	case domain.TypeSyncTierRecord:
+		_, ok, err := domain.DecodeSyncTierRecord(typ, key(), []byte(data))
 		if err == nil && !ok {
 			err = fmt.Errorf("read as a tombstone")
 		}
 		return err
 	}
-	var d domain.Data
-	switch typ {
-	case mailsync.TypeOwnershipAcquired:
-		d = new(mailsync.OwnershipAcquired)
-	case mailsync.TypeOwnershipLost:
-		d = new(mailsync.OwnershipLost)
-	case mailsync.TypeOwnershipSuspended:
-		d = new(mailsync.OwnershipSuspended)
-	case mailsync.TypeTierChanged:
-		d = new(mailsync.TierChanged)
-	case mailsync.TypeSyncFailed:
-		d = new(mailsync.SyncFailed)
-	default:
+	if slices.Contains(domain.PlacementDecisionTypes(), typ) {
 		_, err := domain.DecodePlacementDecision(typ, []byte(data))
 		return err
+	}
+	d, ok := domain.NewRecord(typ)
+	if !ok {
+		return fmt.Errorf("no Go type for %s", typ)
 	}
 	if err := json.Unmarshal([]byte(data), d); err != nil {
 		return err
@@ -271,7 +254,7 @@ func derivedGoAccepts(typ, data string) error {
 // derivedGoValidates reports whether the Go side validates typ's records
 // beyond their JSON shape, so that the schema must not be stricter.
 func derivedGoValidates(typ string) bool {
-	return slices.Contains(domain.PlacementDecisionTypes(), typ) || typ == mailboxstate.Type
+	return slices.Contains(domain.PlacementDecisionTypes(), typ) || typ == domain.TypeMailboxStateRecord
 }
 
 // derivedGoStricter: the schema accepts, the Go reader refuses. Each is a
@@ -311,7 +294,7 @@ var derivedSchemaStricter = map[string]func(typ string, s derivedSample, goRequi
 		return s.kind == "hostile" && slices.Contains(domain.PlacementDecisionTypes(), typ) && slices.Contains([]string{"address", "source", "detail"}, s.path)
 	},
 	"mailbox.state: Go does not check source_event_id (the processor copies a validated ce_id)": func(typ string, s derivedSample, _ bool) bool {
-		return typ == mailboxstate.Type && s.path == "source_event_id"
+		return typ == domain.TypeMailboxStateRecord && s.path == "source_event_id"
 	},
 }
 

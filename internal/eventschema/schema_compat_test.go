@@ -1,4 +1,4 @@
-package domain_test
+package eventschema_test
 
 import (
 	"bufio"
@@ -16,7 +16,9 @@ import (
 	"github.com/mailplane/mailplane/internal/eventschema"
 )
 
-const baselineDir = "schemas/baseline"
+// baselineDir holds the released domain event schemas (package domain
+// embeds the current ones).
+const baselineDir = "../../domain/schemas/baseline"
 
 // baselineNames lists the released schemas in dir.
 func baselineNames(t *testing.T, dir string) []string {

@@ -1,4 +1,4 @@
-package domain_test
+package eventschema_test
 
 import (
 	"encoding/json"
