@@ -111,157 +111,191 @@ var (
 )
 
 func compareSchema(cs *[]Change, path string, oldS, newS any) {
-	add := func(format string, args ...any) {
-		*cs = append(*cs, Change{Path: path, Message: fmt.Sprintf(format, args...)})
-	}
+	d := &schemaDiff{cs: cs, path: path, handled: map[string]bool{}}
 	// Boolean schemas: true accepts every value (as {} does), false none.
 	if oldS == false {
 		return // nothing was valid, so nothing valid can break
 	}
-	oldM, newM := asObject(oldS), asObject(newS)
+	d.oldM, d.newM = asObject(oldS), asObject(newS)
 	if newS == false {
-		add("no value allowed any more")
+		d.add("no value allowed any more")
 		return
 	}
-	if oldM == nil || newM == nil {
-		add("schema is not an object or a boolean")
+	if d.oldM == nil || d.newM == nil {
+		d.add("schema is not an object or a boolean")
 		return
 	}
-	handled := map[string]bool{}
 	for k := range annotations {
-		handled[k] = true
+		d.handled[k] = true
 	}
-	for k := range oldM {
-		if strings.HasPrefix(k, "x-") {
-			handled[k] = true
-		}
-	}
+	d.values()
+	d.required()
+	d.properties()
+	d.items()
+	d.rest()
+}
 
+// schemaDiff compares one schema object with its new version; handled
+// names the keywords it has analysed.
+type schemaDiff struct {
+	cs         *[]Change
+	path       string
+	oldM, newM map[string]any
+	handled    map[string]bool
+}
+
+func (d *schemaDiff) add(format string, args ...any) {
+	d.change(Change{Path: d.path, Message: fmt.Sprintf(format, args...)})
+}
+
+func (d *schemaDiff) change(c Change) { *d.cs = append(*d.cs, c) }
+
+// values compares what constrains a value itself: type, enum, const,
+// bounds, pattern, format, uniqueItems.
+func (d *schemaDiff) values() {
 	// type
-	handled["type"] = true
-	if ot, nt := typeSet(oldM["type"]), typeSet(newM["type"]); !slices.Equal(ot, nt) {
-		add("type changed from %s to %s", typeName(ot), typeName(nt))
+	d.handled["type"] = true
+	if ot, nt := typeSet(d.oldM["type"]), typeSet(d.newM["type"]); !slices.Equal(ot, nt) {
+		d.add("type changed from %s to %s", typeName(ot), typeName(nt))
 	}
 
 	// enum and const
-	handled["enum"], handled["const"] = true, true
-	if oe, ok := oldM["enum"].([]any); ok {
-		ne, ok := newM["enum"].([]any)
+	d.handled["enum"], d.handled["const"] = true, true
+	if oe, ok := d.oldM["enum"].([]any); ok {
+		ne, ok := d.newM["enum"].([]any)
 		if ok {
 			for _, v := range oe {
 				if !slices.ContainsFunc(ne, func(w any) bool { return sameJSON(v, w) }) {
-					add("enum value %s removed", canon(v))
+					d.add("enum value %s removed", canon(v))
 				}
 			}
-		} else if _, has := newM["enum"]; has {
-			add("enum changed to %s", canon(newM["enum"]))
+		} else if _, has := d.newM["enum"]; has {
+			d.add("enum changed to %s", canon(d.newM["enum"]))
 		}
-	} else if _, has := newM["enum"]; has {
-		add("enum %s added", canon(newM["enum"]))
+	} else if _, has := d.newM["enum"]; has {
+		d.add("enum %s added", canon(d.newM["enum"]))
 	}
-	if !sameJSON(oldM["const"], newM["const"]) {
-		if _, has := newM["const"]; has {
-			add("const changed from %s to %s", canon(oldM["const"]), canon(newM["const"]))
+	if !sameJSON(d.oldM["const"], d.newM["const"]) {
+		if _, has := d.newM["const"]; has {
+			d.add("const changed from %s to %s", canon(d.oldM["const"]), canon(d.newM["const"]))
 		}
 	}
 
 	// numeric and length bounds
 	for _, k := range lowerBounds {
-		handled[k] = true
-		compareBound(add, k, oldM[k], newM[k], +1)
+		d.handled[k] = true
+		compareBound(d.add, k, d.oldM[k], d.newM[k], +1)
 	}
 	for _, k := range upperBounds {
-		handled[k] = true
-		compareBound(add, k, oldM[k], newM[k], -1)
+		d.handled[k] = true
+		compareBound(d.add, k, d.oldM[k], d.newM[k], -1)
 	}
-	handled["multipleOf"] = true
-	if nv, has := newM["multipleOf"]; has && !sameJSON(oldM["multipleOf"], nv) {
-		add("multipleOf changed from %s to %s", canon(oldM["multipleOf"]), canon(nv))
+	d.handled["multipleOf"] = true
+	if nv, has := d.newM["multipleOf"]; has && !sameJSON(d.oldM["multipleOf"], nv) {
+		d.add("multipleOf changed from %s to %s", canon(d.oldM["multipleOf"]), canon(nv))
 	}
 
 	// pattern and format: any new or different one may refuse old data,
 	// except refusing control characters (textHygieneOnly).
 	for _, k := range []string{"pattern", "format"} {
-		handled[k] = true
-		if k == "pattern" && textHygieneOnly(oldM[k], newM[k]) {
+		d.handled[k] = true
+		if k == "pattern" && textHygieneOnly(d.oldM[k], d.newM[k]) {
 			continue
 		}
-		if nv, has := newM[k]; has && !sameJSON(oldM[k], nv) {
-			if _, had := oldM[k]; had {
-				add("%s changed from %s to %s", k, canon(oldM[k]), canon(nv))
+		if nv, has := d.newM[k]; has && !sameJSON(d.oldM[k], nv) {
+			if _, had := d.oldM[k]; had {
+				d.add("%s changed from %s to %s", k, canon(d.oldM[k]), canon(nv))
 			} else {
-				add("%s %s added", k, canon(nv))
+				d.add("%s %s added", k, canon(nv))
 			}
 		}
 	}
-	handled["uniqueItems"] = true
-	if newM["uniqueItems"] == true && oldM["uniqueItems"] != true {
-		add("uniqueItems added")
+	d.handled["uniqueItems"] = true
+	if d.newM["uniqueItems"] == true && d.oldM["uniqueItems"] != true {
+		d.add("uniqueItems added")
 	}
 
+}
+
+// required reports properties that became required.
+func (d *schemaDiff) required() {
 	// required
-	handled["required"] = true
-	oldReq, newReq := stringSet(oldM["required"]), stringSet(newM["required"])
+	d.handled["required"] = true
+	oldReq, newReq := stringSet(d.oldM["required"]), stringSet(d.newM["required"])
 	for _, r := range newReq {
 		if !slices.Contains(oldReq, r) {
-			*cs = append(*cs, Change{Path: path + "." + r, Message: "became required"})
+			d.change(Change{Path: d.path + "." + r, Message: "became required"})
 		}
 	}
 
+}
+
+// properties walks the properties, and what the old schema let any other
+// name hold.
+func (d *schemaDiff) properties() {
 	// properties, walked
-	handled["properties"] = true
-	oldProps, _ := oldM["properties"].(map[string]any)
-	newProps, _ := newM["properties"].(map[string]any)
-	oldOpen := oldM["additionalProperties"] != false
+	d.handled["properties"] = true
+	oldProps, _ := d.oldM["properties"].(map[string]any)
+	newProps, _ := d.newM["properties"].(map[string]any)
+	oldOpen := d.oldM["additionalProperties"] != false
 	for _, name := range sortedKeys(oldProps) {
 		np, ok := newProps[name]
 		if !ok {
-			*cs = append(*cs, Change{Path: path + "." + name, Message: "property removed"})
+			d.change(Change{Path: d.path + "." + name, Message: "property removed"})
 			continue
 		}
-		compareSchema(cs, path+"."+name, oldProps[name], np)
+		compareSchema(d.cs, d.path+"."+name, oldProps[name], np)
 	}
 	for _, name := range sortedKeys(newProps) {
 		if _, ok := oldProps[name]; !ok && oldOpen {
 			// The old schema let this name hold anything.
-			compareSchema(cs, path+"."+name, oldAdditional(oldM), newProps[name])
+			compareSchema(d.cs, d.path+"."+name, oldAdditional(d.oldM), newProps[name])
 		}
 	}
-	handled["additionalProperties"] = true
-	_, oldHas := oldM["additionalProperties"]
-	_, newHas := newM["additionalProperties"]
+	d.handled["additionalProperties"] = true
+	_, oldHas := d.oldM["additionalProperties"]
+	_, newHas := d.newM["additionalProperties"]
 	switch {
-	case oldOpen && newM["additionalProperties"] == false:
-		add("additional properties no longer allowed")
+	case oldOpen && d.newM["additionalProperties"] == false:
+		d.add("additional properties no longer allowed")
 	case oldHas || newHas:
-		compareSchema(cs, path+".*", oldAdditional(oldM), oldAdditional(newM))
+		compareSchema(d.cs, d.path+".*", oldAdditional(d.oldM), oldAdditional(d.newM))
 	}
 
+}
+
+// items walks array items.
+func (d *schemaDiff) items() {
 	// array items, walked
-	handled["items"] = true
-	if oi, ni := oldM["items"], newM["items"]; oi != nil || ni != nil {
+	d.handled["items"] = true
+	if oi, ni := d.oldM["items"], d.newM["items"]; oi != nil || ni != nil {
 		if oi == nil {
 			oi = true
 		}
 		if ni == nil {
 			ni = true
 		}
-		compareSchema(cs, path+"[]", oi, ni)
+		compareSchema(d.cs, d.path+"[]", oi, ni)
 	}
 
+}
+
+// rest reports every other keyword that changed: not analysed, so
+// breaking.
+func (d *schemaDiff) rest() {
 	// everything else: unchanged, or breaking
-	keys := sortedKeys(oldM)
-	for _, k := range sortedKeys(newM) {
-		if _, ok := oldM[k]; !ok {
+	keys := sortedKeys(d.oldM)
+	for _, k := range sortedKeys(d.newM) {
+		if _, ok := d.oldM[k]; !ok {
 			keys = append(keys, k)
 		}
 	}
 	for _, k := range keys {
-		if handled[k] || strings.HasPrefix(k, "x-") {
+		if d.handled[k] || strings.HasPrefix(k, "x-") {
 			continue
 		}
-		if !sameJSON(oldM[k], newM[k]) {
-			add("keyword %s changed from %s to %s (not analysed, so treated as breaking)", k, canon(oldM[k]), canon(newM[k]))
+		if !sameJSON(d.oldM[k], d.newM[k]) {
+			d.add("keyword %s changed from %s to %s (not analysed, so treated as breaking)", k, canon(d.oldM[k]), canon(d.newM[k]))
 		}
 	}
 }
