@@ -1,4 +1,4 @@
-// Package placement is the placement engine: the single writer of the
+// Package engine is the placement engine: the single writer of the
 // decision log (docs/design.md section 4). It consumes the four domain topics,
 // keeps the placement.State in memory, decides with the pure decider
 // (placement.State.Apply), and writes every decision to

@@ -1,3 +1,8 @@
+// Package projection is the placement projection: the decision log folded
+// into Postgres through the decider's own fold (placement.State.ApplyDecision
+// over the rows a batch names), its runner, the rebuild builder, the
+// engine's snapshotter, and Store, the one reader of its tables (the worker
+// API and placement show). See docs/architecture.md §6.
 package projection
 
 import (
