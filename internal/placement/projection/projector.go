@@ -286,6 +286,58 @@ func (p *Projector) session(ctx context.Context) error {
 		return err
 	}
 	next := ck.NextOffset
+	cl, err := p.reader(next)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	p.log.Info("placement projector leading", "from", next)
+
+	b := &inputBatcher{safeEnd: next, seen: next}
+	for {
+		fs := cl.PollRecords(ctx, p.cfg.batchSize)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if fs.IsClientClosed() {
+			return kgo.ErrClientClosed
+		}
+		var ferr error
+		fs.EachError(func(_ string, _ int32, err error) {
+			if ferr == nil && !errors.Is(err, context.Canceled) {
+				ferr = err
+			}
+		})
+		if ferr != nil {
+			return fmt.Errorf("reading the decision log at %d: %w", b.seen, ferr)
+		}
+		var lso int64 = -1
+		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
+			lso = max(lso, fp.LastStableOffset)
+		})
+		p.lag(lso, next)
+		derr := b.add(fs)
+		if b.safeEnd > next {
+			if err := p.commit(ctx, next, b.safeEnd, b.take()); err != nil {
+				return err
+			}
+			next = b.safeEnd
+			p.lag(lso, next)
+		}
+		if derr != nil {
+			return derr
+		}
+	}
+}
+
+func (p *Projector) lag(lso, next int64) {
+	if lso >= 0 {
+		p.m.Lag.WithLabelValues(p.cfg.name, topics.PlacementDecisions).Set(float64(max(0, lso-next)))
+	}
+}
+
+// reader returns a client reading the decision log from next.
+func (p *Projector) reader(next int64) (*kgo.Client, error) {
 	opts := append(kafka.ConnOptions(p.kcfg),
 		kgo.ClientID(p.kcfg.ClientID),
 		kgo.RequestTimeoutOverhead(10*time.Second),
@@ -308,83 +360,58 @@ func (p *Projector) session(ctx context.Context) error {
 	)
 	cl, err := kgo.NewClient(append(opts, p.cfg.kgoOpts...)...)
 	if err != nil {
-		return fmt.Errorf("decision-log reader: %w", err)
+		return nil, fmt.Errorf("decision-log reader: %w", err)
 	}
-	defer cl.Close()
-	p.log.Info("placement projector leading", "from", next)
+	return cl, nil
+}
 
-	// Batches end where inputs end: the engine writes each input's
-	// decisions in one transaction, and a poll may stop inside one; the
-	// rest waits for the next poll. Readers of the tables (the worker API,
-	// placement show, a restoring engine) so only ever see the state
-	// between inputs, where invariants 3 and 4 hold.
-	var pending []Record // read, not committed
-	safe := 0            // pending[:safe] ends with an input's last decision
-	safeEnd := next      // the checkpoint after pending[:safe] and the markers after it
-	seen := next         // the offset after the last record read
-	for {
-		fs := cl.PollRecords(ctx, p.cfg.batchSize)
-		if ctx.Err() != nil {
-			return nil
+// inputBatcher gathers decisions read into batches that end where inputs
+// end: the engine writes each input's decisions in one transaction, and a
+// poll may stop inside one; the rest waits for the next poll. Readers of
+// the tables (the worker API, placement show, a restoring engine) so only
+// ever see the state between inputs, where invariants 3 and 4 hold.
+type inputBatcher struct {
+	pending []Record // read, not committed
+	safe    int      // pending[:safe] ends with an input's last decision
+	safeEnd int64    // the checkpoint after pending[:safe] and the markers after it
+	seen    int64    // the offset after the last record read
+}
+
+// add takes a poll's records. A record that does not decode stops it:
+// what comes before it is applied; it is not skipped.
+func (b *inputBatcher) add(fs kgo.Fetches) error {
+	var derr error
+	fs.EachRecord(func(r *kgo.Record) {
+		if derr != nil || r.Offset < b.seen {
+			return
 		}
-		if fs.IsClientClosed() {
-			return kgo.ErrClientClosed
+		if r.Attrs.IsControl() {
+			b.seen = r.Offset + 1
+			if b.safe == len(b.pending) {
+				b.safeEnd = b.seen
+			}
+			return
 		}
-		var ferr error
-		fs.EachError(func(_ string, _ int32, err error) {
-			if ferr == nil && !errors.Is(err, context.Canceled) {
-				ferr = err
-			}
-		})
-		if ferr != nil {
-			return fmt.Errorf("reading the decision log at %d: %w", seen, ferr)
+		d, err := decodedDecision(r)
+		if err != nil {
+			derr = projections.Permanent(domain.ErrorCode(err), fmt.Errorf("decision at offset %d: %w", r.Offset, err))
+			return
 		}
-		var lso int64 = -1
-		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
-			lso = max(lso, fp.LastStableOffset)
-		})
-		if lso >= 0 {
-			p.m.Lag.WithLabelValues(p.cfg.name, topics.PlacementDecisions).Set(float64(max(0, lso-next)))
+		b.seen = r.Offset + 1
+		b.pending = append(b.pending, Record{Offset: r.Offset, Decision: d})
+		if d.Cause.Index+1 >= d.Cause.Count {
+			b.safe, b.safeEnd = len(b.pending), b.seen
 		}
-		var derr error
-		fs.EachRecord(func(r *kgo.Record) {
-			if derr != nil || r.Offset < seen {
-				return
-			}
-			if r.Attrs.IsControl() {
-				seen = r.Offset + 1
-				if safe == len(pending) {
-					safeEnd = seen
-				}
-				return
-			}
-			d, err := decodedDecision(r)
-			if err != nil {
-				// What comes before it is applied; it is not skipped.
-				derr = projections.Permanent(domain.ErrorCode(err), fmt.Errorf("decision at offset %d: %w", r.Offset, err))
-				return
-			}
-			seen = r.Offset + 1
-			pending = append(pending, Record{Offset: r.Offset, Decision: d})
-			if d.Cause.Index+1 >= d.Cause.Count {
-				safe, safeEnd = len(pending), seen
-			}
-		})
-		if safeEnd > next {
-			if err := p.commit(ctx, next, safeEnd, pending[:safe]); err != nil {
-				return err
-			}
-			next = safeEnd
-			pending = append([]Record(nil), pending[safe:]...)
-			safe = 0
-			if lso >= 0 {
-				p.m.Lag.WithLabelValues(p.cfg.name, topics.PlacementDecisions).Set(float64(max(0, lso-next)))
-			}
-		}
-		if derr != nil {
-			return derr
-		}
-	}
+	})
+	return derr
+}
+
+// take hands over the decisions up to the last input boundary.
+func (b *inputBatcher) take() []Record {
+	out := b.pending[:b.safe]
+	b.pending = append([]Record(nil), b.pending[b.safe:]...)
+	b.safe = 0
+	return out
 }
 
 const (
