@@ -186,7 +186,7 @@ func consumerSettings(g GroupConfig, extra []kgo.Opt) []kgo.Opt {
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.DisableAutoCommit(),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.FetchMaxWait(100*time.Millisecond),
+		kgo.FetchMaxWait(100 * time.Millisecond),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 	}
 	if g.SessionTimeout > 0 {
