@@ -317,14 +317,14 @@ type unstorable struct {
 	bad string
 }
 
-func (u *unstorable) Apply(ctx context.Context, tx pgx.Tx, events []domain.Event) error {
-	for _, ev := range events {
-		if ev.ID == u.bad {
+func (u *unstorable) Apply(ctx context.Context, tx pgx.Tx, recs []projections.Record) error {
+	for _, r := range recs {
+		if r.Event.ID == u.bad {
 			var s string
 			return tx.QueryRow(ctx, `SELECT $1::text`, "10.0.0.1:25\x00").Scan(&s)
 		}
 	}
-	return u.Registry.Apply(ctx, tx, events)
+	return u.Registry.Apply(ctx, tx, recs)
 }
 
 // TestUnstorableRecordGoesToDLQ: a record Postgres refuses as data (class
