@@ -200,3 +200,14 @@ func consumerSettings(g GroupConfig, extra []kgo.Opt) []kgo.Opt {
 	}
 	return append(opts, extra...)
 }
+
+// NewGroupTransactSession returns a transactional group session with
+// ConsumerOptions; extra carries the transactional id and the producer
+// settings the session needs.
+func NewGroupTransactSession(cfg Config, g GroupConfig, extra ...kgo.Opt) (*kgo.GroupTransactSession, error) {
+	sess, err := kgo.NewGroupTransactSession(ConsumerOptions(cfg, g, extra...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka transactional session: %w", err)
+	}
+	return sess, nil
+}
