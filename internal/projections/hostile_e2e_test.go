@@ -199,7 +199,7 @@ func rawHeartbeat(worker, address, source string) *kgo.Record {
 // end of every non-empty partition it reads.
 func engineCaughtUp(t *testing.T, kcfg kafka.Config, timeout time.Duration) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(kcfg.Brokers...))
+	cl, err := kafka.NewClient(kafka.Config{Brokers: kcfg.Brokers}, kafka.KindAdmin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +228,7 @@ func engineCaughtUp(t *testing.T, kcfg kafka.Config, timeout time.Duration) {
 func deadLetters(t *testing.T, kcfg kafka.Config) map[string]bool {
 	t.Helper()
 	end := endOffsets(t, kcfg, []string{topics.DLQ})[tp{topics.DLQ, 0}]
-	cl, err := kgo.NewClient(kgo.SeedBrokers(kcfg.Brokers...), kgo.ConsumeTopics(topics.DLQ),
+	cl, err := kafka.NewClient(kafka.Config{Brokers: kcfg.Brokers}, kafka.KindReader, kgo.ConsumeTopics(topics.DLQ),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		t.Fatal(err)
@@ -276,7 +276,7 @@ func TestPlacementProjectorPassesLegacyHostileText(t *testing.T) {
 		t.Fatal("the address was not replaced")
 	}
 	r.Value = []byte(legacy)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	cl, err := kafka.NewClient(kafka.Config{Brokers: brokers}, kafka.KindAdmin)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -462,7 +462,7 @@ func TestResumeFromPostgresOffsets(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kcfg.Brokers...))
+	cl, err := kafka.NewClient(kafka.Config{Brokers: e.kcfg.Brokers}, kafka.KindAdmin)
 	must(t, err)
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
