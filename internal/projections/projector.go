@@ -287,7 +287,7 @@ func (p *Projector) Run(ctx context.Context) error {
 		// can be polled: a fetch the size of a round is decoded while the
 		// transactions before it run, where a large one (the default is
 		// 50 MiB) would leave Postgres idle while it is decoded.
-		kgo.FetchMaxBytes(fetchMaxBytes(p.cfg.batchSize*p.cfg.concurrency)),
+		kgo.FetchMaxBytes(fetchMaxBytes(p.cfg.batchSize * p.cfg.concurrency)),
 		kgo.FetchMaxPartitionBytes(fetchMaxBytes(p.cfg.batchSize) / 2),
 	}, p.cfg.kgoOpts...)
 	cl, err := kafka.NewConsumer(p.kcfg, p.cfg.group, opts...)
