@@ -59,7 +59,7 @@ func mailboxAdded() domain.MailboxAdded {
 
 func consumeAll(t *testing.T, brokers []string, topic string, n int) []*kgo.Record {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	cl, err := kafka.NewClient(kafka.Config{Brokers: brokers}, kafka.KindReader, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		t.Fatal(err)
 	}

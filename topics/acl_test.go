@@ -45,7 +45,7 @@ func aclCluster(t *testing.T) (brokers []string, principals map[topics.Role]stri
 	t.Cleanup(c.Close)
 	brokers = c.ListenAddrs()
 
-	ops, err := kgo.NewClient(kafka.ConnOptions(roleConfig(brokers, "ops", "ops-pw"))...)
+	ops, err := kafka.NewClient(roleConfig(brokers, "ops", "ops-pw"), kafka.KindAdmin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func produce(ctx context.Context, t *testing.T, cfg kafka.Config, topic string) 
 
 func endOffset(ctx context.Context, t *testing.T, brokers []string, topic string) int64 {
 	t.Helper()
-	cl, err := kgo.NewClient(kafka.ConnOptions(roleConfig(brokers, "ops", "ops-pw"))...)
+	cl, err := kafka.NewClient(roleConfig(brokers, "ops", "ops-pw"), kafka.KindAdmin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func endOffset(ctx context.Context, t *testing.T, brokers []string, topic string
 // consumeOne reads one record of topic in group as cfg, or returns the
 // error the broker answered with.
 func consumeOne(ctx context.Context, cfg kafka.Config, topic, group string) error {
-	cl, err := kgo.NewClient(kafka.ConsumerOptions(cfg, kafka.GroupConfig{Group: group, Topics: []string{topic}})...)
+	cl, err := kafka.NewConsumer(cfg, kafka.GroupConfig{Group: group, Topics: []string{topic}})
 	if err != nil {
 		return err
 	}

@@ -19,7 +19,7 @@ func newAdmin(t *testing.T) (*kgo.Client, *kadm.Client) {
 		t.Fatal(err)
 	}
 	t.Cleanup(emb.Close)
-	kc, err := kgo.NewClient(kgo.SeedBrokers(emb.Addrs()...))
+	kc, err := kafka.NewClient(kafka.Config{Brokers: emb.Addrs()}, kafka.KindAdmin)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -110,7 +110,7 @@ func startBroker(t testing.TB, fake *kfake.Cluster) ([]string, *kgo.Client, *kad
 	if fake != nil {
 		// A client of its own: a client's cached metadata can still say
 		// "unknown topic" for a while after it created the topic.
-		ac, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+		ac, err := kafka.NewClient(kafka.Config{Brokers: brokers}, kafka.KindAdmin)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/opshttp"
 	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
@@ -81,7 +81,7 @@ func TestHealthzBrokerDown(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	dead, err := kgo.NewClient(kgo.SeedBrokers(addr))
+	dead, err := kafka.NewClient(kafka.Config{Brokers: []string{addr}}, kafka.KindAdmin)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
@@ -325,71 +324,15 @@ func (s *Simulator) Setup(ctx context.Context) (int, error) {
 // publishedIDs returns the ce_id of every record on the named topics, read
 // from their start to their end at the time of the call.
 func (s *Simulator) publishedIDs(ctx context.Context, names ...string) (map[string]bool, error) {
-	adm := kadm.NewClient(s.kc)
-	starts, err := adm.ListStartOffsets(ctx, names...)
-	if err != nil {
-		return nil, fmt.Errorf("list start offsets: %w", err)
-	}
-	ends, err := adm.ListEndOffsets(ctx, names...)
-	if err != nil {
-		return nil, fmt.Errorf("list end offsets: %w", err)
-	}
-	type tp struct {
-		topic string
-		part  int32
-	}
-	from := map[string]map[int32]kgo.Offset{}
-	until := map[tp]int64{}
-	var lerr error
-	ends.Each(func(e kadm.ListedOffset) {
-		st, ok := starts.Lookup(e.Topic, e.Partition)
-		if e.Err != nil || !ok || st.Err != nil {
-			lerr = errors.Join(lerr, e.Err, st.Err, fmt.Errorf("offsets of %s/%d unknown", e.Topic, e.Partition))
-			return
-		}
-		if e.Offset <= st.Offset {
-			return
-		}
-		if from[e.Topic] == nil {
-			from[e.Topic] = map[int32]kgo.Offset{}
-		}
-		from[e.Topic][e.Partition] = kgo.NewOffset().At(st.Offset)
-		until[tp{e.Topic, e.Partition}] = e.Offset
-	})
-	if lerr != nil {
-		return nil, lerr
-	}
 	ids := map[string]bool{}
-	if len(until) == 0 {
-		return ids, nil
-	}
-	cl, err := kgo.NewClient(append(kafka.ConnOptions(s.kcfg), kgo.ConsumePartitions(from),
-		kgo.ClientID("mailplane-devfleet-scan"))...)
-	if err != nil {
-		return nil, err
-	}
-	defer cl.Close()
-	for len(until) > 0 {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("reading %v: %w", names, err)
+	spec := kafka.ReadSpec{Topics: names, HighWatermark: true, ClientID: "scan"}
+	if _, err := kafka.ReadToEnd(ctx, s.kcfg, spec, func(r *kgo.Record) error {
+		if id, ok := topics.Header(r, topics.HeaderID); ok {
+			ids[id] = true
 		}
-		var ferr error
-		fs.EachError(func(t string, p int32, err error) {
-			ferr = errors.Join(ferr, fmt.Errorf("%s/%d: %w", t, p, err))
-		})
-		if ferr != nil {
-			return nil, ferr
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			if id, ok := topics.Header(r, topics.HeaderID); ok {
-				ids[id] = true
-			}
-			k := tp{r.Topic, r.Partition}
-			if end, ok := until[k]; ok && r.Offset+1 >= end {
-				delete(until, k)
-			}
-		})
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("reading %v: %w", names, err)
 	}
 	return ids, nil
 }

@@ -49,7 +49,7 @@ func newSim(t *testing.T, brokers []string, srv *devfleet.Server, opts ...devfle
 // readAll returns the events on topic, from its start to its end now.
 func readAll(t *testing.T, brokers []string, topic string) []domain.Event {
 	t.Helper()
-	kc, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	kc, err := kafka.NewClient(kafka.Config{Brokers: brokers}, kafka.KindAdmin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func readAll(t *testing.T, brokers []string, topic string) []domain.Event {
 		want += int(o.Offset)
 		parts[o.Partition] = kgo.NewOffset().AtStart()
 	})
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}))
+	cl, err := kafka.NewClient(kafka.Config{Brokers: brokers}, kafka.KindReader, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +346,7 @@ func TestSimulatorRun(t *testing.T) {
 
 func countRecords(t *testing.T, brokers []string, topic string) int {
 	t.Helper()
-	kc, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	kc, err := kafka.NewClient(kafka.Config{Brokers: brokers}, kafka.KindAdmin)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
@@ -261,82 +260,27 @@ func List(ctx context.Context, cfg kafka.Config, limit int) ([]Entry, error) {
 		ctx, cancel = context.WithTimeout(ctx, DefaultListTimeout)
 		defer cancel()
 	}
-	// A plain client: the producer options carry the shared timeouts and
-	// metrics hooks, and a client that never produces is just a client.
 	// read_committed, so dead letters of aborted transactions (the
 	// placement engine writes them inside its transactions) are not shown;
-	// control records are kept so a transaction marker at the end of the
-	// log still counts as reaching it.
-	cl, err := kgo.NewClient(kafka.ProducerOptions(cfg, kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())...)
-	if err != nil {
-		return nil, fmt.Errorf("dlq: client: %w", err)
+	// up to the last stable offset, what read_committed can reach.
+	spec := kafka.ReadSpec{
+		Topics:   []string{topics.DLQ},
+		ClientID: "dlq-list",
+		From: func(_ kafka.Partition, b kafka.Bounds) (int64, error) {
+			if limit > 0 && b.End-int64(limit) > b.Start {
+				// No partition contributes more than limit entries to the
+				// newest limit overall.
+				return b.End - int64(limit), nil
+			}
+			return b.Start, nil
+		},
 	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-
-	starts, err := adm.ListStartOffsets(ctx, topics.DLQ)
-	if err != nil {
-		return nil, fmt.Errorf("dlq: list start offsets: %w", err)
-	}
-	if err := starts.Error(); err != nil {
-		return nil, fmt.Errorf("dlq: list start offsets: %w", err)
-	}
-	// The last stable offset: what read_committed can reach.
-	ends, err := adm.ListCommittedOffsets(ctx, topics.DLQ)
-	if err != nil {
-		return nil, fmt.Errorf("dlq: list end offsets: %w", err)
-	}
-	if err := ends.Error(); err != nil {
-		return nil, fmt.Errorf("dlq: list end offsets: %w", err)
-	}
-
-	from := map[int32]kgo.Offset{}
-	remaining := map[int32]int64{} // partition -> end offset still to reach
-	ends.Each(func(o kadm.ListedOffset) {
-		start := int64(0)
-		if s, ok := starts.Lookup(o.Topic, o.Partition); ok {
-			start = s.Offset
-		}
-		if limit > 0 && o.Offset-int64(limit) > start {
-			// No partition contributes more than limit entries to the
-			// newest limit overall.
-			start = o.Offset - int64(limit)
-		}
-		if start < o.Offset {
-			from[o.Partition] = kgo.NewOffset().At(start)
-			remaining[o.Partition] = o.Offset
-		}
-	})
 	var out []Entry
-	if len(from) > 0 {
-		cl.AddConsumePartitions(map[string]map[int32]kgo.Offset{topics.DLQ: from})
-		for len(remaining) > 0 {
-			fs := cl.PollFetches(ctx)
-			if err := ctx.Err(); err != nil {
-				return nil, fmt.Errorf("dlq: read to the end (%d partition(s) short): %w", len(remaining), err)
-			}
-			var ferr error
-			fs.EachError(func(_ string, _ int32, err error) {
-				if ferr == nil {
-					ferr = err
-				}
-			})
-			if ferr != nil {
-				return nil, fmt.Errorf("dlq: fetch: %w", ferr)
-			}
-			fs.EachRecord(func(r *kgo.Record) {
-				end, ok := remaining[r.Partition]
-				if !ok || r.Offset >= end {
-					return
-				}
-				if !r.Attrs.IsControl() {
-					out = append(out, Parse(r))
-				}
-				if r.Offset >= end-1 {
-					delete(remaining, r.Partition)
-				}
-			})
-		}
+	if _, err := kafka.ReadToEnd(ctx, cfg, spec, func(r *kgo.Record) error {
+		out = append(out, Parse(r))
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("dlq: %w", err)
 	}
 	sort.SliceStable(out, func(i, j int) bool {
 		a, b := out[i], out[j]

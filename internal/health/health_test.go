@@ -128,7 +128,7 @@ func (e *env) publishAt(at time.Time, evs ...domain.Event) {
 // scored consumes n health_scored events of mailbox from the mailbox topic.
 func (e *env) scored(mailbox string, n int) []*domain.MailboxHealthScored {
 	e.t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.ConsumeTopics(topics.MailboxEvents),
+	cl, err := kafka.NewClient(kafka.Config{Brokers: e.brokers}, kafka.KindReader, kgo.ConsumeTopics(topics.MailboxEvents),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		e.t.Fatal(err)
@@ -236,7 +236,7 @@ func TestScorerEmitsOnStateChange(t *testing.T) {
 	}
 	// Exactly one event for sender: no more in the topic.
 	var all int
-	cl, _ := kgo.NewClient(kgo.SeedBrokers(e.brokers...), kgo.ConsumeTopics(topics.MailboxEvents), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	cl, _ := kafka.NewClient(kafka.Config{Brokers: e.brokers}, kafka.KindReader, kgo.ConsumeTopics(topics.MailboxEvents), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()

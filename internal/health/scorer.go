@@ -24,6 +24,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/outbox"
+	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -74,7 +75,8 @@ func (*Scorer) Name() string { return Name }
 func (*Scorer) Topics() []string { return []string{topics.MailboxObservations} }
 
 // Apply implements projections.Projection.
-func (s *Scorer) Apply(ctx context.Context, tx pgx.Tx, events []domain.Event) error {
+func (s *Scorer) Apply(ctx context.Context, tx pgx.Tx, in []projections.Record) error {
+	events := projections.Events(in)
 	var ids []string
 	seen := map[string]bool{}
 	for _, e := range events {

@@ -63,9 +63,10 @@ func (s SASL) mechanism() sasl.Mechanism {
 
 // ConnOptions are the connection options every client of cfg's brokers
 // uses, whatever else it does: the seed brokers, a dial deadline, and the
-// SASL and TLS settings. Clients built by hand (plain consumers, admin
-// clients, the read-to-end readers) start from these, so a cluster with
-// SASL and ACLs (SECURITY.md) is reached by every one of them.
+// SASL and TLS settings, so a cluster with SASL and ACLs (SECURITY.md) is
+// reached by every client. NewClient starts from them; build clients
+// there rather than from these alone, which lack the metrics, logging and
+// request deadlines.
 func ConnOptions(cfg Config) []kgo.Opt {
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),

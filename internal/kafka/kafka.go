@@ -1,20 +1,25 @@
-// Package kafka is mailplane's one place for Kafka client setup (producers
-// idempotent with acks=all, consumer groups on the classic protocol with the
-// cooperative-sticky balancer, deadlines on every request) and for the
-// embedded kfake broker used by dev mode and tests.
+// Package kafka is mailplane's one place for Kafka client setup: every
+// client is built by NewClient on one base (connection, deadlines, client
+// id, kprom metrics, franz-go's logs through kslog); producers idempotent
+// with acks=all, consumer groups on the classic protocol with the
+// cooperative-sticky balancer; ReadToEnd reads partitions to their end. It
+// also runs the embedded kfake broker used by dev mode and tests.
 package kafka
 
 import (
 	"crypto/tls"
-	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/plugin/kprom"
+
+	"github.com/mailplane/mailplane/internal/promreg"
 )
 
 // Config is what every client needs.
@@ -28,29 +33,27 @@ type Config struct {
 	SASL SASL
 	// TLS, when not nil, encrypts every connection to the brokers.
 	TLS *tls.Config
+	// Logger, when set, receives franz-go's warnings and errors (through
+	// its kslog plugin); nil logs nothing.
+	Logger *slog.Logger
+}
+
+// WithLogger returns c logging to l, unless c has a logger already: a
+// component's own logger is the default for the clients it builds.
+func (c Config) WithLogger(l *slog.Logger) Config {
+	if c.Logger == nil {
+		c.Logger = l
+	}
+	return c
 }
 
 // clientMetrics returns a kprom plugin for one client. kprom registers its
 // collectors when the client is created, so each client gets its own,
-// told apart by constant labels.
+// told apart by constant labels. A second client with the same id and kind
+// goes unmeasured rather than panicking the process (promreg.Lenient).
 func clientMetrics(reg prometheus.Registerer, clientID, kind string) *kprom.Metrics {
 	labels := prometheus.Labels{"client": clientID, "kind": kind}
-	return kprom.NewMetrics("mailplane_kafka", kprom.Registerer(tolerant{prometheus.WrapRegistererWith(labels, reg)}))
-}
-
-// tolerant skips collectors already registered: a second client with the
-// same id and kind goes unmeasured rather than panicking the process.
-type tolerant struct{ prometheus.Registerer }
-
-func (t tolerant) MustRegister(cs ...prometheus.Collector) {
-	for _, c := range cs {
-		if err := t.Register(c); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				panic(err)
-			}
-		}
-	}
+	return kprom.NewMetrics("mailplane_kafka", kprom.Registerer(promreg.Lenient(prometheus.WrapRegistererWith(labels, reg))))
 }
 
 // WithClientID returns c with another client id: a role's second client
@@ -71,22 +74,63 @@ func ParseBrokers(s string) []string {
 	return out
 }
 
+// clientID is cfg's client id, or one naming the host.
+func clientID(cfg Config) string {
+	if cfg.ClientID != "" {
+		return cfg.ClientID
+	}
+	host, _ := os.Hostname()
+	return "mailplane-" + host
+}
+
+// base are the options every client starts from: the connection (brokers,
+// dial deadline, SASL, TLS), request deadlines, the client id, the kprom
+// hooks on cfg.Registerer and franz-go's warnings on cfg.Logger.
 func base(cfg Config, kind string) []kgo.Opt {
 	opts := append(ConnOptions(cfg),
 		kgo.RequestTimeoutOverhead(10*time.Second),
 		kgo.RetryTimeout(30*time.Second),
 		kgo.MetadataMinAge(250*time.Millisecond),
 	)
-	id := cfg.ClientID
-	if id == "" {
-		host, _ := os.Hostname()
-		id = "mailplane-" + host
-	}
+	id := clientID(cfg)
 	opts = append(opts, kgo.ClientID(id))
 	if cfg.Registerer != nil {
 		opts = append(opts, kgo.WithHooks(clientMetrics(cfg.Registerer, id, kind)))
 	}
+	if cfg.Logger != nil {
+		opts = append(opts, kgo.WithLogger(clientLogger(cfg.Logger, id)))
+	}
 	return opts
+}
+
+// NewClient returns a client of cfg's brokers built on the options every
+// mailplane client shares (see base), then opts. kind labels its metrics:
+// KindProducer, KindConsumer, KindAdmin or KindReader. Every client of the
+// program is built here, so none misses the hooks.
+func NewClient(cfg Config, kind string, opts ...kgo.Opt) (*kgo.Client, error) {
+	cl, err := kgo.NewClient(append(base(cfg, kind), opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka %s client: %w", kind, err)
+	}
+	return cl, nil
+}
+
+// Kinds of client, the kind label of their metrics.
+const (
+	KindProducer = "producer"
+	KindConsumer = "consumer"
+	KindAdmin    = "admin"
+	KindReader   = "reader"
+)
+
+// NewAdmin returns an admin client of cfg's brokers. Closing it closes its
+// Kafka client.
+func NewAdmin(cfg Config, opts ...kgo.Opt) (*kadm.Client, error) {
+	cl, err := NewClient(cfg, KindAdmin, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return kadm.NewClient(cl), nil
 }
 
 // ProducerOptions are the options of every mailplane producer: idempotent,
@@ -94,23 +138,22 @@ func base(cfg Config, kind string) []kgo.Opt {
 // partitioned by the Kafka-compatible murmur2 hash, so that per-key order
 // holds and any Kafka client agrees on where a key lives.
 func ProducerOptions(cfg Config, extra ...kgo.Opt) []kgo.Opt {
-	opts := append(base(cfg, "producer"),
+	return append(base(cfg, KindProducer), producerSettings(extra)...)
+}
+
+func producerSettings(extra []kgo.Opt) []kgo.Opt {
+	return append([]kgo.Opt{
 		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.ProducerLinger(2*time.Millisecond),
-		kgo.ProduceRequestTimeout(10*time.Second),
-		kgo.RecordDeliveryTimeout(30*time.Second),
+		kgo.ProducerLinger(2 * time.Millisecond),
+		kgo.ProduceRequestTimeout(10 * time.Second),
+		kgo.RecordDeliveryTimeout(30 * time.Second),
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
-	)
-	return append(opts, extra...)
+	}, extra...)
 }
 
 // NewProducer returns a client with ProducerOptions.
 func NewProducer(cfg Config, extra ...kgo.Opt) (*kgo.Client, error) {
-	cl, err := kgo.NewClient(ProducerOptions(cfg, extra...)...)
-	if err != nil {
-		return nil, fmt.Errorf("kafka producer: %w", err)
-	}
-	return cl, nil
+	return NewClient(cfg, KindProducer, producerSettings(extra)...)
 }
 
 // GroupConfig tunes consumer-group membership.
@@ -128,15 +171,24 @@ type GroupConfig struct {
 // where their effects are), and fetches bounded so a batch fits one
 // database transaction.
 func ConsumerOptions(cfg Config, g GroupConfig, extra ...kgo.Opt) []kgo.Opt {
-	opts := append(base(cfg, "consumer"),
+	return append(base(cfg, KindConsumer), consumerSettings(g, extra)...)
+}
+
+// NewConsumer returns a client with ConsumerOptions.
+func NewConsumer(cfg Config, g GroupConfig, extra ...kgo.Opt) (*kgo.Client, error) {
+	return NewClient(cfg, KindConsumer, consumerSettings(g, extra)...)
+}
+
+func consumerSettings(g GroupConfig, extra []kgo.Opt) []kgo.Opt {
+	opts := []kgo.Opt{
 		kgo.ConsumerGroup(g.Group),
 		kgo.ConsumeTopics(g.Topics...),
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.DisableAutoCommit(),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.FetchMaxWait(100*time.Millisecond),
+		kgo.FetchMaxWait(100 * time.Millisecond),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-	)
+	}
 	if g.SessionTimeout > 0 {
 		opts = append(opts, kgo.SessionTimeout(g.SessionTimeout))
 	}
@@ -147,4 +199,15 @@ func ConsumerOptions(cfg Config, g GroupConfig, extra ...kgo.Opt) []kgo.Opt {
 		opts = append(opts, kgo.InstanceID(g.InstanceID))
 	}
 	return append(opts, extra...)
+}
+
+// NewGroupTransactSession returns a transactional group session with
+// ConsumerOptions; extra carries the transactional id and the producer
+// settings the session needs.
+func NewGroupTransactSession(cfg Config, g GroupConfig, extra ...kgo.Opt) (*kgo.GroupTransactSession, error) {
+	sess, err := kgo.NewGroupTransactSession(ConsumerOptions(cfg, g, extra...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka transactional session: %w", err)
+	}
+	return sess, nil
 }

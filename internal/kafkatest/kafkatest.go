@@ -23,7 +23,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -86,7 +85,7 @@ func Brokers(t testing.TB, statePartitions int32) []string {
 	} else {
 		brokers = Fake(t).ListenAddrs()
 	}
-	kc, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	kc, err := kafka.NewClient(kafka.Config{Brokers: brokers, ClientID: "mailplane-test-topics"}, kafka.KindAdmin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,12 +115,11 @@ func Fake(t testing.TB, opts ...kfake.Opt) *kfake.Cluster {
 // resetTopics deletes every mailplane topic on a real broker.
 func resetTopics(t testing.TB, brokers []string) {
 	t.Helper()
-	kc, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	adm, err := kafka.NewAdmin(kafka.Config{Brokers: brokers, ClientID: "mailplane-test-reset"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer kc.Close()
-	adm := kadm.NewClient(kc)
+	defer adm.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	listed, err := adm.ListTopics(ctx)
@@ -144,8 +142,7 @@ func resetTopics(t testing.TB, brokers []string) {
 // Fetch reads the record at topic/partition/offset, failing t after 10 s.
 func Fetch(t testing.TB, brokers []string, topic string, partition int32, offset int64) *kgo.Record {
 	t.Helper()
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(brokers...),
+	cl, err := kafka.NewClient(kafka.Config{Brokers: brokers, ClientID: "mailplane-test-fetch"}, kafka.KindReader,
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {partition: kgo.NewOffset().At(offset)}}),
 	)
 	if err != nil {

@@ -29,7 +29,7 @@ func waitConsumed(t testing.TB, kcfg kafka.Config) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	kc, err := kgo.NewClient(kgo.SeedBrokers(kcfg.Brokers...))
+	kc, err := kafka.NewClient(kafka.Config{Brokers: kcfg.Brokers}, kafka.KindAdmin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func waitMembers(t testing.TB, kcfg kafka.Config, n int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	kc, err := kgo.NewClient(kgo.SeedBrokers(kcfg.Brokers...))
+	kc, err := kafka.NewClient(kafka.Config{Brokers: kcfg.Brokers}, kafka.KindAdmin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -382,7 +382,7 @@ func TestRewindRefolds(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	kc, err := kgo.NewClient(kgo.SeedBrokers(kcfg.Brokers...))
+	kc, err := kafka.NewClient(kafka.Config{Brokers: kcfg.Brokers}, kafka.KindAdmin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -498,7 +498,7 @@ func TestAbortedTransactionRefolds(t *testing.T) {
 	fake := kafkatest.Fake(t)
 	kcfg := kafka.Config{Brokers: fake.ListenAddrs(), ClientID: "mailboxstate-test"}
 	func() {
-		kc, err := kgo.NewClient(kgo.SeedBrokers(kcfg.Brokers...))
+		kc, err := kafka.NewClient(kafka.Config{Brokers: kcfg.Brokers}, kafka.KindAdmin)
 		if err != nil {
 			t.Fatal(err)
 		}

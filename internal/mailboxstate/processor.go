@@ -126,7 +126,8 @@ func New(kcfg kafka.Config, opts ...Option) (*Processor, error) {
 	if kcfg.ClientID == "" {
 		kcfg.ClientID = "mailplane-mailbox-state"
 	}
-	return &Processor{kcfg: kcfg, cfg: cfg, log: cfg.logger.With("role", "mailbox-state"), m: newMetrics(cfg.reg)}, nil
+	log := cfg.logger.With("role", "mailbox-state")
+	return &Processor{kcfg: kcfg.WithLogger(log), cfg: cfg, log: log, m: newMetrics(cfg.reg)}, nil
 }
 
 // Run folds until ctx is done and returns nil then. A transaction that
@@ -160,24 +161,24 @@ func (p *Processor) Run(ctx context.Context) error {
 	return nil
 }
 
-// options are the session's client options: a group consumer reading
-// committed records only, and a transactional producer placing records by
+// options are the session's client options on top of the kit's consumer
+// options: a group consumer reading committed records only (the kit's
+// default), and a transactional producer placing records by
 // the murmur2 hash of their key (so mailbox.state partitions agree with any
 // Kafka client and with sync.tier), except the dedupe changelog's, which go
 // to the partition of the input they come from. Revoked and lost partitions
 // lose their dedupe state in st.
 func (p *Processor) options(st *sessionState) []kgo.Opt {
-	opts := kafka.ConsumerOptions(p.kcfg, p.cfg.group,
+	opts := []kgo.Opt{
 		kgo.TransactionalID(p.cfg.txnID),
-		kgo.TransactionTimeout(30*time.Second),
+		kgo.TransactionTimeout(30 * time.Second),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}),
 		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { st.forget(m) }),
 		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { st.forget(m) }),
 		kgo.ProducerLinger(0),
-		kgo.ProduceRequestTimeout(10*time.Second),
-		kgo.WithLogger(kgoLogger{p.log}),
-	)
+		kgo.ProduceRequestTimeout(10 * time.Second),
+	}
 	return append(opts, p.cfg.kgoOpts...)
 }
 
@@ -254,7 +255,7 @@ func (p *Processor) session(ctx context.Context) (progressed bool, err error) {
 		clear(st.parts)
 		st.report(p.m.dedupeIDs)
 	}()
-	sess, err := kgo.NewGroupTransactSession(p.options(st)...)
+	sess, err := kafka.NewGroupTransactSession(p.kcfg, p.cfg.group, p.options(st)...)
 	if err != nil {
 		return false, fmt.Errorf("mailboxstate: client: %w", err)
 	}
@@ -551,17 +552,4 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.dedupeIDs = promreg.MustRegister(reg, m.dedupeIDs)
 	m.restores = promreg.MustRegister(reg, m.restores)
 	return m
-}
-
-// kgoLogger passes franz-go's warnings and errors to slog.
-type kgoLogger struct{ l *slog.Logger }
-
-func (k kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
-
-func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
-	sl := slog.LevelWarn
-	if level == kgo.LogLevelError {
-		sl = slog.LevelError
-	}
-	k.l.Log(context.Background(), sl, "kafka: "+msg, keyvals...)
 }

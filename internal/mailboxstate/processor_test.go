@@ -145,7 +145,7 @@ func readCommitted(t testing.TB, kcfg kafka.Config, topic string) []*kgo.Record 
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	adm, err := kgo.NewClient(kgo.SeedBrokers(kcfg.Brokers...))
+	adm, err := kafka.NewClient(kafka.Config{Brokers: kcfg.Brokers}, kafka.KindAdmin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func readCommitted(t testing.TB, kcfg kafka.Config, topic string) []*kgo.Record 
 	if len(want) == 0 {
 		return nil
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(kcfg.Brokers...), kgo.ConsumeTopics(topic),
+	cl, err := kafka.NewClient(kafka.Config{Brokers: kcfg.Brokers}, kafka.KindReader, kgo.ConsumeTopics(topic),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords(),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {

@@ -77,7 +77,7 @@ func add(t *testing.T, pool *pgxpool.Pool, commit bool, recs ...*kgo.Record) {
 // consume reads n records of topic (both partitions) or fails after 10 s.
 func consume(t *testing.T, brokers []string, n int) []*kgo.Record {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+	cl, err := kafka.NewClient(kafka.Config{Brokers: brokers}, kafka.KindReader, kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		t.Fatal(err)

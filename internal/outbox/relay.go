@@ -88,6 +88,7 @@ func NewRelay(pool *pgxpool.Pool, kcfg kafka.Config, opts ...Option) *Relay {
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
+	r.kcfg = r.kcfg.WithLogger(r.log)
 	if r.m == nil {
 		r.m = newMetrics(nil)
 	}

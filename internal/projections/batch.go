@@ -485,30 +485,68 @@ func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err er
 
 	rs := runs(b)
 	all, fromStart := offsetMoves(rs)
-	live, ids, events := firstCopies(b)
-	now := p.cfg.now().UTC()
+	live, ids, recs := firstCopies(b)
 
 	tx, err := p.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
-	rolledBack := false
-	rollback := func() {
-		if !rolledBack {
-			rolledBack = true
-			// The transaction may be broken; bound the rollback so a dead
-			// connection cannot hold the loop.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			_ = tx.Rollback(rctx)
-			cancel()
-		}
-	}
+	rb := &rollbackOnce{tx: tx}
 	defer func() {
 		if err != nil {
-			rollback()
+			rb.rollback(ctx)
 		}
 	}()
 
+	batch := p.prologue(all, fromStart, ids, checked)
+	moved, fresh, err := sendPrologue(ctx, tx, batch, !p.cfg.syncCommit, len(fromStart.topics) > 0, len(ids) > 0, checked)
+	if moved >= 0 && moved != int64(len(rs)) {
+		// The fence, whatever else failed after it.
+		rb.rollback(ctx)
+		return s.fenced(ctx, rs)
+	}
+	if err != nil {
+		return err
+	}
+	if checked {
+		recs = keepFresh(recs, ids, fresh)
+	}
+	if len(recs) > 0 {
+		if err := p.proj.Apply(ctx, tx, recs); err != nil {
+			if code, ok := IsPermanent(err); ok {
+				return &applyFailure{code: code, err: err}
+			}
+			return fmt.Errorf("apply: %w", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	p.committedTx(rs, all, live, recs, start)
+	return nil
+}
+
+// rollbackOnce rolls a transaction back at most once.
+type rollbackOnce struct {
+	tx   pgx.Tx
+	done bool
+}
+
+func (r *rollbackOnce) rollback(ctx context.Context) {
+	if r.done {
+		return
+	}
+	r.done = true
+	// The transaction may be broken; bound the rollback so a dead
+	// connection cannot hold the loop.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	_ = r.tx.Rollback(rctx)
+	cancel()
+}
+
+// prologue queues the statements before Apply: the lock timeout, the
+// commit mode, the offset moves and the applied event ids.
+func (p *Projector) prologue(all, fromStart moves, ids [][16]byte, checked bool) *pgx.Batch {
 	batch := &pgx.Batch{}
 	batch.Queue(lockTimeoutSQL)
 	if !p.cfg.syncCommit {
@@ -519,6 +557,7 @@ func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err er
 		// small transactions at a steady rate.
 		batch.Queue(asyncCommitSQL)
 	}
+	now := p.cfg.now().UTC()
 	batch.Queue(advanceOffsetsSQL, p.name, all.topics, all.partitions, all.expected, all.next, now)
 	if len(fromStart.topics) > 0 {
 		batch.Queue(insertOffsetsSQL, p.name, fromStart.topics, fromStart.partitions, fromStart.next, now)
@@ -535,52 +574,38 @@ func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err er
 			batch.Queue(recordAppliedSQL, p.name, sorted)
 		}
 	}
-	moved, fresh, err := sendPrologue(ctx, tx, batch, !p.cfg.syncCommit, len(fromStart.topics) > 0, len(ids) > 0, checked)
-	if moved >= 0 && moved != int64(len(rs)) {
-		// The fence, whatever else failed after it.
-		rollback()
-		return s.fenced(ctx, rs)
-	}
-	if err != nil {
-		return err
-	}
+	return batch
+}
 
-	if checked {
-		kept := events[:0]
-		for i, ev := range events {
-			if _, ok := fresh[ids[i]]; ok {
-				kept = append(kept, ev)
-			}
-		}
-		events = kept
-	}
-	if len(events) > 0 {
-		if err := p.proj.Apply(ctx, tx, events); err != nil {
-			if code, ok := IsPermanent(err); ok {
-				return &applyFailure{code: code, err: err}
-			}
-			return fmt.Errorf("apply: %w", err)
+// keepFresh returns the records whose ids (ids[i] is recs[i]'s) are in
+// fresh: those never applied before.
+func keepFresh(recs []Record, ids [][16]byte, fresh map[[16]byte]struct{}) []Record {
+	kept := recs[:0]
+	for i, r := range recs {
+		if _, ok := fresh[ids[i]]; ok {
+			kept = append(kept, r)
 		}
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
+	return kept
+}
 
+// committedTx moves the partitions past a committed transaction and
+// reports it: metrics, and the WithCommitted callback.
+func (p *Projector) committedTx(rs []run, all moves, live int, recs []Record, start time.Time) {
 	for i, r := range rs {
 		r.pt.advance(all.next[i])
 		r.pt.healthy(p.cfg.retry.Backoff)
 	}
 	p.m.batchSeconds.WithLabelValues(p.name).Observe(time.Since(start).Seconds())
-	p.m.applied.WithLabelValues(p.name).Add(float64(len(events)))
-	if dups := live - len(events); dups > 0 {
+	p.m.applied.WithLabelValues(p.name).Add(float64(len(recs)))
+	if dups := live - len(recs); dups > 0 {
 		p.m.duplicates.WithLabelValues(p.name).Add(float64(dups))
 	}
-	if p.cfg.committed != nil && len(events) > 0 {
+	if p.cfg.committed != nil && len(recs) > 0 {
 		p.committedMu.Lock()
-		p.cfg.committed(events)
+		p.cfg.committed(Events(recs))
 		p.committedMu.Unlock()
 	}
-	return nil
 }
 
 // moves are the arguments of the offset statements: partitions, the
@@ -611,11 +636,11 @@ func offsetMoves(rs []run) (all, fromStart moves) {
 }
 
 // firstCopies returns how many of b's records are live, and the ids and
-// events of the first copy of each event among them: that is the one
+// records of the first copy of each event among them: that is the one
 // applied.
-func firstCopies(b []*item) (live int, ids [][16]byte, events []domain.Event) {
+func firstCopies(b []*item) (live int, ids [][16]byte, recs []Record) {
 	ids = make([][16]byte, 0, len(b))
-	events = make([]domain.Event, 0, len(b))
+	recs = make([]Record, 0, len(b))
 	seen := make(map[[16]byte]struct{}, len(b))
 	for _, it := range b {
 		if !it.live() {
@@ -625,10 +650,10 @@ func firstCopies(b []*item) (live int, ids [][16]byte, events []domain.Event) {
 		if _, dup := seen[it.id]; !dup {
 			seen[it.id] = struct{}{}
 			ids = append(ids, it.id)
-			events = append(events, it.ev)
+			recs = append(recs, Record{Event: it.ev, Topic: it.rec.Topic, Partition: it.rec.Partition, Offset: it.rec.Offset})
 		}
 	}
-	return live, ids, events
+	return live, ids, recs
 }
 
 // sendPrologue sends the statements before Apply in one round trip. It

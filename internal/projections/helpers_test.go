@@ -168,7 +168,7 @@ type tp struct {
 
 func endOffsets(t testing.TB, kcfg kafka.Config, names []string) map[tp]int64 {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(kcfg.Brokers...))
+	cl, err := kafka.NewClient(kafka.Config{Brokers: kcfg.Brokers}, kafka.KindAdmin)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -212,7 +212,7 @@ func rawHeartbeat(worker, address, source string) *kgo.Record {
 // end of every non-empty partition it reads.
 func engineCaughtUp(t *testing.T, kcfg kafka.Config, timeout time.Duration) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(kcfg.Brokers...))
+	cl, err := kafka.NewClient(kafka.Config{Brokers: kcfg.Brokers}, kafka.KindAdmin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +241,7 @@ func engineCaughtUp(t *testing.T, kcfg kafka.Config, timeout time.Duration) {
 func deadLetters(t *testing.T, kcfg kafka.Config) map[string]bool {
 	t.Helper()
 	end := endOffsets(t, kcfg, []string{topics.DLQ})[tp{topics.DLQ, 0}]
-	cl, err := kgo.NewClient(kgo.SeedBrokers(kcfg.Brokers...), kgo.ConsumeTopics(topics.DLQ),
+	cl, err := kafka.NewClient(kafka.Config{Brokers: kcfg.Brokers}, kafka.KindReader, kgo.ConsumeTopics(topics.DLQ),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		t.Fatal(err)
@@ -272,14 +272,14 @@ type unstorable struct {
 	bad string
 }
 
-func (u *unstorable) Apply(ctx context.Context, tx pgx.Tx, events []domain.Event) error {
-	for _, ev := range events {
-		if ev.ID == u.bad {
+func (u *unstorable) Apply(ctx context.Context, tx pgx.Tx, recs []projections.Record) error {
+	for _, r := range recs {
+		if r.Event.ID == u.bad {
 			var s string
 			return tx.QueryRow(ctx, `SELECT $1::text`, "10.0.0.1:25\x00").Scan(&s)
 		}
 	}
-	return u.Registry.Apply(ctx, tx, events)
+	return u.Registry.Apply(ctx, tx, recs)
 }
 
 // TestUnstorableRecordGoesToDLQ: a record Postgres refuses as data (class

@@ -32,10 +32,11 @@ type Projection interface {
 	Name() string
 	// Topics are the topics the projection consumes.
 	Topics() []string
-	// Apply applies events to tx. None has been applied before. They may
-	// come from several partitions, grouped by partition, each partition's
-	// in log order; a key lives in one partition, so each key's events are
-	// in log order. The projector has locked the offset rows of those
+	// Apply applies the events of recs to tx. None has been applied
+	// before. They may come from several partitions, grouped by partition,
+	// each partition's in log order; a key lives in one partition, so each
+	// key's events are in log order. Each carries its position in the log,
+	// for a projection that keys rows by it. The projector has locked the offset rows of those
 	// partitions in tx already, so no other projector transaction writes
 	// the same keys until tx ends. Apply is called from up to
 	// WithConcurrency goroutines at once, each with its own tx and its own
@@ -51,7 +52,24 @@ type Projection interface {
 	// fault and sends it to the DLQ. Any other error is taken to be
 	// transient (a database restart, a deadlock): the events' partitions
 	// are retried, each alone, until they succeed.
-	Apply(ctx context.Context, tx pgx.Tx, events []domain.Event) error
+	Apply(ctx context.Context, tx pgx.Tx, recs []Record) error
+}
+
+// Record is an event and where it stands in the log.
+type Record struct {
+	Event     domain.Event
+	Topic     string
+	Partition int32
+	Offset    int64
+}
+
+// Events returns the events of recs, in order.
+func Events(recs []Record) []domain.Event {
+	evs := make([]domain.Event, len(recs))
+	for i, r := range recs {
+		evs[i] = r.Event
+	}
+	return evs
 }
 
 // GroupName returns the consumer group of a projection's projector.

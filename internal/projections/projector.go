@@ -212,14 +212,15 @@ func New(kcfg kafka.Config, pool *pgxpool.Pool, proj Projection, opts ...Option)
 	if kcfg.ClientID == "" {
 		kcfg.ClientID = "mailplane-projector-" + proj.Name()
 	}
+	log := cfg.logger.With("projector", proj.Name())
 	return &Projector{
 		proj: proj,
 		name: proj.Name(),
 		pool: pool,
-		kcfg: kcfg,
+		kcfg: kcfg.WithLogger(log),
 		cfg:  cfg,
 		m:    newMetrics(cfg.reg),
-		log:  cfg.logger.With("projector", proj.Name()),
+		log:  log,
 	}, nil
 }
 
@@ -266,7 +267,7 @@ func (p *Projector) Run(ctx context.Context) error {
 	defer dlqCl.Close()
 	s.dlq = dlqCl
 
-	opts := kafka.ConsumerOptions(p.kcfg, p.cfg.group,
+	opts := append([]kgo.Opt{
 		// Polls and rebalance callbacks take turns: the poll loop applies
 		// what it polled before it allows a rebalance, so a revoke never
 		// finds a transaction in flight, and SetOffsets is safe.
@@ -278,7 +279,6 @@ func (p *Projector) Run(ctx context.Context) error {
 		// Postgres says where each partition resumes; the group's
 		// committed offsets are only there for lag dashboards.
 		kgo.AdjustFetchOffsetsFn(s.adjustOffsets),
-		kgo.WithLogger(kgoLogger{p.log}),
 		kgo.WithHooks(decodeHook{}),
 		// About a batch per lane per fetch, and half a batch per
 		// partition, so that a backlog's fetch spans partitions enough
@@ -287,11 +287,10 @@ func (p *Projector) Run(ctx context.Context) error {
 		// can be polled: a fetch the size of a round is decoded while the
 		// transactions before it run, where a large one (the default is
 		// 50 MiB) would leave Postgres idle while it is decoded.
-		kgo.FetchMaxBytes(fetchMaxBytes(p.cfg.batchSize*p.cfg.concurrency)),
-		kgo.FetchMaxPartitionBytes(fetchMaxBytes(p.cfg.batchSize)/2),
-	)
-	opts = append(opts, p.cfg.kgoOpts...)
-	cl, err := kgo.NewClient(opts...)
+		kgo.FetchMaxBytes(fetchMaxBytes(p.cfg.batchSize * p.cfg.concurrency)),
+		kgo.FetchMaxPartitionBytes(fetchMaxBytes(p.cfg.batchSize) / 2),
+	}, p.cfg.kgoOpts...)
+	cl, err := kafka.NewConsumer(p.kcfg, p.cfg.group, opts...)
 	if err != nil {
 		return fmt.Errorf("projections: consumer: %w", err)
 	}

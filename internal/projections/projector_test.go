@@ -188,7 +188,7 @@ func TestBatchBoundaries(t *testing.T) {
 	for _, size := range []int{1, 7, 100, len(ordered)} {
 		db := newDB(t)
 		for chunk := range slices.Chunk(ordered, size) {
-			must(t, pgx.BeginFunc(t.Context(), db, func(tx pgx.Tx) error { return reg.Apply(t.Context(), tx, chunk) }))
+			must(t, pgx.BeginFunc(t.Context(), db, func(tx pgx.Tx) error { return reg.Apply(t.Context(), tx, asRecords(chunk)) }))
 		}
 		sums = append(sums, registryChecksum(t, db))
 	}
@@ -383,16 +383,16 @@ type failing struct {
 	transient atomic.Int32
 }
 
-func (f *failing) Apply(ctx context.Context, tx pgx.Tx, events []domain.Event) error {
+func (f *failing) Apply(ctx context.Context, tx pgx.Tx, recs []projections.Record) error {
 	if f.transient.Add(-1) >= 0 {
 		return errors.New("connection reset (simulated)")
 	}
-	for _, ev := range events {
-		if f.bad[ev.ID] {
-			return domain.Errorf(domain.CodeConflict, "event %s cannot be applied (simulated)", ev.ID)
+	for _, r := range recs {
+		if f.bad[r.Event.ID] {
+			return domain.Errorf(domain.CodeConflict, "event %s cannot be applied (simulated)", r.Event.ID)
 		}
 	}
-	return f.Registry.Apply(ctx, tx, events)
+	return f.Registry.Apply(ctx, tx, recs)
 }
 
 // TestApplyFailureGoesToDLQ has the projection reject one event: it is
@@ -462,7 +462,7 @@ func TestResumeFromPostgresOffsets(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kcfg.Brokers...))
+	cl, err := kafka.NewClient(kafka.Config{Brokers: e.kcfg.Brokers}, kafka.KindAdmin)
 	must(t, err)
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
@@ -653,15 +653,15 @@ type blocking struct {
 	blocked atomic.Bool
 }
 
-func (b *blocking) Apply(ctx context.Context, tx pgx.Tx, events []domain.Event) error {
+func (b *blocking) Apply(ctx context.Context, tx pgx.Tx, recs []projections.Record) error {
 	if b.blocked.Load() {
-		for _, ev := range events {
-			if ev.Subject == b.mailbox {
+		for _, r := range recs {
+			if r.Event.Subject == b.mailbox {
 				return errors.New("database unavailable (simulated)")
 			}
 		}
 	}
-	return b.Registry.Apply(ctx, tx, events)
+	return b.Registry.Apply(ctx, tx, recs)
 }
 
 // TestRebalanceWhileRetrying keeps one partition failing, so that many
@@ -782,13 +782,13 @@ func TestRegistryStagingAcrossTransactions(t *testing.T) {
 	reg := projections.NewRegistry()
 	// New keys go straight into the tables; the keys exist from here on, so
 	// the next batches go through the staging tables.
-	must(t, pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return reg.Apply(ctx, tx, g.events(50)) }))
+	must(t, pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return reg.Apply(ctx, tx, asRecords(g.events(50))) }))
 	tx, err := conn.Begin(ctx)
 	must(t, err)
-	must(t, reg.Apply(ctx, tx, g.events(50)))
+	must(t, reg.Apply(ctx, tx, asRecords(g.events(50))))
 	must(t, tx.Rollback(ctx))
 	for range 3 {
-		must(t, pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return reg.Apply(ctx, tx, g.events(50)) }))
+		must(t, pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return reg.Apply(ctx, tx, asRecords(g.events(50))) }))
 	}
 	if n := count(t, pool, `SELECT (SELECT count(*) FROM mailboxes) + (SELECT count(*) FROM orgs) + (SELECT count(*) FROM users) + (SELECT count(*) FROM workers)`); n == 0 {
 		t.Fatal("nothing applied")
@@ -920,15 +920,15 @@ type hanging struct {
 	once    sync.Once
 }
 
-func (h *hanging) Apply(ctx context.Context, tx pgx.Tx, events []domain.Event) error {
-	for _, ev := range events {
-		if ev.Subject == h.mailbox {
+func (h *hanging) Apply(ctx context.Context, tx pgx.Tx, recs []projections.Record) error {
+	for _, r := range recs {
+		if r.Event.Subject == h.mailbox {
 			h.once.Do(func() { close(h.entered) })
 			<-ctx.Done()
 			return ctx.Err()
 		}
 	}
-	return h.Registry.Apply(ctx, tx, events)
+	return h.Registry.Apply(ctx, tx, recs)
 }
 
 // TestHungApplyDoesNotBlockRebalance hangs a member's transaction: a second
@@ -967,4 +967,59 @@ func TestHungApplyDoesNotBlockRebalance(t *testing.T) {
 		t.Fatalf("stopping the hung member took %s", d)
 	}
 	waitCaughtUp(t, e.kcfg, e.db.Pool, projections.RegistryName, domainTopics, catchUp)
+}
+
+// asRecords gives events positions of their own, for applying them
+// directly (the projector passes the log's).
+func asRecords(events []domain.Event) []projections.Record {
+	recs := make([]projections.Record, len(events))
+	for i, ev := range events {
+		recs[i] = projections.Record{Event: ev, Topic: "direct", Offset: int64(i)}
+	}
+	return recs
+}
+
+// positioned records where the projector says each event stands in the
+// log.
+type positioned struct {
+	*projections.Registry
+	mu  sync.Mutex
+	got map[string]projections.Record
+}
+
+func (p *positioned) Apply(ctx context.Context, tx pgx.Tx, recs []projections.Record) error {
+	p.mu.Lock()
+	for _, r := range recs {
+		p.got[r.Event.ID] = r
+	}
+	p.mu.Unlock()
+	return p.Registry.Apply(ctx, tx, recs)
+}
+
+// TestApplyCarriesRecordPositions: each event reaches Apply with the topic,
+// partition and offset it was produced at.
+func TestApplyCarriesRecordPositions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	g := newGen(12, 8)
+	events := g.events(200)
+	produced := e.produce(events...)
+
+	proj := &positioned{Registry: projections.NewRegistry(), got: map[string]projections.Record{}}
+	p, _ := e.projector(e.db.Pool, proj)
+	start(t, p)
+	waitCaughtUp(t, e.kcfg, e.db.Pool, projections.RegistryName, domainTopics, catchUp)
+
+	proj.mu.Lock()
+	defer proj.mu.Unlock()
+	for i, ev := range events {
+		r, ok := proj.got[ev.ID]
+		switch {
+		case !ok:
+			t.Fatalf("event %s never reached Apply", ev.ID)
+		case r.Event.ID != ev.ID || r.Topic != produced[i].Topic || r.Partition != produced[i].Partition || r.Offset != produced[i].Offset:
+			t.Fatalf("event %s at %s/%d@%d, produced at %s/%d@%d", ev.ID, r.Topic, r.Partition, r.Offset,
+				produced[i].Topic, produced[i].Partition, produced[i].Offset)
+		}
+	}
 }

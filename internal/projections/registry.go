@@ -183,8 +183,8 @@ ON CONFLICT (worker_id) DO UPDATE SET
 // COPY is then rolled back to the savepoint, and those rows are looked up
 // and written like the others, as are the created rows of the next
 // guessBackoff batches. Which way a row goes never changes what is written.
-func (r *Registry) Apply(ctx context.Context, tx pgx.Tx, events []domain.Event) error {
-	ws := registryWrites(foldRegistry(events))
+func (r *Registry) Apply(ctx context.Context, tx pgx.Tx, recs []Record) error {
+	ws := registryWrites(foldRegistry(Events(recs)))
 	if len(ws) == 0 {
 		return nil
 	}

@@ -43,7 +43,7 @@ func TestRegistryCredentialsRotated(t *testing.T) {
 	r := NewRegistry()
 	apply := func(events ...domain.Event) {
 		t.Helper()
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return r.Apply(ctx, tx, events) }); err != nil {
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return r.Apply(ctx, tx, records(events)) }); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -44,7 +44,7 @@ func TestRegistryCreatedRowThatExists(t *testing.T) {
 	r := NewRegistry()
 	apply := func(events ...domain.Event) {
 		t.Helper()
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return r.Apply(ctx, tx, events) }); err != nil {
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return r.Apply(ctx, tx, records(events)) }); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -127,7 +127,7 @@ func TestRegistryDisabled(t *testing.T) {
 	r := NewRegistry()
 	apply := func(events ...domain.Event) {
 		t.Helper()
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return r.Apply(ctx, tx, events) }); err != nil {
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return r.Apply(ctx, tx, records(events)) }); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -158,4 +158,14 @@ func TestRegistryDisabled(t *testing.T) {
 	if at, reason := state(m2); at != nil || reason != nil {
 		t.Fatalf("m2 still disabled after an add: %v %v", at, reason)
 	}
+}
+
+// records gives events positions of their own, for applying them directly
+// (the projector passes the log's).
+func records(events []domain.Event) []Record {
+	recs := make([]Record, len(events))
+	for i, ev := range events {
+		recs[i] = Record{Event: ev, Topic: "direct", Offset: int64(i)}
+	}
+	return recs
 }

@@ -37,3 +37,23 @@ func MustRegister[C prometheus.Collector](reg prometheus.Registerer, c C) C {
 	}
 	return c
 }
+
+// Lenient returns reg with a MustRegister that skips collectors already
+// registered, for code that registers its own collectors with MustRegister
+// and cannot be handed the existing ones (franz-go's kprom, a second client
+// or component of the same name in one process): the second goes
+// unmeasured rather than panicking the process. Other refusals still panic.
+func Lenient(reg prometheus.Registerer) prometheus.Registerer { return lenient{reg} }
+
+type lenient struct{ prometheus.Registerer }
+
+func (l lenient) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := l.Register(c); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				panic(err)
+			}
+		}
+	}
+}

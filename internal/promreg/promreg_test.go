@@ -37,3 +37,18 @@ func ExampleMustRegister() {
 	fmt.Println(len(mfs), mfs[0].GetMetric()[0].GetCounter().GetValue())
 	// Output: 1 2
 }
+
+func TestLenientSkipsWhatIsRegistered(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	opts := prometheus.CounterOpts{Name: "mailplane_lenient_total", Help: "test"}
+	l := promreg.Lenient(reg)
+	l.MustRegister(prometheus.NewCounter(opts))
+	l.MustRegister(prometheus.NewCounter(opts)) // no panic
+	defer func() {
+		if recover() == nil {
+			t.Fatal("a gauge under a counter's name did not panic")
+		}
+	}()
+	l.MustRegister(prometheus.NewGauge(prometheus.GaugeOpts{Name: "mailplane_lenient_total", Help: "other"}))
+}

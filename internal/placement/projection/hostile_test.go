@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
@@ -40,7 +38,7 @@ func TestPlacementProjectorPassesLegacyHostileText(t *testing.T) {
 		t.Fatal("the address was not replaced")
 	}
 	r.Value = []byte(legacy)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	cl, err := kafka.NewClient(kafka.Config{Brokers: brokers}, kafka.KindAdmin)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -81,7 +81,7 @@ func benchLog(b *testing.B, ds []domain.PlacementDecision) kafka.Config {
 	kcfg := kafka.Config{Brokers: kafkatest.Brokers(b, 4), ClientID: "bench"}
 	// No delivery timeout: it counts from the record's timestamp, which is
 	// the decision's (past) time.
-	cl, err := kgo.NewClient(kgo.SeedBrokers(kcfg.Brokers...), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(100_000))
+	cl, err := kafka.NewClient(kafka.Config{Brokers: kcfg.Brokers}, kafka.KindProducer, kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(100_000))
 	if err != nil {
 		b.Fatal(err)
 	}

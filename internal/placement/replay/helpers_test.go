@@ -184,7 +184,7 @@ func (e *env) publish(at time.Time, ds ...domain.Data) {
 // logEnd is the decision log's last stable offset.
 func (e *env) logEnd() int64 {
 	e.t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kcfg.Brokers...))
+	cl, err := kafka.NewClient(kafka.Config{Brokers: e.kcfg.Brokers}, kafka.KindAdmin)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -207,7 +207,7 @@ func (e *env) engineCaughtUp() bool {
 // engineBehind describes the input partitions whose records the engine
 // group has not committed ("" when none).
 func (e *env) engineBehind() string {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.kcfg.Brokers...))
+	cl, err := kafka.NewClient(kafka.Config{Brokers: e.kcfg.Brokers}, kafka.KindAdmin)
 	if err != nil {
 		e.t.Fatal(err)
 	}
