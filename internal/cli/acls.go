@@ -8,9 +8,6 @@ import (
 	"io"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/topics"
@@ -40,14 +37,14 @@ func ACLs(ctx context.Context, args []string, out io.Writer) error {
 		_, err := io.WriteString(out, topics.RPK(plan))
 		return err
 	}
-	cl, err := kgo.NewClient(kafka.ConnOptions(brokers.Config("mailplane-acls"))...)
+	adm, err := kafka.NewAdmin(brokers.Config("mailplane-acls"))
 	if err != nil {
 		return err
 	}
-	defer cl.Close()
+	defer adm.Close()
 	actx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	if err := topics.ApplyACLs(actx, kadm.NewClient(cl), plan); err != nil {
+	if err := topics.ApplyACLs(actx, adm, plan); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "%d ACL bindings applied for %d principals\n", len(plan), len(principals))

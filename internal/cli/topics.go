@@ -9,8 +9,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/topics"
@@ -35,7 +33,7 @@ func Topics(ctx context.Context, args []string) error {
 		}
 		return tw.Flush()
 	}
-	kc, err := kgo.NewClient(kafka.ConnOptions(brokers.Config("mailplane-topics"))...)
+	kc, err := kafka.NewClient(brokers.Config("mailplane-topics"), kafka.KindAdmin)
 	if err != nil {
 		return err
 	}

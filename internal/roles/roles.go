@@ -18,7 +18,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/billing"
@@ -138,7 +137,9 @@ func newProcess(ctx context.Context, rc *roleConfig, pool *pgxpool.Pool) *proces
 func (p *process) kcfg(role string) kafka.Config {
 	c := p.rc.kafka.WithClientID("mailplane-" + role)
 	c.Registerer = p.reg
-	return c
+	// Each role's clients log through the process log, tagged with the
+	// role; a role that carries its own logger keeps it.
+	return c.WithLogger(p.log.With("role", role))
 }
 
 // start runs role until it returns; an error (other than cancellation)
@@ -167,7 +168,7 @@ func (p *process) shutdown() {
 }
 
 func applyTopics(ctx context.Context, rc *roleConfig) error {
-	kc, err := kgo.NewClient(kafka.ConnOptions(rc.kafka)...)
+	kc, err := kafka.NewClient(rc.kafka.WithClientID(rc.kafka.ClientID+"-topics"), kafka.KindAdmin)
 	if err != nil {
 		return err
 	}

@@ -197,7 +197,7 @@ func (p *process) startHTTP() error {
 		p.onShutdown(kc.Close)
 		broker = kc
 	} else {
-		kc, err := kgo.NewClient(kafka.ConnOptions(p.rc.kafka)...)
+		kc, err := kafka.NewClient(p.kcfg("health"), kafka.KindAdmin)
 		if err != nil {
 			return err
 		}

@@ -217,7 +217,7 @@ func New(kcfg kafka.Config, opts ...Option) (*Engine, error) {
 		kcfg.ClientID = "mailplane-placement-engine"
 	}
 	cfg.placement = placement.NewState(cfg.placement).Config()
-	return &Engine{kcfg: kcfg, cfg: cfg, m: newMetrics(cfg.reg), log: cfg.logger.With("component", "placement-engine")}, nil
+	return &Engine{kcfg: kcfg.WithLogger(cfg.logger.With("component", "placement-engine")), cfg: cfg, m: newMetrics(cfg.reg), log: cfg.logger.With("component", "placement-engine")}, nil
 }
 
 // Active reports whether this engine is the active one (restored and
@@ -298,27 +298,25 @@ type session struct {
 
 func (e *Engine) runSession(ctx context.Context) error {
 	s := &session{e: e, log: e.log, workers: newWorkerGauge(e.m.workers), lag: map[tpKey]lagAt{}}
-	opts := kafka.ConsumerOptions(e.kcfg, kafka.GroupConfig{
-		Group:             e.cfg.group,
-		Topics:            topics.DomainTopics(),
-		SessionTimeout:    e.cfg.session,
-		HeartbeatInterval: e.cfg.heartbeat,
-	},
+	opts := []kgo.Opt{
 		kgo.Balancers(SingleOwnerBalancer{}),
 		kgo.RebalanceTimeout(e.cfg.rebalance),
 		kgo.TransactionalID(e.cfg.txnID),
 		kgo.TransactionTimeout(e.cfg.txnTimeout),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.ProducerLinger(0),
-		kgo.ProduceRequestTimeout(10*time.Second),
+		kgo.ProduceRequestTimeout(10 * time.Second),
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
 		kgo.OnPartitionsAssigned(s.assigned),
 		kgo.OnPartitionsRevoked(s.revoked),
 		kgo.OnPartitionsLost(s.lost),
-		kgo.WithLogger(kgoLogger{e.log}),
-	)
-	opts = append(opts, e.cfg.kgoOpts...)
-	cl, err := kgo.NewGroupTransactSession(opts...)
+	}
+	cl, err := kafka.NewGroupTransactSession(e.kcfg, kafka.GroupConfig{
+		Group:             e.cfg.group,
+		Topics:            topics.DomainTopics(),
+		SessionTimeout:    e.cfg.session,
+		HeartbeatInterval: e.cfg.heartbeat,
+	}, append(opts, e.cfg.kgoOpts...)...)
 	if err != nil {
 		return fmt.Errorf("placement: group client: %w", err)
 	}
@@ -825,17 +823,4 @@ func (s *session) updatePending(now bool) {
 	}
 	s.lastPending = time.Now()
 	s.e.m.pending.Set(float64(len(s.st.Pending())))
-}
-
-// kgoLogger passes franz-go's warnings and errors to slog.
-type kgoLogger struct{ l *slog.Logger }
-
-func (k kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
-
-func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
-	sl := slog.LevelWarn
-	if level == kgo.LogLevelError {
-		sl = slog.LevelError
-	}
-	k.l.Log(context.Background(), sl, "kafka: "+msg, keyvals...)
 }

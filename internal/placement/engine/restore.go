@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
@@ -46,122 +44,47 @@ type LogSnapshotter struct{}
 // Load returns the empty checkpoint.
 func (LogSnapshotter) Load(context.Context) (Checkpoint, error) { return Checkpoint{}, nil }
 
-// restoreClientOptions are the options of the short-lived client that reads
-// the decision log directly (no group): read_committed, so aborted
-// transactions are never seen; control records kept, so the reader knows
-// when it has reached the end (the last offset before the end of a
-// transactional log is usually a commit marker); no offset reset, so a
-// checkpoint pointing below the log start is an error, not a silent skip.
-func restoreClientOptions(kcfg kafka.Config, from int64) []kgo.Opt {
-	id := kcfg.ClientID
-	if id == "" {
-		id = "mailplane-placement"
-	}
-	return append(kafka.ConnOptions(kcfg),
-		kgo.ClientID(id+"-restore"),
-		kgo.RequestTimeoutOverhead(10*time.Second),
-		kgo.RetryTimeout(30*time.Second),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.KeepControlRecords(),
-		kgo.FetchMaxWait(100*time.Millisecond),
-		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{
-			topics.PlacementDecisions: {0: kgo.NewOffset().At(from)},
-		}),
-	)
-}
-
 // ErrLogGap is returned when a checkpoint points outside the decision log.
 var ErrLogGap = errors.New("placement: checkpoint offset outside the decision log")
 
 // ReadDecisions reads the decision log (read_committed) from offset from up
 // to its last stable offset as of the call, calling fn for each decision in
 // order, and returns that end offset. ctx bounds the whole read. The
-// decision log has one partition; its total order is the engine's.
+// decision log has one partition; its total order is the engine's. A
+// checkpoint outside the log is ErrLogGap, never a silent skip.
 func ReadDecisions(ctx context.Context, kcfg kafka.Config, from int64, fn func(offset int64, d topics.Decision) error) (end int64, err error) {
 	if from < 0 {
 		return 0, fmt.Errorf("%w: offset %d", ErrLogGap, from)
 	}
-	cl, err := kgo.NewClient(restoreClientOptions(kcfg, from)...)
-	if err != nil {
-		return 0, fmt.Errorf("placement: decision-log reader: %w", err)
+	log := kafka.Partition{Topic: topics.PlacementDecisions, Partition: 0}
+	spec := kafka.ReadSpec{
+		Topics:     []string{log.Topic},
+		Partitions: func(string, int) []int32 { return []int32{log.Partition} },
+		ClientID:   "restore",
+		From: func(_ kafka.Partition, b kafka.Bounds) (int64, error) {
+			switch {
+			case from > b.End:
+				return 0, fmt.Errorf("%w: offset %d is past the log's end %d", ErrLogGap, from, b.End)
+			case from < b.Start:
+				return 0, fmt.Errorf("%w: offset %d is below the log's start %d (records deleted)", ErrLogGap, from, b.Start)
+			}
+			return from, nil
+		},
 	}
-	defer cl.Close()
-	start, end, err := logBounds(ctx, cl)
-	if err != nil {
-		return 0, err
-	}
-	switch {
-	case from > end:
-		return 0, fmt.Errorf("%w: offset %d is past the log's end %d", ErrLogGap, from, end)
-	case from < start:
-		return 0, fmt.Errorf("%w: offset %d is below the log's start %d (records deleted)", ErrLogGap, from, start)
-	case from == end:
-		return end, nil
-	}
-	last := from - 1
-	for last < end-1 {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return 0, fmt.Errorf("placement: reading the decision log at offset %d of %d: %w", last+1, end, err)
+	bounds, err := kafka.ReadToEnd(ctx, kcfg, spec, func(r *kgo.Record) error {
+		d, err := topics.DecodeDecision(r)
+		if err != nil {
+			return fmt.Errorf("placement: decision at offset %d: %w", r.Offset, err)
 		}
-		if fs.IsClientClosed() {
-			return 0, kgo.ErrClientClosed
+		if err := fn(r.Offset, d); err != nil {
+			return fmt.Errorf("placement: decision at offset %d (%s): %w", r.Offset, d.Data.EventType(), err)
 		}
-		var ferr error
-		fs.EachError(func(_ string, _ int32, err error) {
-			if ferr == nil {
-				ferr = err
-			}
-		})
-		if ferr != nil {
-			return 0, fmt.Errorf("placement: reading the decision log: %w", ferr)
-		}
-		for it := fs.RecordIter(); !it.Done(); {
-			r := it.Next()
-			if r.Offset >= end {
-				last = end - 1
-				break
-			}
-			last = r.Offset
-			if r.Attrs.IsControl() {
-				continue
-			}
-			d, err := topics.DecodeDecision(r)
-			if err != nil {
-				return 0, fmt.Errorf("placement: decision at offset %d: %w", r.Offset, err)
-			}
-			if err := fn(r.Offset, d); err != nil {
-				return 0, fmt.Errorf("placement: decision at offset %d (%s): %w", r.Offset, d.Data.EventType(), err)
-			}
-		}
-	}
-	return end, nil
-}
-
-// logBounds returns the decision log's start offset and last stable offset.
-func logBounds(ctx context.Context, cl *kgo.Client) (start, end int64, err error) {
-	adm := kadm.NewClient(cl)
-	ends, err := adm.ListCommittedOffsets(ctx, topics.PlacementDecisions)
-	if err == nil {
-		err = ends.Error()
-	}
+		return nil
+	})
 	if err != nil {
-		return 0, 0, fmt.Errorf("placement: end of the decision log: %w", err)
+		return 0, fmt.Errorf("placement: reading the decision log: %w", err)
 	}
-	starts, err := adm.ListStartOffsets(ctx, topics.PlacementDecisions)
-	if err == nil {
-		err = starts.Error()
-	}
-	if err != nil {
-		return 0, 0, fmt.Errorf("placement: start of the decision log: %w", err)
-	}
-	e, ok1 := ends.Lookup(topics.PlacementDecisions, 0)
-	s, ok2 := starts.Lookup(topics.PlacementDecisions, 0)
-	if !ok1 || !ok2 {
-		return 0, 0, fmt.Errorf("placement: topic %s has no partition 0", topics.PlacementDecisions)
-	}
-	return s.Offset, e.Offset, nil
+	return bounds[log].End, nil
 }
 
 // restored is a state rebuilt from a checkpoint and the log after it.

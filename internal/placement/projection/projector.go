@@ -338,15 +338,12 @@ func (p *Projector) lag(lso, next int64) {
 
 // reader returns a client reading the decision log from next.
 func (p *Projector) reader(next int64) (*kgo.Client, error) {
-	opts := append(kafka.ConnOptions(p.kcfg),
-		kgo.ClientID(p.kcfg.ClientID),
-		kgo.RequestTimeoutOverhead(10*time.Second),
-		kgo.RetryTimeout(30*time.Second),
+	opts := append([]kgo.Opt{
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		// Markers count: the position reaches the log's end, so a change
 		// token of a caught-up projection is the end of the log.
 		kgo.KeepControlRecords(),
-		kgo.FetchMaxWait(100*time.Millisecond),
+		kgo.FetchMaxWait(100 * time.Millisecond),
 		kgo.FetchMaxBytes(int32(min(max(p.cfg.batchSize, 512)*1024, 50<<20))),
 		// A checkpoint outside the log (records deleted, another
 		// cluster's database) is an error, never a silent skip.
@@ -357,8 +354,8 @@ func (p *Projector) reader(next int64) (*kgo.Client, error) {
 		// Decode as fetches are buffered, in the client's goroutine, so
 		// decoding the next batch overlaps the transaction of this one.
 		kgo.WithHooks(plDecodeHook{}),
-	)
-	cl, err := kgo.NewClient(append(opts, p.cfg.kgoOpts...)...)
+	}, p.cfg.kgoOpts...)
+	cl, err := kafka.NewClient(p.kcfg, kafka.KindReader, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("decision-log reader: %w", err)
 	}

@@ -24,8 +24,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/migrations"
@@ -559,13 +557,12 @@ func (p *Placement) reporter(from, to int64, start time.Time, applied, offset *a
 func logEnd(kcfg kafka.Config) (int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cl, err := kgo.NewClient(append(kafka.ConnOptions(kcfg),
-		kgo.ClientID(kcfg.ClientID))...)
+	adm, err := kafka.NewAdmin(kcfg)
 	if err != nil {
 		return 0, err
 	}
-	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListCommittedOffsets(ctx, topics.PlacementDecisions)
+	defer adm.Close()
+	ends, err := adm.ListCommittedOffsets(ctx, topics.PlacementDecisions)
 	if err == nil {
 		err = ends.Error()
 	}
