@@ -169,7 +169,7 @@ func (w *Worker) startLocked(mb *mbox) {
 		Mailbox: mb.rec, Partition: part.id, Epoch: epoch, Owner: w.cfg.WorkerID,
 		Writer:   w.own.writer(part.id, epoch, id),
 		PollWarm: w.cfg.PollWarm, PollCold: w.cfg.PollCold,
-		box: mb.box, pacer: w.pacer,
+		box:    mb.box,
 		report: func(t time.Time, known bool) { w.reportMail(mb, t, known) },
 	})
 }

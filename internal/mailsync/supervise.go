@@ -19,9 +19,11 @@ import (
 // is handed back to the worker (fenced).
 //
 // Runs of one mailbox never overlap: a runner started while the previous
-// one is still stopping waits for it first.
+// one is still stopping waits for it first. Runners pace their connection
+// setup per IMAP host through the supervisor's pacer (Job.PaceConnect).
 type supervisor struct {
 	runner              Runner
+	pacer               *hostPacer
 	log                 *slog.Logger
 	m                   *metrics
 	backoff, maxBackoff time.Duration
@@ -45,7 +47,8 @@ type runHandle struct {
 }
 
 func newSupervisor(runner Runner, cfg Config, log *slog.Logger, m *metrics) *supervisor {
-	s := &supervisor{runner: runner, log: log, m: m, backoff: cfg.RestartBackoff, maxBackoff: cfg.RestartMaxBackoff,
+	s := &supervisor{runner: runner, pacer: newHostPacer(cfg.ConnectRatePerHost, cfg.ConnectBurstPerHost),
+		log: log, m: m, backoff: cfg.RestartBackoff, maxBackoff: cfg.RestartMaxBackoff,
 		runs: map[string]*runHandle{}, stopping: map[string]*runHandle{}, alive: map[int32]int{}}
 	s.exited = sync.NewCond(&s.mu)
 	return s
@@ -54,6 +57,7 @@ func newSupervisor(runner Runner, cfg Config, log *slog.Logger, m *metrics) *sup
 // start runs job's mailbox unless it runs already or the worker is
 // leaving; it reports whether a runner was started.
 func (s *supervisor) start(job *Job) bool {
+	job.pacer = s.pacer
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id := job.Mailbox.MailboxID

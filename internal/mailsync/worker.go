@@ -84,7 +84,6 @@ type Worker struct {
 	wd    *watchdog
 	tiers *tiering
 	queue *outboxQueue
-	pacer *hostPacer
 
 	cl  *kgo.Client // the group consumer of mailbox.state
 	out *kgo.Client // sync.failed's producer, the watchdog's probes, admin requests
@@ -130,7 +129,6 @@ func New(kcfg kafka.Config, pool *pgxpool.Pool, runner Runner, cfg Config) (*Wor
 		sup:    newSupervisor(runner, cfg, log, m),
 		wd:     newWatchdog(cfg, log, m),
 		queue:  newOutboxQueue(pool, fence, cfg.WorkerID, log),
-		pacer:  newHostPacer(cfg.ConnectRatePerHost, cfg.ConnectBurstPerHost),
 		parts:  map[int32]*partition{},
 		byUser: map[string]map[string]*mbox{},
 	}
