@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -88,10 +89,10 @@ func newUserReader(kcfg kafka.Config, log *slog.Logger, since time.Time) (*kgo.C
 
 // newRelay is the worker's own outbox relay (its producer is built by
 // package outbox).
-func (w *Worker) newRelay() *outbox.Relay {
-	rcfg := w.kcfg.WithClientID(w.kcfg.ClientID + "-outbox")
-	return outbox.NewRelay(w.pool, rcfg, outbox.WithLogger(w.log.With("component", "outbox-relay")),
-		outbox.WithRegisterer(sharedRegisterer{w.cfg.Registerer}))
+func newRelay(pool *pgxpool.Pool, kcfg kafka.Config, log *slog.Logger, reg prometheus.Registerer) *outbox.Relay {
+	rcfg := kcfg.WithClientID(kcfg.ClientID + "-outbox")
+	return outbox.NewRelay(pool, rcfg, outbox.WithLogger(log.With("component", "outbox-relay")),
+		outbox.WithRegisterer(sharedRegisterer{reg}))
 }
 
 // sharedRegisterer lets several workers of one process, sharing a

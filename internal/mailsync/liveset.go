@@ -1,6 +1,7 @@
 package mailsync
 
 import (
+	"log/slog"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -26,6 +27,20 @@ type partition struct {
 
 func newPartition(id int32) *partition {
 	return &partition{id: id, endOffset: -1, boxes: map[string]*mbox{}}
+}
+
+// caughtUp reports whether a loading partition has been read to the end
+// offset it had when its epoch was taken, or made no progress for stall
+// (logged: it is then treated as read).
+func (p *partition) caughtUp(now time.Time, stall time.Duration, log *slog.Logger) bool {
+	if p.endOffset >= 0 && (p.endOffset <= p.startOffset || p.nextOffset >= p.endOffset) {
+		return true
+	}
+	if now.Sub(p.lastProgress) >= stall {
+		log.Warn("partition made no read progress; treating it as read", "partition", p.id, "next_offset", p.nextOffset, "end_offset", p.endOffset)
+		return true
+	}
+	return false
 }
 
 // mbox is one live mailbox of an owned partition.
@@ -95,9 +110,9 @@ func (w *Worker) applyLocked(part *partition, r *kgo.Record) bool {
 	case !mb.rec.SameSync(m):
 		w.sup.stop(mb.rec.MailboxID)
 		if mb.rec.UserID != m.UserID {
-			w.unindexLocked(mb)
+			w.byUser.remove(mb)
 			mb.rec = m
-			w.indexLocked(mb)
+			w.byUser.add(mb)
 		} else {
 			mb.rec = m
 		}
@@ -118,27 +133,30 @@ func (w *Worker) addLocked(part *partition, m mailboxstate.Mailbox) *mbox {
 	now := w.cfg.Now()
 	mb := &mbox{rec: m, part: part, box: newTierBox(tier, reason), trackedSince: now}
 	part.boxes[m.MailboxID] = mb
-	w.indexLocked(mb)
+	w.byUser.add(mb)
 	if _, live := w.own.live(part.id); live && w.tiers.inSession(m.UserID, now) {
 		w.setTierLocked(mb, TierHot, ReasonSession)
 	}
 	return mb
 }
 
-func (w *Worker) indexLocked(mb *mbox) {
-	u := w.byUser[mb.rec.UserID]
+// userIndex finds the live mailboxes of a user (user id, then mailbox id).
+type userIndex map[string]map[string]*mbox
+
+func (x userIndex) add(mb *mbox) {
+	u := x[mb.rec.UserID]
 	if u == nil {
 		u = map[string]*mbox{}
-		w.byUser[mb.rec.UserID] = u
+		x[mb.rec.UserID] = u
 	}
 	u[mb.rec.MailboxID] = mb
 }
 
-func (w *Worker) unindexLocked(mb *mbox) {
-	if u := w.byUser[mb.rec.UserID]; u != nil {
+func (x userIndex) remove(mb *mbox) {
+	if u := x[mb.rec.UserID]; u != nil {
 		delete(u, mb.rec.MailboxID)
 		if len(u) == 0 {
-			delete(w.byUser, mb.rec.UserID)
+			delete(x, mb.rec.UserID)
 		}
 	}
 }
@@ -148,7 +166,7 @@ func (w *Worker) unindexLocked(mb *mbox) {
 func (w *Worker) removeLocked(mb *mbox) {
 	w.sup.stop(mb.rec.MailboxID)
 	delete(mb.part.boxes, mb.rec.MailboxID)
-	w.unindexLocked(mb)
+	w.byUser.remove(mb)
 	if epoch, live := w.own.live(mb.part.id); live {
 		w.queue.add(pendingWrite{partition: mb.part.id, epoch: epoch, mailboxID: mb.rec.MailboxID,
 			recs: []*kgo.Record{tierTombstone(mb.rec.MailboxID)}})

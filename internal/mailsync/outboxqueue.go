@@ -16,7 +16,7 @@ import (
 	"github.com/mailplane/mailplane/topics"
 )
 
-// Writes of the record loop.
+// Writes of the outbox queue.
 const (
 	// maxWriteRecords bounds the records of one outbox transaction, so a
 	// burst of tier changes (a partition's first evaluation) does not hold
@@ -29,7 +29,7 @@ const (
 	dropFlushTimeout = 5 * time.Second
 )
 
-// pendingWrite is one entry of the record loop's queue: a tier record (or
+// pendingWrite is one entry of the outbox queue: a tier record (or
 // tombstone) with its tier_changed event, decided under an epoch and written
 // only if that epoch is still the partition's; or, with epoch 0, an
 // ownership event (lost, suspended), history that is true whatever the

@@ -129,7 +129,7 @@ func (w *Worker) housekeeping() {
 				acquire = append(acquire, id)
 			}
 		case partLoading:
-			if !p.tiersLoaded || !w.caughtUp(p, now) {
+			if !p.tiersLoaded || !p.caughtUp(now, w.cfg.LoadStallTimeout, w.log) {
 				continue
 			}
 			if tripped {
@@ -150,20 +150,6 @@ func (w *Worker) housekeeping() {
 	if len(resume) > 0 {
 		w.resume(resume)
 	}
-}
-
-// caughtUp reports whether a loading partition has been read to the end
-// offset it had when its epoch was taken (or made no progress for
-// LoadStallTimeout).
-func (w *Worker) caughtUp(p *partition, now time.Time) bool {
-	if p.endOffset >= 0 && (p.endOffset <= p.startOffset || p.nextOffset >= p.endOffset) {
-		return true
-	}
-	if now.Sub(p.lastProgress) >= w.cfg.LoadStallTimeout {
-		w.log.Warn("partition made no read progress; treating it as read", "partition", p.id, "next_offset", p.nextOffset, "end_offset", p.endOffset)
-		return true
-	}
-	return false
 }
 
 // goLiveLocked starts the runners of a partition read to its end, after
@@ -204,18 +190,10 @@ func (w *Worker) resume(ids []int32) {
 		w.log.Info("partition resumed under a new epoch", "partition", id, "epoch", epochs[id], "suspended_for", now.Sub(c.suspendedAt))
 		// A partition suspended while it was still being read goes back
 		// to reading; housekeeping turns it live when it is read.
-		if p.tiersLoaded && w.caughtUp(p, now) {
+		if p.tiersLoaded && p.caughtUp(now, w.cfg.LoadStallTimeout, w.log) {
 			w.goLiveLocked(p, now)
 		}
 	}
-}
-
-func (w *Worker) revoked(_ context.Context, _ *kgo.Client, m map[string][]int32) {
-	w.drop(m[topics.MailboxState], LostRevoked)
-}
-
-func (w *Worker) lost(_ context.Context, _ *kgo.Client, m map[string][]int32) {
-	w.drop(m[topics.MailboxState], LostLost)
 }
 
 // drop releases partitions the group took away, stops their runners and
@@ -238,7 +216,7 @@ func (w *Worker) drop(ids []int32, reason string) {
 			if w.sup.stop(mb.rec.MailboxID) {
 				counts[id]++
 			}
-			w.unindexLocked(mb)
+			w.byUser.remove(mb)
 		}
 	}
 	epochs := w.own.release(ids)
@@ -264,7 +242,7 @@ func (w *Worker) drop(ids []int32, reason string) {
 	// before the callback returns, like their runners' writes: the next
 	// owner's epoch finds them, and it waits for them to be published
 	// before it reads sync.tier. Ours if a refused write or a failure
-	// interrupts: what is left stays queued for the record loop.
+	// interrupts: what is left stays queued for the outbox queue's loop.
 	fctx, cancel := context.WithTimeout(context.Background(), dropFlushTimeout)
 	if err := w.queue.flush(fctx); err != nil {
 		w.log.Warn("writing the last tier records of partitions "+reason, "partitions", ids, "err", err)
@@ -277,9 +255,6 @@ func (w *Worker) drop(ids []int32, reason string) {
 func (w *Worker) dropAll() {
 	w.drop(w.own.claimed(), LostRevoked)
 }
-
-// active reports whether any partition is live or loading.
-func (w *Worker) active() bool { return len(w.own.active()) > 0 }
 
 // suspendAll is the watchdog's action: stop every runner and wait.
 func (w *Worker) suspendAll(reason string) int {

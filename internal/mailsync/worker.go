@@ -93,7 +93,7 @@ type Worker struct {
 	// by user. It is taken before the locks of the parts above.
 	mu      sync.Mutex
 	parts   map[int32]*partition
-	byUser  map[string]map[string]*mbox
+	byUser  userIndex
 	started bool
 
 	poll pollWaker
@@ -130,7 +130,7 @@ func New(kcfg kafka.Config, pool *pgxpool.Pool, runner Runner, cfg Config) (*Wor
 		wd:     newWatchdog(cfg, log, m),
 		queue:  newOutboxQueue(pool, fence, cfg.WorkerID, log),
 		parts:  map[int32]*partition{},
-		byUser: map[string]map[string]*mbox{},
+		byUser: userIndex{},
 	}
 	w.tiers = newTiering(cfg, kcfg, log, m, w.queue)
 	w.sup.failed, w.sup.fenced = w.failed, w.fenced
@@ -165,7 +165,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	bg, stopBg := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Go(func() { w.tiers.followUsers(ctx, w.usersActive) })
-	wg.Go(func() { w.wd.loop(ctx, w.active, w.suspendAll, w.poll.wake) })
+	wg.Go(func() { w.wd.loop(ctx, func() bool { return len(w.own.active()) > 0 }, w.suspendAll, w.poll.wake) })
 	wg.Go(func() { w.wd.probe(ctx, w.cl, w.out) })
 	wg.Go(func() { w.tiers.evalLoop(ctx, w.evaluate) })
 	recDone := make(chan struct{})
@@ -198,7 +198,13 @@ func (w *Worker) connect(ctx context.Context) error {
 	w.out, w.adm = out, kadm.NewClient(out)
 	w.checkCoPartitioned(ctx)
 	cl, err := newGroupClient(w.kcfg, w.cfg, w.log, groupCallbacks{
-		assigned: w.assigned, revoked: w.revoked, lost: w.lost, hook: w.wd})
+		assigned: w.assigned,
+		revoked: func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+			w.drop(m[topics.MailboxState], LostRevoked)
+		},
+		lost: func(_ context.Context, _ *kgo.Client, m map[string][]int32) { w.drop(m[topics.MailboxState], LostLost) },
+		hook: w.wd,
+	})
 	if err != nil {
 		out.Close()
 		return err
@@ -213,7 +219,7 @@ func (w *Worker) startRelay(ctx context.Context) (stop func()) {
 	if w.cfg.NoOutboxRelay {
 		return func() {}
 	}
-	relay := w.newRelay()
+	relay := newRelay(w.pool, w.kcfg, w.log, w.cfg.Registerer)
 	relayCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	go func() { defer close(done); _ = relay.Run(relayCtx) }()
