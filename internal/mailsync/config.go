@@ -108,7 +108,10 @@ type Config struct {
 	// add up in the same series.
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
-	// Now is the clock of tier decisions (default time.Now).
+	// Now is the worker's one clock (default time.Now): tier decisions,
+	// session windows, and the time of every record and event it writes.
+	// The watchdog, load stalls, backoffs and connection pacing measure
+	// elapsed real time on the monotonic clock instead.
 	Now func() time.Time
 	// KgoOptions are added to the group consumer's options (tests).
 	KgoOptions []kgo.Opt

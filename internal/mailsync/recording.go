@@ -91,61 +91,23 @@ func (r *RecordingRunner) Stats() RecorderStats {
 func (r *RecordingRunner) Run(ctx context.Context, job *Job) error {
 	tier, changed := job.Tier()
 	id := job.Mailbox.MailboxID
-	info := &RunInfo{MailboxID: id, UserID: job.Mailbox.UserID, Partition: job.Partition, Epoch: job.Epoch,
-		Owner: job.Owner, StartTier: tier, Tier: tier, Since: time.Now()}
-	r.mu.Lock()
-	if r.running == nil {
-		r.running = map[string]*RunInfo{}
-	}
-	if _, dup := r.running[id]; dup {
-		r.overlaps++
-	}
-	r.running[id] = info
-	r.starts++
-	r.mu.Unlock()
-	defer func() {
-		r.mu.Lock()
-		if r.running[id] == info {
-			delete(r.running, id)
-		}
-		r.stops++
-		r.mu.Unlock()
-	}()
+	info := r.begin(job, tier)
+	defer r.end(info)
 	if r.OnTier != nil {
 		r.OnTier(id, tier, time.Now())
 	}
-	var beatStop func()
-
 	// Connection setup waits for the host's pacing; tier changes are
 	// heard meanwhile.
 	paced := make(chan error, 1)
 	go func() { paced <- job.PaceConnect(ctx) }()
-	var beat <-chan time.Time
-	started := false
-	start := func() error {
-		started = true
-		if r.NewestMail != nil {
-			if t, ok := r.NewestMail(job.Mailbox); ok {
-				if t.IsZero() {
-					job.ReportNoMail()
-				} else {
-					job.ReportNewestMail(t)
-				}
-			}
-		}
-		if err := r.write(ctx, job, "start", tier); err != nil {
-			return err
-		}
-		if r.Beat > 0 && !r.NoWrites {
-			t := time.NewTicker(r.Beat)
-			beatStop = t.Stop
-			beat = t.C
-		}
-		return nil
-	}
+	var (
+		ticker  *time.Ticker
+		beat    <-chan time.Time // ticker's, once started
+		started bool
+	)
 	defer func() {
-		if beatStop != nil {
-			beatStop()
+		if ticker != nil {
+			ticker.Stop()
 		}
 	}()
 	for {
@@ -155,11 +117,15 @@ func (r *RecordingRunner) Run(ctx context.Context, job *Job) error {
 			if err != nil {
 				continue // ctx is done
 			}
-			if err := start(); err != nil {
+			started = true
+			if ticker, err = r.start(ctx, job, tier); err != nil {
 				if ctx.Err() != nil {
 					continue
 				}
 				return err
+			}
+			if ticker != nil {
+				beat = ticker.C
 			}
 		case <-ctx.Done():
 			if !started {
@@ -188,6 +154,55 @@ func (r *RecordingRunner) Run(ctx context.Context, job *Job) error {
 			}
 		}
 	}
+}
+
+// begin records that job's mailbox runs from now, in tier.
+func (r *RecordingRunner) begin(job *Job, tier domain.SyncTier) *RunInfo {
+	id := job.Mailbox.MailboxID
+	info := &RunInfo{MailboxID: id, UserID: job.Mailbox.UserID, Partition: job.Partition, Epoch: job.Epoch,
+		Owner: job.Owner, StartTier: tier, Tier: tier, Since: time.Now()}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.running == nil {
+		r.running = map[string]*RunInfo{}
+	}
+	if _, dup := r.running[id]; dup {
+		r.overlaps++
+	}
+	r.running[id] = info
+	r.starts++
+	return info
+}
+
+// end records that the run of info stopped.
+func (r *RecordingRunner) end(info *RunInfo) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.running[info.MailboxID] == info {
+		delete(r.running, info.MailboxID)
+	}
+	r.stops++
+}
+
+// start is the run's start once paced: the newest mail is reported, the
+// start row written, and the beat ticker (nil: none) started.
+func (r *RecordingRunner) start(ctx context.Context, job *Job, tier domain.SyncTier) (*time.Ticker, error) {
+	if r.NewestMail != nil {
+		if t, ok := r.NewestMail(job.Mailbox); ok {
+			if t.IsZero() {
+				job.ReportNoMail()
+			} else {
+				job.ReportNewestMail(t)
+			}
+		}
+	}
+	if err := r.write(ctx, job, "start", tier); err != nil {
+		return nil, err
+	}
+	if r.Beat <= 0 || r.NoWrites {
+		return nil, nil
+	}
+	return time.NewTicker(r.Beat), nil
 }
 
 func (r *RecordingRunner) write(ctx context.Context, job *Job, kind string, tier domain.SyncTier) error {

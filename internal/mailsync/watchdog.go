@@ -2,6 +2,7 @@ package mailsync
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -34,16 +35,33 @@ import (
 // session, so the second answer is proof enough.
 //
 // While a rebalance waits for a dead member, franz-go sits in JoinGroup and
-// sends nothing the coordinator answers; the worker's probe (probeLoop)
+// sends nothing the coordinator answers; the worker's probe (watchdog.probe)
 // fills that silence with heartbeats of its own, counted only when the
 // coordinator answers that it still holds the member.
+//
+// Its times are on the monotonic clock, not Config.Now: it races the
+// coordinator's session timer, which runs on real time, against round
+// trips franz-go measures in real time; a test clock that stands still or
+// jumps must neither trip it nor keep it from confirming.
 type watchdog struct {
+	group     string
+	limit     time.Duration // of silence: SessionTimeout - WatchdogMargin
+	heartbeat time.Duration
+	disabled  bool
+	log       *slog.Logger
+	m         *metrics
+
 	mu          sync.Mutex
 	lastContact time.Time
 	heartbeats  [8]time.Time // send times of the latest answered heartbeats
 	next        int
 	tripped     bool
 	trippedAt   time.Time
+}
+
+func newWatchdog(cfg Config, log *slog.Logger, m *metrics) *watchdog {
+	return &watchdog{group: cfg.Group, limit: cfg.SessionTimeout - cfg.WatchdogMargin, heartbeat: cfg.HeartbeatInterval,
+		disabled: cfg.WatchdogMargin < 0, log: log, m: m}
 }
 
 // OnBrokerE2E implements kgo.HookBrokerE2E.
@@ -123,14 +141,15 @@ func (d *watchdog) untripIfConfirmed() bool {
 	return true
 }
 
-// watchdogLoop checks the coordinator's silence every tenth of a heartbeat
-// interval (at least every 50ms).
-func (w *Worker) watchdogLoop(ctx context.Context) {
-	if w.cfg.WatchdogMargin < 0 {
+// loop checks the coordinator's silence every tenth of a heartbeat
+// interval (at least every 50ms); when it is too long while partitions are
+// active, it trips and calls stopAll. Once the coordinator answers again it
+// calls wake, so that the worker's housekeeping resumes the partitions.
+func (d *watchdog) loop(ctx context.Context, active func() bool, stopAll func(reason string) int, wake func()) {
+	if d.disabled {
 		return
 	}
-	limit := w.cfg.SessionTimeout - w.cfg.WatchdogMargin
-	t := time.NewTicker(min(max(w.cfg.HeartbeatInterval/10, 10*time.Millisecond), 50*time.Millisecond))
+	t := time.NewTicker(min(max(d.heartbeat/10, 10*time.Millisecond), 50*time.Millisecond))
 	defer t.Stop()
 	for {
 		select {
@@ -139,25 +158,19 @@ func (w *Worker) watchdogLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		now := time.Now()
-		if w.wd.untripIfConfirmed() {
-			w.log.Info("watchdog: the group coordinator answers again; partitions resume once confirmed")
-			w.wake()
+		if d.untripIfConfirmed() {
+			d.log.Info("watchdog: the group coordinator answers again; partitions resume once confirmed")
+			wake()
 		}
-		silent := w.wd.silentFor(now)
-		if silent <= limit || w.wd.isTripped() {
+		silent := d.silentFor(now)
+		if silent <= d.limit || d.isTripped() || !active() {
 			continue
 		}
-		w.mu.Lock()
-		active := w.activeLocked()
-		w.mu.Unlock()
-		if !active {
-			continue
-		}
-		w.wd.trip(now)
-		w.m.watchdogStops.Inc()
-		w.log.Warn("watchdog: no group request answered in time; stopping every runner", "silent_for", silent, "limit", limit)
-		n := w.suspendAll(domain.SyncSuspendedWatchdog)
-		w.log.Warn("watchdog: runners stopped", "runners", n, "took", time.Since(now))
+		d.trip(now)
+		d.m.watchdogStops.Inc()
+		d.log.Warn("watchdog: no group request answered in time; stopping every runner", "silent_for", silent, "limit", d.limit)
+		n := stopAll(domain.SyncSuspendedWatchdog)
+		d.log.Warn("watchdog: runners stopped", "runners", n, "took", time.Since(now))
 	}
 }
 
@@ -170,7 +183,7 @@ func (d *watchdog) contact(sent time.Time) {
 	}
 }
 
-// probeLoop keeps the watchdog informed while franz-go sends nothing the
+// probe keeps the watchdog informed while franz-go sends nothing the
 // coordinator answers: during a rebalance the member waits in JoinGroup for
 // as long as the coordinator waits for every member — up to a dead member's
 // session — and its heartbeats stop. Without the probe, survivors of a
@@ -182,11 +195,11 @@ func (d *watchdog) contact(sent time.Time) {
 // the member's partitions before the member revokes them (cooperative
 // protocol), so that answer is contact. Any other answer (unknown member,
 // illegal generation) or none is not.
-func (w *Worker) probeLoop(ctx context.Context) {
-	if w.cfg.WatchdogMargin < 0 {
+func (d *watchdog) probe(ctx context.Context, cl, out *kgo.Client) {
+	if d.disabled {
 		return
 	}
-	t := time.NewTicker(w.cfg.HeartbeatInterval)
+	t := time.NewTicker(d.heartbeat)
 	defer t.Stop()
 	for {
 		select {
@@ -195,23 +208,23 @@ func (w *Worker) probeLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		// Only when the group client has been silent for two heartbeats.
-		if w.wd.silentFor(time.Now()) < 2*w.cfg.HeartbeatInterval {
+		if d.silentFor(time.Now()) < 2*d.heartbeat {
 			continue
 		}
-		member, gen := w.cl.GroupMetadata()
+		member, gen := cl.GroupMetadata()
 		if member == "" || gen < 0 {
 			continue
 		}
 		sent := time.Now()
-		rctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
-		resp, err := (&kmsg.HeartbeatRequest{Group: w.cfg.Group, Generation: gen, MemberID: member}).RequestWith(rctx, w.out)
+		rctx, cancel := context.WithTimeout(ctx, d.heartbeat)
+		resp, err := (&kmsg.HeartbeatRequest{Group: d.group, Generation: gen, MemberID: member}).RequestWith(rctx, out)
 		cancel()
 		if err != nil {
 			continue
 		}
 		if resp.ErrorCode == kerr.RebalanceInProgress.Code {
-			w.wd.contact(sent)
-			w.m.watchdogProbes.Inc()
+			d.contact(sent)
+			d.m.watchdogProbes.Inc()
 		}
 	}
 }
