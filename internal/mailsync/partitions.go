@@ -90,7 +90,7 @@ func (w *Worker) loadTiers(parts []*partition) {
 			"partitions", ids, "err", err)
 	}
 	acancel()
-	recs, err := w.tiers.readTiers(ctx, w.adm, ids)
+	recs, err := w.tiers.readTiers(ctx, ids)
 	if err != nil {
 		w.log.Warn("reading sync.tier failed; starting with default tiers", "partitions", ids, "err", err)
 	}

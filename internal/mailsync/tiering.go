@@ -57,7 +57,7 @@ type activity struct {
 // the latest activity per user and handing each batch to promote.
 func (t *tiering) followUsers(ctx context.Context, promote func([]activity)) {
 	since := t.cfg.Now().Add(-t.cfg.TierSessionGrace)
-	cl, err := newUserReader(t.kcfg, t.log, since)
+	cl, err := newUserReader(t.kcfg, since)
 	if err != nil {
 		t.log.Error("user events consumer; sessions will not promote", "err", err)
 		return
@@ -246,42 +246,21 @@ func (t *tiering) evalLoop(ctx context.Context, evaluate func(prune bool)) {
 // readTiers reads sync.tier partitions to their last stable offsets: per
 // mailbox, the last record, unless an earlier one was written under a
 // higher epoch (a stale owner's late record loses).
-func (t *tiering) readTiers(ctx context.Context, adm *kadm.Client, ids []int32) (map[int32]map[string]domain.SyncTierRecord, error) {
+func (t *tiering) readTiers(ctx context.Context, ids []int32) (map[int32]map[string]domain.SyncTierRecord, error) {
 	out := map[int32]map[string]domain.SyncTierRecord{}
-	starts, ends := listOffsets(ctx, adm, t.log, topics.SyncTier, ids)
-	want := map[int32]int64{}
-	offsets := map[int32]kgo.Offset{}
 	for _, id := range ids {
 		out[id] = map[string]domain.SyncTierRecord{}
-		if ends[id] < 0 {
-			return out, fmt.Errorf("no end offset for sync.tier partition %d", id)
-		}
-		if ends[id] > starts[id] {
-			want[id] = ends[id]
-			offsets[id] = kgo.NewOffset().At(starts[id])
-		}
 	}
-	if len(want) == 0 {
-		return out, nil
-	}
-	cl, err := newTierReader(t.kcfg, t.log, offsets)
+	_, err := kafka.ReadToEnd(ctx, t.kcfg, kafka.ReadSpec{
+		Topics:     []string{topics.SyncTier},
+		Partitions: func(string, int) []int32 { return ids },
+		ClientID:   "tiers",
+	}, func(r *kgo.Record) error {
+		t.foldTier(out[r.Partition], r)
+		return nil
+	})
 	if err != nil {
-		return out, err
-	}
-	defer cl.Close()
-	for len(want) > 0 {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			return out, fmt.Errorf("reading sync.tier: %w (partitions left %v)", err, want)
-		}
-		fs.EachRecord(func(r *kgo.Record) {
-			if end, ok := want[r.Partition]; ok && r.Offset+1 >= end {
-				delete(want, r.Partition)
-			}
-			if !r.Attrs.IsControl() {
-				t.foldTier(out[r.Partition], r)
-			}
-		})
+		return out, fmt.Errorf("reading sync.tier: %w", err)
 	}
 	return out, nil
 }

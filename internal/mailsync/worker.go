@@ -118,6 +118,9 @@ func New(kcfg kafka.Config, pool *pgxpool.Pool, runner Runner, cfg Config) (*Wor
 	}
 	m := newMetrics(cfg.Registerer)
 	log := cfg.Logger.With("worker", cfg.WorkerID)
+	// Every client of the worker logs through its logger (the Kafka kit
+	// keeps a logger the caller set).
+	kcfg = kcfg.WithLogger(log)
 	fence := NewFence(pool, m.fencedWrites, cfg.WriteIdleTimeout)
 	w := &Worker{
 		cfg:    cfg,
@@ -191,18 +194,20 @@ func (w *Worker) Run(ctx context.Context) error {
 
 // connect builds the worker's producer and its group member.
 func (w *Worker) connect(ctx context.Context) error {
-	out, err := newOutClient(w.kcfg, w.log)
+	out, err := newOutClient(w.kcfg)
 	if err != nil {
 		return err
 	}
 	w.out, w.adm = out, kadm.NewClient(out)
 	w.checkCoPartitioned(ctx)
-	cl, err := newGroupClient(w.kcfg, w.cfg, w.log, groupCallbacks{
+	cl, err := newGroupClient(w.kcfg, w.cfg, groupCallbacks{
 		assigned: w.assigned,
 		revoked: func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
 			w.drop(m[topics.MailboxState], domain.SyncLostRevoked)
 		},
-		lost: func(_ context.Context, _ *kgo.Client, m map[string][]int32) { w.drop(m[topics.MailboxState], domain.SyncLostLost) },
+		lost: func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+			w.drop(m[topics.MailboxState], domain.SyncLostLost)
+		},
 		hook: w.wd,
 	})
 	if err != nil {
