@@ -13,7 +13,6 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +26,7 @@ import (
 	"github.com/mailplane/mailplane/internal/access"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/sealing"
 	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
@@ -42,24 +42,6 @@ const (
 	eventTime      = "2026-05-01T12:00:00Z"
 )
 
-// syncBuffer is a concurrency-safe log sink.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // env is a real server on loopback, backed by an in-process kfake broker
 // with the topic catalog applied.
 type env struct {
@@ -71,7 +53,7 @@ type env struct {
 	reg     *prometheus.Registry
 	srv     *Server
 	base    string
-	logs    *syncBuffer
+	logs    *mailplanetest.Output
 	http    *http.Client
 	start   map[string]map[int32]int64
 }
@@ -132,7 +114,7 @@ func startBroker(t testing.TB, fake *kfake.Cluster) ([]string, *kgo.Client, *kad
 
 func newEnv(t testing.TB, eo envOpts) *env {
 	t.Helper()
-	e := &env{t: t, keyring: newKeyring(t), reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
+	e := &env{t: t, keyring: newKeyring(t), reg: prometheus.NewRegistry(), logs: &mailplanetest.Output{}}
 	prod := eo.prod
 	opts := []Option{
 		WithAuthenticator(testAuth(t)),

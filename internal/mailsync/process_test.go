@@ -1,7 +1,6 @@
 package mailsync_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +21,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/mailboxstate"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -127,27 +126,10 @@ func childLogger() *slog.Logger {
 type proc struct {
 	id      string
 	cmd     *exec.Cmd
-	out     *syncBuffer
+	out     *mailplanetest.Output
 	status  string
 	stopped bool // SIGSTOPped: its runners do not run
 	exited  bool
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 type fleet struct {
@@ -161,7 +143,7 @@ type fleet struct {
 func (fl *fleet) start(id string) *proc {
 	fl.t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.count=1", "-test.timeout=10m")
-	p := &proc{id: id, cmd: cmd, out: &syncBuffer{}, status: filepath.Join(fl.dir, id+".json")}
+	p := &proc{id: id, cmd: cmd, out: &mailplanetest.Output{}, status: filepath.Join(fl.dir, id+".json")}
 	cmd.Env = append(os.Environ(),
 		envHelper+"=1",
 		envBrokers+"="+strings.Join(fl.brokers, ","),

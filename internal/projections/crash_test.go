@@ -1,7 +1,6 @@
 package projections_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log"
@@ -23,6 +22,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
@@ -188,25 +188,7 @@ func TestCrash(t *testing.T) {
 
 type child struct {
 	cmd *exec.Cmd
-	out *syncBuffer
-}
-
-// syncBuffer is the child's output, written by exec's copier goroutine.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	out *mailplanetest.Output
 }
 
 func (c *child) waitReady(t *testing.T) {
@@ -224,7 +206,7 @@ func startChild(t *testing.T, kcfg kafka.Config, url string) *child {
 		envCrashBrokers+"="+strings.Join(kcfg.Brokers, ","),
 		envCrashDB+"="+url,
 	)
-	out := &syncBuffer{}
+	out := &mailplanetest.Output{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -53,7 +53,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() error) {
 
 type devProc struct {
 	cmd    *exec.Cmd
-	out    *bytes.Buffer
+	out    *mailplanetest.Output
 	done   chan error
 	http   string
 	broker string
@@ -65,7 +65,7 @@ type devProc struct {
 func startDev(t *testing.T, bin, dataDir string, kport, pport, hport int, extra ...string) *devProc {
 	t.Helper()
 	p := &devProc{
-		out:    &bytes.Buffer{},
+		out:    &mailplanetest.Output{},
 		done:   make(chan error, 1),
 		http:   fmt.Sprintf("127.0.0.1:%d", hport),
 		broker: fmt.Sprintf("127.0.0.1:%d", kport),

@@ -5,28 +5,11 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 )
-
-// syncBuffer is a log sink the pruning goroutine and the test share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestPruneHourly: the loop prunes once at start, logs what it dropped
 // (with the attributes the pruner gives) or why it failed, and returns
@@ -44,7 +27,7 @@ func TestPruneHourly(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			var out syncBuffer
+			var out mailplanetest.Output
 			log := slog.New(slog.NewTextHandler(&out, nil))
 			ctx, cancel := context.WithCancel(context.Background())
 			calls := make(chan struct{}, 1)
