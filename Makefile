@@ -5,6 +5,8 @@ GO ?= go
 PKGS := ./...
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCHTIME ?= 3s
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/mailplane/mailplane/internal/buildinfo.version=$(VERSION)
 
 .PHONY: help
 help: ## show this help
@@ -15,8 +17,8 @@ run: ## run mailplane on its embedded defaults (mailplane dev)
 	$(GO) run ./cmd/mailplane dev
 
 .PHONY: build
-build: ## build bin/mailplane
-	$(GO) build -o bin/mailplane ./cmd/mailplane
+build: ## build bin/mailplane, its version stamped (VERSION, default git describe)
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/mailplane ./cmd/mailplane
 
 .PHONY: test
 test: ## everything CI runs: vet, then every test (real Postgres, kfake, kcat, Dovecot)

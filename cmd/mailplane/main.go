@@ -10,13 +10,12 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/mailplane/mailplane/internal/buildinfo"
+
 	"github.com/mailplane/mailplane/internal/cli"
 	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/roles"
 )
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 const usage = `mailplane — control plane for fleets of email mailboxes
 
@@ -105,7 +104,7 @@ func run(ctx context.Context, cmd string, args []string) int {
 	case "newid":
 		cli.NewID(os.Stdout)
 	case "version":
-		fmt.Println("mailplane", version)
+		fmt.Println(buildinfo.Read())
 	default:
 		fmt.Fprintf(os.Stderr, "mailplane: unknown command %q\n\n%s", cmd, usage)
 		return 2

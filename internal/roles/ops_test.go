@@ -64,7 +64,7 @@ func TestOpsListenerHealthShape(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "go_goroutines") || !strings.Contains(string(b), "mailplane_") {
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "go_goroutines") || !strings.Contains(string(b), "mailplane_build_info{") {
 		t.Fatalf("metrics: %d\n%s", resp.StatusCode, fmt.Sprint(len(b)))
 	}
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/billing"
+	"github.com/mailplane/mailplane/internal/buildinfo"
 	"github.com/mailplane/mailplane/internal/imapsync"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/mailsync"
@@ -81,6 +82,9 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 	reg := prometheus.NewRegistry()
 	rc.reg = reg
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := buildinfo.Register(reg); err != nil {
+		return err
+	}
 	if rc.databaseURL == "" {
 		return errNoDatabase
 	}
