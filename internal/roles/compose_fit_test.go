@@ -1,0 +1,111 @@
+package roles_test
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/mailplane/mailplane/topics"
+)
+
+// Redpanda reserves topic_memory_per_partition (4 MiB) of --memory for every
+// partition replica and refuses to create partitions past memory ÷ that.
+// Besides the catalog it keeps its own: __consumer_offsets
+// (group_topic_partitions, 16), the transaction coordinator
+// (transaction_coordinator_partitions, 50), the id allocator (1) and the
+// schema registry's _schemas (1).
+const (
+	redpandaMemoryPerPartition = 4 << 20
+	redpandaOwnPartitions      = 16 + 50 + 1 + 1
+)
+
+type composeFile struct {
+	Services map[string]struct {
+		Image       string            `yaml:"image"`
+		Command     []string          `yaml:"command"`
+		Environment map[string]string `yaml:"environment"`
+	} `yaml:"services"`
+}
+
+// TestComposeFitsTheBroker: the topic catalog compose creates fits the
+// memory compose gives Redpanda, and every mailplane service (the topics job
+// included) sees the same brokers and state partitions, so the roles read
+// the topics the job created.
+func TestComposeFitsTheBroker(t *testing.T) {
+	t.Parallel()
+	tokens := filepath.Join(t.TempDir(), "api-tokens")
+	if err := os.WriteFile(tokens, []byte("# callers\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := composeConfig(t, map[string]string{
+		"POSTGRES_PASSWORD": "p", "MAILPLANE_SEAL_KEYS": "k1:eA==", "MAILPLANE_API_TOKENS_FILE": tokens,
+		"MAILPLANE_WORKER_FLEET_SECRET": "f", "MAILPLANE_WARMUP_KEY": "w",
+	})
+	if err != nil {
+		t.Fatalf("docker-compose config: %v\n%s", err, out)
+	}
+	var cf composeFile
+	if err := yaml.Unmarshal([]byte(out), &cf); err != nil {
+		t.Fatalf("docker-compose config printed no compose file: %v\n%s", err, out)
+	}
+
+	memory := int64(0)
+	for _, arg := range cf.Services["redpanda"].Command {
+		if v, ok := strings.CutPrefix(arg, "--memory="); ok {
+			memory = parseSize(t, v)
+		}
+	}
+	if memory == 0 {
+		t.Fatal("redpanda runs without --memory")
+	}
+
+	topicsEnv := cf.Services["topics"].Environment
+	n, err := strconv.Atoi(topicsEnv["MAILPLANE_STATE_PARTITIONS"])
+	if err != nil {
+		t.Fatalf("the topics job's MAILPLANE_STATE_PARTITIONS %q: %v", topicsEnv["MAILPLANE_STATE_PARTITIONS"], err)
+	}
+	for name, s := range cf.Services {
+		if s.Image != cf.Services["topics"].Image {
+			continue
+		}
+		for _, k := range []string{"MAILPLANE_STATE_PARTITIONS", "MAILPLANE_BROKERS"} {
+			if s.Environment[k] != topicsEnv[k] {
+				t.Errorf("service %s has %s=%q, the topics job %q", name, k, s.Environment[k], topicsEnv[k])
+			}
+		}
+	}
+
+	partitions := redpandaOwnPartitions
+	for _, spec := range topics.Catalog(topics.Config{StatePartitions: int32(n)}) {
+		partitions += int(spec.Partitions)
+	}
+	limit := memory / redpandaMemoryPerPartition
+	t.Logf("%d partitions (state partitions %d) of the %d that --memory=%d MiB allows", partitions, n, limit, memory>>20)
+	if int64(partitions) > limit {
+		t.Errorf("the catalog needs %d partitions, Redpanda with %d MiB takes %d: raise --memory or lower MAILPLANE_STATE_PARTITIONS", partitions, memory>>20, limit)
+	}
+}
+
+// parseSize reads Redpanda's --memory value: a number with a K, M or G
+// suffix (binary multiples).
+func parseSize(t *testing.T, v string) int64 {
+	t.Helper()
+	mult := int64(1)
+	switch {
+	case strings.HasSuffix(v, "G"):
+		mult, v = 1<<30, strings.TrimSuffix(v, "G")
+	case strings.HasSuffix(v, "M"):
+		mult, v = 1<<20, strings.TrimSuffix(v, "M")
+	case strings.HasSuffix(v, "K"):
+		mult, v = 1<<10, strings.TrimSuffix(v, "K")
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		t.Fatalf("--memory=%s: %v", v, err)
+	}
+	return n * mult
+}
