@@ -59,9 +59,9 @@ lint: ## go vet and staticcheck
 	$(GO) run $(STATICCHECK) $(PKGS)
 
 .PHONY: deps
-deps: ## install the Debian packages the tests need (root): PostgreSQL, kcat, Dovecot, docker-compose
+deps: ## install the Debian packages the tests need (root): PostgreSQL, kcat, Dovecot, docker-compose, prometheus (promtool)
 	DEBIAN_FRONTEND=noninteractive apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql kcat dovecot-imapd docker-compose
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql kcat dovecot-imapd docker-compose prometheus
 
 .PHONY: topics
 topics: ## apply the topic catalog to MAILPLANE_BROKERS
