@@ -21,7 +21,8 @@ build: ## build bin/mailplane, its version stamped (VERSION, default git describ
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/mailplane ./cmd/mailplane
 
 .PHONY: test
-test: ## everything CI runs: vet, then every test (real Postgres, kfake, kcat, Dovecot)
+test: ## everything CI runs: vet, then every test (real Postgres, kfake, kcat, Dovecot, promtool); installs what is missing when root
+	@bash scripts/deps.sh
 	$(GO) vet $(PKGS)
 	$(GO) test -count=1 -timeout 15m $(PKGS)
 
@@ -60,8 +61,7 @@ lint: ## go vet and staticcheck
 
 .PHONY: deps
 deps: ## install the Debian packages the tests need (root): PostgreSQL, kcat, Dovecot, docker-compose, prometheus (promtool)
-	DEBIAN_FRONTEND=noninteractive apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql kcat dovecot-imapd docker-compose prometheus
+	bash scripts/deps.sh
 
 .PHONY: topics
 topics: ## apply the topic catalog to MAILPLANE_BROKERS
