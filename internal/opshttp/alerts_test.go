@@ -1,6 +1,7 @@
 package opshttp_test
 
 import (
+	"encoding/json"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -144,5 +145,75 @@ func TestEveryAlertHasARunbookEntry(t *testing.T) {
 	}
 	if alerts < 10 {
 		t.Fatalf("read %d alerts", alerts)
+	}
+}
+
+// recordedSeries returns the recording rules' names: a dashboard may read
+// them as it reads registered metrics.
+func recordedSeries(t *testing.T) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	for _, g := range readRules(t).Groups {
+		for _, r := range g.Rules {
+			if r.Record != "" {
+				out[r.Record] = true
+			}
+		}
+	}
+	return out
+}
+
+// TestDashboardsReadRegisteredMetrics: every query of every provisioned
+// dashboard reads metrics the code registers or series the recording rules
+// make, so no panel stays empty after a rename.
+func TestDashboardsReadRegisteredMetrics(t *testing.T) {
+	t.Parallel()
+	known, recorded := registeredMetrics(t), recordedSeries(t)
+	files, err := filepath.Glob("../../deploy/grafana/dashboards/*.json")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no dashboards under deploy/grafana/dashboards (%v)", err)
+	}
+	metric := regexp.MustCompile(`\bmailplane(?::[a-z0-9_]+)+|\bmailplane_[a-z_]+\b`)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d struct {
+			UID    string `json:"uid"`
+			Panels []struct {
+				Title   string `json:"title"`
+				Targets []struct {
+					Expr string `json:"expr"`
+				} `json:"targets"`
+			} `json:"panels"`
+		}
+		if err := json.Unmarshal(b, &d); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		queries := 0
+		for _, p := range d.Panels {
+			for _, tg := range p.Targets {
+				queries++
+				names := metric.FindAllString(tg.Expr, -1)
+				if len(names) == 0 {
+					t.Errorf("%s: panel %q queries no mailplane metric: %s", f, p.Title, tg.Expr)
+				}
+				for _, name := range names {
+					base := name
+					for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+						if b, ok := strings.CutSuffix(name, suffix); ok && known[b] {
+							base = b
+						}
+					}
+					if !known[base] && !recorded[name] {
+						t.Errorf("%s: panel %q reads %s, which neither the code nor a recording rule makes", f, p.Title, name)
+					}
+				}
+			}
+		}
+		if d.UID == "" || queries < 10 {
+			t.Errorf("%s: uid %q, %d queries", f, d.UID, queries)
+		}
 	}
 }
