@@ -10,7 +10,9 @@ import (
 func TestRead(t *testing.T) {
 	t.Parallel()
 	bi := func(settings ...debug.BuildSetting) func() (*debug.BuildInfo, bool) {
-		return func() (*debug.BuildInfo, bool) { return &debug.BuildInfo{GoVersion: "go1.26.8", Settings: settings}, true }
+		return func() (*debug.BuildInfo, bool) {
+			return &debug.BuildInfo{GoVersion: "go1.26.8", Settings: settings}, true
+		}
 	}
 	for name, c := range map[string]struct {
 		stamped string
