@@ -102,7 +102,15 @@ func TestBlackholedMember(t *testing.T) {
 	e.produce(stateRecords(t, mbs...)...)
 	live := ids(mbs)
 	beat := &mailsync.RecordingRunner{Beat: 100 * time.Millisecond}
-	victim := e.start(testConfig(t, "victim"), beat)
+	// The test's 2 s session is a third of production's 6 s, but stopping
+	// 60 runners takes the same few hundred milliseconds: the default margin
+	// (a quarter of the session, 0.5 s here, 1.5 s in production) would leave
+	// the test a third of production's slack. 0.8 s keeps the question
+	// (does the watchdog stop everything before the coordinator gives the
+	// partitions away?) without measuring the machine's speed.
+	vcfg := testConfig(t, "victim")
+	vcfg.WatchdogMargin = 800 * time.Millisecond
+	victim := e.start(vcfg, beat)
 	other := e.start(testConfig(t, "other"), nil)
 	waitFor(t, 30*time.Second, "both members running", func() (bool, string) {
 		if ok, why := exactlyOnce(t, e.db.Pool, live, victim, other); !ok {
