@@ -50,7 +50,7 @@ bench: ## the benchmarks recorded in BENCHMARKS.md (a few minutes; loopback only
 .PHONY: fuzz
 fuzz: ## fuzz the record decoder, the schema/Go agreement and text hygiene, a minute each
 	$(GO) test ./topics -run '^$$' -fuzz FuzzDecode -fuzztime 60s
-	$(GO) test ./domain -run '^$$' -fuzz FuzzSchemaAgreement -fuzztime 60s
+	$(GO) test ./internal/eventschema -run '^$$' -fuzz FuzzSchemaAgreement -fuzztime 60s
 	$(GO) test ./internal/placement -run '^$$' -fuzz FuzzDecisionsStorable -fuzztime 60s
 	$(GO) test ./domain -run '^$$' -fuzz FuzzCleanText -fuzztime 60s
 
