@@ -161,9 +161,13 @@ const (
 	PlacementWeightOAuth  int64 = 50
 )
 
-// PlacementWeights are the mailbox weights a decision may carry, lightest
+// placementWeights are the mailbox weights a decision may carry, lightest
 // first.
-var PlacementWeights = [...]int64{PlacementWeightOAuth, PlacementWeightWarmup, PlacementWeightFull}
+var placementWeights = [...]int64{PlacementWeightOAuth, PlacementWeightWarmup, PlacementWeightFull}
+
+// PlacementWeights returns the mailbox weights a decision may carry,
+// lightest first (a copy: validation's list cannot be changed from outside).
+func PlacementWeights() [3]int64 { return placementWeights }
 
 // PlacementDecision is one decision (or recorded fact) of the placement
 // engine. It is the data of a CloudEvent on placement.decisions.
@@ -200,12 +204,12 @@ func checkPool(ps *Problems, field string, p RiskPool, required bool) {
 }
 
 func checkWeight(ps *Problems, field string, w int64) {
-	for _, cw := range PlacementWeights {
+	for _, cw := range placementWeights {
 		if w == cw {
 			return
 		}
 	}
-	ps.Add(field, CodeInvalid, "must be one of %v", PlacementWeights)
+	ps.Add(field, CodeInvalid, "must be one of %v", placementWeights)
 }
 
 func checkOptUUID(ps *Problems, field, v string) {

@@ -172,7 +172,7 @@ func placementPoolIndex(p domain.RiskPool) int {
 // placementClassWeights are the weight classes the shared-worker index keeps
 // a heap for: a worker is in class c's heap when its headroom is at least
 // placementClassWeights[c]. Every mailbox weight is one of them.
-var placementClassWeights = domain.PlacementWeights
+var placementClassWeights = domain.PlacementWeights()
 
 const placementClasses = len(placementClassWeights)
 
