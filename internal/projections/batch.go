@@ -598,6 +598,10 @@ func (p *Projector) committedTx(rs []run, all moves, live int, recs []Record, st
 	}
 	p.m.batchSeconds.WithLabelValues(p.name).Observe(time.Since(start).Seconds())
 	p.m.applied.WithLabelValues(p.name).Add(float64(len(recs)))
+	now := p.cfg.now()
+	for _, r := range recs {
+		p.meter.Applied(now, r.Appended)
+	}
 	if dups := live - len(recs); dups > 0 {
 		p.m.duplicates.WithLabelValues(p.name).Add(float64(dups))
 	}
@@ -650,7 +654,7 @@ func firstCopies(b []*item) (live int, ids [][16]byte, recs []Record) {
 		if _, dup := seen[it.id]; !dup {
 			seen[it.id] = struct{}{}
 			ids = append(ids, it.id)
-			recs = append(recs, Record{Event: it.ev, Topic: it.rec.Topic, Partition: it.rec.Partition, Offset: it.rec.Offset})
+			recs = append(recs, Record{Event: it.ev, Topic: it.rec.Topic, Partition: it.rec.Partition, Offset: it.rec.Offset, Appended: it.rec.Timestamp})
 		}
 	}
 	return live, ids, recs

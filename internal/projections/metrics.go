@@ -7,11 +7,11 @@ import (
 )
 
 // metrics are shared by every projector registered on one Registerer and
-// labelled by projector name; mailbox or user ids never become labels.
+// labelled by projector name; mailbox or user ids never become labels. Lag
+// and latency are the consumer's (internal/sla).
 type metrics struct {
 	applied      *prometheus.CounterVec
 	batchSeconds *prometheus.HistogramVec
-	lag          *prometheus.GaugeVec
 	dlq          *prometheus.CounterVec
 	duplicates   *prometheus.CounterVec
 	retries      *prometheus.CounterVec
@@ -28,10 +28,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Time to apply one batch in one transaction, commit included.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}, []string{"projector"}),
-		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "mailplane_projector_lag_records",
-			Help: "Records between a projector's next offset and the high watermark, summed over the topic's partitions this member owns.",
-		}, []string{"projector", "topic"}),
 		dlq: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mailplane_dlq_records_total",
 			Help: "Records a projector sent to the DLQ, by error code.",
@@ -47,7 +43,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.applied = promreg.MustRegister(reg, m.applied)
 	m.batchSeconds = promreg.MustRegister(reg, m.batchSeconds)
-	m.lag = promreg.MustRegister(reg, m.lag)
 	m.dlq = promreg.MustRegister(reg, m.dlq)
 	m.duplicates = promreg.MustRegister(reg, m.duplicates)
 	m.retries = promreg.MustRegister(reg, m.retries)

@@ -7,6 +7,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/sla"
 )
 
 // partition is the poll loop's state for one assigned partition, guarded
@@ -121,11 +122,18 @@ func (pt *partition) retryBatch(n int) []*item {
 	return slices.Clone(q)
 }
 
-func (pt *partition) lag() int64 {
-	if pt.next < 0 || pt.hwm < 0 {
-		return 0
+// position is the partition's lag as the consumer's meter takes it: the
+// oldest record not yet applied is the head of its queue (or of incoming,
+// when a lane held it), if fetched.
+func (pt *partition) position() sla.Position {
+	pos := sla.Position{Next: pt.next, End: pt.hwm}
+	for _, q := range [][]*item{pt.queue, pt.incoming} {
+		if len(q) > 0 {
+			pos.Oldest = q[0].rec.Timestamp
+			break
+		}
 	}
-	return max(pt.hwm-pt.next, 0)
+	return pos
 }
 
 // item is one fetched record, decoded or not.

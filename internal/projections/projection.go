@@ -18,6 +18,7 @@ package projections
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -61,6 +62,8 @@ type Record struct {
 	Topic     string
 	Partition int32
 	Offset    int64
+	// Appended is the record's append time on the broker.
+	Appended time.Time
 }
 
 // Events returns the events of recs, in order.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/sla"
 )
 
 // RetryPolicy bounds how a projector retries.
@@ -141,7 +142,9 @@ type Projector struct {
 	kcfg kafka.Config
 	cfg  config
 	m    *metrics
-	log  *slog.Logger
+	// meter measures the projection as the consumer of its tier.
+	meter *sla.Meter
+	log   *slog.Logger
 
 	committedMu sync.Mutex // serializes cfg.committed
 
@@ -177,6 +180,9 @@ func New(kcfg kafka.Config, pool *pgxpool.Pool, proj Projection, opts ...Option)
 	}
 	if len(kcfg.Brokers) == 0 {
 		return nil, errors.New("projections: no brokers")
+	}
+	if _, err := sla.Lookup(sla.Name(proj.Name())); err != nil {
+		return nil, fmt.Errorf("projections: %w: every consumer declares its tier in internal/sla", err)
 	}
 	if cfg.batchSize <= 0 {
 		cfg.batchSize = DefaultBatchSize
@@ -214,13 +220,14 @@ func New(kcfg kafka.Config, pool *pgxpool.Pool, proj Projection, opts ...Option)
 	}
 	log := cfg.logger.With("projector", proj.Name())
 	return &Projector{
-		proj: proj,
-		name: proj.Name(),
-		pool: pool,
-		kcfg: kcfg.WithLogger(log),
-		cfg:  cfg,
-		m:    newMetrics(cfg.reg),
-		log:  log,
+		proj:  proj,
+		name:  proj.Name(),
+		pool:  pool,
+		kcfg:  kcfg.WithLogger(log),
+		cfg:   cfg,
+		m:     newMetrics(cfg.reg),
+		meter: sla.NewMeter(cfg.reg, sla.Name(proj.Name()), sla.WithClock(cfg.now)),
+		log:   log,
 	}, nil
 }
 
@@ -301,9 +308,7 @@ func (p *Projector) Run(ctx context.Context) error {
 
 	s.shutdown()
 	cl.CloseAllowingRebalance()
-	for _, t := range p.cfg.group.Topics {
-		p.m.lag.DeleteLabelValues(p.name, t)
-	}
+	p.meter.ForgetAll()
 	p.log.Info("projector stopped")
 	return nil
 }
@@ -319,6 +324,7 @@ func (p *Projector) Close() {
 		cancel()
 		<-done
 	}
+	p.meter.Close()
 }
 
 // Name returns the projection's name.
@@ -713,13 +719,13 @@ func (s *session) drop(cl *kgo.Client, m map[string][]int32) map[topicPartition]
 			if pt, ok := s.parts[tp]; ok {
 				parts = append(parts, pt)
 				delete(s.parts, tp)
+				s.p.meter.Forget(topic, id)
 			}
 		}
 	}
 	positions := s.positions(parts)
 	if len(parts) > 0 {
 		s.reorder()
-		s.updateLag()
 	}
 	s.mu.Unlock()
 	// Paused partitions stay paused until resumed, even across
@@ -741,16 +747,10 @@ func (s *session) shutdown() {
 	s.commitKafka(context.Background(), s.cl, positions)
 }
 
-// updateLag sets every topic's lag gauge to the sum of its owned
-// partitions'. Called with mu held.
+// updateLag hands every owned partition's position to the consumer's
+// meter. Called with mu held, between rounds.
 func (s *session) updateLag() {
-	for _, t := range s.p.cfg.group.Topics {
-		var sum int64
-		for _, pt := range s.order {
-			if pt.topic == t {
-				sum += pt.lag()
-			}
-		}
-		s.p.m.lag.WithLabelValues(s.p.name, t).Set(float64(sum))
+	for _, pt := range s.order {
+		s.p.meter.Set(pt.topic, pt.id, pt.position())
 	}
 }

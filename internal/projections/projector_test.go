@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -163,9 +164,14 @@ func TestProjectAllTypes(t *testing.T) {
 	if got := counter(t, reg, "mailplane_projector_batch_apply_seconds", "projector", "registry"); got == 0 {
 		t.Error("no batch observed")
 	}
-	waitFor(t, 10*time.Second, "lag gauge to reach 0", func() (bool, error) {
-		return counter(t, reg, "mailplane_projector_lag_records", "projector", "registry") == 0, nil
+	waitFor(t, 10*time.Second, "lag gauges to reach 0", func() (bool, error) {
+		return counter(t, reg, "mailplane_consumer_lag_records", "consumer", "registry") == 0 &&
+			counter(t, reg, "mailplane_consumer_lag_seconds", "consumer", "registry") == 0, nil
 	})
+	// Every event applied is one latency sample of the registry's tier.
+	if got := counter(t, reg, "mailplane_consumer_latency_seconds", "consumer", "registry", "tier", "bulk"); got != float64(len(events)) {
+		t.Errorf("%v latency samples, want %d", got, len(events))
+	}
 }
 
 // TestBatchBoundaries applies one random history in batches of different
@@ -751,8 +757,21 @@ func TestStuckPartition(t *testing.T) {
 	if n := count(t, e.db.Pool, `SELECT count(*) FROM mailboxes WHERE mailbox_id = $1`, stuck); n != 0 {
 		t.Fatal("the stuck mailbox was applied")
 	}
+	// The stuck partition's lag shows on its own series, in records and in
+	// seconds that keep growing; the healthy partition's stays 0.
+	stuckPart, otherPart := strconv.Itoa(int(probe.Partition)), ""
+	for _, r := range e.produce(health(other)) {
+		otherPart = strconv.Itoa(int(r.Partition))
+	}
 	waitFor(t, 10*time.Second, "lag of the stuck partition to show", func() (bool, error) {
-		return counter(t, reg, "mailplane_projector_lag_records", "projector", "registry", "topic", topics.MailboxEvents) >= 300, nil
+		return counter(t, reg, "mailplane_consumer_lag_records", "consumer", "registry", "topic", topics.MailboxEvents, "partition", stuckPart) >= 300, nil
+	})
+	first := counter(t, reg, "mailplane_consumer_lag_seconds", "consumer", "registry", "topic", topics.MailboxEvents, "partition", stuckPart)
+	waitFor(t, 10*time.Second, "the stuck partition's seconds behind to grow", func() (bool, error) {
+		return counter(t, reg, "mailplane_consumer_lag_seconds", "consumer", "registry", "topic", topics.MailboxEvents, "partition", stuckPart) > first+0.5, nil
+	})
+	waitFor(t, 10*time.Second, "the healthy partition to show no lag", func() (bool, error) {
+		return counter(t, reg, "mailplane_consumer_lag_records", "consumer", "registry", "topic", topics.MailboxEvents, "partition", otherPart) == 0, nil
 	})
 	b.blocked.Store(false)
 	waitCaughtUp(t, e.kcfg, e.db.Pool, projections.RegistryName, domainTopics, catchUp)

@@ -7,14 +7,13 @@ import "github.com/prometheus/client_golang/prometheus"
 type RunnerMetrics struct {
 	Applied      *prometheus.CounterVec
 	BatchSeconds *prometheus.HistogramVec
-	Lag          *prometheus.GaugeVec
 	Retries      *prometheus.CounterVec
 }
 
 // NewRunnerMetrics registers (or reuses) the projector metrics on reg.
 func NewRunnerMetrics(reg prometheus.Registerer) *RunnerMetrics {
 	m := newMetrics(reg)
-	return &RunnerMetrics{Applied: m.applied, BatchSeconds: m.batchSeconds, Lag: m.lag, Retries: m.retries}
+	return &RunnerMetrics{Applied: m.applied, BatchSeconds: m.batchSeconds, Retries: m.retries}
 }
 
 // IsUniqueViolation reports whether err is a Postgres unique violation.

@@ -122,8 +122,10 @@
 // mailplane_placement_pending, mailplane_placement_promotions_total,
 // mailplane_placement_migrations_total,
 // mailplane_placement_workers{tier,pool,health},
-// mailplane_placement_engine_active, mailplane_placement_decision_seconds
-// (input record timestamp to transaction commit), plus transactions,
-// aborts{reason}, dead letters{code}, restore seconds and restore size.
+// mailplane_placement_engine_active, plus transactions, aborts{reason},
+// dead letters{code}, restore seconds and restore size. As the
+// placement-engine consumer (internal/sla) it reports lag per input
+// partition and mailplane_consumer_latency_seconds (input record append
+// to the commit of the transaction holding its decisions).
 // No mailbox, worker or org id is ever a label.
 package engine

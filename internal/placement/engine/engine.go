@@ -17,6 +17,7 @@ import (
 	"github.com/mailplane/mailplane/internal/dlq"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/sla"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -166,7 +167,10 @@ type Engine struct {
 	kcfg kafka.Config
 	cfg  config
 	m    *metrics
-	log  *slog.Logger
+	// meter measures the engine as the consumer of its tier: lag per
+	// input partition, and input append to decisions committed.
+	meter *sla.Meter
+	log   *slog.Logger
 
 	mu      sync.Mutex
 	running bool
@@ -217,7 +221,7 @@ func New(kcfg kafka.Config, opts ...Option) (*Engine, error) {
 		kcfg.ClientID = "mailplane-placement-engine"
 	}
 	cfg.placement = placement.NewState(cfg.placement).Config()
-	return &Engine{kcfg: kcfg.WithLogger(cfg.logger.With("component", "placement-engine")), cfg: cfg, m: newMetrics(cfg.reg), log: cfg.logger.With("component", "placement-engine")}, nil
+	return &Engine{kcfg: kcfg.WithLogger(cfg.logger.With("component", "placement-engine")), cfg: cfg, m: newMetrics(cfg.reg), meter: sla.NewMeter(cfg.reg, sla.PlacementEngine), log: cfg.logger.With("component", "placement-engine")}, nil
 }
 
 // Active reports whether this engine is the active one (restored and
@@ -357,6 +361,11 @@ func (s *session) assigned(ctx context.Context, cl *kgo.Client, assigned map[str
 		s.fenced = true
 	}
 	s.mu.Unlock()
+	for t, ps := range assigned {
+		for _, p := range ps {
+			s.e.meter.Set(t, p, sla.Position{Next: -1})
+		}
+	}
 	if err == nil {
 		s.log.Info("placement engine elected; previous engine fenced", "producer_epoch", epoch, "took", time.Since(start))
 	}
@@ -381,6 +390,7 @@ func (s *session) endLeadership(how string) {
 	s.mu.Unlock()
 	s.e.active.Store(false)
 	s.e.m.active.Set(0)
+	s.e.meter.ForgetAll()
 	if first {
 		s.log.Info("placement engine inputs " + how + "; standing down")
 	}
@@ -449,7 +459,9 @@ func (s *session) loop(ctx context.Context) error {
 				end = p.HighWatermark
 			}
 			if n := len(p.Records); n > 0 && end >= 0 {
-				s.lag[tpKey{p.Topic, p.Partition}] = lagAt{end - (p.Records[n-1].Offset + 1), polled}
+				s.lag[tpKey{p.Topic, p.Partition}] = lagAt{end - (p.Records[n-1].Offset + 1), end, polled}
+				// Held, not applied until the batch commits.
+				s.e.meter.Set(p.Topic, p.Partition, sla.Position{Next: p.Records[0].Offset, End: end, Oldest: p.Records[0].Timestamp})
 			}
 		})
 		fenced, ended, fenceErr = s.status()
@@ -539,6 +551,7 @@ type tpKey struct {
 
 type lagAt struct {
 	behind int64
+	end    int64 // the partition's end as fetched
 	at     time.Time
 }
 
@@ -786,10 +799,16 @@ func (s *session) committed(b batch) {
 	for _, code := range b.dead {
 		e.m.deadLetter.WithLabelValues(code).Inc()
 	}
+	applied := map[tpKey]int64{}
 	for _, in := range b.c.Inputs {
-		if in.Decisions > 0 && !in.Produced.IsZero() {
-			e.m.latency.Observe(now.Sub(in.Produced).Seconds())
+		if !in.Produced.IsZero() {
+			e.meter.Applied(now, in.Produced)
 		}
+		k := tpKey{in.Topic, in.Partition}
+		applied[k] = max(applied[k], in.Offset+1)
+	}
+	for k, next := range applied {
+		e.meter.Set(k.topic, k.partition, sla.Position{Next: next, End: max(s.lag[k].end, next)})
 	}
 	s.updatePending(len(b.decided) > 0 && now.Sub(s.lastPending) >= time.Second)
 	if e.cfg.committed != nil {

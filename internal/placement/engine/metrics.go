@@ -19,7 +19,6 @@ type metrics struct {
 	migrations prometheus.Counter
 	workers    *prometheus.GaugeVec // tier, pool, health
 	active     prometheus.Gauge
-	latency    prometheus.Histogram
 	commits    prometheus.Counter
 	aborts     *prometheus.CounterVec // reason
 	deadLetter *prometheus.CounterVec // code
@@ -53,11 +52,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "mailplane_placement_engine_active",
 			Help: "1 while this engine is the active (deciding) one, 0 while it is a standby or restoring.",
 		}),
-		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "mailplane_placement_decision_seconds",
-			Help:    "Time from an input record's timestamp (when it was produced) to the commit of the transaction holding its decisions.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-		}),
 		commits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "mailplane_placement_transactions_total",
 			Help: "Decision-log transactions committed.",
@@ -86,7 +80,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.migrations = promreg.MustRegister(reg, m.migrations)
 	m.workers = promreg.MustRegister(reg, m.workers)
 	m.active = promreg.MustRegister(reg, m.active)
-	m.latency = promreg.MustRegister(reg, m.latency)
 	m.commits = promreg.MustRegister(reg, m.commits)
 	m.aborts = promreg.MustRegister(reg, m.aborts)
 	m.deadLetter = promreg.MustRegister(reg, m.deadLetter)

@@ -60,6 +60,8 @@ func (*Projection) Topics() []string { return []string{topics.PlacementDecisions
 type Record struct {
 	Offset   int64
 	Decision topics.Decision
+	// Appended is the record's append time on the broker.
+	Appended time.Time
 }
 
 // ApplyDecisions folds recs (in log order, offsets increasing, every one at

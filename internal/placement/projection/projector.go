@@ -11,11 +11,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/projections"
+	"github.com/mailplane/mailplane/internal/sla"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -57,7 +59,9 @@ type Projector struct {
 	cfg  placementConfig
 	proj *Projection
 	m    *projections.RunnerMetrics
-	log  *slog.Logger
+	// meter measures the projection as the consumer of its tier.
+	meter *sla.Meter
+	log   *slog.Logger
 
 	mu      sync.Mutex
 	running bool
@@ -176,7 +180,8 @@ func NewProjector(kcfg kafka.Config, pool *pgxpool.Pool, opts ...Option) (*Proje
 	}
 	return &Projector{
 		pool: pool, kcfg: kcfg, cfg: cfg, proj: New(), m: projections.NewRunnerMetrics(cfg.reg),
-		log: cfg.logger.With("projector", cfg.name),
+		meter: sla.NewMeter(cfg.reg, sla.PlacementProjection),
+		log:   cfg.logger.With("projector", cfg.name),
 	}, nil
 }
 
@@ -224,7 +229,7 @@ func (p *Projector) Run(ctx context.Context) error {
 		}
 		backoff = p.cfg.retry.Backoff
 	}
-	p.m.Lag.DeleteLabelValues(p.cfg.name, topics.PlacementDecisions)
+	p.meter.ForgetAll()
 	return nil
 }
 
@@ -254,6 +259,8 @@ func (p *Projector) lead(ctx context.Context) (release func(), err error) {
 		if !logged {
 			p.log.Info("another placement projector leads this schema; standing by")
 			logged = true
+			// The leader reports the log's lag, not a standby.
+			p.meter.ForgetAll()
 		}
 		select {
 		case <-ctx.Done():
@@ -293,7 +300,8 @@ func (p *Projector) session(ctx context.Context) error {
 	defer cl.Close()
 	p.log.Info("placement projector leading", "from", next)
 
-	b := &inputBatcher{safeEnd: next, seen: next}
+	b := &inputBatcher{safeEnd: next, seen: next, end: -1}
+	offsets := p.offsetCommitter(cl)
 	for {
 		fs := cl.PollRecords(ctx, p.cfg.batchSize)
 		if ctx.Err() != nil {
@@ -311,29 +319,66 @@ func (p *Projector) session(ctx context.Context) error {
 		if ferr != nil {
 			return fmt.Errorf("reading the decision log at %d: %w", b.seen, ferr)
 		}
-		var lso int64 = -1
 		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
-			lso = max(lso, fp.LastStableOffset)
+			b.end = max(b.end, fp.LastStableOffset)
 		})
-		p.lag(lso, next)
 		derr := b.add(fs)
 		if b.safeEnd > next {
+			failed := b.position(next)
 			if err := p.commit(ctx, next, b.safeEnd, b.take()); err != nil {
+				p.meter.Set(topics.PlacementDecisions, 0, failed)
 				return err
 			}
 			next = b.safeEnd
-			p.lag(lso, next)
 		}
+		p.meter.Set(topics.PlacementDecisions, 0, b.position(next))
+		offsets.commit(ctx, next)
 		if derr != nil {
 			return derr
 		}
 	}
 }
 
-func (p *Projector) lag(lso, next int64) {
-	if lso >= 0 {
-		p.m.Lag.WithLabelValues(p.cfg.name, topics.PlacementDecisions).Set(float64(max(0, lso-next)))
+// kafkaCommitEvery is how often the leader records its position in its
+// Kafka group: for Console, rpk and other lag tools only; nothing reads
+// it back (the position is placement_checkpoint).
+const kafkaCommitEvery = 5 * time.Second
+
+// offsetCommitter records the projection's position as the committed
+// offset of group mailplane-projector-placement, which has no members:
+// the projection reads the single-partition log without a group.
+type offsetCommitter struct {
+	adm   *kadm.Client
+	group string
+	log   *slog.Logger
+	last  int64
+	at    time.Time
+}
+
+func (p *Projector) offsetCommitter(cl *kgo.Client) *offsetCommitter {
+	return &offsetCommitter{adm: kadm.NewClient(cl), group: projections.GroupName(p.cfg.name), log: p.log, last: -1}
+}
+
+// commit records next, at most every kafkaCommitEvery; a failure is
+// only logged (the next one retries).
+func (o *offsetCommitter) commit(ctx context.Context, next int64) {
+	if next == o.last || time.Since(o.at) < kafkaCommitEvery {
+		return
 	}
+	o.at = time.Now()
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var offs kadm.Offsets
+	offs.AddOffset(topics.PlacementDecisions, 0, next, -1)
+	resp, err := o.adm.CommitOffsets(cctx, o.group, offs)
+	if err == nil {
+		err = resp.Error()
+	}
+	if err != nil {
+		o.log.Debug("committing the position to Kafka for lag tools failed", "err", err)
+		return
+	}
+	o.last = next
 }
 
 // reader returns a client reading the decision log from next.
@@ -372,6 +417,17 @@ type inputBatcher struct {
 	safe    int      // pending[:safe] ends with an input's last decision
 	safeEnd int64    // the checkpoint after pending[:safe] and the markers after it
 	seen    int64    // the offset after the last record read
+	end     int64    // the log's last stable offset as last fetched (-1: none yet)
+}
+
+// position is where the projection stands for its meter: at next, the
+// oldest record not applied the first one pending, if read.
+func (b *inputBatcher) position(next int64) sla.Position {
+	pos := sla.Position{Next: next, End: max(b.end, next)}
+	if len(b.pending) > 0 {
+		pos.Oldest = b.pending[0].Appended
+	}
+	return pos
 }
 
 // add takes a poll's records. A record that does not decode stops it:
@@ -395,7 +451,7 @@ func (b *inputBatcher) add(fs kgo.Fetches) error {
 			return
 		}
 		b.seen = r.Offset + 1
-		b.pending = append(b.pending, Record{Offset: r.Offset, Decision: d})
+		b.pending = append(b.pending, Record{Offset: r.Offset, Decision: d, Appended: r.Timestamp})
 		if d.Cause.Index+1 >= d.Cause.Count {
 			b.safe, b.safeEnd = len(b.pending), b.seen
 		}
@@ -445,6 +501,10 @@ func (p *Projector) commit(ctx context.Context, from, next int64, recs []Record)
 	}
 	p.m.BatchSeconds.WithLabelValues(p.cfg.name).Observe(time.Since(start).Seconds())
 	p.m.Applied.WithLabelValues(p.cfg.name).Add(float64(len(recs)))
+	now := time.Now()
+	for _, r := range recs {
+		p.meter.Applied(now, r.Appended)
+	}
 	if p.cfg.committed != nil {
 		p.cfg.committed(Commit{At: time.Now(), NextOffset: next, Decisions: len(recs), Records: recs})
 	}

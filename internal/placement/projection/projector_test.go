@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
@@ -172,6 +173,22 @@ func TestPlacementProjectorTakesTurnsAndNeverSkips(t *testing.T) {
 		t.Fatalf("after the hand-over: projector 1 applied %d, projector 2 %d of %d", commits[1], commits[2], len(ds))
 	}
 	mu.Unlock()
+	// The leader records its position in its Kafka group too, where lag
+	// tools (Console, rpk group describe) look.
+	adm := kadm.NewClient(plClient(t, brokers))
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		offs, err := adm.FetchOffsets(context.Background(), projections.GroupName("placement"))
+		if err == nil {
+			if o, ok := offs.Lookup(topics.PlacementDecisions, 0); ok && o.At == int64(len(ds)) {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the group's committed offset is not %d: %v %v", len(ds), offs, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	st2, _ := plRestored(t, db.Pool)
 	if a, b := plJSON(st2.Snapshot()), plJSON(st.Snapshot()); a != b {
 		t.Fatalf("the projection restores to\n%s\nthe decider's state is\n%s", a, b)
@@ -196,7 +213,7 @@ func TestPlacementProjectorTakesTurnsAndNeverSkips(t *testing.T) {
 	db2 := plNewDB(t)
 	plStartProjector(t, kcfg, db2.Pool, projection.WithRegisterer(reg))
 	plWaitCheckpoint(t, db2.Pool, int64(len(ds)))
-	deadline := time.Now().Add(10 * time.Second)
+	deadline = time.Now().Add(10 * time.Second)
 	for plMetric(t, reg, "mailplane_projector_retries_total", map[string]string{"projector": "placement", "kind": "permanent"}) < 2 {
 		if time.Now().After(deadline) {
 			t.Fatal("the projector did not retry the bad record")
@@ -206,8 +223,11 @@ func TestPlacementProjectorTakesTurnsAndNeverSkips(t *testing.T) {
 	if ck, _ := projection.ReadCheckpoint(context.Background(), db2.Pool); ck.NextOffset != int64(len(ds)) {
 		t.Fatalf("the projection moved past the bad record to %d", ck.NextOffset)
 	}
-	if lag := plMetric(t, reg, "mailplane_projector_lag_records", map[string]string{"projector": "placement"}); lag < 1 {
+	if lag := plMetric(t, reg, "mailplane_consumer_lag_records", map[string]string{"consumer": "placement-projection", "partition": "0"}); lag < 1 {
 		t.Errorf("lag %v with a record stuck", lag)
+	}
+	if lag := plMetric(t, reg, "mailplane_consumer_lag_seconds", map[string]string{"consumer": "placement-projection", "partition": "0"}); lag <= 0 {
+		t.Errorf("%v s behind with a record stuck", lag)
 	}
 }
 
@@ -271,4 +291,14 @@ func TestPlacementProjectorCommitsWholeInputs(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d decisions in %d commits", total, commits)
+}
+
+func plClient(t *testing.T, brokers []string) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
 }
