@@ -41,6 +41,7 @@ Operate:
   dlq list         show dead letters
   replay placement rebuild the placement projection into a fresh schema (--verify, --swap)
   placement show   workers by tier and pool, pending placements (--mailbox ID: its decisions)
+  projector positions|seek  where each projector stands in Postgres; move one partition's position
   help config      the configuration reference (flags and environment)
   newid            print a new event id (UUIDv7)
   version          print the version
@@ -95,6 +96,8 @@ func run(ctx context.Context, cmd string, args []string) int {
 		err = cli.Replay(ctx, args)
 	case "placement":
 		err = cli.Placement(ctx, args)
+	case "projector":
+		err = cli.Projector(ctx, args, os.Stdout)
 	case "help", "-h", "--help":
 		if len(args) > 0 && args[0] == "config" {
 			config.PrintReference(os.Stdout)

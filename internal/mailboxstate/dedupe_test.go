@@ -19,6 +19,7 @@ import (
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
 	"github.com/mailplane/mailplane/internal/mailboxstate"
+	"github.com/mailplane/mailplane/internal/sla"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -202,6 +203,17 @@ func TestDuplicateAddedAfterRemovalDoesNotResurrect(t *testing.T) {
 	checkRemoved(t, last[batched])
 	if got := duplicates(t, reg); got != 3 {
 		t.Errorf("duplicates counted %v, want 3", got)
+	}
+	// As the interactive consumer: each of the 7 records folded is one
+	// latency sample, and no partition it owns is behind.
+	sts, err := sla.Statuses(reg)
+	if err != nil || len(sts) != 1 || sts[0].Consumer.Name != sla.MailboxState || sts[0].Applied != 7 || len(sts[0].Partitions) == 0 {
+		t.Fatalf("consumer statuses %+v (%v), want mailbox-state with 7 records applied", sts, err)
+	}
+	for _, pl := range sts[0].Partitions {
+		if pl.Records != 0 || pl.Seconds != 0 {
+			t.Errorf("partition %d behind after everything was folded: %+v", pl.Partition, pl)
+		}
 	}
 }
 

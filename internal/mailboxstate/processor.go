@@ -18,6 +18,7 @@ import (
 	"github.com/mailplane/mailplane/internal/dlq"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/promreg"
+	"github.com/mailplane/mailplane/internal/sla"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -92,6 +93,8 @@ type Processor struct {
 	cfg  config
 	log  *slog.Logger
 	m    *metrics
+	// meter measures the processor as the consumer of its tier.
+	meter *sla.Meter
 }
 
 // New returns a processor reading and writing through the brokers in kcfg.
@@ -127,7 +130,7 @@ func New(kcfg kafka.Config, opts ...Option) (*Processor, error) {
 		kcfg.ClientID = "mailplane-mailbox-state"
 	}
 	log := cfg.logger.With("role", "mailbox-state")
-	return &Processor{kcfg: kcfg.WithLogger(log), cfg: cfg, log: log, m: newMetrics(cfg.reg)}, nil
+	return &Processor{kcfg: kcfg.WithLogger(log), cfg: cfg, log: log, m: newMetrics(cfg.reg), meter: sla.NewMeter(cfg.reg, sla.MailboxState)}, nil
 }
 
 // Run folds until ctx is done and returns nil then. A transaction that
@@ -174,8 +177,8 @@ func (p *Processor) options(st *sessionState) []kgo.Opt {
 		kgo.TransactionTimeout(30 * time.Second),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}),
-		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { st.forget(m) }),
-		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { st.forget(m) }),
+		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { st.forget(m); p.forget(m) }),
+		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { st.forget(m); p.forget(m) }),
 		kgo.ProducerLinger(0),
 		kgo.ProduceRequestTimeout(10 * time.Second),
 	}
@@ -254,6 +257,7 @@ func (p *Processor) session(ctx context.Context) (progressed bool, err error) {
 	defer func() {
 		clear(st.parts)
 		st.report(p.m.dedupeIDs)
+		p.meter.ForgetAll()
 	}()
 	sess, err := kafka.NewGroupTransactSession(p.kcfg, p.cfg.group, p.options(st)...)
 	if err != nil {
@@ -284,6 +288,7 @@ func (p *Processor) session(ctx context.Context) (progressed bool, err error) {
 		if len(recs) == 0 {
 			continue
 		}
+		ends := p.fetched(fs)
 		committed, err := p.transact(ctx, sess, st, recs)
 		if err != nil {
 			if isFenced(err) {
@@ -293,6 +298,7 @@ func (p *Processor) session(ctx context.Context) (progressed bool, err error) {
 		}
 		if committed {
 			progressed = true
+			p.applied(recs, ends)
 		}
 	}
 }

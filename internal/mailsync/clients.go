@@ -51,6 +51,10 @@ func newGroupClient(kcfg kafka.Config, cfg Config, cb groupCallbacks) (*kgo.Clie
 		// (the last stable offset) sees every offset up to it.
 		kgo.KeepControlRecords(),
 		kgo.WithHooks(cb.hook),
+		// An owner reads its partitions from the start, whatever offset
+		// the group committed: the offsets committed are only for lag
+		// tools (commitPositionsLocked).
+		kgo.AdjustFetchOffsetsFn(fromStart),
 	}
 	cl, err := kafka.NewConsumer(kcfg, kafka.GroupConfig{
 		Group: cfg.Group, Topics: []string{topics.MailboxState},

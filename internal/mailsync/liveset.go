@@ -19,6 +19,7 @@ type partition struct {
 	startOffset  int64
 	endOffset    int64 // last stable offset when the epoch was taken; -1 unknown
 	nextOffset   int64
+	fetchedEnd   int64     // the partition's end as last fetched; -1 unknown
 	lastProgress time.Time // of reading (monotonic)
 	tiersLoaded  bool
 	inherited    map[string]domain.SyncTierRecord
@@ -27,7 +28,7 @@ type partition struct {
 }
 
 func newPartition(id int32) *partition {
-	return &partition{id: id, endOffset: -1, boxes: map[string]*mbox{}}
+	return &partition{id: id, endOffset: -1, fetchedEnd: -1, boxes: map[string]*mbox{}}
 }
 
 // caughtUp reports whether a loading partition has been read to the end
@@ -74,13 +75,24 @@ func (w *Worker) apply(fs kgo.Fetches) {
 		if part == nil || fp.Topic != topics.MailboxState {
 			return
 		}
+		_, live := w.own.live(part.id)
 		for _, r := range fp.Records {
 			part.nextOffset = r.Offset + 1
 			part.lastProgress = read
-			if !r.Attrs.IsControl() && w.applyLocked(part, r) {
+			if r.Attrs.IsControl() {
+				continue
+			}
+			if w.applyLocked(part, r) {
 				kicked = true
 			}
+			if live {
+				// Loading replays history; only a live partition's
+				// records measure the latency to their runner.
+				w.lag.Applied(read, r.Timestamp)
+			}
 		}
+		part.fetchedEnd = max(part.fetchedEnd, fetchEnd(fp))
+		w.measureLocked(part)
 	})
 	if kicked {
 		kick(w.tiers.eval)
@@ -255,7 +267,8 @@ func (w *Worker) usersActive(batch []activity) {
 				continue
 			}
 			if w.setTierLocked(mb, domain.SyncTierHot, domain.SyncReasonSession) && w.sup.running(mb.rec.MailboxID) && caughtUp {
-				w.m.promotionSeconds.Observe(max(0, now.Sub(a.at).Seconds()))
+				// The realtime objective: user.active to a hot runner.
+				w.tiers.activity.Applied(now, a.at)
 			}
 		}
 	}

@@ -17,7 +17,6 @@ type metrics struct {
 	watchdogProbes   prometheus.Counter
 	rebalances       *prometheus.CounterVec
 	rebalanceSeconds *prometheus.HistogramVec
-	promotionSeconds prometheus.Histogram
 	tierChanges      *prometheus.CounterVec
 	runnerFailures   prometheus.Counter
 	badRecords       prometheus.Counter
@@ -54,11 +53,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "assigned: per partition, from its assignment until its runners were started; revoked, lost: per callback, until every runner of the partitions had stopped.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 		}, []string{"event"}),
-		promotionSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "mailplane_sync_promotion_seconds",
-			Help:    "From a user.active event's time to its user's running mailboxes being told they are hot.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
-		}),
 		tierChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mailplane_sync_tier_changes_total",
 			Help: "Tier changes decided by this worker, by new tier.",
@@ -79,7 +73,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.watchdogProbes = promreg.MustRegister(reg, m.watchdogProbes)
 	m.rebalances = promreg.MustRegister(reg, m.rebalances)
 	m.rebalanceSeconds = promreg.MustRegister(reg, m.rebalanceSeconds)
-	m.promotionSeconds = promreg.MustRegister(reg, m.promotionSeconds)
 	m.tierChanges = promreg.MustRegister(reg, m.tierChanges)
 	m.runnerFailures = promreg.MustRegister(reg, m.runnerFailures)
 	m.badRecords = promreg.MustRegister(reg, m.badRecords)

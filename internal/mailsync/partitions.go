@@ -58,6 +58,7 @@ func (w *Worker) acquire(ids []int32) {
 		}
 		p.lastProgress = now
 		p.startOffset, p.endOffset = starts[id], ends[id]
+		w.measureLocked(p)
 		loading = append(loading, p)
 	}
 	w.mu.Unlock()
@@ -144,7 +145,9 @@ func (w *Worker) housekeeping() {
 			}
 		}
 	}
+	positions := w.positionsLocked(now)
 	w.mu.Unlock()
+	w.commitPositions(positions)
 	if len(acquire) > 0 {
 		w.acquire(acquire)
 	}
@@ -213,6 +216,7 @@ func (w *Worker) drop(ids []int32, reason string) {
 			continue
 		}
 		delete(w.parts, id)
+		w.lag.Forget(topics.MailboxState, id)
 		for _, mb := range p.boxes {
 			if w.sup.stop(mb.rec.MailboxID) {
 				counts[id]++

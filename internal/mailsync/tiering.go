@@ -14,6 +14,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/sla"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -35,6 +36,10 @@ type tiering struct {
 	m     *metrics
 	queue *outboxQueue
 	eval  chan struct{} // asks evalLoop for an evaluation soon
+	// activity measures the reader of user events as the realtime
+	// consumer (internal/sla): lag per user partition, and user.active to
+	// a running mailbox made hot.
+	activity *sla.Meter
 
 	mu            sync.Mutex
 	sessions      map[string]time.Time // user id: latest activity
@@ -43,7 +48,7 @@ type tiering struct {
 
 func newTiering(cfg Config, kcfg kafka.Config, log *slog.Logger, m *metrics, queue *outboxQueue) *tiering {
 	return &tiering{cfg: cfg, kcfg: kcfg, log: log, m: m, queue: queue, eval: make(chan struct{}, 1),
-		sessions: map[string]time.Time{}}
+		activity: sla.NewMeter(cfg.Registerer, sla.SyncActivity, sla.WithClock(cfg.Now)), sessions: map[string]time.Time{}}
 }
 
 // activity is a user's user.active at a time.
@@ -63,6 +68,7 @@ func (t *tiering) followUsers(ctx context.Context, promote func([]activity)) {
 		return
 	}
 	defer cl.Close()
+	defer t.activity.ForgetAll()
 	// Until the events that were already there at start are read, a
 	// promotion is catching up, not a latency worth measuring.
 	ends := userEnds(ctx, cl)
@@ -88,6 +94,12 @@ func (t *tiering) followUsers(ctx context.Context, promote func([]activity)) {
 		if len(batch) > 0 {
 			promote(batch)
 		}
+		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
+			if n := len(fp.Records); n > 0 {
+				next := fp.Records[n-1].Offset + 1
+				t.activity.Set(fp.Topic, fp.Partition, sla.Position{Next: next, End: max(next, fetchEnd(fp))})
+			}
+		})
 		if !caughtUp && len(ends) == 0 {
 			caughtUp = true
 			t.setCaughtUp(true)

@@ -68,6 +68,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/sla"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -78,6 +79,9 @@ type Worker struct {
 	pool *pgxpool.Pool
 	log  *slog.Logger
 	m    *metrics
+	// lag measures the worker as a member of the sync consumer
+	// (internal/sla): lag per owned mailbox.state partition.
+	lag *sla.Meter
 
 	own   *ownership
 	sup   *supervisor
@@ -95,6 +99,9 @@ type Worker struct {
 	parts   map[int32]*partition
 	byUser  userIndex
 	started bool
+	// lastCommit is when positions were last committed to the group
+	// (poll loop only).
+	lastCommit time.Time
 
 	poll pollWaker
 }
@@ -128,6 +135,7 @@ func New(kcfg kafka.Config, pool *pgxpool.Pool, runner Runner, cfg Config) (*Wor
 		pool:   pool,
 		log:    log,
 		m:      m,
+		lag:    sla.NewMeter(cfg.Registerer, sla.Sync),
 		own:    newOwnership(fence, cfg.WorkerID, m),
 		sup:    newSupervisor(runner, cfg, log, m),
 		wd:     newWatchdog(cfg, log, m),

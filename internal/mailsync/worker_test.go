@@ -14,6 +14,7 @@ import (
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/mailboxstate"
 	"github.com/mailplane/mailplane/internal/mailsync"
+	"github.com/mailplane/mailplane/internal/sla"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -214,9 +215,48 @@ func TestUserActivePromotes(t *testing.T) {
 	p50, p99 := percentile(lat, 0.50), percentile(lat, 0.99)
 	t.Logf("user.active to hot over %d mailboxes of %d users: p50 %s, p99 %s, max %s", len(lat), len(byUser), p50, p99, percentile(lat, 1))
 	// The figure goes to BENCHMARKS.md; speed is not asserted here.
-	if got := counterValue(t, m.reg, "mailplane_sync_promotion_seconds"); int(got) != len(lat) {
-		t.Errorf("mailplane_sync_promotion_seconds has %v samples, want one per promoted mailbox (%d)", got, len(lat))
+	sts, err := sla.Statuses(m.reg)
+	if err != nil {
+		t.Fatal(err)
 	}
+	byName := map[sla.Name]sla.Status{}
+	for _, st := range sts {
+		byName[st.Consumer.Name] = st
+	}
+	if got := byName[sla.SyncActivity].Applied; int(got) != len(lat) {
+		t.Errorf("sync-activity has %d latency samples, want one per promoted mailbox (%d)", got, len(lat))
+	}
+	// As the sync consumer, the worker owns the 4 mailbox.state
+	// partitions, none behind, and commits their positions to its group
+	// for lag tools.
+	if parts := byName[sla.Sync].Partitions; len(parts) != 4 {
+		t.Errorf("sync consumer reports partitions %+v, want 4", parts)
+	}
+	for _, pl := range byName[sla.Sync].Partitions {
+		if pl.Records != 0 || pl.Seconds != 0 {
+			t.Errorf("mailbox.state partition %d behind with everything running: %+v", pl.Partition, pl)
+		}
+	}
+	adm := kadm.NewClient(e.prod)
+	waitFor(t, 15*time.Second, "the group's committed offsets to reach the partitions' ends", func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		ends, err := adm.ListEndOffsets(ctx, topics.MailboxState)
+		if err != nil {
+			return false, err.Error()
+		}
+		committed, err := adm.FetchOffsets(ctx, mailsync.DefaultGroup)
+		if err != nil {
+			return false, err.Error()
+		}
+		ok := true
+		ends.Each(func(o kadm.ListedOffset) {
+			if c, found := committed.Lookup(o.Topic, o.Partition); o.Offset > 0 && (!found || c.At != o.Offset) {
+				ok = false
+			}
+		})
+		return ok, fmt.Sprintf("ends %v, committed %v", ends, committed)
+	})
 }
 
 // TestHotBudgetDemotes: over the hot budget, the least recently active

@@ -226,3 +226,35 @@ func TestUnknownConsumerPanics(t *testing.T) {
 	}()
 	sla.NewMeter(prometheus.NewRegistry(), "nobody")
 }
+
+func TestStatusesReadWhatMetersReport(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	ck := &clock{time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
+	h := sla.NewMeter(reg, sla.Health, sla.WithClock(ck.now))
+	e := sla.NewMeter(reg, sla.PlacementEngine, sla.WithClock(ck.now))
+	h.Set(topics.MailboxObservations, 2, sla.Position{Next: 3, End: 10, Oldest: ck.t.Add(-time.Minute)})
+	h.Set(topics.MailboxObservations, 1, sla.Position{Next: 4, End: 4})
+	// 100 records: 90 at 10 ms, 10 at 3 s: the p95 lies among the slow.
+	for i := range 100 {
+		d := 10 * time.Millisecond
+		if i >= 90 {
+			d = 3 * time.Second
+		}
+		e.Applied(ck.t, ck.t.Add(-d))
+	}
+	st, err := sla.Statuses(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st) != 2 || st[0].Consumer.Name != sla.PlacementEngine || st[1].Consumer.Name != sla.Health {
+		t.Fatalf("statuses %+v, want the engine then health (the table's order)", st)
+	}
+	if st[0].Applied != 100 || st[0].P95 < 2*time.Second || st[0].P95 > 4*time.Second {
+		t.Errorf("engine: %d applied, p95 %v; want 100 and about 3 s", st[0].Applied, st[0].P95)
+	}
+	want := []sla.PartitionLag{{topics.MailboxObservations, 1, 0, 0}, {topics.MailboxObservations, 2, 7, 60}}
+	if !slices.Equal(st[1].Partitions, want) || st[1].Applied != 0 || st[1].P95 != 0 {
+		t.Errorf("health: %+v, want partitions %+v and nothing applied", st[1], want)
+	}
+}

@@ -1,0 +1,145 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/mailplane/mailplane/internal/config"
+	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/migrations"
+	"github.com/mailplane/mailplane/internal/projections"
+)
+
+const projectorUsage = `usage: mailplane projector positions [--projector NAME]
+       mailplane projector seek --projector NAME --topic TOPIC --partition N (--offset N | --start | --end)
+
+A projector's position in each partition lives in Postgres (projector_offsets),
+written in the transaction that applies the records; the offsets it commits to
+its Kafka group only mirror it for lag tools. Resetting the group's offsets
+in Console or rpk therefore moves nothing: seek does.
+  positions  each partition's position in Postgres, the end of the partition,
+             and the records between them
+  seek       move one partition's position; a running projector reads on from
+             there at its next transaction. Forward skips records for good.
+             Back reads them again, but an event applied once stays applied
+             once: to apply history again, rebuild instead. The placement
+             projection is never moved: mailplane replay placement.`
+
+// Projector is `mailplane projector positions|seek`.
+func Projector(ctx context.Context, args []string, out io.Writer) error {
+	if len(args) == 0 || (args[0] != "positions" && args[0] != "seek") {
+		return errors.New(strings.TrimSpace(projectorUsage))
+	}
+	fs := flag.NewFlagSet("projector "+args[0], flag.ExitOnError)
+	fs.Usage = func() { fmt.Fprintln(fs.Output(), projectorUsage); fs.PrintDefaults() }
+	brokers, dbURL := config.RegisterBrokerFlags(fs), config.DatabaseURL.String(fs)
+	name := fs.String("projector", "", "projector name (registry, health, placement)")
+	topic := fs.String("topic", "", "seek: the topic")
+	partition := fs.Int("partition", -1, "seek: the partition")
+	offset := fs.Int64("offset", -1, "seek: the offset of the first record to apply next")
+	toStart := fs.Bool("start", false, "seek: to the partition's start offset")
+	toEnd := fs.Bool("end", false, "seek: to the partition's end (skip everything there now)")
+	fs.Parse(args[1:])
+	if *dbURL == "" {
+		return errors.New("no database: set DATABASE_URL (or --database-url)")
+	}
+	pool, err := migrations.Open(ctx, *dbURL, config.NewLogger("warn", "text"))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	adm, err := kafka.NewAdmin(brokers.Config("mailplane-projector-cli"))
+	if err != nil {
+		return err
+	}
+	defer adm.Close()
+	if args[0] == "positions" {
+		return printPositions(ctx, out, adm, pool, *name)
+	}
+	if *name == "" || *topic == "" || *partition < 0 {
+		return errors.New("seek needs --projector, --topic and --partition")
+	}
+	if n := btoi(*toStart) + btoi(*toEnd) + btoi(*offset >= 0); n != 1 {
+		return errors.New("seek needs exactly one of --offset, --start, --end")
+	}
+	to := *offset
+	if *toStart || *toEnd {
+		if to, err = boundary(ctx, adm, *topic, int32(*partition), *toEnd); err != nil {
+			return err
+		}
+	}
+	prev, err := projections.Seek(ctx, pool, *name, *topic, int32(*partition), to, time.Now())
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%s %s/%d: %d -> %d\n", *name, *topic, *partition, prev, to)
+	return nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// boundary lists a partition's start or end offset.
+func boundary(ctx context.Context, adm *kadm.Client, topic string, partition int32, end bool) (int64, error) {
+	lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	list := adm.ListStartOffsets
+	if end {
+		list = adm.ListEndOffsets
+	}
+	offs, err := list(lctx, topic)
+	if err != nil {
+		return 0, fmt.Errorf("listing offsets of %s: %w", topic, err)
+	}
+	o, ok := offs.Lookup(topic, partition)
+	if !ok || o.Err != nil {
+		return 0, fmt.Errorf("no partition %s/%d on the broker (%v)", topic, partition, o.Err)
+	}
+	return o.Offset, nil
+}
+
+// printPositions prints each partition's position in Postgres next to
+// the partition's end on the broker.
+func printPositions(ctx context.Context, out io.Writer, adm *kadm.Client, pool *pgxpool.Pool, name string) error {
+	pos, err := projections.Positions(ctx, pool, name)
+	if err != nil {
+		return err
+	}
+	var tps []string
+	seen := map[string]bool{}
+	for _, p := range pos {
+		if !seen[p.Topic] {
+			seen[p.Topic] = true
+			tps = append(tps, p.Topic)
+		}
+	}
+	lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	ends, err := adm.ListEndOffsets(lctx, tps...)
+	if err != nil {
+		return fmt.Errorf("listing end offsets: %w", err)
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PROJECTOR\tTOPIC\tPARTITION\tPOSITION\tEND\tBEHIND\tUPDATED")
+	for _, p := range pos {
+		end, behind := "?", "?"
+		if o, ok := ends.Lookup(p.Topic, p.Partition); ok && o.Err == nil {
+			end, behind = fmt.Sprint(o.Offset), fmt.Sprint(max(0, o.Offset-p.Next))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", p.Projector, p.Topic, p.Partition, p.Next, end, behind, p.UpdatedAt.UTC().Format(time.RFC3339))
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,135 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/cli"
+	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/migrations"
+	"github.com/mailplane/mailplane/internal/pgtest"
+	"github.com/mailplane/mailplane/internal/projections"
+	"github.com/mailplane/mailplane/producer"
+	"github.com/mailplane/mailplane/topics"
+)
+
+// TestProjectorSeekMovesWhatConsoleCannot: the registry projector's
+// position lives in Postgres. Resetting its Kafka group's offsets (what
+// Console's "reset offsets" does) moves nothing; `mailplane projector seek
+// --end` on a stopped projector skips the records there for good, and it
+// reads on after them; `projector positions` shows where each partition
+// stands. The placement projection is never moved.
+func TestProjectorSeekMovesWhatConsoleCannot(t *testing.T) {
+	t.Parallel()
+	brokers := kafkatest.Brokers(t, 4)
+	db := pgtest.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if err := migrations.Apply(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	kcfg := kafka.Config{Brokers: brokers}
+	kc, err := kafka.NewProducer(kcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	pc := producer.New(kc, producer.WithSource("test/seek"))
+	const org = "0190a5b2-4c5e-7b1a-9c3d-00000000c0c0"
+	publish := func(plan domain.Plan) producer.Receipt {
+		t.Helper()
+		r, err := pc.PublishOrgPlanChanged(ctx, domain.OrgPlanChanged{OrgID: org, Plan: plan, Source: "test"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	run := func() (stop func()) {
+		p, err := projections.New(kcfg, db.Pool, projections.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- p.Run(ctx) }()
+		return func() {
+			p.Close()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	plan := func() string {
+		var s string
+		if err := db.Pool.QueryRow(ctx, `SELECT plan FROM orgs WHERE org_id = $1`, org).Scan(&s); err != nil {
+			return err.Error()
+		}
+		return s
+	}
+	waitPlan := func(want domain.Plan) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); plan() != string(want); {
+			if time.Now().After(deadline) {
+				t.Fatalf("plan %q, want %q", plan(), want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	cliArgs := func(args ...string) []string {
+		return append(args, "--brokers", brokers[0], "--database-url", db.URL)
+	}
+
+	stop := run()
+	first := publish(domain.PlanFree)
+	waitPlan(domain.PlanFree)
+	stop()
+
+	// Console's reset moves the group's offsets, not the projector.
+	adm := kadm.NewClient(kc)
+	var reset kadm.Offsets
+	reset.AddOffset(topics.OrgEvents, first.Partition, first.Offset+5, -1)
+	if _, err := adm.CommitOffsets(ctx, projections.GroupName("registry"), reset); err != nil {
+		t.Fatal(err)
+	}
+	skipped := publish(domain.PlanPremium)
+	var out bytes.Buffer
+	err = cli.Projector(ctx, cliArgs("seek", "--projector", "registry", "--topic", topics.OrgEvents,
+		"--partition", fmt.Sprint(skipped.Partition), "--end"), &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("registry %s/%d: %d -> %d\n", topics.OrgEvents, skipped.Partition, first.Offset+1, skipped.Offset+1); out.String() != want {
+		t.Fatalf("seek printed %q, want %q", out.String(), want)
+	}
+
+	stop = run()
+	defer stop()
+	publish(domain.PlanDedicated)
+	waitPlan(domain.PlanDedicated)
+	var n int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM applied_events WHERE projector = 'registry' AND event_id = $1`, skipped.ID).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("the skipped event was applied (%d, %v)", n, err)
+	}
+
+	out.Reset()
+	if err := cli.Projector(ctx, cliArgs("positions", "--projector", "registry"), &out); err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile(fmt.Sprintf(`(?m)^registry +%s +%d +%d +%d +0 +`, regexp.QuoteMeta(topics.OrgEvents), skipped.Partition, skipped.Offset+2, skipped.Offset+2))
+	if !row.MatchString(out.String()) {
+		t.Errorf("positions:\n%s\nwant a row matching %s", out.String(), row)
+	}
+
+	err = cli.Projector(ctx, cliArgs("seek", "--projector", "placement", "--topic", topics.PlacementDecisions, "--partition", "0", "--offset", "3"), &out)
+	if !errors.Is(err, projections.ErrNotSeekable) {
+		t.Errorf("seeking the placement projection: %v, want ErrNotSeekable", err)
+	}
+}

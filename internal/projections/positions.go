@@ -1,0 +1,74 @@
+package projections
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Position is a projector's position on one partition, as Postgres holds
+// it: the offset of the first record not applied yet. It is the truth;
+// the offsets the projector commits to its Kafka group mirror it for lag
+// tools and are never read back.
+type Position struct {
+	Projector string
+	Topic     string
+	Partition int32
+	Next      int64
+	UpdatedAt time.Time
+}
+
+// Positions returns the positions of projector (every projector when
+// empty), by projector, topic and partition.
+func Positions(ctx context.Context, pool *pgxpool.Pool, projector string) ([]Position, error) {
+	rows, err := pool.Query(ctx, `SELECT projector, topic, partition, next_offset, updated_at FROM projector_offsets
+WHERE $1 = '' OR projector = $1 ORDER BY projector, topic, partition`, projector)
+	if err != nil {
+		return nil, fmt.Errorf("projections: positions: %w", err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Position, error) {
+		var p Position
+		err := r.Scan(&p.Projector, &p.Topic, &p.Partition, &p.Next, &p.UpdatedAt)
+		return p, err
+	})
+}
+
+// ErrNotSeekable refuses to move the placement projection: it must fold
+// every decision of its log, so it is rebuilt (mailplane replay
+// placement), never skipped forward.
+var ErrNotSeekable = errors.New("projections: the placement projection is rebuilt with `mailplane replay placement`, never moved")
+
+// Seek moves projector's position on one partition to next and returns
+// where it was. A running member notices at its next transaction (the
+// offset row is its fence) and reads on from next. Moving forward skips
+// records for good; moving back reads them again, but an event already
+// applied stays applied once (applied_events): to apply history again,
+// rebuild instead.
+func Seek(ctx context.Context, pool *pgxpool.Pool, projector, topic string, partition int32, next int64, now time.Time) (prev int64, err error) {
+	if projector == "placement" {
+		return 0, ErrNotSeekable
+	}
+	if next < 0 {
+		return 0, fmt.Errorf("projections: seek to %d: offsets are not negative", next)
+	}
+	prev = -1
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, `SELECT next_offset FROM projector_offsets WHERE projector = $1 AND topic = $2 AND partition = $3 FOR UPDATE`,
+			projector, topic, partition).Scan(&prev)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO projector_offsets (projector, topic, partition, next_offset, updated_at) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (projector, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at`,
+			projector, topic, partition, next, now)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("projections: seek: %w", err)
+	}
+	return prev, nil
+}
