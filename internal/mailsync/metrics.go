@@ -11,6 +11,7 @@ import (
 // a label.
 type metrics struct {
 	partitionsOwned  prometheus.Gauge
+	statePartitions  prometheus.Gauge
 	runners          *prometheus.GaugeVec
 	fencedWrites     prometheus.Counter
 	watchdogStops    prometheus.Counter
@@ -27,6 +28,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		partitionsOwned: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "mailplane_sync_partitions_owned",
 			Help: "mailbox.state partitions this worker owns (assigned and holding a current epoch).",
+		}),
+		statePartitions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mailplane_sync_state_partitions",
+			Help: "Partitions of mailbox.state as this worker last listed them: what the sync fleet must own between them.",
 		}),
 		runners: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "mailplane_sync_runners",
@@ -67,6 +72,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	m.partitionsOwned = promreg.MustRegister(reg, m.partitionsOwned)
+	m.statePartitions = promreg.MustRegister(reg, m.statePartitions)
 	m.runners = promreg.MustRegister(reg, m.runners)
 	m.fencedWrites = promreg.MustRegister(reg, m.fencedWrites)
 	m.watchdogStops = promreg.MustRegister(reg, m.watchdogStops)

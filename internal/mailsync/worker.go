@@ -279,6 +279,9 @@ func (w *Worker) checkCoPartitioned(ctx context.Context) {
 		return
 	}
 	s, t := td[topics.MailboxState], td[topics.SyncTier]
+	if s.Err == nil {
+		w.m.statePartitions.Set(float64(len(s.Partitions)))
+	}
 	if s.Err == nil && t.Err == nil && len(s.Partitions) != len(t.Partitions) {
 		w.log.Error("sync.tier is not co-partitioned with mailbox.state: tiers will not be inherited",
 			"mailbox_state_partitions", len(s.Partitions), "sync_tier_partitions", len(t.Partitions))

@@ -237,6 +237,10 @@ func TestUserActivePromotes(t *testing.T) {
 			t.Errorf("mailbox.state partition %d behind with everything running: %+v", pl.Partition, pl)
 		}
 	}
+	// What the fleet must own between them, for MailplaneSyncUnowned.
+	if got := counterValue(t, m.reg, "mailplane_sync_state_partitions"); got != 4 {
+		t.Errorf("mailplane_sync_state_partitions = %v, want 4", got)
+	}
 	adm := kadm.NewClient(e.prod)
 	waitFor(t, 15*time.Second, "the group's committed offsets to reach the partitions' ends", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
