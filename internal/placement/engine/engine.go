@@ -424,7 +424,7 @@ func (s *session) loop(ctx context.Context) error {
 		case fenceErr != nil:
 			return fenceErr
 		case fenced && s.st == nil:
-			if err := s.restore(ctx); err != nil {
+			if err := s.restoreRetrying(ctx); err != nil {
 				return err
 			}
 		}
@@ -476,7 +476,7 @@ func (s *session) loop(ctx context.Context) error {
 			return errors.New("placement: records polled before the fence")
 		case len(recs) > 0 && s.st == nil:
 			// Elected during this poll: restore before deciding.
-			if err := s.restore(ctx); err != nil {
+			if err := s.restoreRetrying(ctx); err != nil {
 				return err
 			}
 		}
@@ -572,6 +572,40 @@ func (s *session) behind() bool {
 	}
 	return false
 }
+
+// restoreRetrying restores, and when that fails (the snapshotter's
+// Postgres or the broker down) tries again with backoff for as long as
+// this engine keeps its inputs. Ending the session instead would hand the
+// inputs to a standby that fails the same way: leadership would bounce
+// between engines for the whole outage, each election a rebalance.
+func (s *session) restoreRetrying(ctx context.Context) error {
+	backoff := restoreBackoff
+	for {
+		err := s.restore(ctx)
+		if err == nil || ctx.Err() != nil {
+			return nil
+		}
+		s.e.m.restoreFailures.Inc()
+		s.log.Warn("restore failed; retrying while this engine holds the inputs", "err", err, "in", backoff)
+		for wait := time.Now().Add(backoff); time.Now().Before(wait); {
+			if _, ended, fenceErr := s.status(); ended || fenceErr != nil {
+				return err
+			}
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(min(100*time.Millisecond, time.Until(wait))):
+			}
+		}
+		backoff = min(2*backoff, maxRestoreBackoff)
+	}
+}
+
+// The backoff between restore attempts.
+const (
+	restoreBackoff    = 250 * time.Millisecond
+	maxRestoreBackoff = 5 * time.Second
+)
 
 // restore rebuilds the state: checkpoint, then the decision log to its end.
 // The input offsets were committed in the transactions that wrote the

@@ -2,7 +2,9 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -473,4 +475,59 @@ func histogramCount(t *testing.T, reg *prometheus.Registry, name, consumer strin
 		}
 	}
 	return 0
+}
+
+// flakySnapshotter fails while down is set, counting its calls.
+type flakySnapshotter struct {
+	down  *atomic.Bool
+	calls atomic.Int32
+}
+
+func (f *flakySnapshotter) Load(ctx context.Context) (Checkpoint, error) {
+	f.calls.Add(1)
+	if f.down.Load() {
+		return Checkpoint{}, errors.New("connect: connection refused")
+	}
+	return Checkpoint{}, nil
+}
+
+// TestEngineWaitsOutAnUnreadableSnapshot: while the snapshot cannot be
+// read (Postgres down), the elected engine keeps its inputs and retries,
+// instead of handing leadership to the standby, which would fail the same
+// way: no bouncing. Once it can read, that engine becomes active.
+func TestEngineWaitsOutAnUnreadableSnapshot(t *testing.T) {
+	t.Parallel()
+	b := newTestBroker(t)
+	var down atomic.Bool
+	down.Store(true)
+	sa, sb := &flakySnapshotter{down: &down}, &flakySnapshotter{down: &down}
+	reg := prometheus.NewRegistry()
+	a, _ := startEngine(t, b, WithSnapshotter(sa), WithRegisterer(reg))
+	deadline := time.Now().Add(30 * time.Second)
+	for sa.calls.Load() < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("engine a was never elected")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	sbEngine, _ := startEngine(t, b, WithSnapshotter(sb))
+	for sa.calls.Load() < 5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("engine a tried to restore %d times", sa.calls.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	down.Store(false)
+	for !a.Active() {
+		if time.Now().After(deadline) {
+			t.Fatal("engine a did not become active once the snapshot could be read")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := sb.calls.Load(); n != 0 || sbEngine.Active() {
+		t.Errorf("the standby restored %d times (active %v): leadership bounced", n, sbEngine.Active())
+	}
+	if got := metricValue(a.m.restoreFailures); got < 4 {
+		t.Errorf("restore failures counted %v, want at least 4", got)
+	}
 }

@@ -24,6 +24,8 @@ type metrics struct {
 	deadLetter *prometheus.CounterVec // code
 	restore    prometheus.Histogram
 	restoreLen prometheus.Gauge
+	// restoreFailures counts restores retried.
+	restoreFailures prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -69,6 +71,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Time to restore the engine's state (checkpoint load and decision-log tail) on becoming active.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
 		}),
+		restoreFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mailplane_placement_restore_failures_total",
+			Help: "Restores that failed (checkpoint or decision log unreadable) and were retried while the engine kept its inputs.",
+		}),
 		restoreLen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "mailplane_placement_restore_decisions",
 			Help: "Decisions folded from the decision log by the last restore.",
@@ -85,6 +91,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.deadLetter = promreg.MustRegister(reg, m.deadLetter)
 	m.restore = promreg.MustRegister(reg, m.restore)
 	m.restoreLen = promreg.MustRegister(reg, m.restoreLen)
+	m.restoreFailures = promreg.MustRegister(reg, m.restoreFailures)
 	return m
 }
 
