@@ -1,0 +1,55 @@
+package api
+
+import (
+	"io"
+	"net/http"
+	"time"
+)
+
+// A refused request's body is drained before the connection closes: a
+// socket closed with unread data makes the kernel answer with a reset, and
+// a client still sending its body (a 3 MiB batch refused as too large, or
+// as unauthenticated before it was read) then loses the response it was
+// sent, seeing "connection reset" instead of the 413 and its code. The
+// drain is bounded; a body longer than drainMax, or slower than
+// drainTimeout, is cut off as before.
+const (
+	drainMax     = 32 << 20
+	drainTimeout = 10 * time.Second
+)
+
+// drainRefused reads and discards what h left unread of a request body it
+// answered with an error, after flushing that answer.
+func drainRefused(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody || r.ContentLength > drainMax {
+			h.ServeHTTP(w, r)
+			return
+		}
+		body := &trackedBody{ReadCloser: r.Body}
+		r.Body = body
+		sw := &statusWriter{ResponseWriter: w}
+		h.ServeHTTP(sw, r)
+		if body.eof || sw.status < http.StatusBadRequest {
+			return
+		}
+		rc := http.NewResponseController(w)
+		_ = rc.Flush()
+		_ = rc.SetReadDeadline(time.Now().Add(drainTimeout))
+		_, _ = io.CopyN(io.Discard, body.ReadCloser, drainMax)
+	})
+}
+
+// trackedBody notes whether a body was read to its end.
+type trackedBody struct {
+	io.ReadCloser
+	eof bool
+}
+
+func (b *trackedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.eof = true
+	}
+	return n, err
+}
