@@ -15,6 +15,9 @@ type metrics struct {
 	warmupObserved *prometheus.CounterVec
 	warmupRejected *prometheus.CounterVec
 	rotations      prometheus.Counter
+	// heldThroughStore counts syncs retried on their connection after a
+	// database failure (syncHeld).
+	heldThroughStore prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -42,9 +45,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Warmup headers ignored, by reason (malformed; with a warmup key: unsigned, forged)."}, []string{"reason"}),
 		rotations: prometheus.NewCounter(prometheus.CounterOpts{Name: "mailplane_imap_oauth_rotations_total",
 			Help: "Refresh tokens an OAuth provider rotated on use, sealed and recorded (credentials_rotated)."}),
+		heldThroughStore: prometheus.NewCounter(prometheus.CounterOpts{Name: "mailplane_imap_store_retries_held_total",
+			Help: "Folder syncs retried on the same IMAP connection after a database failure, instead of reconnecting."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.open, m.connects, m.failures, m.idles, m.messages, m.resets, m.lag, m.expunged, m.warmupObserved, m.warmupRejected, m.rotations)
+		reg.MustRegister(m.open, m.connects, m.failures, m.idles, m.messages, m.resets, m.lag, m.expunged, m.warmupObserved, m.warmupRejected, m.rotations, m.heldThroughStore)
 	}
 	return m
 }

@@ -346,7 +346,7 @@ func (m *mailboxRun) pollOnce(ctx context.Context, specialOnly bool) error {
 		if specialOnly && f.role == RoleInbox {
 			continue
 		}
-		if err := m.syncFolder(ctx, c, f); err != nil {
+		if err := m.syncHeld(ctx, c, f); err != nil {
 			return err
 		}
 	}
@@ -402,6 +402,44 @@ func (m *mailboxRun) hot(ctx context.Context) error {
 	return nil
 }
 
+// storeFailure reports whether err is our database's, not the IMAP
+// session's: the IMAP side's errors are classified (*Error) or the
+// server's own (*imap.Error); a fenced write ends the run.
+func storeFailure(err error) bool {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Kind == KindStore
+	}
+	var ie *imap.Error
+	return err != nil && !errors.As(err, &ie) && !errors.Is(err, mailsync.ErrFenced)
+}
+
+// syncHeld syncs f on c. A failure of our database keeps the connection:
+// the sync is tried again on it after a backoff, a NOOP first to keep the
+// session alive and to learn whether it still is. Dropping it instead
+// would, while Postgres is down, have every runner of the fleet reconnect
+// at once when it returns.
+func (m *mailboxRun) syncHeld(ctx context.Context, c *conn, f folder) error {
+	for n := 1; ; n++ {
+		err := m.syncFolder(ctx, c, f)
+		if err == nil || ctx.Err() != nil || !storeFailure(err) {
+			return err
+		}
+		m.r.metrics.heldThroughStore.Inc()
+		t := time.NewTimer(m.failed(ctx, err, n, m.r.cfg.BackoffMax))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		c.arm()
+		if err := c.c.Noop().Wait(); err != nil {
+			return classify("noop", err, ctx)
+		}
+	}
+}
+
 // idleSession runs one IDLE connection until it fails or ctx is done.
 // synced reports whether INBOX was synced on it at least once.
 func (m *mailboxRun) idleSession(ctx context.Context) (synced bool, err error) {
@@ -417,7 +455,7 @@ func (m *mailboxRun) idleSession(ctx context.Context) (synced bool, err error) {
 	refresh := m.r.cfg.IdleRefresh
 	for {
 		c.drain()
-		if err := m.syncFolder(ctx, c, inbox); err != nil {
+		if err := m.syncHeld(ctx, c, inbox); err != nil {
 			return synced, err
 		}
 		synced = true
@@ -512,7 +550,6 @@ func (m *mailboxRun) failed(ctx context.Context, err error, consecutive int, cei
 	}
 	var e *Error
 	if !errors.As(err, &e) {
-		// Not from the IMAP side (those are classified): the database.
 		e = &Error{Kind: KindStore, Op: "store", Reason: "database operation failed", Err: err}
 		var ie *imap.Error
 		if errors.As(err, &ie) {

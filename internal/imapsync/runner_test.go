@@ -10,10 +10,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/emersion/go-imap/v2"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/imapsync"
@@ -305,6 +307,7 @@ var cases = []struct {
 	{"fenced write ends the run", testFenced},
 	{"warmup placement observed", testWarmupObserved},
 	{"expunged message removed", testExpunge},
+	{"database down keeps the connection", testStoreDownKeepsConnection},
 }
 
 // TestRunner runs every case against imapmemserver and Dovecot.
@@ -687,4 +690,59 @@ func testExpunge(t *testing.T, srv testServer) {
 		rs := h.rows()
 		return len(rs) == 1 && rs[0].uid == 1, fmt.Sprintf("%+v", rs)
 	})
+}
+
+// downWriter fails every write while down is set, as a fenced writer does
+// when Postgres is unreachable.
+type downWriter struct {
+	mailsync.Writer
+	down *atomic.Bool
+}
+
+func (w downWriter) Write(ctx context.Context, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	if w.down.Load() {
+		return errors.New("failed to connect to host=127.0.0.1 user=mailplane database=mailplane: connection refused")
+	}
+	return w.Writer.Write(ctx, fn)
+}
+
+// While the database is down, a hot mailbox keeps its IMAP connections:
+// the sync that cannot be stored is retried on the same connection, and
+// once the database is back the mail arrives without a reconnect (the
+// fleet does not reconnect all at once after an outage).
+func testStoreDownKeepsConnection(t *testing.T, srv testServer) {
+	var down atomic.Bool
+	h := setup(t, srv, domain.SyncTierHot, func(_ *imapsync.Config, j *mailsync.Job) {
+		j.Writer = downWriter{Writer: j.Writer, down: &down}
+	}, "")
+	h.start()
+	waitFor(t, 15*time.Second, "INBOX and Junk cursors", func() (bool, string) {
+		cs := h.cursors()
+		_, inbox := cs["INBOX"]
+		_, junk := cs[srv.junk()]
+		return inbox && junk, fmt.Sprintf("%+v", cs)
+	})
+	// Give the hot connection time to enter IDLE.
+	time.Sleep(500 * time.Millisecond)
+	_, _, before := h.proxy.Stats()
+	down.Store(true)
+	srv.deliver(t, user, "INBOX", readMsg(t, "new1.eml"))
+	waitFor(t, 10*time.Second, "store failures while the database is down", func() (bool, string) {
+		fs, _ := h.rep.snapshot()
+		n := 0
+		for _, f := range fs {
+			if f.Err.Kind == imapsync.KindStore {
+				n++
+			}
+		}
+		return n >= 3, fmt.Sprint(n, " store failures")
+	})
+	down.Store(false)
+	r := h.waitMessage("dave-4@example.com", 10*time.Second)
+	if r.role != "inbox" {
+		t.Errorf("row %+v", r)
+	}
+	if _, _, after := h.proxy.Stats(); after != before {
+		t.Errorf("%d connections opened across the outage, want none (the sync was retried on its connection)", after-before)
+	}
 }
