@@ -20,6 +20,7 @@ import (
 	"github.com/mailplane/mailplane/internal/dlq"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/sla"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -157,8 +158,17 @@ func TestEngineEndToEnd(t *testing.T) {
 	mu.Unlock()
 	// One latency sample per input, as the interactive consumer; every
 	// input partition it owns caught up.
-	if n := histogramCount(t, reg, "mailplane_consumer_latency_seconds", "placement-engine"); n != uint64(inputs) {
+	sts, err := sla.Statuses(reg)
+	if err != nil || len(sts) != 1 || sts[0].Consumer.Name != sla.PlacementEngine {
+		t.Fatalf("consumer statuses %+v (%v), want the placement engine's", sts, err)
+	}
+	if n := sts[0].Applied; n != uint64(inputs) {
 		t.Errorf("latency histogram: %d observations, want one per input (%d)", n, inputs)
+	}
+	for _, pl := range sts[0].Partitions {
+		if pl.Records != 0 {
+			t.Errorf("input partition %s/%d behind after every input was decided: %+v", pl.Topic, pl.Partition, pl)
+		}
 	}
 	if inputs != 31 {
 		t.Errorf("the commit hook saw %d inputs, want 31", inputs)
@@ -452,29 +462,6 @@ func TestEngineAbortRestores(t *testing.T) {
 	if err := e.m.restore.Write(&h); err != nil || h.GetHistogram().GetSampleCount() != 2 {
 		t.Errorf("%d restores, want 2 (start, abort)", h.GetHistogram().GetSampleCount())
 	}
-}
-
-// histogramCount returns the sample count of consumer's series of the
-// histogram name on reg.
-func histogramCount(t *testing.T, reg *prometheus.Registry, name, consumer string) uint64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "consumer" && l.GetValue() == consumer {
-					return m.GetHistogram().GetSampleCount()
-				}
-			}
-		}
-	}
-	return 0
 }
 
 // flakySnapshotter fails while down is set, counting its calls.
