@@ -208,6 +208,7 @@ func (e *prodShape) waitGroup(ctx context.Context, group string, members, total 
 // each group took to give its partitions to the members left.
 func (e *prodShape) moved(ctx context.Context, victim *roleProc, sig syscall.Signal, groups map[string]int, limit time.Duration) {
 	t := e.t
+	name := map[syscall.Signal]string{syscall.SIGKILL: "SIGKILL", syscall.SIGTERM: "SIGTERM"}[sig]
 	at := time.Now()
 	if err := victim.signal(t, sig, 30*time.Second); err != nil && sig == syscall.SIGTERM {
 		t.Errorf("%s exited with %v on SIGTERM, want 0", victim.name, err)
@@ -215,9 +216,9 @@ func (e *prodShape) moved(ctx context.Context, victim *roleProc, sig syscall.Sig
 	for group, members := range groups {
 		e.waitGroup(ctx, group, members-1, 0)
 		d := time.Since(at)
-		t.Logf("%s of %s: %s's partitions moved after %s", sig, victim.name, group, d.Round(10*time.Millisecond))
+		t.Logf("%s of %s: %s's partitions moved after %s", name, victim.name, group, d.Round(10*time.Millisecond))
 		if d > limit {
-			t.Errorf("%s of %s: %s's partitions moved after %s, want at most %s", sig, victim.name, group, d, limit)
+			t.Errorf("%s of %s: %s's partitions moved after %s, want at most %s", name, victim.name, group, d, limit)
 		}
 	}
 }

@@ -328,15 +328,18 @@ func (e *prodShape) waitFlowed(ctx context.Context, mailbox, after string) time.
 		w, _ := e.placedOn(ctx, mailbox)
 		return w != ""
 	})
-	for what, q := range map[string]string{
-		"projected": `SELECT count(*) FROM mailboxes WHERE mailbox_id = $1`,
-		"synced":    `SELECT count(*) FROM imap_messages WHERE mailbox_id = $1`,
+	stages := []string{fmt.Sprintf("placed %s", time.Since(start).Round(10*time.Millisecond))}
+	for _, q := range [][2]string{
+		{"projected", `SELECT count(*) FROM mailboxes WHERE mailbox_id = $1`},
+		{"synced", `SELECT count(*) FROM imap_messages WHERE mailbox_id = $1`},
 	} {
-		waitUntil(ctx, e.t, "mailbox "+what+" "+after, func(ctx context.Context) bool {
+		waitUntil(ctx, e.t, "mailbox "+q[0]+" "+after, func(ctx context.Context) bool {
 			var n int
-			err := e.db.QueryRow(ctx, q, mailbox).Scan(&n)
+			err := e.db.QueryRow(ctx, q[1], mailbox).Scan(&n)
 			return err == nil && n > 0
 		})
+		stages = append(stages, fmt.Sprintf("%s %s", q[0], time.Since(start).Round(10*time.Millisecond)))
 	}
+	e.t.Logf("mailbox %s %s: %s", mailbox, after, strings.Join(stages, ", "))
 	return time.Since(start)
 }
