@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -233,15 +234,37 @@ func (e *prodShape) projectorFailover(ctx context.Context) {
 	for g := range groups {
 		e.waitGroup(ctx, g, 2, 0)
 	}
-	victim := e.f.get(t, "projector-1")
+	// The victim is the one leading the placement projection: its lead
+	// (an advisory lock) must pass to the other.
+	const leading = "placement projector leading"
+	victim, other := e.f.get(t, "projector-1"), e.f.get(t, "projector-2")
+	if strings.Count(other.out.String(), leading) > strings.Count(victim.out.String(), leading) {
+		victim, other = other, victim
+	}
+	led := strings.Count(other.out.String(), leading)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	leadAt := make(chan time.Time, 1)
+	go func() {
+		// Ends when the lead passed or wctx is done.
+		for wctx.Err() == nil && strings.Count(other.out.String(), leading) == led {
+			time.Sleep(20 * time.Millisecond)
+		}
+		leadAt <- time.Now()
+	}()
+	at := time.Now()
 	e.moved(ctx, victim, syscall.SIGKILL, groups, roleSession+failoverSlack)
+	if took := (<-leadAt).Sub(at); wctx.Err() != nil || took > roleSession+failoverSlack {
+		t.Errorf("SIGKILL of %s: %s did not take the placement projection's lead within %s", victim.name, other.name, roleSession+failoverSlack)
+	} else {
+		t.Logf("SIGKILL of %s: %s leads the placement projection after %s", victim.name, other.name, took.Round(10*time.Millisecond))
+	}
 	id := e.addMailbox(ctx, psOrg, psUser)
 	t.Logf("projector: a new mailbox flowed end to end %s after it was added", e.waitFlowed(ctx, id, "after the projector kill").Round(10*time.Millisecond))
 	victim.start(t)
 	for g := range groups {
 		e.waitGroup(ctx, g, 2, 0)
 	}
-	other := e.f.get(t, "projector-2")
 	e.moved(ctx, other, syscall.SIGTERM, groups, 3*time.Second)
 	other.start(t)
 	for g := range groups {
