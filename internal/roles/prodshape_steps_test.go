@@ -53,6 +53,7 @@ func TestProductionShape(t *testing.T) {
 	e.syncFailover(ctx)
 	e.postgresOutage(ctx)
 	e.f.alive(t, e.jobs)
+	e.stopAll()
 	t.Logf("production shape: %s in all", time.Since(start).Round(time.Millisecond))
 }
 
@@ -308,4 +309,29 @@ func (e *prodShape) postgresOutage(ctx context.Context) {
 	d := e.waitFlowed(ctx, id, "after the Postgres outage")
 	t.Logf("postgres: the mailbox added during the outage flowed end to end %s after Postgres started again", d.Round(10*time.Millisecond))
 	e.f.alive(t, e.jobs)
+}
+
+// stopAll stops every role at once with SIGTERM, as compose down does:
+// each must exit 0 within compose's 10 s stop grace period.
+func (e *prodShape) stopAll() {
+	start := time.Now()
+	for _, p := range e.f.procs {
+		if !e.jobs[p.name] {
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	for _, p := range e.f.procs {
+		if e.jobs[p.name] {
+			continue
+		}
+		select {
+		case <-p.done:
+			if p.err != nil {
+				e.t.Errorf("%s exited with %v on SIGTERM, want 0", p.name, p.err)
+			}
+		case <-time.After(time.Until(start.Add(10 * time.Second))):
+			e.t.Errorf("%s still running 10 s after SIGTERM", p.name)
+		}
+	}
+	e.t.Logf("SIGTERM to every role: all stopped within %s", time.Since(start).Round(10*time.Millisecond))
 }
