@@ -24,7 +24,7 @@ import (
 // one host, for TestProductionShape: each service's command and
 // environment as compose gives them (anchors and merge keys resolved,
 // ${VAR} interpolated), `replicas` processes of it, one-shot jobs first.
-// Only what must differ on one host is substituted (hostHost).
+// Only what must differ on one host is substituted (see newRoleProc).
 
 // composeDoc is the part of a compose file the test runs.
 type composeDoc struct {

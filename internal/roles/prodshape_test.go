@@ -27,6 +27,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/access"
 	"github.com/mailplane/mailplane/internal/api"
+	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/dovecottest"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
@@ -55,13 +56,22 @@ type prodShape struct {
 	next    atomic.Int64 // mailboxes added so far
 }
 
-// Group timings the roles run on: compose sets none, so these are the
-// roles' defaults (config: MAILPLANE_*_SESSION_TIMEOUT); failover is
-// asserted within the session plus failoverSlack.
-const (
-	roleSession   = 6 * time.Second
-	failoverSlack = 4 * time.Second
-)
+// roleSession is the longest group session the roles run on: compose
+// sets none, so it is the longest of the settings' defaults. Failover is
+// asserted within it plus failoverSlack.
+var roleSession = func() time.Duration {
+	var longest time.Duration
+	for _, s := range []config.Setting{config.ProjectorSession, config.EngineSession, config.StateSession, config.SyncSession} {
+		d, err := time.ParseDuration(s.Default)
+		if err != nil {
+			panic(err)
+		}
+		longest = max(longest, d)
+	}
+	return longest
+}()
+
+const failoverSlack = 4 * time.Second
 
 // startProdShape starts everything: Dovecot, Postgres, the broker, the
 // compose services (jobs first), and waits until every role's ops
