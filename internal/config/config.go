@@ -123,6 +123,20 @@ var (
 var WorkerRetention = register(Setting{"placement-worker-retention", "MAILPLANE_PLACEMENT_WORKER_RETENTION", "168h", // placement.DefaultWorkerRetention
 	"placement engine: a sending worker dead this long (no heartbeat) is forgotten (worker_forgotten), so placement state stays bounded; every engine of a deployment must use the same"})
 
+// Consumer-group timings of the roles that consume in a group (sync has
+// its own below). The session timeout is how long after a member dies its
+// partitions move to the others; a member stopped with SIGTERM leaves its
+// groups and hands over at once. 6 s is the shortest session Kafka and
+// Redpanda accept by default (group.min.session.timeout.ms).
+var (
+	ProjectorSession   = register(Setting{"projector-session-timeout", "MAILPLANE_PROJECTOR_SESSION_TIMEOUT", "6s", "projector groups' (registry, health) session timeout: failover time after a projector dies"})
+	ProjectorHeartbeat = register(Setting{"projector-heartbeat-interval", "MAILPLANE_PROJECTOR_HEARTBEAT_INTERVAL", "500ms", "projector groups' heartbeat interval (shorter than the session timeout)"})
+	EngineSession      = register(Setting{"engine-session-timeout", "MAILPLANE_ENGINE_SESSION_TIMEOUT", "6s", "placement engine group session timeout: how long after the active engine dies a standby takes over"})
+	EngineHeartbeat    = register(Setting{"engine-heartbeat-interval", "MAILPLANE_ENGINE_HEARTBEAT_INTERVAL", "500ms", "placement engine group heartbeat interval (shorter than the session timeout)"})
+	StateSession       = register(Setting{"state-session-timeout", "MAILPLANE_STATE_SESSION_TIMEOUT", "6s", "mailbox.state processor group session timeout: failover time after a processor dies"})
+	StateHeartbeat     = register(Setting{"state-heartbeat-interval", "MAILPLANE_STATE_HEARTBEAT_INTERVAL", "500ms", "mailbox.state processor group heartbeat interval (shorter than the session timeout)"})
+)
+
 // Sync worker settings. The tier knobs keep the names operators of the
 // predecessor know (POLL_WARM, ...).
 var (

@@ -98,9 +98,14 @@ func API(ctx context.Context, args []string) error {
 func Project(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("project", flag.ExitOnError)
 	cf := registerCommonFlags(fs)
+	gf := registerGroupFlags(fs, config.ProjectorSession, config.ProjectorHeartbeat)
 	fs.Parse(args)
+	g, err := gf.timings()
+	if err != nil {
+		return err
+	}
 	rc := cf.roleConfig(cf.logger())
-	rc.project = true
+	rc.project, rc.projectorGroup = true, g
 	return runRoles(ctx, rc, nil)
 }
 
@@ -108,9 +113,14 @@ func Project(ctx context.Context, args []string) error {
 func State(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("state", flag.ExitOnError)
 	cf := registerCommonFlags(fs)
+	gf := registerGroupFlags(fs, config.StateSession, config.StateHeartbeat)
 	fs.Parse(args)
+	g, err := gf.timings()
+	if err != nil {
+		return err
+	}
 	rc := cf.roleConfig(cf.logger())
-	rc.stateProc = true
+	rc.stateProc, rc.stateGroup = true, g
 	return runRoles(ctx, rc, nil)
 }
 
@@ -120,13 +130,18 @@ func Engine(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("engine", flag.ExitOnError)
 	cf := registerCommonFlags(fs)
 	placementCfg := placementFlags(fs)
+	gf := registerGroupFlags(fs, config.EngineSession, config.EngineHeartbeat)
 	fs.Parse(args)
 	pc, err := placementCfg()
 	if err != nil {
 		return err
 	}
+	g, err := gf.timings()
+	if err != nil {
+		return err
+	}
 	rc := cf.roleConfig(cf.logger())
-	rc.engine, rc.placement = true, pc
+	rc.engine, rc.placement, rc.engineGroup = true, pc, g
 	return runRoles(ctx, rc, nil)
 }
 

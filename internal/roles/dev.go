@@ -35,6 +35,7 @@ type devFlags struct {
 	api                                                  apiFlags
 	sync                                                 *syncFlags
 	placement                                            func() (placement.Config, error)
+	groups                                               allGroupFlags
 }
 
 func registerDevFlags(fs *flag.FlagSet) *devFlags {
@@ -44,7 +45,7 @@ func registerDevFlags(fs *flag.FlagSet) *devFlags {
 		tokens: config.APITokens.String(fs), sealKeys: config.SealKeys.String(fs), sealKeyID: config.SealKeyID.String(fs),
 		parts: config.StatePartitions.Int(fs), sync: registerSyncFlags(fs), syncWorkers: config.SyncWorkers.Int(fs),
 		imapAddr: config.DevIMAPAddr.String(fs), fleet: config.DevFleet.Bool(fs), warmupEvery: config.DevWarmupInterval.Duration(fs),
-		seed: config.DevSeed.Int(fs), placement: placementFlags(fs),
+		seed: config.DevSeed.Int(fs), placement: placementFlags(fs), groups: registerAllGroupFlags(fs),
 		logLevel: config.LogLevel.String(fs), logFormat: config.LogFormat.String(fs),
 	}
 }
@@ -86,6 +87,10 @@ func Dev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	setGroups, err := f.groups.timings()
+	if err != nil {
+		return err
+	}
 	e := &devEnv{f: f, log: config.NewLogger(*f.logLevel, *f.logFormat)}
 	defer e.close()
 	for _, step := range []func(context.Context) error{e.startBroker, e.startPostgres, e.loadSecrets, e.startIMAP, e.newFleet} {
@@ -97,6 +102,7 @@ func Dev(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	setGroups(rc)
 	return e.run(ctx, rc)
 }
 

@@ -137,39 +137,10 @@ func TestHealthLoop(t *testing.T) {
 	})
 
 	// ann's warmup mail to bob: 6 of 20 land in Junk (30%: quarantined).
-	for i := range 20 {
-		folder := "INBOX"
-		if i%10 < 3 {
-			folder = "Junk"
-		}
-		dc.Deliver(t, "bob", folder, []byte(fmt.Sprintf("From: Ann <ann@example.org>\r\nTo: bob@example.org\r\n"+
-			"Subject: warmup %d\r\nMessage-ID: <w%d@example.org>\r\nDate: Mon, 30 Nov 2026 06:00:00 +0000\r\n"+
-			"X-Mailplane-Warmup: mailbox=%s; id=loop-%d\r\n\r\nhello\r\n", i, i, ann, i)))
-	}
+	deliverWarmup(t, dc, ann, "bob", nil)
 
 	// 1. Observations, reported by bob's runner, about ann.
-	junk := 0
-	seen := map[string]bool{}
-	waitRecord(t, brokers, topics.MailboxObservations, "20 warmup observations", func(r *kgo.Record) bool {
-		ev, err := topics.Decode(r)
-		if err != nil {
-			t.Fatalf("observation: %v", err)
-		}
-		o := ev.Data.(*domain.WarmupObserved)
-		if o.MailboxID != ann || o.RecipientMailboxID != bob {
-			t.Fatalf("observation %+v", o)
-		}
-		if !seen[o.WarmupID] {
-			seen[o.WarmupID] = true
-			if o.Placement == domain.PlacedJunk {
-				junk++
-			}
-		}
-		return len(seen) == 20
-	})
-	if junk != 6 {
-		t.Fatalf("%d observations in junk, want 6", junk)
-	}
+	checkWarmupObserved(t, brokers, ann, bob)
 	// 2. The scorer's verdict on the mailbox topic.
 	waitRecord(t, brokers, topics.MailboxEvents, "ann scored quarantined", func(r *kgo.Record) bool {
 		ev, err := topics.Decode(r)
@@ -267,5 +238,49 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// deliverWarmup delivers 20 warmup messages from sender to user's
+// mailbox on dc, signed with key when given: 6 land in Junk (30 %, which
+// quarantines the sender), the rest in INBOX.
+func deliverWarmup(t *testing.T, dc *dovecottest.Server, sender, user string, key []byte) {
+	t.Helper()
+	for i := range 20 {
+		folder := "INBOX"
+		if i%10 < 3 {
+			folder = "Junk"
+		}
+		dc.Deliver(t, user, folder, fmt.Appendf(nil, "From: Sender <sender@example.org>\r\nTo: %s@example.org\r\n"+
+			"Subject: warmup %d\r\nMessage-ID: <w%d@example.org>\r\nDate: %s\r\nX-Mailplane-Warmup: %s\r\n\r\nhello\r\n",
+			user, i, i, time.Now().UTC().Format(time.RFC1123Z), domain.FormatWarmupHeader(sender, fmt.Sprintf("w-%d", i), key)))
+	}
+}
+
+// checkWarmupObserved waits for the 20 observations of deliverWarmup's
+// messages, reported by recipient's runner about sender, 6 in Junk.
+func checkWarmupObserved(t *testing.T, brokers []string, sender, recipient string) {
+	t.Helper()
+	junk := 0
+	seen := map[string]bool{}
+	waitRecord(t, brokers, topics.MailboxObservations, "20 warmup observations", func(r *kgo.Record) bool {
+		ev, err := topics.Decode(r)
+		if err != nil {
+			t.Fatalf("observation: %v", err)
+		}
+		o := ev.Data.(*domain.WarmupObserved)
+		if o.MailboxID != sender || o.RecipientMailboxID != recipient {
+			t.Fatalf("observation %+v", o)
+		}
+		if !seen[o.WarmupID] {
+			seen[o.WarmupID] = true
+			if o.Placement == domain.PlacedJunk {
+				junk++
+			}
+		}
+		return len(seen) == 20
+	})
+	if junk != 6 {
+		t.Fatalf("%d observations in junk, want 6", junk)
 	}
 }

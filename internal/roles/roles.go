@@ -67,6 +67,10 @@ type roleConfig struct {
 	// by the API at ingest and by the IMAP runner at dial time.
 	imapTransport domain.TransportPolicy
 
+	// Consumer-group timings per role (zero fields: defaultGroupSession
+	// and defaultGroupHeartbeat); sync's are in syncConfig.
+	projectorGroup, engineGroup, stateGroup groupTimings
+
 	reg       *prometheus.Registry // set by runRoles
 	project   bool                 // run the projectors
 	applyTops bool                 // apply the topic catalog first (dev mode)

@@ -67,6 +67,7 @@ func Sync(ctx context.Context, args []string) error {
 	cf := registerCommonFlags(fs)
 	sf := registerSyncFlags(fs)
 	state := fs.Bool("state", false, "also run the mailbox.state processor (exactly one per deployment is active)")
+	stateGroup := registerGroupFlags(fs, config.StateSession, config.StateHeartbeat)
 	sealKeys, sealKeyID := config.SealKeys.String(fs), config.SealKeyID.String(fs)
 	insecureWarmup := config.InsecureWarmup.Bool(fs)
 	fs.Parse(args)
@@ -79,6 +80,9 @@ func Sync(ctx context.Context, args []string) error {
 		return err
 	}
 	rc := cf.roleConfig(log)
+	if rc.stateGroup, err = stateGroup.timings(); err != nil {
+		return err
+	}
 	if *sealKeys != "" {
 		if rc.keyring, err = sealing.ParseKeys(*sealKeys, *sealKeyID); err != nil {
 			return err

@@ -41,7 +41,7 @@ func (p *process) startProjectors() error {
 	}
 	log := p.log.With("role", "projector")
 	pr, err := projections.New(p.kcfg("projector-registry"), p.pool, projections.NewRegistry(),
-		projections.WithLogger(log), projections.WithRegisterer(p.reg))
+		projections.WithLogger(log), projections.WithRegisterer(p.reg), projections.WithGroup(p.rc.projectorGroup.group()))
 	if err != nil {
 		return err
 	}
@@ -84,7 +84,8 @@ func (p *process) startHealthScorer() error {
 		return err
 	}
 	hp, err := projections.New(p.kcfg("projector-health"), p.pool, scorer,
-		projections.WithLogger(log), projections.WithRegisterer(p.reg), projections.WithCommitted(hm.Committed))
+		projections.WithLogger(log), projections.WithRegisterer(p.reg), projections.WithCommitted(hm.Committed),
+		projections.WithGroup(p.rc.projectorGroup.group()))
 	if err != nil {
 		return err
 	}
@@ -129,6 +130,8 @@ func (p *process) startEngine() error {
 		engine.WithLogger(p.log.With("role", "engine")),
 		engine.WithRegisterer(p.reg),
 		engine.WithPlacementConfig(p.rc.placement),
+		engine.WithSessionTimeout(p.rc.engineGroup.orDefault().session),
+		engine.WithHeartbeatInterval(p.rc.engineGroup.orDefault().heartbeat),
 		// Restore from the placement projection and read only the
 		// decision log's tail.
 		engine.WithSnapshotter(projection.NewSnapshotter(p.pool)))
@@ -144,7 +147,8 @@ func (p *process) startStateProcessor() error {
 		return nil
 	}
 	proc, err := mailboxstate.New(p.kcfg("mailbox-state"),
-		mailboxstate.WithLogger(p.log.With("role", "mailbox-state")), mailboxstate.WithRegisterer(p.reg))
+		mailboxstate.WithLogger(p.log.With("role", "mailbox-state")), mailboxstate.WithRegisterer(p.reg),
+		mailboxstate.WithGroup(p.rc.stateGroup.group()))
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,337 @@
+package roles
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/access"
+	"github.com/mailplane/mailplane/internal/api"
+	"github.com/mailplane/mailplane/internal/health"
+	"github.com/mailplane/mailplane/internal/mailsync"
+	"github.com/mailplane/mailplane/internal/opshttp"
+	"github.com/mailplane/mailplane/internal/projections"
+)
+
+const (
+	psOrg  = "0190a5b2-4c5e-7b1a-9c3d-0000000d0001"
+	psUser = "0190a5b2-4c5e-7b1a-9c3d-0000000d0002"
+)
+
+// TestProductionShape runs docker-compose.yml's mailplane services as
+// separate processes wired as compose wires them (the topics job first,
+// then api, two projectors, two engines, the state processor, three sync
+// workers), drives the health loop end to end through the API, kills
+// (SIGKILL) and restarts an engine, a projector and a sync worker, stops a
+// projector gracefully, and stops Postgres for 10 s: every role outlives
+// the outage, the API answers 503 with a code meanwhile, and events flow
+// again afterwards without a restart.
+//
+// Not parallel: ten role processes, and failover asserted within seconds,
+// want the package's share of the CPU to themselves.
+func TestProductionShape(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: runs every role as a process against Postgres and Dovecot")
+	}
+	start := time.Now()
+	e := startProdShape(t)
+	t.Logf("started in %s: %d processes", time.Since(start).Round(time.Millisecond), len(e.f.procs))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	e.workers = []string{"0190a5b2-4c5e-7b1a-9c3d-0000000d0f01", "0190a5b2-4c5e-7b1a-9c3d-0000000d0f02", "0190a5b2-4c5e-7b1a-9c3d-0000000d0f03"}
+	e.heartbeat(ctx)
+
+	e.healthLoop(ctx)
+	e.engineFailover(ctx)
+	e.projectorFailover(ctx)
+	e.syncFailover(ctx)
+	e.postgresOutage(ctx)
+	e.f.alive(t, e.jobs)
+	e.stopAll()
+	t.Logf("production shape: %s in all", time.Since(start).Round(time.Millisecond))
+}
+
+// healthLoop: warmup mail sent by ann lands in bob's Junk; bob's runner
+// reports it, the scorer quarantines ann, the engine moves her to a
+// worker of the quarantine pool, which the assignments API shows.
+func (e *prodShape) healthLoop(ctx context.Context) {
+	t := e.t
+	const (
+		ann = "0190a5b2-4c5e-7b1a-9c3d-0000000d00a1"
+		bob = "0190a5b2-4c5e-7b1a-9c3d-0000000d00b1"
+	)
+	e.dc.AddUser(t, "ann", "ann-secret-1")
+	e.dc.AddUser(t, "bob", "bob-secret-2")
+	// Signed with the warmup key compose gives sync; delivered before bob
+	// is synced, so his first sync reads them all.
+	deliverWarmup(t, e.dc, ann, "bob", e.warmup)
+	e.mustPublish(ctx, &domain.OrgPlanChanged{OrgID: psOrg, Plan: domain.PlanFree, Source: "test"})
+	e.mustPublish(ctx, e.mailbox(ann, psOrg, psUser, "ann", "ann-secret-1"), e.mailbox(bob, psOrg, psUser, "bob", "bob-secret-2"))
+
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	var annWorker string
+	waitUntil(wctx, t, "ann placed", func(ctx context.Context) bool {
+		annWorker, _ = e.placedOn(ctx, ann)
+		return annWorker != ""
+	})
+	checkWarmupObserved(t, e.brokers, ann, bob)
+	waitUntil(wctx, t, "ann moved to a quarantine-pool worker (assignments API)", func(ctx context.Context) bool {
+		w, band := e.placedOn(ctx, ann)
+		return w != "" && w != annWorker && band == domain.RiskQuarantine
+	})
+	waitUntil(wctx, t, "the registry shows ann quarantined", func(ctx context.Context) bool {
+		var s *string
+		_ = e.db.QueryRow(ctx, `SELECT health_state FROM mailboxes WHERE mailbox_id = $1`, ann).Scan(&s)
+		return s != nil && *s == string(domain.HealthQuarantined)
+	})
+}
+
+var engineActiveLine = regexp.MustCompile(`(?m)^mailplane_placement_engine_active(\{[^}]*\})? 1$`)
+
+// activeEngines returns the engines whose metrics say they are active.
+func (e *prodShape) activeEngines(ctx context.Context) []*roleProc {
+	var out []*roleProc
+	for _, p := range e.f.service("engine") {
+		if done, _ := p.exited(); done {
+			continue
+		}
+		code, body := e.call(ctx, http.MethodGet, "http://"+p.addrs["--ops-http"]+"/metrics", "", "", nil, nil)
+		if code == http.StatusOK && engineActiveLine.Match(body) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// engineFailover kills the active engine: the standby takes over within
+// the session, and a new mailbox is placed, projected and synced.
+func (e *prodShape) engineFailover(ctx context.Context) {
+	t := e.t
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var active []*roleProc
+	waitUntil(wctx, t, "one active engine", func(ctx context.Context) bool {
+		active = e.activeEngines(ctx)
+		return len(active) == 1
+	})
+	victim := active[0]
+	at := time.Now()
+	_ = victim.signal(t, syscall.SIGKILL, 10*time.Second)
+	waitUntil(wctx, t, "the standby engine active", func(ctx context.Context) bool {
+		return len(e.activeEngines(ctx)) == 1
+	})
+	d := time.Since(at)
+	t.Logf("engine: SIGKILL of the active %s, standby active after %s", victim.name, d.Round(10*time.Millisecond))
+	if d > roleSession+failoverSlack {
+		t.Errorf("engine failover took %s, want at most %s", d, roleSession+failoverSlack)
+	}
+	victim.start(t)
+	id := e.addMailbox(ctx, psOrg, psUser)
+	t.Logf("engine: a new mailbox flowed end to end %s after it was added", e.waitFlowed(ctx, id, "after the engine kill").Round(10*time.Millisecond))
+}
+
+// groupShares returns whether group is stable and the partitions each
+// member holds.
+func (e *prodShape) groupShares(ctx context.Context, group string) (bool, []int) {
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	dg, err := e.adm.DescribeGroups(dctx, group)
+	if err != nil || dg[group].Err != nil {
+		return false, nil
+	}
+	var shares []int
+	for _, m := range dg[group].Members {
+		n := 0
+		if c, ok := m.Assigned.AsConsumer(); ok {
+			for _, tp := range c.Topics {
+				n += len(tp.Partitions)
+			}
+		}
+		shares = append(shares, n)
+	}
+	return dg[group].State == "Stable", shares
+}
+
+// waitGroup waits until group is stable with members members, each
+// holding partitions, together total (0: any); it returns the total.
+func (e *prodShape) waitGroup(ctx context.Context, group string, members, total int) int {
+	ctx, cancel := context.WithTimeout(ctx, 45*time.Second)
+	defer cancel()
+	sum := 0
+	waitUntil(ctx, e.t, fmt.Sprintf("group %s stable with %d busy members", group, members), func(ctx context.Context) bool {
+		stable, shares := e.groupShares(ctx, group)
+		sum = 0
+		for _, n := range shares {
+			if n == 0 {
+				return false
+			}
+			sum += n
+		}
+		return stable && len(shares) == members && (total == 0 || sum == total)
+	})
+	return sum
+}
+
+// moved kills (or stops) victim, a member of groups, and reports how long
+// each group took to give its partitions to the members left.
+func (e *prodShape) moved(ctx context.Context, victim *roleProc, sig syscall.Signal, groups map[string]int, limit time.Duration) {
+	t := e.t
+	name := map[syscall.Signal]string{syscall.SIGKILL: "SIGKILL", syscall.SIGTERM: "SIGTERM"}[sig]
+	at := time.Now()
+	if err := victim.signal(t, sig, 30*time.Second); err != nil && sig == syscall.SIGTERM {
+		t.Errorf("%s exited with %v on SIGTERM, want 0", victim.name, err)
+	}
+	for group, members := range groups {
+		e.waitGroup(ctx, group, members-1, 0)
+		d := time.Since(at)
+		t.Logf("%s of %s: %s's partitions moved after %s", name, victim.name, group, d.Round(10*time.Millisecond))
+		if d > limit {
+			t.Errorf("%s of %s: %s's partitions moved after %s, want at most %s", name, victim.name, group, d, limit)
+		}
+	}
+}
+
+// projectorFailover kills a projector (its registry and health partitions
+// move within the session; the placement projection's lead passes on) and
+// then stops the other with SIGTERM (it leaves its groups: they hand over
+// at once).
+func (e *prodShape) projectorFailover(ctx context.Context) {
+	t := e.t
+	groups := map[string]int{projections.GroupName(projections.RegistryName): 2, projections.GroupName(health.Name): 2}
+	for g := range groups {
+		e.waitGroup(ctx, g, 2, 0)
+	}
+	// The victim is the one leading the placement projection: its lead
+	// (an advisory lock) must pass to the other.
+	const leading = "placement projector leading"
+	victim, other := e.f.get(t, "projector-1"), e.f.get(t, "projector-2")
+	if strings.Count(other.out.String(), leading) > strings.Count(victim.out.String(), leading) {
+		victim, other = other, victim
+	}
+	led := strings.Count(other.out.String(), leading)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	leadAt := make(chan time.Time, 1)
+	go func() {
+		// Ends when the lead passed or wctx is done.
+		for wctx.Err() == nil && strings.Count(other.out.String(), leading) == led {
+			time.Sleep(20 * time.Millisecond)
+		}
+		leadAt <- time.Now()
+	}()
+	at := time.Now()
+	e.moved(ctx, victim, syscall.SIGKILL, groups, roleSession+failoverSlack)
+	if took := (<-leadAt).Sub(at); wctx.Err() != nil || took > roleSession+failoverSlack {
+		t.Errorf("SIGKILL of %s: %s did not take the placement projection's lead within %s", victim.name, other.name, roleSession+failoverSlack)
+	} else {
+		t.Logf("SIGKILL of %s: %s leads the placement projection after %s", victim.name, other.name, took.Round(10*time.Millisecond))
+	}
+	id := e.addMailbox(ctx, psOrg, psUser)
+	t.Logf("projector: a new mailbox flowed end to end %s after it was added", e.waitFlowed(ctx, id, "after the projector kill").Round(10*time.Millisecond))
+	victim.start(t)
+	for g := range groups {
+		e.waitGroup(ctx, g, 2, 0)
+	}
+	e.moved(ctx, other, syscall.SIGTERM, groups, 3*time.Second)
+	other.start(t)
+	for g := range groups {
+		e.waitGroup(ctx, g, 2, 0)
+	}
+}
+
+// syncFailover kills a sync worker: its mailbox.state partitions move
+// within the session, and a new mailbox is synced.
+func (e *prodShape) syncFailover(ctx context.Context) {
+	t := e.t
+	workers := len(e.f.service("sync"))
+	e.waitGroup(ctx, mailsync.DefaultGroup, workers, 0)
+	victim := e.f.get(t, "sync-2")
+	e.moved(ctx, victim, syscall.SIGKILL, map[string]int{mailsync.DefaultGroup: workers}, roleSession+failoverSlack)
+	id := e.addMailbox(ctx, psOrg, psUser)
+	t.Logf("sync: a new mailbox flowed end to end %s after it was added", e.waitFlowed(ctx, id, "after the sync kill").Round(10*time.Millisecond))
+	victim.start(t)
+	e.waitGroup(ctx, mailsync.DefaultGroup, workers, 0)
+}
+
+// postgresOutage stops Postgres for 10 s: the API answers 503 with a
+// stable code where it needs the database, every health check says the
+// database is down, ingest goes on, no role exits; after the restart
+// what was ingested meanwhile flows end to end.
+func (e *prodShape) postgresOutage(ctx context.Context) {
+	t := e.t
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := e.pg.Stop(sctx); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	var er api.ErrorResponse
+	code, body := e.call(ctx, http.MethodGet, e.apiURL+"/v1/workers/"+e.workers[0]+"/assignments", e.token, "", nil, &er)
+	if code != http.StatusServiceUnavailable || er.Error.Code != domain.CodeUnavailable {
+		t.Errorf("assignments with Postgres down: %d %s, want 503 %s", code, body, domain.CodeUnavailable)
+	}
+	newWorker := "0190a5b2-4c5e-7b1a-9c3d-0000000d0fff"
+	er = api.ErrorResponse{}
+	code, body = e.call(ctx, http.MethodPost, e.apiURL+"/v1/workers/heartbeat", access.WorkerToken(e.fleet, newWorker), "application/json",
+		fmt.Appendf(nil, `{"worker_id":%q,"tier":"shared_free","egress":"cold_smtp","address":"smtp-new.example.org","stopping":false}`, newWorker), &er)
+	if code != http.StatusServiceUnavailable || er.Error.Code != domain.CodeUnavailable {
+		t.Errorf("a new worker's heartbeat with Postgres down: %d %s, want 503 %s", code, body, domain.CodeUnavailable)
+	}
+	var ph opshttp.PublicHealthResponse
+	if code, body := e.call(ctx, http.MethodGet, e.apiURL+"/healthz", "", "", nil, &ph); code != http.StatusServiceUnavailable || ph.Checks["database"] != opshttp.HealthUnavailable {
+		t.Errorf("the API's /healthz with Postgres down: %d %s", code, body)
+	}
+	for _, p := range e.f.procs {
+		if e.jobs[p.name] {
+			continue
+		}
+		var hr opshttp.HealthResponse
+		code, body := e.call(ctx, http.MethodGet, "http://"+p.addrs["--ops-http"]+"/healthz", "", "", nil, &hr)
+		if code != http.StatusServiceUnavailable || hr.Checks["database"].Status != opshttp.HealthError {
+			t.Errorf("%s's /healthz with Postgres down: %d %s", p.name, code, body)
+		}
+	}
+	// Ingest needs only the broker.
+	id := e.addMailbox(ctx, psOrg, psUser)
+	time.Sleep(time.Until(stopped.Add(10 * time.Second))) // the outage itself
+	e.f.alive(t, e.jobs)
+	if err := e.pg.Start(sctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("Postgres was down %s", time.Since(stopped).Round(10*time.Millisecond))
+	d := e.waitFlowed(ctx, id, "after the Postgres outage")
+	t.Logf("postgres: the mailbox added during the outage flowed end to end %s after Postgres started again", d.Round(10*time.Millisecond))
+	e.f.alive(t, e.jobs)
+}
+
+// stopAll stops every role at once with SIGTERM, as compose down does:
+// each must exit 0 within compose's 10 s stop grace period.
+func (e *prodShape) stopAll() {
+	start := time.Now()
+	for _, p := range e.f.procs {
+		if !e.jobs[p.name] {
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	for _, p := range e.f.procs {
+		if e.jobs[p.name] {
+			continue
+		}
+		select {
+		case <-p.done:
+			if p.err != nil {
+				e.t.Errorf("%s exited with %v on SIGTERM, want 0", p.name, p.err)
+			}
+		case <-time.After(time.Until(start.Add(10 * time.Second))):
+			e.t.Errorf("%s still running 10 s after SIGTERM", p.name)
+		}
+	}
+	e.t.Logf("SIGTERM to every role: all stopped within %s", time.Since(start).Round(10*time.Millisecond))
+}
