@@ -37,6 +37,7 @@ type RecordingRunner struct {
 	stops    int
 	overlaps int
 	fenced   int
+	lastStop time.Time
 }
 
 // RunInfo describes one running mailbox.
@@ -60,6 +61,8 @@ type RecorderStats struct {
 	Overlaps int
 	// Fenced counts writes refused as stale.
 	Fenced int
+	// LastStop is when the latest run ended (zero: none has).
+	LastStop time.Time
 }
 
 // Running returns the mailboxes running now.
@@ -84,7 +87,7 @@ func (r *RecordingRunner) RunningIDs() []string {
 func (r *RecordingRunner) Stats() RecorderStats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return RecorderStats{Starts: r.starts, Stops: r.stops, Overlaps: r.overlaps, Fenced: r.fenced}
+	return RecorderStats{Starts: r.starts, Stops: r.stops, Overlaps: r.overlaps, Fenced: r.fenced, LastStop: r.lastStop}
 }
 
 // Run records the job until ctx is done.
@@ -182,6 +185,7 @@ func (r *RecordingRunner) end(info *RunInfo) {
 		delete(r.running, info.MailboxID)
 	}
 	r.stops++
+	r.lastStop = time.Now()
 }
 
 // start is the run's start once paced: the newest mail is reported, the

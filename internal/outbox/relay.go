@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -96,6 +97,9 @@ func NewRelay(pool *pgxpool.Pool, kcfg kafka.Config, opts ...Option) *Relay {
 	return r
 }
 
+// maxRelayBackoff caps the wait between failed relay sessions.
+const maxRelayBackoff = 5 * time.Second
+
 // Run publishes until ctx is done. Failures (the database or the broker
 // gone) are logged and retried; Run returns only ctx's error.
 func (r *Relay) Run(ctx context.Context) error {
@@ -111,7 +115,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		} else {
 			backoff = r.poll // standby: try again soon
 		}
-		t := time.NewTimer(backoff)
+		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -119,7 +123,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 		if err != nil {
-			backoff = min(2*backoff, 30*time.Second)
+			// Short enough that what waits in the outbox moves within
+			// seconds of Postgres or the broker coming back.
+			backoff = min(2*backoff, maxRelayBackoff)
 		}
 	}
 }

@@ -30,12 +30,13 @@ type RetryPolicy struct {
 	// Default 100ms.
 	Backoff time.Duration
 	// MaxBackoff caps the wait, including between retries of transient
-	// failures, which are retried until they succeed. Default 10s.
+	// failures, which are retried until they succeed: it is how long a
+	// projector may take to notice that Postgres is back. Default 2s.
 	MaxBackoff time.Duration
 }
 
 // DefaultRetryPolicy is the policy used unless WithRetry says otherwise.
-var DefaultRetryPolicy = RetryPolicy{Attempts: 3, Backoff: 100 * time.Millisecond, MaxBackoff: 10 * time.Second}
+var DefaultRetryPolicy = RetryPolicy{Attempts: 3, Backoff: 100 * time.Millisecond, MaxBackoff: 2 * time.Second}
 
 // DefaultBatchSize is the most records applied in one transaction.
 const DefaultBatchSize = 4000

@@ -233,6 +233,11 @@ func (p *Projector) Run(ctx context.Context) error {
 	return nil
 }
 
+// leaderKeepaliveSQL makes the server notice a dead leader in about 25 s:
+// probes after 10 s idle, every 5 s, 3 unanswered; unacknowledged data
+// for 30 s also ends it.
+const leaderKeepaliveSQL = `SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3; SET tcp_user_timeout = 30000`
+
 // placementLockClass is the first key of the projector's advisory lock
 // ("mplp"); the second hashes the schema and the projector's name.
 const placementLockClass int32 = 0x6d706c70
@@ -243,6 +248,15 @@ func (p *Projector) lead(ctx context.Context) (release func(), err error) {
 	conn, err := p.pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("acquire connection: %w", err)
+	}
+	// The lock lives as long as this session. A leader whose host dies
+	// without closing it would hold the lock until the server's TCP
+	// keepalive gives up (hours by default): probe it every few seconds,
+	// so a standby leads within about half a minute. (Ignored on a Unix
+	// socket, where a dead peer closes at once.)
+	if _, err := conn.Exec(ctx, leaderKeepaliveSQL); err != nil {
+		conn.Release()
+		return nil, fmt.Errorf("lock connection keepalive: %w", err)
 	}
 	logged := false
 	for {
