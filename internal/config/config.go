@@ -110,6 +110,14 @@ var (
 	APIURL            = register(Setting{"api", "MAILPLANE_API_URL", "", "publish through this API (e.g. http://127.0.0.1:8080) instead of straight to the brokers"})
 )
 
+// Postgres pool sizes, by purpose (internal/dbpools). A process opens
+// only the pools its roles use.
+var (
+	PGServeConns  = register(Setting{"pg-serve-conns", "MAILPLANE_PG_SERVE_CONNS", "4", "Postgres connections of the health check and the HTTP APIs, never shared with background work"})
+	PGRunnerConns = register(Setting{"pg-runner-conns", "MAILPLANE_PG_RUNNER_CONNS", "16", "sync: Postgres connections the IMAP runners' writes and the workers' ownership share; a runner waits for one"})
+	PGWorkConns   = register(Setting{"pg-work-conns", "MAILPLANE_PG_WORK_CONNS", "8", "Postgres connections of the projectors, the outbox relay, the engine's snapshot and pruning"})
+)
+
 // Broker connection settings, shared by every command that talks to Kafka.
 var (
 	KafkaSASLMechanism = register(Setting{"kafka-sasl-mechanism", "MAILPLANE_KAFKA_SASL_MECHANISM", "", "SASL mechanism to the brokers: SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN; empty: none (SECURITY.md: one user per role)"})

@@ -87,6 +87,30 @@ func TestOpenWaitsForTheDatabase(t *testing.T) {
 	if err := r.p.Work.QueryRow(ctx, `SELECT count(*) FROM projector_offsets`).Scan(&n); err != nil {
 		t.Errorf("the schema is not migrated: %v", err)
 	}
+
+	// Runners holding every connection of theirs (a thousand runners
+	// writing) do not hold up the health check or the APIs.
+	var held []interface{ Release() }
+	for range 4 {
+		c, err := r.p.Runners.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	qctx, qcancel := context.WithTimeout(ctx, time.Second)
+	if _, err := r.p.Runners.Acquire(qctx); err == nil {
+		t.Error("the runner pool gave a fifth connection")
+	}
+	qcancel()
+	pctx, pcancel := context.WithTimeout(ctx, time.Second)
+	if err := w.Err(pctx); err != nil {
+		t.Errorf("the health check queued behind the runners: %v", err)
+	}
+	pcancel()
+	for _, c := range held {
+		c.Release()
+	}
 }
 
 // TestOpenGivesUpOnlyWithItsContext: a URL that parses is waited on for

@@ -12,6 +12,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/billing"
 	"github.com/mailplane/mailplane/internal/config"
+	"github.com/mailplane/mailplane/internal/dbpools"
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/sealing"
 )
@@ -21,12 +22,14 @@ type commonFlags struct {
 	brokers                             *config.BrokerFlags
 	dbURL, opsAddr, logLevel, logFormat *string
 	parts                               *int
+	pgServe, pgRunners, pgWork          *int
 }
 
 func registerCommonFlags(fs *flag.FlagSet) commonFlags {
 	return commonFlags{
 		brokers: config.RegisterBrokerFlags(fs), dbURL: config.DatabaseURL.String(fs), opsAddr: config.OpsHTTP.String(fs),
 		logLevel: config.LogLevel.String(fs), logFormat: config.LogFormat.String(fs), parts: config.StatePartitions.Int(fs),
+		pgServe: config.PGServeConns.Int(fs), pgRunners: config.PGRunnerConns.Int(fs), pgWork: config.PGWorkConns.Int(fs),
 	}
 }
 
@@ -38,6 +41,7 @@ func (f commonFlags) roleConfig(log *slog.Logger) *roleConfig {
 	return &roleConfig{
 		log: log, kafka: f.brokers.Config(""), databaseURL: *f.dbURL,
 		opsAddr: *f.opsAddr, statePartitions: int32(*f.parts),
+		pgSizes: dbpools.Sizes{Serve: int32(*f.pgServe), Runners: int32(*f.pgRunners), Work: int32(*f.pgWork)},
 	}
 }
 

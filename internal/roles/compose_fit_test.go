@@ -9,6 +9,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/mailplane/mailplane/internal/roles"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -28,6 +29,9 @@ type composeFile struct {
 		Image       string            `yaml:"image"`
 		Command     []string          `yaml:"command"`
 		Environment map[string]string `yaml:"environment"`
+		Deploy      struct {
+			Replicas *int `yaml:"replicas"`
+		} `yaml:"deploy"`
 	} `yaml:"services"`
 }
 
@@ -87,6 +91,58 @@ func TestComposeFitsTheBroker(t *testing.T) {
 	t.Logf("%d partitions (state partitions %d) of the %d that --memory=%d MiB allows", partitions, n, limit, memory>>20)
 	if int64(partitions) > limit {
 		t.Errorf("the catalog needs %d partitions, Redpanda with %d MiB takes %d: raise --memory or lower MAILPLANE_STATE_PARTITIONS", partitions, memory>>20, limit)
+	}
+}
+
+// TestComposeFitsPostgres: the connections every mailplane process may
+// open (its pools, sized by the role it runs and compose's environment,
+// times its replicas) fit compose's Postgres max_connections, with room
+// for the superuser's reserve and an operator's commands.
+func TestComposeFitsPostgres(t *testing.T) {
+	t.Parallel()
+	tokens := filepath.Join(t.TempDir(), "api-tokens")
+	if err := os.WriteFile(tokens, []byte("# callers\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := composeConfig(t, map[string]string{
+		"POSTGRES_PASSWORD": "p", "MAILPLANE_SEAL_KEYS": "k1:eA==", "MAILPLANE_API_TOKENS_FILE": tokens,
+		"MAILPLANE_WORKER_FLEET_SECRET": "f", "MAILPLANE_WARMUP_KEY": "w",
+	})
+	if err != nil {
+		t.Fatalf("docker-compose config: %v\n%s", err, out)
+	}
+	var cf composeFile
+	if err := yaml.Unmarshal([]byte(out), &cf); err != nil {
+		t.Fatal(err)
+	}
+	maxConns := 100 // Postgres's default
+	for i, arg := range cf.Services["postgres"].Command {
+		if v, ok := strings.CutPrefix(arg, "max_connections="); ok && i > 0 && cf.Services["postgres"].Command[i-1] == "-c" {
+			if maxConns, err = strconv.Atoi(v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	const reserved, operator = 3, 10 // superuser_reserved_connections; psql, replay, the CLI
+	total := 0
+	for name, s := range cf.Services {
+		if s.Image != cf.Services["topics"].Image || len(s.Command) == 0 || name == "topics" {
+			continue
+		}
+		sz, err := roles.PoolSizesFor(s.Command[0], s.Environment)
+		if err != nil {
+			t.Fatalf("service %s: %v", name, err)
+		}
+		replicas := 1
+		if s.Deploy.Replicas != nil {
+			replicas = *s.Deploy.Replicas
+		}
+		total += replicas * int(sz.Serve+sz.Runners+sz.Work)
+	}
+	t.Logf("mailplane may open %d Postgres connections; max_connections %d", total, maxConns)
+	if total+reserved+operator > maxConns {
+		t.Errorf("mailplane may open %d connections, +%d reserved +%d for an operator: over compose's max_connections %d (raise it, or lower MAILPLANE_PG_*_CONNS)",
+			total, reserved, operator, maxConns)
 	}
 }
 

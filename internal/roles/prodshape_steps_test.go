@@ -300,6 +300,14 @@ func (e *prodShape) postgresOutage(ctx context.Context) {
 	}
 	// Ingest needs only the broker.
 	id := e.addMailbox(ctx, psOrg, psUser)
+	// A role (re)started while Postgres is down waits for it, saying so,
+	// instead of exiting.
+	restarted := e.f.get(t, "projector-2")
+	if err := restarted.signal(t, syscall.SIGKILL, 10*time.Second); err == nil {
+		t.Errorf("%s survived SIGKILL", restarted.name)
+	}
+	restarted.start(t)
+	e.waitWaiting(ctx, restarted)
 	time.Sleep(time.Until(stopped.Add(10 * time.Second))) // the outage itself
 	e.f.alive(t, e.jobs)
 	if err := e.pg.Start(sctx); err != nil {
@@ -309,6 +317,29 @@ func (e *prodShape) postgresOutage(ctx context.Context) {
 	d := e.waitFlowed(ctx, id, "after the Postgres outage")
 	t.Logf("postgres: the mailbox added during the outage flowed end to end %s after Postgres started again", d.Round(10*time.Millisecond))
 	e.f.alive(t, e.jobs)
+}
+
+// waitWaiting waits until p's ops /healthz says it waits for the
+// database (p started while Postgres is down).
+func (e *prodShape) waitWaiting(ctx context.Context, p *roleProc) {
+	t := e.t
+	wctx, cancel := context.WithTimeout(ctx, 8*time.Second)
+	defer cancel()
+	var last string
+	for wctx.Err() == nil {
+		if done, err := p.exited(); done {
+			t.Fatalf("%s, started with Postgres down, exited: %v", p.name, err)
+		}
+		var hr opshttp.HealthResponse
+		code, body := e.call(wctx, http.MethodGet, "http://"+p.addrs["--ops-http"]+"/healthz", "", "", nil, &hr)
+		last = fmt.Sprint(code, " ", string(body))
+		if code == http.StatusServiceUnavailable && strings.Contains(hr.Checks["database"].Error, "waiting for the database") {
+			t.Logf("postgres: %s, started during the outage, waits: %s", p.name, hr.Checks["database"].Error)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Errorf("%s, started with Postgres down, does not say it waits for the database: %s", p.name, last)
 }
 
 // stopAll stops every role at once with SIGTERM, as compose down does:

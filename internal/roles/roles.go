@@ -12,20 +12,23 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/billing"
 	"github.com/mailplane/mailplane/internal/buildinfo"
+	"github.com/mailplane/mailplane/internal/config"
+	"github.com/mailplane/mailplane/internal/dbpools"
 	"github.com/mailplane/mailplane/internal/imapsync"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/mailsync"
-	"github.com/mailplane/mailplane/internal/migrations"
+	"github.com/mailplane/mailplane/internal/opshttp"
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/sealing"
 	"github.com/mailplane/mailplane/topics"
@@ -71,9 +74,34 @@ type roleConfig struct {
 	// and defaultGroupHeartbeat); sync's are in syncConfig.
 	projectorGroup, engineGroup, stateGroup groupTimings
 
+	// pgSizes are the Postgres pools' sizes (zero: the settings'
+	// defaults); poolSizes opens only those the roles use.
+	pgSizes dbpools.Sizes
+
 	reg       *prometheus.Registry // set by runRoles
 	project   bool                 // run the projectors
 	applyTops bool                 // apply the topic catalog first (dev mode)
+}
+
+// poolSizes are the pools this process opens: serve always (the health
+// check), runners for sync workers, work for projectors, the relay and
+// the engine.
+func (rc *roleConfig) poolSizes() dbpools.Sizes {
+	def := func(n int32, s config.Setting) int32 {
+		if n > 0 {
+			return n
+		}
+		d, _ := strconv.Atoi(s.Default)
+		return int32(d)
+	}
+	sz := dbpools.Sizes{Serve: def(rc.pgSizes.Serve, config.PGServeConns)}
+	if rc.syncWorkers > 0 {
+		sz.Runners = def(rc.pgSizes.Runners, config.PGRunnerConns)
+	}
+	if rc.project || rc.engine || rc.syncWorkers > 0 {
+		sz.Work = def(rc.pgSizes.Work, config.PGWorkConns)
+	}
+	return sz
 }
 
 // errNoDatabase is the answer of every role and command without a
@@ -92,21 +120,30 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 	if rc.databaseURL == "" {
 		return errNoDatabase
 	}
-	pool, err := migrations.Open(ctx, rc.databaseURL, rc.log)
-	if err != nil {
+	p := newProcess(ctx, rc)
+	defer p.shutdown()
+	// The ops listener first: while the database is awaited, its /healthz
+	// says so and its /metrics answer.
+	if err := p.startOps(); err != nil {
 		return err
 	}
-	defer pool.Close()
+	pools, err := dbpools.Open(p.ctx, rc.databaseURL, rc.poolSizes(),
+		dbpools.Options{Logger: rc.log, Waiter: p.dbWait})
+	if err != nil {
+		if p.ctx.Err() != nil {
+			return p.firstErr // stopped (or the ops listener failed) while waiting
+		}
+		return err
+	}
+	p.pools = pools
+	p.onShutdown(pools.Close)
 	if rc.applyTops {
 		if err := applyTopics(ctx, rc); err != nil {
 			return err
 		}
 	}
-
-	p := newProcess(ctx, rc, pool)
-	defer p.shutdown()
 	for _, start := range []func() error{p.startProjectors, p.startRelay, p.startEngine,
-		p.startStateProcessor, p.startSyncWorkers, p.startHTTP} {
+		p.startStateProcessor, p.startSyncWorkers, p.startAPI} {
 		if err := start(); err != nil {
 			return err
 		}
@@ -122,11 +159,18 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 // shutdown cancels them, waits for every one, then closes their clients
 // in the reverse order of opening.
 type process struct {
-	rc     *roleConfig
-	log    *slog.Logger
-	reg    *prometheus.Registry
-	pool   *pgxpool.Pool
-	ctx    context.Context
+	rc  *roleConfig
+	log *slog.Logger
+	reg *prometheus.Registry
+	ctx context.Context
+	// pools are the process's Postgres pools by purpose (nil until the
+	// database answered); dbWait says what opening them waits for.
+	pools  *dbpools.Pools
+	dbWait *dbpools.Waiter
+	// broker and health are the ops listener's (and the API's): the
+	// broker client the health check pings, and the one health shape.
+	broker *kgo.Client
+	health *opshttp.Health
 	cancel context.CancelFunc
 
 	wg       sync.WaitGroup
@@ -135,9 +179,9 @@ type process struct {
 	closers  []func()
 }
 
-func newProcess(ctx context.Context, rc *roleConfig, pool *pgxpool.Pool) *process {
+func newProcess(ctx context.Context, rc *roleConfig) *process {
 	ctx, cancel := context.WithCancel(ctx)
-	return &process{rc: rc, log: rc.log, reg: rc.reg, pool: pool, ctx: ctx, cancel: cancel}
+	return &process{rc: rc, log: rc.log, reg: rc.reg, ctx: ctx, cancel: cancel, dbWait: &dbpools.Waiter{}}
 }
 
 // kcfg is the client configuration of one role: its client id, and its

@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/access"
 	"github.com/mailplane/mailplane/internal/api"
@@ -40,7 +38,7 @@ func (p *process) startProjectors() error {
 		return nil
 	}
 	log := p.log.With("role", "projector")
-	pr, err := projections.New(p.kcfg("projector-registry"), p.pool, projections.NewRegistry(),
+	pr, err := projections.New(p.kcfg("projector-registry"), p.pools.Work, projections.NewRegistry(),
 		projections.WithLogger(log), projections.WithRegisterer(p.reg), projections.WithGroup(p.rc.projectorGroup.group()))
 	if err != nil {
 		return err
@@ -50,7 +48,7 @@ func (p *process) startProjectors() error {
 
 	// The placement projection reads the decision log with offsets,
 	// so it has its own runner (see projection.Projection).
-	pp, err := projection.NewProjector(p.kcfg("projector-placement"), p.pool,
+	pp, err := projection.NewProjector(p.kcfg("projector-placement"), p.pools.Work,
 		projection.WithLogger(log), projection.WithRegisterer(p.reg))
 	if err != nil {
 		return err
@@ -63,12 +61,12 @@ func (p *process) startProjectors() error {
 // pruneAssignmentChanges drops the assignment changes of decision-log
 // offsets older than the newest assignmentChangesRetained.
 func (p *process) pruneAssignmentChanges(ctx context.Context) (int64, []any, error) {
-	cp, err := projection.ReadCheckpoint(ctx, p.pool)
+	cp, err := projection.ReadCheckpoint(ctx, p.pools.Work)
 	if err != nil || cp.NextOffset <= assignmentChangesRetained {
 		return 0, nil, err
 	}
 	below := cp.NextOffset - assignmentChangesRetained
-	n, err := projection.PruneChanges(ctx, p.pool, below)
+	n, err := projection.PruneChanges(ctx, p.pools.Work, below)
 	return n, []any{"below_offset", below}, err
 }
 
@@ -83,7 +81,7 @@ func (p *process) startHealthScorer() error {
 	if err != nil {
 		return err
 	}
-	hp, err := projections.New(p.kcfg("projector-health"), p.pool, scorer,
+	hp, err := projections.New(p.kcfg("projector-health"), p.pools.Work, scorer,
 		projections.WithLogger(log), projections.WithRegisterer(p.reg), projections.WithCommitted(hm.Committed),
 		projections.WithGroup(p.rc.projectorGroup.group()))
 	if err != nil {
@@ -91,11 +89,11 @@ func (p *process) startHealthScorer() error {
 	}
 	p.onShutdown(hp.Close)
 	p.start("projector health", hp.Run)
-	p.start("health ticker", health.NewTicker(p.pool, policy, health.WithMetrics(hm), health.WithLogger(log)).Run)
+	p.start("health ticker", health.NewTicker(p.pools.Work, policy, health.WithMetrics(hm), health.WithLogger(log)).Run)
 	// A warmup message reported longer ago than the scoring window no
 	// longer counts when seen again.
 	p.start("warmup seen pruning", pruneHourly("reported warmup messages", log, func(ctx context.Context) (int64, []any, error) {
-		n, err := imapsync.PruneWarmupSeen(ctx, p.pool, time.Now().Add(-policy.Window-24*time.Hour))
+		n, err := imapsync.PruneWarmupSeen(ctx, p.pools.Work, time.Now().Add(-policy.Window-24*time.Hour))
 		return n, nil, err
 	}))
 	return nil
@@ -113,7 +111,7 @@ func (p *process) startRelay() error {
 	relayDone := make(chan struct{})
 	go func() {
 		defer close(relayDone)
-		_ = outbox.NewRelay(p.pool, p.kcfg("outbox"), outbox.WithLogger(p.log.With("role", "outbox")), outbox.WithRegisterer(p.reg)).Run(rctx)
+		_ = outbox.NewRelay(p.pools.Work, p.kcfg("outbox"), outbox.WithLogger(p.log.With("role", "outbox")), outbox.WithRegisterer(p.reg)).Run(rctx)
 	}()
 	p.onShutdown(func() {
 		rcancel()
@@ -134,7 +132,7 @@ func (p *process) startEngine() error {
 		engine.WithHeartbeatInterval(p.rc.engineGroup.orDefault().heartbeat),
 		// Restore from the placement projection and read only the
 		// decision log's tail.
-		engine.WithSnapshotter(projection.NewSnapshotter(p.pool)))
+		engine.WithSnapshotter(projection.NewSnapshotter(p.pools.Work)))
 	if err != nil {
 		return err
 	}
@@ -176,7 +174,7 @@ func (p *process) startSyncWorkers() error {
 		cfg.WorkerID = syncWorkerID(cfg.WorkerID, i, p.rc.syncWorkers)
 		cfg.Logger, cfg.Registerer = p.log.With("role", "sync", "worker", i+1), p.reg
 		cfg.NoOutboxRelay = true // the process's relay publishes
-		w, err := mailsync.New(p.kcfg(fmt.Sprintf("sync-%d", i+1)), p.pool, runner, cfg)
+		w, err := mailsync.New(p.kcfg(fmt.Sprintf("sync-%d", i+1)), p.pools.Runners, runner, cfg)
 		if err != nil {
 			return err
 		}
@@ -185,46 +183,37 @@ func (p *process) startSyncWorkers() error {
 	return nil
 }
 
-// startHTTP starts the API (api role) and the ops listener. Both answer
-// /healthz from one opshttp.Health: the API its public shape, the ops
-// listener the detailed one, for every role alike.
-func (p *process) startHTTP() error {
-	if !p.rc.api && p.rc.opsAddr == "" {
-		return nil
-	}
-	var broker *kgo.Client
+// startOps starts the ops listener, before the roles and before the
+// database answers, with the one health shape both it (detailed) and the
+// API (public) answer /healthz from. Its broker client is the API's
+// producer in the api role.
+func (p *process) startOps() error {
+	var err error
 	if p.rc.api {
-		kc, err := kafka.NewProducer(p.kcfg("api"))
-		if err != nil {
-			return err
-		}
-		p.onShutdown(kc.Close)
-		broker = kc
+		p.broker, err = kafka.NewProducer(p.kcfg("api"))
 	} else {
-		kc, err := kafka.NewClient(p.kcfg("health"), kafka.KindAdmin)
-		if err != nil {
-			return err
-		}
-		p.onShutdown(kc.Close)
-		broker = kc
+		p.broker, err = kafka.NewClient(p.kcfg("health"), kafka.KindAdmin)
 	}
-	hc := opshttp.NewHealth(0, map[string]opshttp.Check{"broker": broker.Ping, "database": p.pool.Ping})
-	if p.rc.api {
-		if err := p.startAPI(broker, hc); err != nil {
-			return err
-		}
+	if err != nil {
+		return err
 	}
+	p.onShutdown(p.broker.Close)
+	p.health = opshttp.NewHealth(0, map[string]opshttp.Check{"broker": p.broker.Ping, "database": p.dbWait.Err})
 	if p.rc.opsAddr != "" {
-		ops := opshttp.Handler(hc, p.reg, p.reg, p.log)
+		ops := opshttp.Handler(p.health, p.reg, p.reg, p.log)
 		p.start("ops http", func(ctx context.Context) error { return opshttp.Serve(ctx, p.rc.opsAddr, ops, p.log) })
 	}
 	return nil
 }
 
-// startAPI starts the ingest API with the worker API and, when
-// configured, the billing webhook.
-func (p *process) startAPI(kc *kgo.Client, hc *opshttp.Health) error {
-	rc, log := p.rc, p.log.With("role", "api")
+// startAPI starts the ingest API (api role) with the worker API and,
+// when configured, the billing webhook; they read Postgres through the
+// serve pool, never behind background work.
+func (p *process) startAPI() error {
+	if !p.rc.api {
+		return nil
+	}
+	rc, log, kc, hc := p.rc, p.log.With("role", "api"), p.broker, p.health
 	auth, err := access.New(rc.tokensFile, access.WithFleetSecret(rc.fleetSecret),
 		access.WithLogger(log), access.WithRegisterer(p.reg))
 	if err != nil {
@@ -237,7 +226,7 @@ func (p *process) startAPI(kc *kgo.Client, hc *opshttp.Health) error {
 		// Returns only when ctx is done (a role returning stops them all).
 		p.start("tokens file watch", func(ctx context.Context) error { auth.Watch(ctx, 0); return nil })
 	}
-	pgStore := projection.NewStore(p.pool)
+	pgStore := projection.NewStore(p.pools.Serve)
 	limiter := workerapi.NewWorkerLimiter(pgStore, rc.newWorkerRate, rc.newWorkerBurst, p.reg)
 	pc := producer.New(kc, producer.WithSealer(rc.keyring), producer.WithSource("mailplane/api"), producer.WithRegisterer(p.reg))
 	srv, err := api.New(pc,
@@ -261,7 +250,7 @@ func (p *process) startAPI(kc *kgo.Client, hc *opshttp.Health) error {
 	}
 	if rc.billing != nil {
 		if err := billing.Register(srv, *rc.billing, billing.WithLogger(p.log.With("role", "billing")),
-			billing.WithDatabase(p.pool), billing.WithRegisterer(p.reg)); err != nil {
+			billing.WithDatabase(p.pools.Serve), billing.WithRegisterer(p.reg)); err != nil {
 			return err
 		}
 	}
