@@ -23,6 +23,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/access"
@@ -47,13 +48,17 @@ type prodShape struct {
 	pg      *pgcluster.Cluster
 	db      *pgxpool.Pool // the test's own reads of the projections
 	brokers []string
-	adm     *kadm.Client
-	apiURL  string
-	token   string // an API caller: publish, ops, workers:read
-	fleet   []byte // the worker fleet secret
-	warmup  []byte // the warmup signing key
-	workers []string
-	next    atomic.Int64 // mailboxes added so far
+	// broker is the in-process broker (nil against a real one), persisted
+	// under brokerDir so that it can be restarted on the same port.
+	broker    *kafka.Embedded
+	brokerDir string
+	adm       *kadm.Client
+	apiURL    string
+	token     string // an API caller: publish, ops, workers:read
+	fleet     []byte // the worker fleet secret
+	warmup    []byte // the warmup signing key
+	workers   []string
+	next      atomic.Int64 // mailboxes added so far
 }
 
 // roleSession is the longest group session the roles run on: compose
@@ -96,7 +101,9 @@ func startProdShape(t *testing.T) *prodShape {
 	if kafkatest.Real() {
 		e.brokers = kafkatest.Brokers(t, parts) // the topics job then finds no drift
 	} else {
-		e.brokers = kafkatest.Fake(t).ListenAddrs()
+		e.brokerDir = t.TempDir()
+		e.startBroker(t, freeAddr(t))
+		e.brokers = e.broker.Addrs()
 	}
 	adm, err := kafka.NewAdmin(kafka.Config{Brokers: e.brokers, ClientID: "prodshape-test"})
 	if err != nil {
@@ -352,4 +359,25 @@ func (e *prodShape) waitFlowed(ctx context.Context, mailbox, after string) time.
 	}
 	e.t.Logf("mailbox %s %s: %s", mailbox, after, strings.Join(stages, ", "))
 	return time.Since(start)
+}
+
+// startBroker starts the in-process broker on addr, persisted in
+// brokerDir (a restart finds its topics, offsets and groups).
+func (e *prodShape) startBroker(t *testing.T, addr string) {
+	t.Helper()
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	emb, err := kafka.StartEmbedded(kafka.WithPort(p), kafka.WithDataDir(e.brokerDir), kafka.WithSyncWrites(),
+		kafka.WithKfakeOptions(kfake.GroupMinSessionTimeout(100*time.Millisecond)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.broker = emb
+	t.Cleanup(func() { e.broker.Close() })
 }
