@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -251,5 +252,46 @@ func TestRelayZombieFenced(t *testing.T) {
 	}
 	if strings.Join(vals, ",") != "1,2,3" {
 		t.Fatalf("read_committed saw %v, want 1,2,3", vals)
+	}
+}
+
+// A relay told to stop while its transaction's records cannot reach the
+// broker (gone mid-produce) stops at once, not after the records' delivery
+// timeout: compose gives a role 10 s to stop. The rows stay in the outbox.
+func TestRelayStopsWhileTheBrokerIsAway(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Schema(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := migrations.Apply(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	c := kafkatest.Fake(t, kfake.SeedTopics(2, topic))
+	brokers := c.ListenAddrs()
+	var armed atomic.Bool
+	gone := make(chan struct{})
+	stop := startRelay(t, context.Background(), pool, brokers, outbox.WithBeforeProduce(func() {
+		if armed.CompareAndSwap(true, false) {
+			c.Close() // the broker goes away between reading and producing
+			close(gone)
+		}
+	}))
+	// A first record goes through: the producer knows the partitions, so
+	// the next records are buffered for them and retried, not waiting
+	// for metadata.
+	add(t, pool, true, &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte("1")})
+	consume(t, brokers, 1)
+	waitEmpty(t, pool)
+	armed.Store(true)
+	add(t, pool, true, &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte("2")})
+	<-gone
+	time.Sleep(300 * time.Millisecond) // the produce is in flight, retrying
+	start := time.Now()
+	stop()
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("the relay took %s to stop", took)
+	}
+	if n := pending(t, pool); n != 1 {
+		t.Errorf("%d rows in the outbox after the failed publish, want 1", n)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -270,7 +271,7 @@ func (r *Relay) publish(ctx context.Context, pc *pgx.Conn, cl *kgo.Client) (int,
 		if err := cl.BeginTransaction(); err != nil {
 			return err
 		}
-		perr := cl.ProduceSync(ctx, recs...).FirstErr()
+		perr := produce(ctx, cl, recs)
 		commit := kgo.TryCommit
 		if perr != nil {
 			commit = kgo.TryAbort
@@ -290,6 +291,40 @@ func (r *Relay) publish(ctx context.Context, pc *pgx.Conn, cl *kgo.Client) (int,
 	}
 	r.m.published.Add(float64(len(recs)))
 	return len(recs), nil
+}
+
+// produce produces recs and waits for them, or for ctx: ProduceSync
+// would wait out the records' delivery timeout (30 s) while the broker is
+// away, holding up a relay told to stop. Records still in flight when ctx
+// ends belong to a transaction that is never committed: read_committed
+// readers never see them, and the rows stay in the outbox.
+func produce(ctx context.Context, cl *kgo.Client, recs []*kgo.Record) error {
+	var (
+		mu      sync.Mutex
+		first   error
+		pending = len(recs)
+		done    = make(chan struct{})
+	)
+	for _, rec := range recs {
+		cl.Produce(ctx, rec, func(_ *kgo.Record, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && first == nil {
+				first = err
+			}
+			if pending--; pending == 0 {
+				close(done)
+			}
+		})
+	}
+	select {
+	case <-done:
+		mu.Lock()
+		defer mu.Unlock()
+		return first
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // clone copies a scanned buffer, keeping nil (a tombstone) nil.
