@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -16,12 +19,19 @@ const SpecVersion = "1.0"
 
 // Event is a domain event: CloudEvents attributes around typed data.
 type Event struct {
-	ID      string    // UUIDv7
+	ID      string    // a UUID: mailplane mints UUIDv7s, producers may send any version (the SDKs' UUIDv4)
 	Type    string    // e.g. mailplane.mailbox.added.v1
 	Source  string    // URI-reference naming the producer
 	Time    time.Time // when it happened, per the producer: kept for audit, never a rule's clock (TrustedTime)
 	Subject string    // the aggregate id; also the record key
-	Data    Data
+	// DataSchema is the producer's dataschema attribute (a URI), kept on
+	// the log; empty when none was sent.
+	DataSchema string
+	// Extensions are the producer's extension attributes (traceparent,
+	// partitionkey, ...), kept on the log as ce_<name> headers; mailplane
+	// reads none of them.
+	Extensions map[string]string
+	Data       Data
 	// Logged is the record timestamp of a consumed event: when mailplane's
 	// producer received it (or the log appended it). Rules run on it
 	// (TrustedTime), never on Time. Not part of the CloudEvent: set when
@@ -85,10 +95,12 @@ func (e Event) Validate() Problems {
 	switch {
 	case e.ID == "":
 		ps.Add("id", CodeRequired, "is required")
-	case !IsUUIDv7(e.ID):
-		ps.Add("id", CodeInvalid, "must be a lower-case UUIDv7")
+	case !IsUUID(e.ID):
+		ps.Add("id", CodeInvalid, "must be a lower-case UUID (any version; mailplane mints UUIDv7)")
 	}
 	checkSource(&ps, "source", e.Source)
+	checkDataSchema(&ps, e.DataSchema)
+	checkExtensions(&ps, e.Extensions)
 	if e.Time.IsZero() {
 		ps.Add("time", CodeRequired, "is required")
 	} else if y := e.Time.UTC().Year(); y < 0 || y > 9999 {
@@ -214,7 +226,7 @@ func jsonTypeName(kind string) string {
 
 var structuredAttrs = map[string]bool{
 	"specversion": true, "id": true, "type": true, "source": true, "time": true,
-	"subject": true, "datacontenttype": true, "data": true,
+	"subject": true, "datacontenttype": true, "dataschema": true, "data": true,
 }
 
 // structured is the JSON form of a CloudEvent (structured content mode).
@@ -226,6 +238,7 @@ type structured struct {
 	Time            string          `json:"time,omitempty"`
 	Subject         string          `json:"subject,omitempty"`
 	DataContentType string          `json:"datacontenttype,omitempty"`
+	DataSchema      string          `json:"dataschema,omitempty"`
 	Data            json.RawMessage `json:"data,omitempty"`
 }
 
@@ -234,6 +247,48 @@ type structured struct {
 // validation are all returned together. Plain credentials in mailbox.added
 // data are kept for the caller to seal; Validate reports them if it does not.
 func ParseStructured(raw []byte, now time.Time, seal SealFunc) (Event, Problems) {
+	a, data, ps := parseEnvelope(raw)
+	if len(ps) > 0 {
+		return Event{}, ps
+	}
+	return FromAttributes(a, data, now, seal, &ps)
+}
+
+// ParseStructuredRecord parses a structured-mode CloudEvent read from the
+// log (a Kafka record's value): data is decoded leniently, as a consumer
+// does, time is required, and nothing is sealed (credentials must be
+// sealed already). Validation problems are returned.
+func ParseStructuredRecord(raw []byte) (Event, Problems) {
+	a, data, ps := parseEnvelope(raw)
+	if len(ps) > 0 {
+		return Event{}, ps
+	}
+	if a.SpecVersion != SpecVersion {
+		ps.Add("specversion", CodeInvalid, "must be %q", SpecVersion)
+	}
+	if a.DataContentType != "" && !isJSONContentType(a.DataContentType) {
+		ps.Add("datacontenttype", CodeInvalid, "must be application/json")
+	}
+	ev := Event{ID: a.ID, Type: a.Type, Source: a.Source, Subject: a.Subject, DataSchema: a.DataSchema, Extensions: a.Extensions}
+	if t, err := time.Parse(time.RFC3339Nano, a.Time); err != nil {
+		ps.Add("time", CodeInvalid, "must be an RFC 3339 timestamp")
+	} else {
+		ev.Time = t.UTC()
+	}
+	if len(ps) > 0 {
+		return Event{}, ps
+	}
+	d, dps := DecodeData(a.Type, data, false)
+	if len(dps) > 0 {
+		return Event{}, dps
+	}
+	ev.Data = d
+	return ev, nil
+}
+
+// parseEnvelope reads a structured-mode CloudEvent's attributes, its
+// extensions and its undecoded data.
+func parseEnvelope(raw []byte) (Attributes, []byte, Problems) {
 	// One pass into raw members: attribute names are matched exactly
 	// (encoding/json would match struct fields case-insensitively), and the
 	// data member is handed on undecoded.
@@ -241,18 +296,32 @@ func ParseStructured(raw []byte, now time.Time, seal SealFunc) (Event, Problems)
 	if err := json.Unmarshal(raw, &top); err != nil {
 		var ute *json.UnmarshalTypeError
 		if errors.As(err, &ute) {
-			return Event{}, Problems{{Code: CodeInvalidType, Message: "a CloudEvent must be a JSON object, not " + ute.Value}}
+			return Attributes{}, nil, Problems{{Code: CodeInvalidType, Message: "a CloudEvent must be a JSON object, not " + ute.Value}}
 		}
-		return Event{}, Problems{jsonProblem("", err)}
+		return Attributes{}, nil, Problems{jsonProblem("", err)}
 	}
 	var ps Problems
-	for k := range top {
-		if !structuredAttrs[k] {
-			ps.Add(k, CodeUnknownField, "unknown CloudEvents attribute (extensions are not accepted)")
+	var ext map[string]string
+	for _, k := range slices.Sorted(maps.Keys(top)) {
+		if structuredAttrs[k] {
+			continue
 		}
+		if !IsExtensionName(k) {
+			ps.Add(k, CodeUnknownField, "unknown CloudEvents attribute: an extension's name is 1 to 20 lower-case letters or digits")
+			continue
+		}
+		v, ok := extensionValue(top[k])
+		if !ok {
+			ps.Add(k, CodeInvalidType, "an extension attribute must be a string, a number or a boolean")
+			continue
+		}
+		if ext == nil {
+			ext = map[string]string{}
+		}
+		ext[k] = v
 	}
 	if len(ps) > 0 {
-		return Event{}, ps
+		return Attributes{}, nil, ps
 	}
 	attr := func(name string) string {
 		m, ok := top[name]
@@ -273,15 +342,16 @@ func ParseStructured(raw []byte, now time.Time, seal SealFunc) (Event, Problems)
 	a := Attributes{
 		SpecVersion: attr("specversion"), ID: attr("id"), Type: attr("type"), Source: attr("source"),
 		Time: attr("time"), Subject: attr("subject"), DataContentType: attr("datacontenttype"),
+		DataSchema: attr("dataschema"), Extensions: ext,
 	}
 	if len(ps) > 0 {
-		return Event{}, ps
+		return Attributes{}, nil, ps
 	}
 	var data []byte
 	if d, ok := top["data"]; ok && !bytes.Equal(bytes.TrimSpace(d), []byte("null")) {
 		data = d
 	}
-	return FromAttributes(a, data, now, seal, &ps)
+	return a, data, nil
 }
 
 // Attributes are CloudEvents context attributes as received, before checks.
@@ -293,6 +363,39 @@ type Attributes struct {
 	Time            string
 	Subject         string
 	DataContentType string
+	DataSchema      string
+	Extensions      map[string]string
+}
+
+// extensionValue reads a structured-mode extension attribute: a JSON
+// string as is, a number or a boolean as its JSON text (the canonical
+// string form the spec's binary modes carry).
+func extensionValue(raw json.RawMessage) (string, bool) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return "", false
+	}
+	switch raw[0] {
+	case '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return "", false
+		}
+		return s, true
+	case 't', 'f':
+		var b bool
+		if err := json.Unmarshal(raw, &b); err != nil {
+			return "", false
+		}
+		return strconv.FormatBool(b), true
+	case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+		var n json.Number
+		if err := json.Unmarshal(raw, &n); err != nil {
+			return "", false
+		}
+		return n.String(), true
+	}
+	return "", false
 }
 
 // SealFunc seals a secret bound to aad (see CredentialsAAD).
@@ -318,7 +421,8 @@ func FromAttributes(a Attributes, data []byte, now time.Time, seal SealFunc, pri
 	if a.DataContentType != "" && !isJSONContentType(a.DataContentType) {
 		ps.Add("datacontenttype", CodeInvalid, "must be application/json")
 	}
-	ev := Event{ID: a.ID, Type: a.Type, Source: a.Source, Subject: a.Subject, Time: now.UTC()}
+	ev := Event{ID: a.ID, Type: a.Type, Source: a.Source, Subject: a.Subject, Time: now.UTC(),
+		DataSchema: a.DataSchema, Extensions: a.Extensions}
 	if a.Time != "" {
 		t, err := time.Parse(time.RFC3339Nano, a.Time)
 		if err != nil {
@@ -374,11 +478,29 @@ func MarshalStructured(e Event) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(structured{
+	s := structured{
 		SpecVersion: SpecVersion, ID: e.ID, Type: e.Type, Source: e.Source,
 		Time: e.Time.UTC().Format(time.RFC3339Nano), Subject: e.Subject,
-		DataContentType: "application/json", Data: data,
-	})
+		DataContentType: "application/json", DataSchema: e.DataSchema, Data: data,
+	}
+	if len(e.Extensions) == 0 {
+		return json.Marshal(s)
+	}
+	// Extensions are top-level members, beside the attributes.
+	b, err := json.Marshal(s)
+	if err != nil {
+		return nil, err
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(b, &top); err != nil {
+		return nil, err
+	}
+	for k, v := range e.Extensions {
+		if top[k], err = json.Marshal(v); err != nil {
+			return nil, err
+		}
+	}
+	return json.Marshal(top)
 }
 
 // RefuseSealed refuses a mailbox.added that arrives with

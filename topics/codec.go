@@ -1,6 +1,10 @@
 package topics
 
 import (
+	"maps"
+	"mime"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -16,11 +20,21 @@ const (
 	HeaderSource      = "ce_source"
 	HeaderTime        = "ce_time"
 	HeaderSubject     = "ce_subject"
+	HeaderDataSchema  = "ce_dataschema"
 	HeaderContentType = "content-type"
+	// HeaderPrefix starts every attribute header; the other ce_* headers
+	// of a domain event are its extension attributes.
+	HeaderPrefix = "ce_"
 )
 
-// ContentTypeJSON is the content type of every record value.
+// ContentTypeJSON is the content type of every record value mailplane
+// writes. Readers also take it with a charset parameter (utf-8), and
+// structured-mode records (ContentTypeCloudEvents: the whole CloudEvent in
+// the value), as other Kafka producers write them.
 const ContentTypeJSON = "application/json"
+
+// ContentTypeCloudEvents marks a structured-mode record.
+const ContentTypeCloudEvents = "application/cloudevents+json"
 
 // Encode renders an event as a binary-mode record on its domain topic: value
 // is the JSON data, ce_* headers carry the attributes, key is the aggregate id.
@@ -47,20 +61,22 @@ func EncodeTo(topic string, e domain.Event) (*kgo.Record, error) {
 	if subject == "" && e.Data != nil {
 		subject = e.Data.AggregateID()
 	}
-	return &kgo.Record{
-		Topic: topic,
-		Key:   []byte(subject),
-		Value: value,
-		Headers: []kgo.RecordHeader{
-			{Key: HeaderSpecVersion, Value: []byte(domain.SpecVersion)},
-			{Key: HeaderID, Value: []byte(e.ID)},
-			{Key: HeaderType, Value: []byte(e.Type)},
-			{Key: HeaderSource, Value: []byte(e.Source)},
-			{Key: HeaderTime, Value: []byte(e.Time.UTC().Format(time.RFC3339Nano))},
-			{Key: HeaderSubject, Value: []byte(subject)},
-			{Key: HeaderContentType, Value: []byte(ContentTypeJSON)},
-		},
-	}, nil
+	headers := []kgo.RecordHeader{
+		{Key: HeaderSpecVersion, Value: []byte(domain.SpecVersion)},
+		{Key: HeaderID, Value: []byte(e.ID)},
+		{Key: HeaderType, Value: []byte(e.Type)},
+		{Key: HeaderSource, Value: []byte(e.Source)},
+		{Key: HeaderTime, Value: []byte(e.Time.UTC().Format(time.RFC3339Nano))},
+		{Key: HeaderSubject, Value: []byte(subject)},
+		{Key: HeaderContentType, Value: []byte(ContentTypeJSON)},
+	}
+	if e.DataSchema != "" {
+		headers = append(headers, kgo.RecordHeader{Key: HeaderDataSchema, Value: []byte(e.DataSchema)})
+	}
+	for _, k := range slices.Sorted(maps.Keys(e.Extensions)) {
+		headers = append(headers, kgo.RecordHeader{Key: HeaderPrefix + k, Value: []byte(e.Extensions[k])})
+	}
+	return &kgo.Record{Topic: topic, Key: []byte(subject), Value: value, Headers: headers}, nil
 }
 
 // Header returns the value of the first header named key.
@@ -79,10 +95,14 @@ func Header(r *kgo.Record, key string) (string, bool) {
 // Decode never panics. Data decoding is lenient about unknown fields so that
 // old consumers read what newer producers write.
 func Decode(r *kgo.Record) (domain.Event, error) {
+	if ct, ok := Header(r, HeaderContentType); ok && mediaType(ct) == ContentTypeCloudEvents {
+		return decodeStructured(r)
+	}
 	// One pass over the headers; the first of a name counts, as in Header.
 	var (
-		spec, id, typ, source, ts, subject, ct []byte
-		seen                                   uint8
+		spec, id, typ, source, ts, subject, ct, schema []byte
+		ext                                            map[string]string
+		seen                                           uint8
 	)
 	for _, h := range r.Headers {
 		var dst *[]byte
@@ -102,7 +122,17 @@ func Decode(r *kgo.Record) (domain.Event, error) {
 			dst, bit = &subject, 1<<5
 		case HeaderContentType:
 			dst, bit = &ct, 1<<6
+		case HeaderDataSchema:
+			dst, bit = &schema, 1<<7
 		default:
+			if name, ok := strings.CutPrefix(h.Key, HeaderPrefix); ok {
+				if ext == nil {
+					ext = map[string]string{}
+				}
+				if _, dup := ext[name]; !dup {
+					ext[name] = string(h.Value)
+				}
+			}
 			continue
 		}
 		if seen&bit == 0 {
@@ -122,8 +152,8 @@ func Decode(r *kgo.Record) (domain.Event, error) {
 	if string(spec) != domain.SpecVersion {
 		ps.Add(HeaderSpecVersion, domain.CodeMalformedHeader, "unsupported specversion %q", spec)
 	}
-	if len(ct) > 0 && string(ct) != ContentTypeJSON {
-		ps.Add(HeaderContentType, domain.CodeMalformedHeader, "content-type must be %s", ContentTypeJSON)
+	if len(ct) > 0 && !isJSON(string(ct)) {
+		ps.Add(HeaderContentType, domain.CodeMalformedHeader, "content-type must be %s (charset utf-8 if any) or %s", ContentTypeJSON, ContentTypeCloudEvents)
 	}
 	t, err := time.Parse(time.RFC3339Nano, string(ts))
 	if err != nil {
@@ -141,7 +171,13 @@ func Decode(r *kgo.Record) (domain.Event, error) {
 	}
 	// data.EventType() is typ (DecodeData made data for it), as a constant.
 	e := domain.Event{ID: string(id), Type: data.EventType(), Source: string(source), Time: t.UTC(), Subject: string(subject), Data: data,
-		Logged: r.Timestamp}
+		DataSchema: string(schema), Extensions: ext, Logged: r.Timestamp}
+	return checked(r, e)
+}
+
+// checked validates a decoded event and its record key.
+func checked(r *kgo.Record, e domain.Event) (domain.Event, error) {
+	data := e.Data
 	if ps := e.Validate(); len(ps) > 0 {
 		if ps.Has(domain.CodePlaintextSecret) {
 			return domain.Event{}, &domain.Error{Code: domain.CodePlaintextSecret, Message: "record carries a plain-text secret", Problems: ps}
@@ -155,4 +191,40 @@ func Decode(r *kgo.Record) (domain.Event, error) {
 		e.Subject = data.AggregateID()
 	}
 	return e, nil
+}
+
+// decodeStructured reads a structured-mode record: the value is the whole
+// CloudEvent (JSON), as other Kafka producers may write it. Its data is
+// read leniently, like a binary-mode record's; credentials must be sealed.
+func decodeStructured(r *kgo.Record) (domain.Event, error) {
+	e, ps := domain.ParseStructuredRecord(r.Value)
+	if len(ps) > 0 {
+		if ps.Has(domain.CodePlaintextSecret) {
+			return domain.Event{}, &domain.Error{Code: domain.CodePlaintextSecret, Message: "record carries a plain-text secret", Problems: ps}
+		}
+		return domain.Event{}, ps.Err()
+	}
+	e.Logged = r.Timestamp
+	return checked(r, e)
+}
+
+// mediaType is a content type without its parameters, lower-cased.
+func mediaType(ct string) string {
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.ToLower(strings.TrimSpace(mt))
+}
+
+// isJSON accepts application/json, with a charset parameter of utf-8 at
+// most (JSON is UTF-8: RFC 8259).
+func isJSON(ct string) bool {
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil || mt != ContentTypeJSON {
+		return false
+	}
+	for k, v := range params {
+		if k != "charset" || !strings.EqualFold(v, "utf-8") {
+			return false
+		}
+	}
+	return true
 }

@@ -247,3 +247,89 @@ func TestEncodeRefusesPlainSecrets(t *testing.T) {
 		t.Errorf("plain credentials: %v", err)
 	}
 }
+
+// TestDecodeWhatOtherKafkaProducersWrite: records as other clients write
+// them are read: a UUIDv4 id, a charset on the content type, extension
+// and dataschema headers (kept on the event), and structured-mode records
+// (the whole CloudEvent in the value). What they must not carry is still
+// refused the same way.
+func TestDecodeWhatOtherKafkaProducersWrite(t *testing.T) {
+	t.Parallel()
+	recs := exampleRecords(t)
+	user, added := recordOf(t, recs, domain.TypeUserActive), recordOf(t, recs, domain.TypeMailboxAdded)
+	const v4 = "2c5ea4c0-4067-4f5a-9a31-1c9b6f4e8d21"
+
+	binary := setHeader(setHeader(user, topics.HeaderID, v4), topics.HeaderContentType, "application/json; charset=utf-8")
+	binary.Headers = append(binary.Headers,
+		kgo.RecordHeader{Key: "ce_traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")},
+		kgo.RecordHeader{Key: topics.HeaderDataSchema, Value: []byte("https://schemas.example.org/user.active")})
+	ev, err := topics.Decode(binary)
+	if err != nil {
+		t.Fatalf("binary record from another producer: %v", err)
+	}
+	if ev.ID != v4 || ev.Extensions["traceparent"] == "" || ev.DataSchema != "https://schemas.example.org/user.active" {
+		t.Errorf("decoded %+v", ev)
+	}
+	// Encoding it again keeps what it carried.
+	again, err := topics.Encode(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := topics.Header(again, "ce_traceparent"); v != ev.Extensions["traceparent"] {
+		t.Errorf("re-encoded ce_traceparent %q", v)
+	}
+
+	structuredOf := func(r *kgo.Record, extra map[string]any) *kgo.Record {
+		t.Helper()
+		e, err := topics.Decode(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := domain.MarshalStructured(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		_ = json.Unmarshal(raw, &m)
+		for k, v := range extra {
+			m[k] = v
+		}
+		out := cloneRecord(r)
+		out.Value, _ = json.Marshal(m)
+		out.Headers = []kgo.RecordHeader{{Key: topics.HeaderContentType, Value: []byte("application/cloudevents+json; charset=UTF-8")}}
+		return out
+	}
+	s, err := topics.Decode(structuredOf(user, map[string]any{"id": v4, "partitionkey": "user-7", "sampled": true}))
+	if err != nil {
+		t.Fatalf("structured record: %v", err)
+	}
+	if s.ID != v4 || s.Type != domain.TypeUserActive || s.Extensions["partitionkey"] != "user-7" || s.Extensions["sampled"] != "true" {
+		t.Errorf("structured decoded %+v", s)
+	}
+	if _, err := topics.Decode(structuredOf(added, nil)); err != nil {
+		t.Errorf("structured mailbox.added with sealed credentials: %v", err)
+	}
+
+	var plain map[string]any
+	_ = json.Unmarshal(added.Value, &plain)
+	plain["credentials"] = map[string]any{"password": "hunter2"}
+	otherKey := structuredOf(user, nil)
+	otherKey.Key = []byte("0190a5b2-4c5e-7b1a-9c3d-0000000ff001")
+	for _, c := range []struct {
+		name string
+		rec  *kgo.Record
+		code domain.Code
+	}{
+		{"structured, plain credentials", structuredOf(added, map[string]any{"data": plain}), domain.CodePlaintextSecret},
+		{"structured, key mismatch", otherKey, domain.CodeKeyMismatch},
+		{"structured, no time", structuredOf(user, map[string]any{"time": nil}), domain.CodeInvalid},
+		{"structured, bad extension name", structuredOf(user, map[string]any{"Trace-Parent": "x"}), domain.CodeUnknownField},
+		{"binary, extension with a newline", setHeader(user, "ce_traceparent", "00\nbad"), domain.CodeForbiddenCharacter},
+		{"binary, charset not utf-8", setHeader(user, topics.HeaderContentType, "application/json; charset=latin1"), domain.CodeMalformedHeader},
+		{"binary, id upper-case", setHeader(user, topics.HeaderID, "2C5EA4C0-4067-4F5A-9A31-1C9B6F4E8D21"), domain.CodeInvalid},
+	} {
+		if _, err := topics.Decode(c.rec); domain.ErrorCode(err) != c.code {
+			t.Errorf("%s: %v, want code %q", c.name, err, c.code)
+		}
+	}
+}

@@ -302,22 +302,12 @@ var binaryHeaders = []struct{ header, attr string }{
 	{"Ce-Source", "source"},
 	{"Ce-Time", "time"},
 	{"Ce-Subject", "subject"},
+	{"Ce-Dataschema", "dataschema"},
 }
 
 func (s *Server) parseBinary(h http.Header, body []byte, now time.Time) item {
 	var ps domain.Problems
-	var unknown []string
-	for k := range h {
-		if len(k) > 3 && strings.EqualFold(k[:3], "ce-") && !slices.ContainsFunc(binaryHeaders, func(b struct{ header, attr string }) bool {
-			return strings.EqualFold(b.header, k)
-		}) {
-			unknown = append(unknown, strings.ToLower(k))
-		}
-	}
-	slices.Sort(unknown)
-	for _, k := range unknown {
-		ps.Add(k, domain.CodeUnknownField, "unknown CloudEvents attribute (extensions are not accepted)")
-	}
+	ext := binaryExtensions(h, &ps)
 	vals := map[string]string{}
 	for _, b := range binaryHeaders {
 		vs := h.Values(b.header)
@@ -339,6 +329,7 @@ func (s *Server) parseBinary(h http.Header, body []byte, now time.Time) item {
 	a := domain.Attributes{
 		SpecVersion: vals["specversion"], ID: vals["id"], Type: vals["type"],
 		Source: vals["source"], Time: vals["time"], Subject: vals["subject"],
+		DataSchema: vals["dataschema"], Extensions: ext,
 	}
 	ev, eps := domain.FromAttributes(a, body, now, s.seal, nil)
 	eps = s.dropSealable(eps)
@@ -370,6 +361,41 @@ func (s *Server) parseBinary(h http.Header, body []byte, now time.Time) item {
 		return item{problems: ps, id: id, typ: typ}
 	}
 	return item{ev: ev, id: ev.ID, typ: ev.Type}
+}
+
+// binaryExtensions reads the extension attributes of a binary-mode
+// request: every ce-* header that is not an attribute of the spec, named
+// after it (ce-traceparent: traceparent), its value percent-decoded.
+func binaryExtensions(h http.Header, ps *domain.Problems) map[string]string {
+	var names []string
+	for k := range h {
+		if len(k) > 3 && strings.EqualFold(k[:3], "ce-") && !slices.ContainsFunc(binaryHeaders, func(b struct{ header, attr string }) bool {
+			return strings.EqualFold(b.header, k)
+		}) {
+			names = append(names, k)
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	slices.Sort(names)
+	ext := make(map[string]string, len(names))
+	for _, k := range names {
+		field, name := strings.ToLower(k), strings.ToLower(k[3:])
+		vs := h.Values(k)
+		v, err := url.PathUnescape(vs[0])
+		switch {
+		case !domain.IsExtensionName(name):
+			ps.Add(field, domain.CodeUnknownField, "unknown CloudEvents attribute: an extension's name is 1 to 20 lower-case letters or digits")
+		case len(vs) > 1:
+			ps.Add(field, domain.CodeMalformedHeader, "header %s must be given once", field)
+		case err != nil || !utf8.ValidString(v):
+			ps.Add(field, domain.CodeMalformedHeader, "header %s is not valid percent-encoded UTF-8", field)
+		default:
+			ext[name] = v
+		}
+	}
+	return ext
 }
 
 // markDuplicates refuses a second event with an id already in the request.

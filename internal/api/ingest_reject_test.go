@@ -45,7 +45,8 @@ func TestIngestRejects(t *testing.T) {
 	}
 	hb := heartbeat()
 	bigReason := with(mailboxRemoved(), "data.reason", strings.Repeat("x", DefaultMaxBodyBytes))
-	v4ID := with(userActive(), "id", newUUID())
+	notUUID := with(userActive(), "id", "order-4711")
+	upperUUID := with(userActive(), "id", strings.ToUpper(newUUID()))
 	upperMailbox := mailboxRemoved()
 	upperID := strings.ToUpper(upperMailbox["subject"].(string))
 	upperMailbox = with(with(upperMailbox, "data.mailbox_id", upperID), "subject", upperID)
@@ -124,7 +125,8 @@ func TestIngestRejects(t *testing.T) {
 		}},
 		{rc("oversized field", 400, domain.CodeInvalid, p(0, "data.reason", domain.CodeTooLong)),
 			structured(with(mailboxRemoved(), "data.reason", strings.Repeat("é", 501)))},
-		{rc("event id not v7", 400, domain.CodeInvalid, p(0, "id", domain.CodeInvalid)), structured(v4ID)},
+		{rc("event id not a UUID", 400, domain.CodeInvalid, p(0, "id", domain.CodeInvalid)), structured(notUUID)},
+		{rc("event id upper-case", 400, domain.CodeInvalid, p(0, "id", domain.CodeInvalid)), structured(upperUUID)},
 		{rc("aggregate id upper-case", 400, domain.CodeInvalid, p(0, "data.mailbox_id", domain.CodeInvalid)), structured(upperMailbox)},
 		{rc("tier dedicated", 400, domain.CodeInvalid, p(0, "data.tier", domain.CodeTierNotAllowed)).exactly(),
 			structured(with(hb, "data.tier", "dedicated"))},
@@ -170,8 +172,10 @@ func TestIngestRejects(t *testing.T) {
 		{rc("binary missing ce-id and ce-source", 400, domain.CodeInvalid,
 			p(0, "ce-id", domain.CodeMissingHeader), p(0, "ce-source", domain.CodeMissingHeader)).exactly(),
 			fixed(req{ct: ContentTypeBinary, body: binData, headers: withoutHdr(withoutHdr(binHdr, "ce-id"), "ce-source")})},
-		{rc("binary unknown ce- header", 400, domain.CodeInvalid, p(0, "ce-traceparent", domain.CodeUnknownField)).exactly(),
-			fixed(req{ct: ContentTypeBinary, body: binData, headers: plusHdr(binHdr, "ce-traceparent", "00-abc")})},
+		{rc("binary ce- header that cannot name an extension", 400, domain.CodeInvalid, p(0, "ce-trace_parent", domain.CodeUnknownField)).exactly(),
+			fixed(req{ct: ContentTypeBinary, body: binData, headers: plusHdr(binHdr, "ce-trace_parent", "00-abc")})},
+		{rc("binary extension with a control character", 400, domain.CodeInvalid, p(0, "traceparent", domain.CodeForbiddenCharacter)).exactly(),
+			fixed(req{ct: ContentTypeBinary, body: binData, headers: plusHdr(binHdr, "ce-traceparent", "00-abc%0A")})},
 		{rc("binary bad percent-encoding", 400, domain.CodeInvalid, p(0, "ce-source", domain.CodeMalformedHeader)).exactly(),
 			fixed(req{ct: ContentTypeBinary, body: binData, headers: plusHdr(binHdr, "ce-source", "urn:%zz")})},
 		{rc("binary bad ce-time", 400, domain.CodeInvalid, p(0, "ce-time", domain.CodeInvalid)).exactly(),
@@ -188,8 +192,12 @@ func TestIngestRejects(t *testing.T) {
 			structured(without(mb, "data.credentials"))},
 		{rc("unknown data field", 400, domain.CodeInvalid, p(0, "data.colour", domain.CodeUnknownField)),
 			structured(with(userActive(), "data.colour", "blue"))},
-		{rc("unknown CloudEvents attribute", 400, domain.CodeInvalid, p(0, "traceparent", domain.CodeUnknownField)),
-			structured(with(userActive(), "traceparent", "00-abc"))},
+		{rc("attribute that cannot name an extension", 400, domain.CodeInvalid, p(0, "traceParent", domain.CodeUnknownField)),
+			structured(with(userActive(), "traceParent", "00-abc"))},
+		{rc("extension that is an object", 400, domain.CodeInvalid, p(0, "traceparent", domain.CodeInvalidType)),
+			structured(with(userActive(), "traceparent", map[string]any{"v": 1}))},
+		{rc("dataschema not a URI", 400, domain.CodeInvalid, p(0, "dataschema", domain.CodeInvalid)),
+			structured(with(userActive(), "dataschema", "not a uri"))},
 		{rcCheck("GET on /v1/events", 405, CodeMethodNotAllowed, func(t *testing.T, resp *http.Response, _ ErrorResponse) {
 			if got := resp.Header.Get("Allow"); got != "POST" {
 				t.Errorf("Allow = %q, want POST", got)

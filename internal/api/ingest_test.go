@@ -500,3 +500,47 @@ func TestIngestNoSealer(t *testing.T) {
 	}
 	e.assertNothingProduced()
 }
+
+// TestIngestCloudEventsSDKShapes: what the CloudEvents SDKs send by
+// default is accepted, in both modes, and kept on the log: a UUIDv4 id,
+// the dataschema attribute, and extension attributes (traceparent,
+// partitionkey) as ce_<name> headers, which Decode reads back.
+func TestIngestCloudEventsSDKShapes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{opts: []Option{WithClock(func() time.Time { return fixedNow })}})
+	const (
+		schema = "https://schemas.example.org/mailplane/user.active/v1"
+		trace  = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	)
+	ev := with(with(with(with(userActive(), "id", "2c5ea4c0-4067-4f5a-9a31-1c9b6f4e8d21"), "dataschema", schema),
+		"traceparent", trace), "partitionkey", "user-7")
+	structured := func() (*http.Response, []byte) { return e.do(req{ct: ContentTypeStructured, body: mustJSON(t, ev)}) }
+	binary := func() (*http.Response, []byte) {
+		h := binaryHeadersOf(without(without(without(ev, "dataschema"), "traceparent"), "partitionkey"))
+		h["ce-id"] = "9b2f4c1e-7d3a-4e8b-b6c5-0a1f2e3d4c5b"
+		h["ce-dataschema"] = url.PathEscape(schema)
+		h["ce-traceparent"] = trace
+		h["ce-partitionkey"] = "user-7"
+		return e.do(req{ct: ContentTypeBinary + "; charset=utf-8", body: mustJSON(t, ev["data"]), headers: h})
+	}
+	for name, send := range map[string]func() (*http.Response, []byte){"structured": structured, "binary": binary} {
+		resp, body := send()
+		if resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("%s: status %d: %s", name, resp.StatusCode, body)
+		}
+		rc := decodeAccepted(t, body).Events[0]
+		rec := e.fetch(rc.Topic, rc.Partition, rc.Offset)
+		for h, want := range map[string]string{topics.HeaderDataSchema: schema, "ce_traceparent": trace, "ce_partitionkey": "user-7"} {
+			if got, _ := topics.Header(rec, h); got != want {
+				t.Errorf("%s: header %s = %q, want %q", name, h, got, want)
+			}
+		}
+		got, err := topics.Decode(rec)
+		if err != nil {
+			t.Fatalf("%s: the record does not decode: %v", name, err)
+		}
+		if got.ID != rc.ID || got.DataSchema != schema || got.Extensions["traceparent"] != trace || got.Extensions["partitionkey"] != "user-7" {
+			t.Errorf("%s: decoded %+v", name, got)
+		}
+	}
+}
