@@ -8,19 +8,20 @@ import (
 
 // BrokerFlags are the bootstrap brokers and how to authenticate to them.
 type BrokerFlags struct {
-	brokers, mechanism, user, password, caFile *string
-	tls                                        *bool
+	brokers, mechanism, user, password, caFile, compression *string
+	tls                                                     *bool
 }
 
 // RegisterBrokerFlags registers the broker settings on fs.
 func RegisterBrokerFlags(fs *flag.FlagSet) *BrokerFlags {
 	return &BrokerFlags{
-		brokers:   Brokers.String(fs),
-		mechanism: KafkaSASLMechanism.String(fs),
-		user:      KafkaSASLUser.String(fs),
-		password:  KafkaSASLPassword.String(fs),
-		tls:       KafkaTLS.Bool(fs),
-		caFile:    KafkaCAFile.String(fs),
+		brokers:     Brokers.String(fs),
+		mechanism:   KafkaSASLMechanism.String(fs),
+		user:        KafkaSASLUser.String(fs),
+		password:    KafkaSASLPassword.String(fs),
+		tls:         KafkaTLS.Bool(fs),
+		caFile:      KafkaCAFile.String(fs),
+		compression: KafkaCompression.String(fs),
 	}
 }
 
@@ -28,11 +29,15 @@ func RegisterBrokerFlags(fs *flag.FlagSet) *BrokerFlags {
 // are parsed. Bad settings stop the command, as a malformed flag does.
 func (b *BrokerFlags) Config(clientID string) kafka.Config {
 	c := kafka.Config{
-		Brokers:  kafka.ParseBrokers(*b.brokers),
-		ClientID: clientID,
-		SASL:     kafka.SASL{Mechanism: *b.mechanism, User: *b.user, Password: *b.password},
+		Brokers:     kafka.ParseBrokers(*b.brokers),
+		ClientID:    clientID,
+		SASL:        kafka.SASL{Mechanism: *b.mechanism, User: *b.user, Password: *b.password},
+		Compression: *b.compression,
 	}
 	if err := c.SASL.Validate(); err != nil {
+		fatalf("%v", err)
+	}
+	if err := kafka.ValidCompression(c.Compression); err != nil {
 		fatalf("%v", err)
 	}
 	if *b.tls || *b.caFile != "" {

@@ -290,3 +290,45 @@ func TestClientsCarryMetricsAndReuseThem(t *testing.T) {
 		t.Fatal("no mailplane_kafka metrics of the admin client")
 	}
 }
+
+// TestRecordsAreGzipCompressed: every client of the kit compresses its
+// batches with gzip unless configured otherwise: stock clients of every
+// ecosystem read gzip without a codec plugin (KafkaJS reads no snappy, lz4
+// or zstd on its own).
+func TestRecordsAreGzipCompressed(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		setting string
+		want    uint8 // the record batch attributes' compression type
+	}{{"", 1}, {"gzip", 1}, {"snappy", 2}, {"none", 0}} {
+		cfg := broker(t, "compression-test", 1)
+		cfg.Compression = c.setting
+		cl, err := kafka.NewProducer(cfg, kgo.DefaultProduceTopic("compression-test"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Records worth compressing (franz-go sends a batch that would
+		// not shrink as it is).
+		for i := range 20 {
+			cl.Produce(t.Context(), &kgo.Record{Value: []byte(strings.Repeat(fmt.Sprintf("event %d ", i), 100))}, nil)
+		}
+		if err := cl.Flush(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		cl.Close()
+		var got []uint8
+		if _, err := kafka.ReadToEnd(t.Context(), cfg, kafka.ReadSpec{Topics: []string{"compression-test"}, ClientID: "compression-test-read"},
+			func(r *kgo.Record) error {
+				got = append(got, r.Attrs.CompressionType())
+				return nil
+			}); err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 20 || slices.ContainsFunc(got, func(ct uint8) bool { return ct != c.want }) {
+			t.Errorf("compression %q: read types %v, want 20 of %d", c.setting, got, c.want)
+		}
+	}
+	if err := kafka.ValidCompression("brotli"); err == nil {
+		t.Error("an unknown compression was accepted")
+	}
+}
