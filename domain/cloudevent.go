@@ -19,7 +19,7 @@ const SpecVersion = "1.0"
 
 // Event is a domain event: CloudEvents attributes around typed data.
 type Event struct {
-	ID      string    // a UUID: mailplane mints UUIDv7s, producers may send any version (the SDKs' UUIDv4)
+	ID      string    // the producer's id, any clean string (mailplane mints UUIDv7s); Key is what consumers dedupe by
 	Type    string    // e.g. mailplane.mailbox.added.v1
 	Source  string    // URI-reference naming the producer
 	Time    time.Time // when it happened, per the producer: kept for audit, never a rule's clock (TrustedTime)
@@ -92,12 +92,9 @@ func (e Event) ClaimNoLaterThanLogged() time.Time {
 // problems carry field paths under "data.".
 func (e Event) Validate() Problems {
 	var ps Problems
-	switch {
-	case e.ID == "":
-		ps.Add("id", CodeRequired, "is required")
-	case !IsUUID(e.ID):
-		ps.Add("id", CodeInvalid, "must be a lower-case UUID (any version; mailplane mints UUIDv7)")
-	}
+	// Any id the spec allows (a non-empty string), as clean text: with
+	// its source it identifies the event (Key).
+	checkText(&ps, "id", e.ID, true, MaxEventID)
 	checkSource(&ps, "source", e.Source)
 	checkDataSchema(&ps, e.DataSchema)
 	checkExtensions(&ps, e.Extensions)

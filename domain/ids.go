@@ -91,3 +91,26 @@ func formatUUID(u [16]byte) string {
 	hex.Encode(out[24:36], u[10:16])
 	return string(out[:])
 }
+
+// MaxEventID bounds an event id a producer sends, in characters.
+const MaxEventID = 256
+
+// EventKey is the identity of the event with source and id for
+// deduplication: a UUIDv7. CloudEvents identify an event by source and id
+// together, and let id be any string. When id is a canonical lower-case
+// UUIDv7 (mailplane's own) it is the key itself; any other id (the SDKs'
+// UUIDv4s, a producer's order number) gets a UUIDv7 derived from SHA-256
+// of source and id with a zero timestamp (DerivedID), the same in every
+// process and every replay. Keys stay UUIDv7s, so every record that names
+// an event by key (mailbox.state's source_event_id, the decision log's
+// ce_causeid) keeps its released schema. The producer's id stays on the
+// event's own record (ce_id).
+func EventKey(source, id string) string {
+	if IsUUIDv7(id) {
+		return id
+	}
+	return DerivedID(time.UnixMilli(0), "mailplane.event-key.v1", source, id)
+}
+
+// Key is EventKey of the event: what consumers deduplicate it by.
+func (e Event) Key() string { return EventKey(e.Source, e.ID) }

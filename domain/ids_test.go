@@ -45,3 +45,32 @@ func TestNewEventIDIsAnOrderedUUIDv7(t *testing.T) {
 		seen[id], prev = true, id
 	}
 }
+
+func TestEventKey(t *testing.T) {
+	t.Parallel()
+	v7 := domain.NewEventID()
+	if domain.EventKey("/a", v7) != v7 {
+		t.Error("a UUIDv7 id is not its own key")
+	}
+	const v4 = "2c5ea4c0-4067-4f5a-9a31-1c9b6f4e8d21"
+	for _, id := range []string{v4, "order-4711", "ORDER-4711"} {
+		k := domain.EventKey("/shop", id)
+		if !domain.IsUUIDv7(k) || k == id {
+			t.Errorf("key of %q is %q, want a UUIDv7 of its own", id, k)
+		}
+		if domain.EventKey("/shop", id) != k {
+			t.Errorf("key of %q is not deterministic", id)
+		}
+		// CloudEvents identify an event by source and id together.
+		if domain.EventKey("/billing", id) == k {
+			t.Errorf("key of %q is the same from another source", id)
+		}
+	}
+	if domain.EventKey("/shop", "order-4711") == domain.EventKey("/shop", "ORDER-4711") {
+		t.Error("ids that differ by case share a key")
+	}
+	e := domain.Event{ID: "order-4711", Source: "/shop"}
+	if e.Key() != domain.EventKey("/shop", "order-4711") {
+		t.Error("Event.Key is not EventKey of its source and id")
+	}
+}

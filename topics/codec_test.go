@@ -190,7 +190,7 @@ func TestDecodeErrors(t *testing.T) {
 		tc{"plain credentials only", onlyPlain, domain.CodePlaintextSecret},
 		tc{"malformed value", badValue, domain.CodeMalformedJSON},
 		tc{"invalid data", invalid, domain.CodeInvalid},
-		tc{"bad id", setHeader(user, topics.HeaderID, "not-a-uuid"), domain.CodeInvalid},
+		tc{"empty id", setHeader(user, topics.HeaderID, ""), domain.CodeRequired},
 	)
 	for _, c := range cases {
 		_, err := topics.Decode(c.rec)
@@ -326,7 +326,7 @@ func TestDecodeWhatOtherKafkaProducersWrite(t *testing.T) {
 		{"structured, bad extension name", structuredOf(user, map[string]any{"Trace-Parent": "x"}), domain.CodeUnknownField},
 		{"binary, extension with a newline", setHeader(user, "ce_traceparent", "00\nbad"), domain.CodeForbiddenCharacter},
 		{"binary, charset not utf-8", setHeader(user, topics.HeaderContentType, "application/json; charset=latin1"), domain.CodeMalformedHeader},
-		{"binary, id upper-case", setHeader(user, topics.HeaderID, "2C5EA4C0-4067-4F5A-9A31-1C9B6F4E8D21"), domain.CodeInvalid},
+		{"binary, id with a control character", setHeader(user, topics.HeaderID, "order\u00074711"), domain.CodeForbiddenCharacter},
 	} {
 		if _, err := topics.Decode(c.rec); domain.ErrorCode(err) != c.code {
 			t.Errorf("%s: %v, want code %q", c.name, err, c.code)

@@ -45,8 +45,8 @@ func TestIngestRejects(t *testing.T) {
 	}
 	hb := heartbeat()
 	bigReason := with(mailboxRemoved(), "data.reason", strings.Repeat("x", DefaultMaxBodyBytes))
-	notUUID := with(userActive(), "id", "order-4711")
-	upperUUID := with(userActive(), "id", strings.ToUpper(newUUID()))
+	newlineID := with(userActive(), "id", "order-4711\nX-Forged: 1")
+	longID := with(userActive(), "id", strings.Repeat("x", 257))
 	upperMailbox := mailboxRemoved()
 	upperID := strings.ToUpper(upperMailbox["subject"].(string))
 	upperMailbox = with(with(upperMailbox, "data.mailbox_id", upperID), "subject", upperID)
@@ -125,8 +125,8 @@ func TestIngestRejects(t *testing.T) {
 		}},
 		{rc("oversized field", 400, domain.CodeInvalid, p(0, "data.reason", domain.CodeTooLong)),
 			structured(with(mailboxRemoved(), "data.reason", strings.Repeat("é", 501)))},
-		{rc("event id not a UUID", 400, domain.CodeInvalid, p(0, "id", domain.CodeInvalid)), structured(notUUID)},
-		{rc("event id upper-case", 400, domain.CodeInvalid, p(0, "id", domain.CodeInvalid)), structured(upperUUID)},
+		{rc("event id with a newline", 400, domain.CodeInvalid, p(0, "id", domain.CodeForbiddenCharacter)), structured(newlineID)},
+		{rc("event id over 256 characters", 400, domain.CodeInvalid, p(0, "id", domain.CodeTooLong)), structured(longID)},
 		{rc("aggregate id upper-case", 400, domain.CodeInvalid, p(0, "data.mailbox_id", domain.CodeInvalid)), structured(upperMailbox)},
 		{rc("tier dedicated", 400, domain.CodeInvalid, p(0, "data.tier", domain.CodeTierNotAllowed)).exactly(),
 			structured(with(hb, "data.tier", "dedicated"))},
@@ -232,8 +232,8 @@ func TestIngestRejects(t *testing.T) {
 				return req{ct: ContentTypeBatch, body: mustJSON(t, []map[string]any{warmupObserved(), with(warmupObserved(), "data.placement", "spam")})}
 			}},
 		{rc("several problems in one event", 400, domain.CodeInvalid,
-			p(0, "id", domain.CodeInvalid), p(0, "source", domain.CodeRequired), p(0, "data.source", domain.CodeInvalid)),
-			structured(with(with(without(userActive(), "source"), "id", "nope"), "data.source", "carrier pigeon"))},
+			p(0, "id", domain.CodeForbiddenCharacter), p(0, "source", domain.CodeRequired), p(0, "data.source", domain.CodeInvalid)),
+			structured(with(with(without(userActive(), "source"), "id", "no\u0000pe"), "data.source", "carrier pigeon"))},
 		{rc("unknown route", 404, domain.CodeNotFound), fixed(req{path: "/v1/nope", ct: ContentTypeStructured, body: []byte(`{}`)})},
 	}
 	if len(cases) < 30 {

@@ -544,3 +544,32 @@ func TestIngestCloudEventsSDKShapes(t *testing.T) {
 		}
 	}
 }
+
+// TestIngestAnyIDTheSpecAllows: an id that is not a UUID (a producer's
+// own order number) is accepted and kept on the record as the producer
+// sent it; consumers dedupe the event by its key, derived from source
+// and id.
+func TestIngestAnyIDTheSpecAllows(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{opts: []Option{WithClock(func() time.Time { return fixedNow })}})
+	ev := with(userActive(), "id", "order-4711")
+	resp, body := e.do(req{ct: ContentTypeStructured, body: mustJSON(t, ev)})
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	rc := decodeAccepted(t, body).Events[0]
+	if rc.ID != "order-4711" {
+		t.Errorf("receipt id %q", rc.ID)
+	}
+	rec := e.fetch(rc.Topic, rc.Partition, rc.Offset)
+	if id, _ := topics.Header(rec, topics.HeaderID); id != "order-4711" {
+		t.Errorf("ce_id on the record %q, want the producer's", id)
+	}
+	got, err := topics.Decode(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := got.Key(); k != domain.EventKey(ev["source"].(string), "order-4711") || !domain.IsUUIDv7(k) {
+		t.Errorf("key %q", k)
+	}
+}

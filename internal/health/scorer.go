@@ -112,7 +112,7 @@ func (s *Scorer) Apply(ctx context.Context, tx pgx.Tx, in []projections.Record) 
 		*r = next
 		counts[o.MailboxID]++
 		if scored != nil {
-			ev := domain.Event{ID: domain.DerivedID(r.LastEval, "mailplane.health.scored-id.v1", e.ID), Type: domain.TypeMailboxHealthScored,
+			ev := domain.Event{ID: domain.DerivedID(r.LastEval, "mailplane.health.scored-id.v1", e.Key()), Type: domain.TypeMailboxHealthScored,
 				Source: Source, Time: r.LastEval, Subject: o.MailboxID, Data: scored}
 			rec, err := topics.Encode(ev)
 			if err != nil {

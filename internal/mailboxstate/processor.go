@@ -463,7 +463,7 @@ func (p *Processor) fold(r *kgo.Record, a *applied, batch *batchState, out []*kg
 		}
 		next, kind = current{m: m, live: true}, outcomeUpserted
 	case *domain.MailboxRemoved:
-		state, kind = Tombstone(d.MailboxID, e.ID, e.Time), outcomeTombstoned
+		state, kind = Tombstone(d.MailboxID, e.Key(), e.Time), outcomeTombstoned
 		next = current{m: domain.MailboxStateRecord{MailboxID: d.MailboxID}}
 	case *domain.MailboxDisabled:
 		var dl *dlq.Failure
@@ -480,9 +480,9 @@ func (p *Processor) fold(r *kgo.Record, a *applied, batch *batchState, out []*kg
 	default:
 		return out, outcomeIgnored
 	}
-	id, err := uuid.Parse(e.ID) // a UUIDv7: Decode validated it
+	id, err := uuid.Parse(e.Key()) // always a UUID (domain.EventKey)
 	if err != nil {
-		return deadLetter(domain.CodeInternal, fmt.Sprintf("event id %q: %v", e.ID, err))
+		return deadLetter(domain.CodeInternal, fmt.Sprintf("event key %q: %v", e.Key(), err))
 	}
 	ts := r.Timestamp.UnixMilli()
 	if a.seen(id, ts, p.cfg.window.Milliseconds()) {

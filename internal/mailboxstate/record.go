@@ -42,7 +42,7 @@ func FromAdded(e domain.Event, d *domain.MailboxAdded) domain.MailboxStateRecord
 		SealedCredentials: d.SealedCredentials,
 		Enabled:           true,
 		AddedAt:           e.ClaimNoLaterThanLogged().UTC(),
-		SourceEventID:     e.ID,
+		SourceEventID:     e.Key(),
 	}
 }
 
@@ -51,7 +51,7 @@ func FromAdded(e domain.Event, d *domain.MailboxAdded) domain.MailboxStateRecord
 // ce_time are e's). Every other field, AddedAt included, stays.
 func Disabled(m domain.MailboxStateRecord, e domain.Event) domain.MailboxStateRecord {
 	m.Enabled = false
-	m.SourceEventID = e.ID
+	m.SourceEventID = e.Key()
 	return m
 }
 
@@ -65,7 +65,7 @@ func Rotated(m domain.MailboxStateRecord, e domain.Event, d *domain.CredentialsR
 		return m, false
 	}
 	m.SealedCredentials = d.SealedCredentials
-	m.SourceEventID = e.ID
+	m.SourceEventID = e.Key()
 	return m, true
 }
 

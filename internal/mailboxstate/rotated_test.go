@@ -19,7 +19,7 @@ func TestRotatedAppliesToItsRegistration(t *testing.T) {
 	m := domain.MailboxStateRecord{MailboxID: "0190a5b2-4c5e-7b1a-9c3d-00000000c001", SealedCredentials: old, Enabled: true, AddedAt: added, SourceEventID: "a"}
 	e := domain.Event{ID: "r"}
 	got, ok := mailboxstate.Rotated(m, e, &domain.CredentialsRotated{MailboxID: m.MailboxID, SealedCredentials: fresh, Cause: domain.RotationReseal, AddedAt: added})
-	if !ok || got.SealedCredentials != fresh || got.SourceEventID != "r" || !got.Enabled || !got.AddedAt.Equal(added) {
+	if !ok || got.SealedCredentials != fresh || got.SourceEventID != e.Key() || !got.Enabled || !got.AddedAt.Equal(added) {
 		t.Errorf("rotation of its registration: %+v, %v", got, ok)
 	}
 	readded := m

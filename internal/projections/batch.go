@@ -78,12 +78,13 @@ func (it *item) decode() {
 	ev, err := topics.Decode(it.rec)
 	if err == nil {
 		var id uuid.UUID
-		if id, err = uuid.Parse(ev.ID); err == nil {
+		// Applied events are remembered by key: the id, or one derived
+		// from source and id (domain.EventKey), always a UUID.
+		if id, err = uuid.Parse(ev.Key()); err == nil {
 			it.ev, it.id, it.ok = ev, id, true
 			return
 		}
-		// Decode has checked the id already; this is belt and braces.
-		err = domain.Errorf(domain.CodeInvalid, "event id %q is not a UUID", ev.ID)
+		err = domain.Errorf(domain.CodeInternal, "event key %q is not a UUID", ev.Key())
 	}
 	it.code, it.err = domain.ErrorCode(err), err
 }

@@ -106,25 +106,25 @@ func foldRegistry(events []domain.Event) registryChanges {
 			c.Sealed = nil
 			c.RemovedAt, c.RemovalReason = nil, nil
 			c.DisabledAt, c.DisabledReason = nil, nil
-			c.UpdatedAt, c.LastEventID = e.Time, e.ID
+			c.UpdatedAt, c.LastEventID = e.Time, e.Key()
 		case *domain.MailboxRemoved:
 			c := mailbox(d.MailboxID)
 			t, reason := e.Time, d.Reason
 			c.RemovedAt, c.RemovalReason = &t, &reason
-			c.UpdatedAt, c.LastEventID = e.Time, e.ID
+			c.UpdatedAt, c.LastEventID = e.Time, e.Key()
 		case *domain.MailboxDisabled:
 			c := mailbox(d.MailboxID)
 			t, reason := e.Time, string(d.Cause)+": "+d.Reason
 			c.DisabledAt, c.DisabledReason = &t, &reason
-			c.UpdatedAt, c.LastEventID = e.Time, e.ID
+			c.UpdatedAt, c.LastEventID = e.Time, e.Key()
 		case *domain.CredentialsRotated:
 			c := mailbox(d.MailboxID)
 			c.Sealed = d.SealedCredentials
-			c.UpdatedAt, c.LastEventID = e.Time, e.ID
+			c.UpdatedAt, c.LastEventID = e.Time, e.Key()
 		case *domain.MailboxHealthScored:
 			c := mailbox(d.MailboxID)
 			c.Health = d
-			c.UpdatedAt, c.LastEventID = e.Time, e.ID
+			c.UpdatedAt, c.LastEventID = e.Time, e.Key()
 		case *domain.OrgPlanChanged:
 			orgs[d.OrgID] = &orgChange{OrgID: d.OrgID, Plan: d, At: e.Time}
 		case *domain.UserActive:

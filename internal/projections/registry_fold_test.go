@@ -38,7 +38,7 @@ func TestFoldRegistry(t *testing.T) {
 		t.Errorf("re-added mailbox: %+v", a)
 	}
 	b := ch.Mailboxes[1]
-	if b.RemovedAt == nil || *b.RemovalReason != "churn" || b.Health.State != domain.HealthWatch || b.LastEventID != events[5].ID {
+	if b.RemovedAt == nil || *b.RemovalReason != "churn" || b.Health.State != domain.HealthWatch || b.LastEventID != events[5].Key() {
 		t.Errorf("removed mailbox: %+v", b)
 	}
 	u := ch.Users[0]
@@ -100,7 +100,7 @@ func TestFoldRegistryDisabledAndObservations(t *testing.T) {
 		t.Fatalf("mailboxes: %+v", ch.Mailboxes)
 	}
 	c := ch.Mailboxes[0]
-	if c.MailboxID != m1 || c.LastEventID != "b" || c.Added == nil || c.DisabledAt == nil || *c.DisabledReason != "auth_failing: refused" {
+	if c.MailboxID != m1 || c.LastEventID != domain.EventKey("", "b") || c.Added == nil || c.DisabledAt == nil || *c.DisabledReason != "auth_failing: refused" {
 		t.Errorf("mailbox 1: %+v", c)
 	}
 	if c := ch.Mailboxes[1]; c.MailboxID != m2 || c.Added != nil || c.DisabledAt == nil || *c.DisabledReason != "operator: by hand" {

@@ -736,12 +736,14 @@ func (s *session) decide(recs []*kgo.Record, tick bool) (b batch, err error) {
 		}
 		in := placement.EventInput(ev, r.Timestamp, now)
 		ds := s.st.Apply(in)
-		cause := topics.Cause{ID: ev.ID, Type: ev.Type, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}
+		// The decision log names its cause by key (a UUID: the event's id,
+		// or one derived from a producer's other id; domain.EventKey).
+		cause := topics.Cause{ID: ev.Key(), Type: ev.Type, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset}
 		if b.out, err = s.encode(b.out, ds, cause, in.At); err != nil {
 			return b, err
 		}
 		b.decided = append(b.decided, ds...)
-		b.c.Inputs = append(b.c.Inputs, Input{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, EventID: ev.ID, Produced: r.Timestamp, Decisions: len(ds)})
+		b.c.Inputs = append(b.c.Inputs, Input{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, EventID: ev.Key(), Produced: r.Timestamp, Decisions: len(ds)})
 	}
 	if tick {
 		ds := s.st.Apply(placement.Tick(now))
