@@ -26,14 +26,21 @@ const topic = "outbox-test"
 
 func setup(t *testing.T) (*pgxpool.Pool, []string) {
 	t.Helper()
+	pool, c := setupCluster(t)
+	return pool, c.ListenAddrs()
+}
+
+// setupCluster is setup with the broker's handle, for its fault hooks
+// and its Close.
+func setupCluster(t *testing.T) (*pgxpool.Pool, *kfake.Cluster) {
+	t.Helper()
 	pool := pgtest.Schema(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := migrations.Apply(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	c := kafkatest.Fake(t, kfake.SeedTopics(2, topic))
-	return pool, c.ListenAddrs()
+	return pool, kafkatest.Fake(t, kfake.SeedTopics(2, topic))
 }
 
 func startRelay(t *testing.T, ctx context.Context, pool *pgxpool.Pool, brokers []string, opts ...outbox.Option) (stop func()) {
@@ -260,13 +267,7 @@ func TestRelayZombieFenced(t *testing.T) {
 // timeout: compose gives a role 10 s to stop. The rows stay in the outbox.
 func TestRelayStopsWhileTheBrokerIsAway(t *testing.T) {
 	t.Parallel()
-	pool := pgtest.Schema(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := migrations.Apply(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	c := kafkatest.Fake(t, kfake.SeedTopics(2, topic))
+	pool, c := setupCluster(t)
 	brokers := c.ListenAddrs()
 	var armed atomic.Bool
 	gone := make(chan struct{})

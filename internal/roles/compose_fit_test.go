@@ -41,21 +41,7 @@ type composeFile struct {
 // the topics the job created.
 func TestComposeFitsTheBroker(t *testing.T) {
 	t.Parallel()
-	tokens := filepath.Join(t.TempDir(), "api-tokens")
-	if err := os.WriteFile(tokens, []byte("# callers\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	out, err := composeConfig(t, map[string]string{
-		"POSTGRES_PASSWORD": "p", "MAILPLANE_SEAL_KEYS": "k1:eA==", "MAILPLANE_API_TOKENS_FILE": tokens,
-		"MAILPLANE_WORKER_FLEET_SECRET": "f", "MAILPLANE_WARMUP_KEY": "w",
-	})
-	if err != nil {
-		t.Fatalf("docker-compose config: %v\n%s", err, out)
-	}
-	var cf composeFile
-	if err := yaml.Unmarshal([]byte(out), &cf); err != nil {
-		t.Fatalf("docker-compose config printed no compose file: %v\n%s", err, out)
-	}
+	cf := resolvedCompose(t)
 
 	memory := int64(0)
 	for _, arg := range cf.Services["redpanda"].Command {
@@ -100,21 +86,8 @@ func TestComposeFitsTheBroker(t *testing.T) {
 // for the superuser's reserve and an operator's commands.
 func TestComposeFitsPostgres(t *testing.T) {
 	t.Parallel()
-	tokens := filepath.Join(t.TempDir(), "api-tokens")
-	if err := os.WriteFile(tokens, []byte("# callers\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	out, err := composeConfig(t, map[string]string{
-		"POSTGRES_PASSWORD": "p", "MAILPLANE_SEAL_KEYS": "k1:eA==", "MAILPLANE_API_TOKENS_FILE": tokens,
-		"MAILPLANE_WORKER_FLEET_SECRET": "f", "MAILPLANE_WARMUP_KEY": "w",
-	})
-	if err != nil {
-		t.Fatalf("docker-compose config: %v\n%s", err, out)
-	}
-	var cf composeFile
-	if err := yaml.Unmarshal([]byte(out), &cf); err != nil {
-		t.Fatal(err)
-	}
+	cf := resolvedCompose(t)
+	var err error
 	maxConns := 100 // Postgres's default
 	for i, arg := range cf.Services["postgres"].Command {
 		if v, ok := strings.CutPrefix(arg, "max_connections="); ok && i > 0 && cf.Services["postgres"].Command[i-1] == "-c" {
@@ -144,6 +117,28 @@ func TestComposeFitsPostgres(t *testing.T) {
 		t.Errorf("mailplane may open %d connections, +%d reserved +%d for an operator: over compose's max_connections %d (raise it, or lower MAILPLANE_PG_*_CONNS)",
 			total, reserved, operator, maxConns)
 	}
+}
+
+// resolvedCompose is docker-compose.yml as `docker-compose config`
+// resolves it, with every required secret set.
+func resolvedCompose(t *testing.T) composeFile {
+	t.Helper()
+	tokens := filepath.Join(t.TempDir(), "api-tokens")
+	if err := os.WriteFile(tokens, []byte("# callers\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := composeConfig(t, map[string]string{
+		"POSTGRES_PASSWORD": "p", "MAILPLANE_SEAL_KEYS": "k1:eA==", "MAILPLANE_API_TOKENS_FILE": tokens,
+		"MAILPLANE_WORKER_FLEET_SECRET": "f", "MAILPLANE_WARMUP_KEY": "w",
+	})
+	if err != nil {
+		t.Fatalf("docker-compose config: %v\n%s", err, out)
+	}
+	var cf composeFile
+	if err := yaml.Unmarshal([]byte(out), &cf); err != nil {
+		t.Fatalf("docker-compose config printed no compose file: %v\n%s", err, out)
+	}
+	return cf
 }
 
 // parseSize reads Redpanda's --memory value: a number with a K, M or G

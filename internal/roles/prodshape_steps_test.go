@@ -289,16 +289,7 @@ func (e *prodShape) postgresOutage(ctx context.Context) {
 	if code, body := e.call(ctx, http.MethodGet, e.apiURL+"/healthz", "", "", nil, &ph); code != http.StatusServiceUnavailable || ph.Checks["database"] != opshttp.HealthUnavailable {
 		t.Errorf("the API's /healthz with Postgres down: %d %s", code, body)
 	}
-	for _, p := range e.f.procs {
-		if e.jobs[p.name] {
-			continue
-		}
-		var hr opshttp.HealthResponse
-		code, body := e.call(ctx, http.MethodGet, "http://"+p.addrs["--ops-http"]+"/healthz", "", "", nil, &hr)
-		if code != http.StatusServiceUnavailable || hr.Checks["database"].Status != opshttp.HealthError {
-			t.Errorf("%s's /healthz with Postgres down: %d %s", p.name, code, body)
-		}
-	}
+	e.healthSaysDown(ctx, "database")
 	// Ingest needs only the broker.
 	id := e.addMailbox(ctx, psOrg, psUser)
 	// A role (re)started while Postgres is down waits for it, saying so,
@@ -334,16 +325,7 @@ func (e *prodShape) brokerRestart(ctx context.Context) {
 	addr := e.brokers[0]
 	e.broker.Close()
 	stopped := time.Now()
-	for _, p := range e.f.procs {
-		if e.jobs[p.name] {
-			continue
-		}
-		var hr opshttp.HealthResponse
-		code, body := e.call(ctx, http.MethodGet, "http://"+p.addrs["--ops-http"]+"/healthz", "", "", nil, &hr)
-		if code != http.StatusServiceUnavailable || hr.Checks["broker"].Status != opshttp.HealthError {
-			t.Errorf("%s's /healthz with the broker down: %d %s", p.name, code, body)
-		}
-	}
+	e.healthSaysDown(ctx, "broker")
 	time.Sleep(time.Until(stopped.Add(5 * time.Second))) // the outage itself
 	e.f.alive(t, e.jobs)
 	e.startBroker(t, addr)
@@ -352,6 +334,21 @@ func (e *prodShape) brokerRestart(ctx context.Context) {
 	d := e.waitFlowed(ctx, id, "after the broker restart")
 	t.Logf("broker: a mailbox added after the restart flowed end to end in %s (%s after the broker stopped)", d.Round(10*time.Millisecond), time.Since(stopped).Round(10*time.Millisecond))
 	e.f.alive(t, e.jobs)
+}
+
+// healthSaysDown checks that every role's ops /healthz answers 503 with
+// check in error.
+func (e *prodShape) healthSaysDown(ctx context.Context, check string) {
+	for _, p := range e.f.procs {
+		if e.jobs[p.name] {
+			continue
+		}
+		var hr opshttp.HealthResponse
+		code, body := e.call(ctx, http.MethodGet, "http://"+p.addrs["--ops-http"]+"/healthz", "", "", nil, &hr)
+		if code != http.StatusServiceUnavailable || hr.Checks[check].Status != opshttp.HealthError {
+			e.t.Errorf("%s's /healthz with the %s down: %d %s", p.name, check, code, body)
+		}
+	}
 }
 
 // waitWaiting waits until p's ops /healthz says it waits for the
