@@ -61,8 +61,8 @@ func main() {
 	os.Exit(code)
 }
 
-// run runs one command and returns the process's exit code: 0, 1 when the
-// command failed, 2 for an unknown command.
+// run runs one command and returns the process's exit code (cli.ExitCode:
+// 0 done, 1 failed, 2 usage, 3 drift, 4 a failed verify).
 func run(ctx context.Context, cmd string, args []string) int {
 	var err error
 	switch cmd {
@@ -114,7 +114,6 @@ func run(ctx context.Context, cmd string, args []string) int {
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "mailplane %s: %v\n", cmd, err)
-		return 1
 	}
-	return 0
+	return cli.ExitCode(err)
 }

@@ -18,7 +18,7 @@ import (
 // printed as rpk commands or applied as a superuser.
 func ACLs(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 || (args[0] != "plan" && args[0] != "apply") {
-		return errors.New("usage: mailplane acls plan|apply --principals api=USER,engine=USER,state=USER,project=USER,sync=USER,analyst=USER")
+		return usageError("usage: mailplane acls plan|apply --principals api=USER,engine=USER,state=USER,project=USER,sync=USER,analyst=USER")
 	}
 	sub := args[0]
 	fs := flag.NewFlagSet("acls "+sub, flag.ExitOnError)

@@ -33,7 +33,7 @@ schema (default <live>_placement_<unix time>), with progress on stderr.
 // Replay is `mailplane replay placement`.
 func Replay(ctx context.Context, args []string) error {
 	if len(args) == 0 || args[0] != "placement" {
-		return errors.New(strings.TrimSpace(replayUsage))
+		return usageError(strings.TrimSpace(replayUsage))
 	}
 	fs := flag.NewFlagSet("replay placement", flag.ExitOnError)
 	fs.Usage = func() { fmt.Fprintln(fs.Output(), replayUsage); fs.PrintDefaults() }
@@ -78,7 +78,8 @@ func Replay(ctx context.Context, args []string) error {
 		}
 		rep.Format(os.Stdout)
 		if !rep.Equal() {
-			return fmt.Errorf("the rebuild in schema %s differs from the live projection in %s", rb.Schema(), rb.LiveSchema())
+			return &ExitCodeError{Code: ExitVerifyFailed,
+				Err: fmt.Errorf("the rebuild in schema %s differs from the live projection in %s", rb.Schema(), rb.LiveSchema())}
 		}
 	}
 	if *swap {
@@ -151,14 +152,18 @@ its history of decisions.`
 // Placement is `mailplane placement show`.
 func Placement(ctx context.Context, args []string) error {
 	if len(args) == 0 || args[0] != "show" {
-		return errors.New(strings.TrimSpace(placementUsage))
+		return usageError(strings.TrimSpace(placementUsage))
 	}
 	fs := flag.NewFlagSet("placement show", flag.ExitOnError)
 	fs.Usage = func() { fmt.Fprintln(fs.Output(), placementUsage); fs.PrintDefaults() }
 	dbURL := config.DatabaseURL.String(fs)
 	mailbox := fs.String("mailbox", "", "show this mailbox's placement and history of decisions")
 	summary := fs.Bool("summary", false, "pools only, no worker list")
+	format := fs.String("format", FormatText, "output: text or json (for scripts)")
 	fs.Parse(args[1:])
+	if err := checkFormat(*format); err != nil {
+		return err
+	}
 	if *dbURL == "" {
 		return errors.New("no database: set DATABASE_URL (or --database-url)")
 	}
@@ -176,12 +181,18 @@ func Placement(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
+		if *format == FormatJSON {
+			return writeJSON(os.Stdout, m)
+		}
 		showMailbox(os.Stdout, *mailbox, m)
 		return nil
 	}
 	o, err := store.Overview(ctx, !*summary, pendingShown)
 	if err != nil {
 		return err
+	}
+	if *format == FormatJSON {
+		return writeJSON(os.Stdout, o)
 	}
 	showPlacement(os.Stdout, o)
 	return nil

@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"context"
 	"fmt"
 	"os/exec"
@@ -154,5 +155,54 @@ func TestReplayAndShowCommands(t *testing.T) {
 	}
 	if _, stderr, code := run("placement", "show", "--mailbox", "nope"); code != 1 || !strings.Contains(stderr, "not a lower-case UUID") {
 		t.Errorf("bad mailbox id: exit %d %s", code, stderr)
+	}
+
+	// For scripts: --format json, and exit codes that tell findings
+	// (drift 3, a failed verify 4) from failures (1) and usage (2).
+	stdout, stderr, code = run("placement", "show", "--format", "json")
+	var o projection.Overview
+	if err := json.Unmarshal([]byte(stdout), &o); code != 0 || err != nil || o.NextOffset != int64(len(ds)) || len(o.Pools) == 0 || o.Refused != 1 {
+		t.Errorf("placement show --format json: exit %d, %v: %+v\n%s", code, err, o, stderr)
+	}
+	stdout, _, code = run("placement", "show", "--mailbox", plID(2, 0), "--format", "json")
+	var m map[string]any
+	if err := json.Unmarshal([]byte(stdout), &m); code != 0 || err != nil || m["placed"] != true || len(m["history"].([]any)) < 2 {
+		t.Errorf("placement show --mailbox --format json: exit %d, %v: %s", code, err, stdout)
+	}
+	if _, _, code := run("placement", "show", "--format", "yaml"); code != 2 {
+		t.Errorf("--format yaml: exit %d, want 2 (usage)", code)
+	}
+	if _, _, code := run("placement", "nope"); code != 2 {
+		t.Errorf("placement nope: exit %d, want 2 (usage)", code)
+	}
+	if _, _, code := run("no-such-command"); code != 2 {
+		t.Errorf("unknown command: exit %d, want 2", code)
+	}
+	// The live projection drifts from its log: verify finds it, exit 4.
+	if _, err := db.Pool.Exec(ctx, `UPDATE placement_workers SET load_milli = load_milli + 1000 WHERE worker_id = $1`, plID(1, 1)); err != nil {
+		t.Fatal(err)
+	}
+	rb2 := db.Schema + "_rb2"
+	t.Cleanup(func() { _, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+rb2+" CASCADE") })
+	if stdout, stderr, code := run("replay", "placement", "--verify", "--schema", rb2); code != 4 {
+		t.Errorf("replay --verify of a drifted projection: exit %d, want 4\n%s%s", code, stdout, stderr)
+	}
+	stdout, stderr, code = run("topics", "list", "--format", "json")
+	var specs []map[string]any
+	if err := json.Unmarshal([]byte(stdout), &specs); code != 0 || err != nil || len(specs) != len(topics.Catalog(topics.Config{})) {
+		t.Errorf("topics list --format json: exit %d, %v\n%s%s", code, err, stdout, stderr)
+	}
+	// The broker's mailbox.state has 4 partitions; a catalog of 8 drifts.
+	stdout, stderr, code = run("topics", "apply", "--state-partitions", "8", "--format", "json")
+	var rep struct {
+		Drift []struct{ Topic, Field string } `json:"drift"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &rep); code != 3 || err != nil || len(rep.Drift) == 0 {
+		t.Errorf("topics apply with drift: exit %d (want 3), %v\n%s%s", code, err, stdout, stderr)
+	}
+	stdout, stderr, code = run("dlq", "list", "--format", "json")
+	var dead []map[string]any
+	if err := json.Unmarshal([]byte(stdout), &dead); code != 0 || err != nil {
+		t.Errorf("dlq list --format json: exit %d, %v\n%s%s", code, err, stdout, stderr)
 	}
 }

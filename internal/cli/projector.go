@@ -37,7 +37,7 @@ in Console or rpk therefore moves nothing: seek does.
 // Projector is `mailplane projector positions|seek`.
 func Projector(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 || (args[0] != "positions" && args[0] != "seek") {
-		return errors.New(strings.TrimSpace(projectorUsage))
+		return usageError(strings.TrimSpace(projectorUsage))
 	}
 	fs := flag.NewFlagSet("projector "+args[0], flag.ExitOnError)
 	fs.Usage = func() { fmt.Fprintln(fs.Output(), projectorUsage); fs.PrintDefaults() }
@@ -48,7 +48,11 @@ func Projector(ctx context.Context, args []string, out io.Writer) error {
 	offset := fs.Int64("offset", -1, "seek: the offset of the first record to apply next")
 	toStart := fs.Bool("start", false, "seek: to the partition's start offset")
 	toEnd := fs.Bool("end", false, "seek: to the partition's end (skip everything there now)")
+	format := fs.String("format", FormatText, "positions: output text or json (for scripts)")
 	fs.Parse(args[1:])
+	if err := checkFormat(*format); err != nil {
+		return err
+	}
 	if *dbURL == "" {
 		return errors.New("no database: set DATABASE_URL (or --database-url)")
 	}
@@ -63,13 +67,13 @@ func Projector(ctx context.Context, args []string, out io.Writer) error {
 	}
 	defer adm.Close()
 	if args[0] == "positions" {
-		return printPositions(ctx, out, adm, pool, *name)
+		return printPositions(ctx, out, adm, pool, *name, *format)
 	}
 	if *name == "" || *topic == "" || *partition < 0 {
-		return errors.New("seek needs --projector, --topic and --partition")
+		return usageError("seek needs --projector, --topic and --partition")
 	}
 	if n := btoi(*toStart) + btoi(*toEnd) + btoi(*offset >= 0); n != 1 {
-		return errors.New("seek needs exactly one of --offset, --start, --end")
+		return usageError("seek needs exactly one of --offset, --start, --end")
 	}
 	to := *offset
 	if *toStart || *toEnd {
@@ -113,7 +117,7 @@ func boundary(ctx context.Context, adm *kadm.Client, topic string, partition int
 
 // printPositions prints each partition's position in Postgres next to
 // the partition's end on the broker.
-func printPositions(ctx context.Context, out io.Writer, adm *kadm.Client, pool *pgxpool.Pool, name string) error {
+func printPositions(ctx context.Context, out io.Writer, adm *kadm.Client, pool *pgxpool.Pool, name, format string) error {
 	pos, err := projections.Positions(ctx, pool, name)
 	if err != nil {
 		return err
@@ -132,6 +136,17 @@ func printPositions(ctx context.Context, out io.Writer, adm *kadm.Client, pool *
 	if err != nil {
 		return fmt.Errorf("listing end offsets: %w", err)
 	}
+	if format == FormatJSON {
+		rows := make([]positionJSON, len(pos))
+		for i, p := range pos {
+			rows[i] = positionJSON{Projector: p.Projector, Topic: p.Topic, Partition: p.Partition, Position: p.Next, UpdatedAt: p.UpdatedAt}
+			if o, ok := ends.Lookup(p.Topic, p.Partition); ok && o.Err == nil {
+				end, behind := o.Offset, max(0, o.Offset-p.Next)
+				rows[i].End, rows[i].Behind = &end, &behind
+			}
+		}
+		return writeJSON(out, rows)
+	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PROJECTOR\tTOPIC\tPARTITION\tPOSITION\tEND\tBEHIND\tUPDATED")
 	for _, p := range pos {
@@ -142,4 +157,16 @@ func printPositions(ctx context.Context, out io.Writer, adm *kadm.Client, pool *
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", p.Projector, p.Topic, p.Partition, p.Next, end, behind, p.UpdatedAt.UTC().Format(time.RFC3339))
 	}
 	return tw.Flush()
+}
+
+// positionJSON is one row of `projector positions --format json`; end and
+// behind are absent when the broker did not answer for the partition.
+type positionJSON struct {
+	Projector string    `json:"projector"`
+	Topic     string    `json:"topic"`
+	Partition int32     `json:"partition"`
+	Position  int64     `json:"position"`
+	End       *int64    `json:"end,omitempty"`
+	Behind    *int64    `json:"behind,omitempty"`
+	UpdatedAt time.Time `json:"updated_at"`
 }

@@ -3,6 +3,7 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -126,6 +127,29 @@ func TestProjectorSeekMovesWhatConsoleCannot(t *testing.T) {
 	row := regexp.MustCompile(fmt.Sprintf(`(?m)^registry +%s +%d +%d +%d +0 +`, regexp.QuoteMeta(topics.OrgEvents), skipped.Partition, skipped.Offset+2, skipped.Offset+2))
 	if !row.MatchString(out.String()) {
 		t.Errorf("positions:\n%s\nwant a row matching %s", out.String(), row)
+	}
+
+	out.Reset()
+	if err := cli.Projector(ctx, cliArgs("positions", "--projector", "registry", "--format", "json"), &out); err != nil {
+		t.Fatal(err)
+	}
+	var rows []struct {
+		Projector, Topic string
+		Partition        int32
+		Position         int64
+		End, Behind      *int64
+	}
+	if err := json.Unmarshal(out.Bytes(), &rows); err != nil {
+		t.Fatalf("positions --format json: %v\n%s", err, out.String())
+	}
+	found := false
+	for _, r := range rows {
+		if r.Topic == topics.OrgEvents && r.Partition == skipped.Partition {
+			found = r.Position == skipped.Offset+2 && r.End != nil && *r.End == skipped.Offset+2 && r.Behind != nil && *r.Behind == 0
+		}
+	}
+	if !found {
+		t.Errorf("positions --format json has no caught-up row for %s/%d:\n%s", topics.OrgEvents, skipped.Partition, out.String())
 	}
 
 	err = cli.Projector(ctx, cliArgs("seek", "--projector", "placement", "--topic", topics.PlacementDecisions, "--partition", "0", "--offset", "3"), &out)

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -18,14 +17,21 @@ import (
 // report drift (an error on drift), or show the catalog.
 func Topics(ctx context.Context, args []string) error {
 	if len(args) == 0 || (args[0] != "apply" && args[0] != "list") {
-		return errors.New("usage: mailplane topics apply|list [flags]")
+		return usageError("usage: mailplane topics apply|list [--format text|json] [flags]")
 	}
 	fs := flag.NewFlagSet("topics "+args[0], flag.ExitOnError)
 	brokers := config.RegisterBrokerFlags(fs)
 	parts := config.StatePartitions.Int(fs)
+	format := fs.String("format", FormatText, "output: text or json (for scripts)")
 	fs.Parse(args[1:])
+	if err := checkFormat(*format); err != nil {
+		return err
+	}
 	specs := topics.Catalog(topics.Config{StatePartitions: int32(*parts)})
 	if args[0] == "list" {
+		if *format == FormatJSON {
+			return writeJSON(os.Stdout, topicSpecsJSON(specs))
+		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "TOPIC\tPARTITIONS\tCLEANUP\tRETENTION.MS\tPURPOSE")
 		for _, s := range specs {
@@ -44,8 +50,57 @@ func Topics(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	printTopicReport(rep)
-	return rep.Err()
+	if *format == FormatJSON {
+		if err := writeJSON(os.Stdout, topicReportOf(rep)); err != nil {
+			return err
+		}
+	} else {
+		printTopicReport(rep)
+	}
+	if err := rep.Err(); err != nil {
+		return &ExitCodeError{Code: ExitDrift, Err: err}
+	}
+	return nil
+}
+
+// topicSpecJSON is one topic of `topics list --format json`.
+type topicSpecJSON struct {
+	Name        string `json:"name"`
+	Partitions  int32  `json:"partitions"`
+	Cleanup     string `json:"cleanup"`
+	RetentionMs int64  `json:"retention_ms"`
+	Purpose     string `json:"purpose"`
+}
+
+func topicSpecsJSON(specs []topics.Spec) []topicSpecJSON {
+	out := make([]topicSpecJSON, len(specs))
+	for i, s := range specs {
+		out[i] = topicSpecJSON{s.Name, s.Partitions, s.Cleanup, s.RetentionMs, s.Purpose}
+	}
+	return out
+}
+
+// topicReportJSON is `topics apply --format json`.
+type topicReportJSON struct {
+	Created []string    `json:"created"`
+	OK      []string    `json:"ok"`
+	Drift   []driftJSON `json:"drift"`
+}
+
+type driftJSON struct {
+	Topic   string `json:"topic"`
+	Field   string `json:"field"`
+	Want    string `json:"want"`
+	Actual  string `json:"actual"`
+	Message string `json:"message"`
+}
+
+func topicReportOf(rep topics.Report) topicReportJSON {
+	out := topicReportJSON{Created: rep.Created, OK: rep.OK, Drift: []driftJSON{}}
+	for _, d := range rep.Drift {
+		out.Drift = append(out.Drift, driftJSON{d.Topic, d.Field, d.Want, d.Actual, d.String()})
+	}
+	return out
 }
 
 func printTopicReport(rep topics.Report) {

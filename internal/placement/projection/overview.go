@@ -11,73 +11,103 @@ import (
 
 // Overview is the placement projection as an operator reads it, from one
 // snapshot: pools, workers, dedicated shortfalls and pending placements.
+// Its JSON form is what `placement show --format json` prints.
 type Overview struct {
 	// NextOffset is the decision-log offset the rows stand at.
-	NextOffset int64
-	Pools      []PoolRow
+	NextOffset int64     `json:"next_offset"`
+	Pools      []PoolRow `json:"pools"`
 	// DeadWorkers are listed until the engine forgets them; OldestDead is
 	// the oldest one's last heartbeat.
-	DeadWorkers int64
-	OldestDead  time.Time
+	DeadWorkers int64     `json:"dead_workers"`
+	OldestDead  time.Time `json:"oldest_dead"`
 	// Workers is filled when asked for, by tier, pool and id.
-	Workers    []WorkerRow
-	Shortfalls []Shortfall
+	Workers    []WorkerRow `json:"workers"`
+	Shortfalls []Shortfall `json:"dedicated_shortfalls"`
 	// Refused have no worker; Degraded wait on shared premium for
 	// dedicated capacity. Pending lists the oldest of both.
-	Refused, Degraded int64
-	Pending           []PendingRow
+	Refused  int64        `json:"refused"`
+	Degraded int64        `json:"degraded"`
+	Pending  []PendingRow `json:"pending"`
 }
 
 // PoolRow is one (tier, pool) of placement_pool_summary.
 type PoolRow struct {
-	Tier, Pool                               string
-	Workers, LiveWorkers, EligibleWorkers    int64
-	LoadMilli, Capacity, LiveCapacity, Count int64
+	Tier            string `json:"tier"`
+	Pool            string `json:"pool"`
+	Workers         int64  `json:"workers"`
+	LiveWorkers     int64  `json:"live_workers"`
+	EligibleWorkers int64  `json:"eligible_workers"`
+	LoadMilli       int64  `json:"load_milli"`
+	Capacity        int64  `json:"capacity"`
+	LiveCapacity    int64  `json:"live_capacity"`
+	Count           int64  `json:"mailboxes"`
 }
 
 // WorkerRow is one worker.
 type WorkerRow struct {
-	Tier, Pool, ID, Egress, Health string
-	Live, Stopping, Releasing      bool
-	LoadMilli, Capacity, Mailboxes int64
-	DedicatedOrg                   string
-	LastSeen                       time.Time
+	Tier         string    `json:"tier"`
+	Pool         string    `json:"pool"`
+	ID           string    `json:"worker_id"`
+	Egress       string    `json:"egress"`
+	Health       string    `json:"health"`
+	Live         bool      `json:"live"`
+	Stopping     bool      `json:"stopping"`
+	Releasing    bool      `json:"releasing"`
+	LoadMilli    int64     `json:"load_milli"`
+	Capacity     int64     `json:"capacity"`
+	Mailboxes    int64     `json:"mailboxes"`
+	DedicatedOrg string    `json:"dedicated_org,omitempty"`
+	LastSeen     time.Time `json:"last_seen"`
 }
 
 // Shortfall is a dedicated org with fewer bound workers than its plan.
 type Shortfall struct {
-	OrgID      string
-	Want, Have int64
+	OrgID string `json:"org_id"`
+	Want  int64  `json:"want"`
+	Have  int64  `json:"have"`
 }
 
 // PendingRow is a pending placement.
 type PendingRow struct {
-	MailboxID, OrgID, Band, Reason string
-	WeightMilli                    int64
-	Since                          time.Time
+	MailboxID   string    `json:"mailbox_id"`
+	OrgID       string    `json:"org_id"`
+	Band        string    `json:"band"`
+	Reason      string    `json:"reason"`
+	WeightMilli int64     `json:"weight_milli"`
+	Since       time.Time `json:"since"`
 	// WorkerID is the shared worker a degraded mailbox waits on, "" for a
 	// refused one.
-	WorkerID string
+	WorkerID string `json:"worker_id,omitempty"`
 }
 
 // MailboxStory is one mailbox's placement and every decision about it.
 type MailboxStory struct {
 	// Placed is false for an unknown or removed mailbox; History may still
 	// hold its decisions.
-	Placed                      bool
-	OrgID, Band, WorkerID, Tier string
-	PendingReason               string
-	WeightMilli                 int64
-	Degraded                    bool
-	History                     []HistoryRow
+	Placed        bool         `json:"placed"`
+	OrgID         string       `json:"org_id,omitempty"`
+	Band          string       `json:"band,omitempty"`
+	WorkerID      string       `json:"worker_id,omitempty"`
+	Tier          string       `json:"tier,omitempty"`
+	PendingReason string       `json:"pending_reason,omitempty"`
+	WeightMilli   int64        `json:"weight_milli"`
+	Degraded      bool         `json:"degraded"`
+	History       []HistoryRow `json:"history"`
 }
 
 // HistoryRow is one decision about a mailbox.
 type HistoryRow struct {
-	Offset                                  int64
-	At                                      time.Time
-	Type, Reason, FromWorker, ToWorker      string
-	FromBand, ToBand, Cause, Detail, Health string
+	Offset     int64     `json:"offset"`
+	At         time.Time `json:"at"`
+	Type       string    `json:"type"`
+	Reason     string    `json:"reason"`
+	FromWorker string    `json:"from_worker,omitempty"`
+	ToWorker   string    `json:"to_worker,omitempty"`
+	FromBand   string    `json:"from_band,omitempty"`
+	ToBand     string    `json:"to_band,omitempty"`
+	Cause      string    `json:"cause,omitempty"`
+	Detail     string    `json:"detail,omitempty"`
+	Health     string    `json:"health,omitempty"`
 }
 
 const (
