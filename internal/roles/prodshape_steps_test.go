@@ -47,6 +47,7 @@ func TestProductionShape(t *testing.T) {
 	e.workers = []string{"0190a5b2-4c5e-7b1a-9c3d-0000000d0f01", "0190a5b2-4c5e-7b1a-9c3d-0000000d0f02", "0190a5b2-4c5e-7b1a-9c3d-0000000d0f03"}
 	e.heartbeat(ctx)
 
+	e.schemasServed(ctx)
 	e.healthLoop(ctx)
 	e.engineFailover(ctx)
 	e.projectorFailover(ctx)
@@ -334,6 +335,18 @@ func (e *prodShape) brokerRestart(ctx context.Context) {
 	d := e.waitFlowed(ctx, id, "after the broker restart")
 	t.Logf("broker: a mailbox added after the restart flowed end to end in %s (%s after the broker stopped)", d.Round(10*time.Millisecond), time.Since(stopped).Round(10*time.Millisecond))
 	e.f.alive(t, e.jobs)
+}
+
+// schemasServed: the API process serves the schemas to a caller with a
+// token, and to nobody without one.
+func (e *prodShape) schemasServed(ctx context.Context) {
+	code, body := e.call(ctx, http.MethodGet, e.apiURL+"/v1/schemas/"+domain.TypeMailboxAdded, e.token, "", nil, nil)
+	if code != http.StatusOK || !strings.Contains(string(body), "mailplane.mailbox.added.v1:reader") {
+		e.t.Errorf("GET /v1/schemas/%s: %d %.200s", domain.TypeMailboxAdded, code, body)
+	}
+	if code, _ := e.call(ctx, http.MethodGet, e.apiURL+"/v1/schemas", "", "", nil, nil); code != http.StatusUnauthorized {
+		e.t.Errorf("GET /v1/schemas without a token: %d, want 401", code)
+	}
 }
 
 // healthSaysDown checks that every role's ops /healthz answers 503 with

@@ -237,6 +237,9 @@ func (p *process) startAPI() error {
 		api.WithSealer(rc.keyring),
 		api.WithTransportPolicy(rc.imapTransport),
 		api.WithSchemaValidator(eventschema.Default()),
+		// The schemas, for any authenticated caller (analysts, producers).
+		api.WithRoute("GET /v1/schemas", eventschema.ListHandler(), true),
+		api.WithRoute("GET /v1/schemas/{type}", eventschema.SchemaHandler(), true),
 		api.WithHealth(hc),
 		api.WithRegisterer(p.reg),
 		api.WithGatherer(p.reg),
