@@ -238,8 +238,8 @@ func (p *process) startAPI() error {
 		api.WithTransportPolicy(rc.imapTransport),
 		api.WithSchemaValidator(eventschema.Default()),
 		// The schemas, for any authenticated caller (analysts, producers).
-		api.WithRoute("GET /v1/schemas", eventschema.ListHandler(), true),
-		api.WithRoute("GET /v1/schemas/{type}", eventschema.SchemaHandler(), true),
+		api.WithRoute("GET /v1/schemas", api.SchemaListHandler(), true),
+		api.WithRoute("GET /v1/schemas/{type}", api.SchemaHandler(), true),
 		api.WithHealth(hc),
 		api.WithRegisterer(p.reg),
 		api.WithGatherer(p.reg),

@@ -1,10 +1,10 @@
-package eventschema
+package api
 
 import (
 	"net/http"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/internal/api"
+	"github.com/mailplane/mailplane/internal/eventschema"
 )
 
 // The schemas over HTTP, for analysts and producers who validate with
@@ -14,10 +14,10 @@ import (
 //	GET /v1/schemas/{type}  its reader's form (ReaderSchema);
 //	                        ?form=producer the strict form ingest applies
 
-// ListHandler serves GET /v1/schemas.
-func ListHandler() http.Handler {
+// SchemaListHandler serves GET /v1/schemas.
+func SchemaListHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		api.WriteJSON(w, http.StatusOK, map[string][]string{"types": SchemaTypes()})
+		WriteJSON(w, http.StatusOK, map[string][]string{"types": eventschema.SchemaTypes()})
 	})
 }
 
@@ -25,22 +25,22 @@ func ListHandler() http.Handler {
 func SchemaHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		typ := r.PathValue("type")
-		strict, ok := SchemaOf(typ)
+		strict, ok := eventschema.SchemaOf(typ)
 		if !ok {
-			api.WriteError(w, http.StatusNotFound, domain.CodeNotFound, "no schema for that record type (GET /v1/schemas lists them)")
+			WriteError(w, http.StatusNotFound, domain.CodeNotFound, "no schema for that record type (GET /v1/schemas lists them)")
 			return
 		}
 		body := strict
 		switch r.URL.Query().Get("form") {
 		case "", "reader":
 			var err error
-			if body, err = ReaderSchema(strict); err != nil {
-				api.WriteError(w, http.StatusInternalServerError, domain.CodeInternal, "internal error")
+			if body, err = eventschema.ReaderSchema(strict); err != nil {
+				WriteError(w, http.StatusInternalServerError, domain.CodeInternal, "internal error")
 				return
 			}
 		case "producer":
 		default:
-			api.WriteError(w, http.StatusBadRequest, domain.CodeInvalid, "form must be reader or producer")
+			WriteError(w, http.StatusBadRequest, domain.CodeInvalid, "form must be reader or producer")
 			return
 		}
 		w.Header().Set("Content-Type", "application/schema+json")
