@@ -110,6 +110,7 @@ func TestBlackholedMember(t *testing.T) {
 	// partitions away?) without measuring the machine's speed.
 	vcfg := testConfig(t, "victim")
 	vcfg.WatchdogMargin = 800 * time.Millisecond
+	e.withRunnerPool(16)
 	victim := e.start(vcfg, beat)
 	other := e.start(testConfig(t, "other"), nil)
 	waitFor(t, 30*time.Second, "both members running", func() (bool, string) {

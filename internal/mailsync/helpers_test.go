@@ -54,6 +54,29 @@ type env struct {
 	db      *pgtest.DB
 	prod    *kgo.Client
 	parts   int32
+	// runners, when set, is the pool members write through instead of
+	// db.Pool (see withRunnerPool).
+	runners *pgxpool.Pool
+}
+
+// withRunnerPool gives the members started from now on a pool of n
+// connections, as a sync process has (MAILPLANE_PG_RUNNER_CONNS, 16 by
+// default), rather than the test pool's four: stopping dozens of
+// recording runners, each writing its stop row, then takes what it takes
+// in production, not a queue on four connections.
+func (e *env) withRunnerPool(n int32) {
+	e.t.Helper()
+	cfg, err := pgxpool.ParseConfig(e.db.URL)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cfg.MaxConns = n
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(pool.Close)
+	e.runners = pool
 }
 
 // newEnv starts an embedded broker on a free port with the catalog applied
@@ -196,7 +219,11 @@ func (e *env) start(cfg mailsync.Config, rec *mailsync.RecordingRunner) *member 
 	cfg.Registerer = reg
 	kcfg := e.kcfg
 	kcfg.ClientID = "sync-" + cfg.WorkerID
-	w, err := mailsync.New(kcfg, e.db.Pool, rec, cfg)
+	pool := e.db.Pool
+	if e.runners != nil {
+		pool = e.runners
+	}
+	w, err := mailsync.New(kcfg, pool, rec, cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
