@@ -75,11 +75,28 @@ func Projector(ctx context.Context, args []string, out io.Writer) error {
 	if n := btoi(*toStart) + btoi(*toEnd) + btoi(*offset >= 0); n != 1 {
 		return usageError("seek needs exactly one of --offset, --start, --end")
 	}
+	if err := projections.CheckSeekable(*name, *topic); err != nil {
+		return err
+	}
+	// The partition must be one of the projector's, on the broker, and
+	// the position within what the broker holds: a position past the end
+	// would skip records not written yet.
+	start, err := boundary(ctx, adm, *topic, int32(*partition), false)
+	if err != nil {
+		return err
+	}
+	end, err := boundary(ctx, adm, *topic, int32(*partition), true)
+	if err != nil {
+		return err
+	}
 	to := *offset
-	if *toStart || *toEnd {
-		if to, err = boundary(ctx, adm, *topic, int32(*partition), *toEnd); err != nil {
-			return err
-		}
+	switch {
+	case *toStart:
+		to = start
+	case *toEnd:
+		to = end
+	case to < start || to > end:
+		return fmt.Errorf("offset %d is outside %s/%d, which holds %d to %d", to, *topic, *partition, start, end)
 	}
 	prev, err := projections.Seek(ctx, pool, *name, *topic, int32(*partition), to, time.Now())
 	if err != nil {

@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"regexp"
+	"slices"
 	"testing"
 	"time"
 
@@ -150,6 +152,25 @@ func TestProjectorSeekMovesWhatConsoleCannot(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("positions --format json has no caught-up row for %s/%d:\n%s", topics.OrgEvents, skipped.Partition, out.String())
+	}
+
+	// Hostile or mistaken seeks are refused and move nothing.
+	for _, bad := range [][]string{
+		{"seek", "--projector", "sync", "--topic", topics.MailboxState, "--partition", "0", "--offset", "0"},
+		{"seek", "--projector", "registry", "--topic", topics.MailboxObservations, "--partition", "0", "--offset", "0"},
+		{"seek", "--projector", "registry", "--topic", topics.OrgEvents, "--partition", "99", "--offset", "0"},
+		{"seek", "--projector", "registry", "--topic", topics.OrgEvents, "--partition", fmt.Sprint(skipped.Partition), "--offset", fmt.Sprint(skipped.Offset + 100)},
+		{"seek", "--projector", "registry", "--topic", topics.OrgEvents, "--partition", "0", "--offset", "0", "--end"},
+		{"seek", "--projector", "registry", "--topic", topics.OrgEvents, "--partition", "0"},
+	} {
+		if err := cli.Projector(ctx, cliArgs(bad...), io.Discard); err == nil {
+			t.Errorf("%v was accepted", bad)
+		}
+	}
+	if pos, err := projections.Positions(ctx, db.Pool, ""); err != nil || slices.ContainsFunc(pos, func(p projections.Position) bool {
+		return p.Projector != "registry" || p.Topic == topics.MailboxObservations
+	}) {
+		t.Errorf("a refused seek planted a position: %+v %v", pos, err)
 	}
 
 	err = cli.Projector(ctx, cliArgs("seek", "--projector", "placement", "--topic", topics.PlacementDecisions, "--partition", "0", "--offset", "3"), &out)

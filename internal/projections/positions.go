@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/mailplane/mailplane/internal/sla"
 )
 
 // Position is a projector's position on one partition, as Postgres holds
@@ -42,6 +45,20 @@ WHERE $1 = '' OR projector = $1 ORDER BY projector, topic, partition`, projector
 // placement), never skipped forward.
 var ErrNotSeekable = errors.New("projections: the placement projection is rebuilt with `mailplane replay placement`, never moved")
 
+// CheckSeekable refuses what Seek would: the placement projection
+// (ErrNotSeekable), and anything but a consumer of the table (internal/sla)
+// on one of its topics: a typo must not plant a position nobody reads.
+func CheckSeekable(projector, topic string) error {
+	if projector == "placement" {
+		return ErrNotSeekable
+	}
+	c, err := sla.Lookup(sla.Name(projector))
+	if err != nil || !slices.Contains(c.Topics, topic) {
+		return fmt.Errorf("projections: %q is not a projector reading %q", projector, topic)
+	}
+	return nil
+}
+
 // Seek moves projector's position on one partition to next and returns
 // where it was. A running member notices at its next transaction (the
 // offset row is its fence) and reads on from next. Moving forward skips
@@ -49,14 +66,21 @@ var ErrNotSeekable = errors.New("projections: the placement projection is rebuil
 // applied stays applied once (applied_events): to apply history again,
 // rebuild instead.
 func Seek(ctx context.Context, pool *pgxpool.Pool, projector, topic string, partition int32, next int64, now time.Time) (prev int64, err error) {
-	if projector == "placement" {
-		return 0, ErrNotSeekable
+	if err := CheckSeekable(projector, topic); err != nil {
+		return 0, err
 	}
 	if next < 0 {
 		return 0, fmt.Errorf("projections: seek to %d: offsets are not negative", next)
 	}
 	prev = -1
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var known bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM projector_offsets WHERE projector = $1)`, projector).Scan(&known); err != nil {
+			return err
+		}
+		if !known {
+			return fmt.Errorf("projector %q has no position anywhere: not a projector, or it never ran", projector)
+		}
 		err := tx.QueryRow(ctx, `SELECT next_offset FROM projector_offsets WHERE projector = $1 AND topic = $2 AND partition = $3 FOR UPDATE`,
 			projector, topic, partition).Scan(&prev)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
