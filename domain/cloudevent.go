@@ -260,18 +260,7 @@ func ParseStructuredRecord(raw []byte) (Event, Problems) {
 	if len(ps) > 0 {
 		return Event{}, ps
 	}
-	if a.SpecVersion != SpecVersion {
-		ps.Add("specversion", CodeInvalid, "must be %q", SpecVersion)
-	}
-	if a.DataContentType != "" && !isJSONContentType(a.DataContentType) {
-		ps.Add("datacontenttype", CodeInvalid, "must be application/json")
-	}
-	ev := Event{ID: a.ID, Type: a.Type, Source: a.Source, Subject: a.Subject, DataSchema: a.DataSchema, Extensions: a.Extensions}
-	if t, err := time.Parse(time.RFC3339Nano, a.Time); err != nil {
-		ps.Add("time", CodeInvalid, "must be an RFC 3339 timestamp")
-	} else {
-		ev.Time = t.UTC()
-	}
+	ev := envelope(a, time.Time{}, &ps)
 	if len(ps) > 0 {
 		return Event{}, ps
 	}
@@ -408,26 +397,7 @@ func FromAttributes(a Attributes, data []byte, now time.Time, seal SealFunc, pri
 	if prior != nil {
 		ps = *prior
 	}
-	switch a.SpecVersion {
-	case SpecVersion:
-	case "":
-		ps.Add("specversion", CodeRequired, "is required")
-	default:
-		ps.Add("specversion", CodeInvalid, "must be %q", SpecVersion)
-	}
-	if a.DataContentType != "" && !isJSONContentType(a.DataContentType) {
-		ps.Add("datacontenttype", CodeInvalid, "must be application/json")
-	}
-	ev := Event{ID: a.ID, Type: a.Type, Source: a.Source, Subject: a.Subject, Time: now.UTC(),
-		DataSchema: a.DataSchema, Extensions: a.Extensions}
-	if a.Time != "" {
-		t, err := time.Parse(time.RFC3339Nano, a.Time)
-		if err != nil {
-			ps.Add("time", CodeInvalid, "must be an RFC 3339 timestamp")
-		} else {
-			ev.Time = t.UTC()
-		}
-	}
+	ev := envelope(a, now, &ps)
 	if _, ok := registry[a.Type]; ok {
 		d, dps := DecodeData(a.Type, data, true)
 		if len(dps) > 0 {
@@ -461,6 +431,33 @@ func FromAttributes(a Attributes, data []byte, now time.Time, seal SealFunc, pri
 		ev.Subject = ev.Data.AggregateID()
 	}
 	return ev, nil
+}
+
+// envelope checks the context attributes every CloudEvent carries and
+// returns the event they make, without data. The time defaults to now;
+// with now zero (a record on the log) it is required.
+func envelope(a Attributes, now time.Time, ps *Problems) Event {
+	switch a.SpecVersion {
+	case SpecVersion:
+	case "":
+		ps.Add("specversion", CodeRequired, "is required")
+	default:
+		ps.Add("specversion", CodeInvalid, "must be %q", SpecVersion)
+	}
+	if a.DataContentType != "" && !isJSONContentType(a.DataContentType) {
+		ps.Add("datacontenttype", CodeInvalid, "must be application/json")
+	}
+	ev := Event{ID: a.ID, Type: a.Type, Source: a.Source, Subject: a.Subject, Time: now.UTC(),
+		DataSchema: a.DataSchema, Extensions: a.Extensions}
+	if a.Time == "" && !now.IsZero() {
+		return ev
+	}
+	if t, err := time.Parse(time.RFC3339Nano, a.Time); err != nil {
+		ps.Add("time", CodeInvalid, "must be an RFC 3339 timestamp")
+	} else {
+		ev.Time = t.UTC()
+	}
+	return ev
 }
 
 func isJSONContentType(ct string) bool {

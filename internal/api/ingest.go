@@ -310,21 +310,9 @@ func (s *Server) parseBinary(h http.Header, body []byte, now time.Time) item {
 	ext := binaryExtensions(h, &ps)
 	vals := map[string]string{}
 	for _, b := range binaryHeaders {
-		vs := h.Values(b.header)
-		if len(vs) == 0 {
-			continue
+		if v, ok := headerValue(h, b.header, &ps); ok {
+			vals[b.attr] = v
 		}
-		name := strings.ToLower(b.header)
-		if len(vs) > 1 {
-			ps.Add(name, domain.CodeMalformedHeader, "header %s must be given once", name)
-			continue
-		}
-		v, err := url.PathUnescape(vs[0])
-		if err != nil || !utf8.ValidString(v) {
-			ps.Add(name, domain.CodeMalformedHeader, "header %s is not valid percent-encoded UTF-8", name)
-			continue
-		}
-		vals[b.attr] = v
 	}
 	a := domain.Attributes{
 		SpecVersion: vals["specversion"], ID: vals["id"], Type: vals["type"],
@@ -381,21 +369,37 @@ func binaryExtensions(h http.Header, ps *domain.Problems) map[string]string {
 	slices.Sort(names)
 	ext := make(map[string]string, len(names))
 	for _, k := range names {
-		field, name := strings.ToLower(k), strings.ToLower(k[3:])
-		vs := h.Values(k)
-		v, err := url.PathUnescape(vs[0])
-		switch {
-		case !domain.IsExtensionName(name):
-			ps.Add(field, domain.CodeUnknownField, "unknown CloudEvents attribute: an extension's name is 1 to 20 lower-case letters or digits")
-		case len(vs) > 1:
-			ps.Add(field, domain.CodeMalformedHeader, "header %s must be given once", field)
-		case err != nil || !utf8.ValidString(v):
-			ps.Add(field, domain.CodeMalformedHeader, "header %s is not valid percent-encoded UTF-8", field)
-		default:
+		name := strings.ToLower(k[3:])
+		if !domain.IsExtensionName(name) {
+			ps.Add(strings.ToLower(k), domain.CodeUnknownField, "unknown CloudEvents attribute: an extension's name is 1 to 20 lower-case letters or digits")
+			continue
+		}
+		if v, ok := headerValue(h, k, ps); ok {
 			ext[name] = v
 		}
 	}
 	return ext
+}
+
+// headerValue reads a binary-mode attribute header given at most once,
+// percent-decoded as the HTTP binding says; a malformed one is a problem
+// named after the header. ok is false when absent or malformed.
+func headerValue(h http.Header, header string, ps *domain.Problems) (string, bool) {
+	vs := h.Values(header)
+	if len(vs) == 0 {
+		return "", false
+	}
+	name := strings.ToLower(header)
+	if len(vs) > 1 {
+		ps.Add(name, domain.CodeMalformedHeader, "header %s must be given once", name)
+		return "", false
+	}
+	v, err := url.PathUnescape(vs[0])
+	if err != nil || !utf8.ValidString(v) {
+		ps.Add(name, domain.CodeMalformedHeader, "header %s is not valid percent-encoded UTF-8", name)
+		return "", false
+	}
+	return v, true
 }
 
 // markDuplicates refuses a second event with an id already in the request.

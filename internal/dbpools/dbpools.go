@@ -59,17 +59,19 @@ func (p *Pools) Close() {
 // Waiter reports what opening the pools waits for: the health check of a
 // process still starting says it (`database: waiting: <why>`).
 type Waiter struct {
-	mu      sync.Mutex
-	err     error
-	ready   bool
-	pingers []*pgxpool.Pool
+	mu    sync.Mutex
+	err   error
+	ready bool
+	// ping is the pool the health check pings once open: serve, the one
+	// it must never queue in (else whichever is open).
+	ping *pgxpool.Pool
 }
 
 // Err is nil once the pools are open and their database answers a ping;
 // before, it says what the process waits for.
 func (w *Waiter) Err(ctx context.Context) error {
 	w.mu.Lock()
-	ready, err, pool := w.ready, w.err, w.firstLocked()
+	ready, err, pool := w.ready, w.err, w.ping
 	w.mu.Unlock()
 	switch {
 	case !ready && err != nil:
@@ -78,13 +80,6 @@ func (w *Waiter) Err(ctx context.Context) error {
 		return errors.New("waiting for the database: connecting")
 	}
 	return pool.Ping(ctx)
-}
-
-func (w *Waiter) firstLocked() *pgxpool.Pool {
-	if len(w.pingers) == 0 {
-		return nil
-	}
-	return w.pingers[0]
 }
 
 func (w *Waiter) waiting(err error) {
@@ -97,12 +92,7 @@ func (w *Waiter) opened(p *Pools) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.ready, w.err = true, nil
-	// The health check pings through the pool it must never queue in.
-	for _, pool := range []*pgxpool.Pool{p.Serve, p.Work, p.Runners} {
-		if pool != nil {
-			w.pingers = append(w.pingers, pool)
-		}
-	}
+	w.ping = cmp.Or(p.Serve, p.Work, p.Runners)
 }
 
 // Options tune Open.

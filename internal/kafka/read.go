@@ -283,3 +283,13 @@ func dropControl(recs []*kgo.Record) []*kgo.Record {
 	}
 	return out
 }
+
+// FetchEnd is a fetched partition's end: its last stable offset when
+// reading committed (what can be read now), else its high watermark. It
+// is what a consumer's lag counts to.
+func FetchEnd(fp kgo.FetchTopicPartition) int64 {
+	if fp.LastStableOffset >= 0 {
+		return fp.LastStableOffset
+	}
+	return fp.HighWatermark
+}

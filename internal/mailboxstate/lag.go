@@ -5,6 +5,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/sla"
 )
 
@@ -17,10 +18,7 @@ func (p *Processor) fetched(fs kgo.Fetches) map[int32]int64 {
 		if len(fp.Records) == 0 {
 			return
 		}
-		end := fp.LastStableOffset // read_committed: what can be read now
-		if end < 0 {
-			end = fp.HighWatermark
-		}
+		end := kafka.FetchEnd(fp)
 		ends[fp.Partition] = end
 		p.meter.Set(fp.Topic, fp.Partition, sla.Position{Next: fp.Records[0].Offset, End: end, Oldest: fp.Records[0].Timestamp})
 	})

@@ -20,15 +20,6 @@ import (
 // commitEvery is how often the positions are committed to the group.
 const commitEvery = 5 * time.Second
 
-// fetchEnd is a fetched partition's end: its last stable offset when
-// reading committed, else its high watermark.
-func fetchEnd(fp kgo.FetchTopicPartition) int64 {
-	if fp.LastStableOffset >= 0 {
-		return fp.LastStableOffset
-	}
-	return fp.HighWatermark
-}
-
 // measureLocked hands the meter p's position. While p loads, the records
 // before its end are history being replayed: they count as behind, and
 // the seconds behind run from when the worker saw it behind (not from

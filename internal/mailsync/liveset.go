@@ -7,6 +7,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/mailboxstate"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -91,7 +92,7 @@ func (w *Worker) apply(fs kgo.Fetches) {
 				w.lag.Applied(read, r.Timestamp)
 			}
 		}
-		part.fetchedEnd = max(part.fetchedEnd, fetchEnd(fp))
+		part.fetchedEnd = max(part.fetchedEnd, kafka.FetchEnd(fp))
 		w.measureLocked(part)
 	})
 	if kicked {

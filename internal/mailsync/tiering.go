@@ -97,7 +97,7 @@ func (t *tiering) followUsers(ctx context.Context, promote func([]activity)) {
 		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
 			if n := len(fp.Records); n > 0 {
 				next := fp.Records[n-1].Offset + 1
-				t.activity.Set(fp.Topic, fp.Partition, sla.Position{Next: next, End: max(next, fetchEnd(fp))})
+				t.activity.Set(fp.Topic, fp.Partition, sla.Position{Next: next, End: max(next, kafka.FetchEnd(fp))})
 			}
 		})
 		if !caughtUp && len(ends) == 0 {

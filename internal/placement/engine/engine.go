@@ -454,10 +454,7 @@ func (s *session) loop(ctx context.Context) error {
 		recs := orderBatch(fs)
 		polled := time.Now()
 		fs.EachPartition(func(p kgo.FetchTopicPartition) {
-			end := p.LastStableOffset // read_committed: what can be read now
-			if end < 0 {
-				end = p.HighWatermark
-			}
+			end := kafka.FetchEnd(p)
 			if n := len(p.Records); n > 0 && end >= 0 {
 				s.lag[tpKey{p.Topic, p.Partition}] = lagAt{end - (p.Records[n-1].Offset + 1), end, polled}
 				// Held, not applied until the batch commits.

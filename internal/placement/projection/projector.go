@@ -334,7 +334,7 @@ func (p *Projector) session(ctx context.Context) error {
 			return fmt.Errorf("reading the decision log at %d: %w", b.seen, ferr)
 		}
 		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
-			b.end = max(b.end, fp.LastStableOffset)
+			b.end = max(b.end, kafka.FetchEnd(fp))
 		})
 		derr := b.add(fs)
 		if b.safeEnd > next {
