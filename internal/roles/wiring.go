@@ -115,10 +115,21 @@ func (p *process) startRelay() error {
 	}()
 	p.onShutdown(func() {
 		rcancel()
-		<-relayDone
+		// Bounded: a stop must fit compose's 10 s grace. A relay stuck in
+		// its Kafka client (seen once right after a broker restart) leaves
+		// its transaction uncommitted, which the next relay fences, and
+		// its rows in the outbox, which the next relay publishes.
+		select {
+		case <-relayDone:
+		case <-time.After(relayStopWait):
+			p.log.Warn("outbox relay did not stop in time; leaving it", "waited", relayStopWait)
+		}
 	})
 	return nil
 }
+
+// relayStopWait bounds how long a stopping process waits for its relay.
+const relayStopWait = 4 * time.Second
 
 func (p *process) startEngine() error {
 	if !p.rc.engine {
