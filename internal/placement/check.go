@@ -239,7 +239,7 @@ func (s *State) loadWorker(v WorkerView) error {
 	}
 	w := &placementWorker{
 		id: v.ID, baseTier: v.BaseTier, tier: v.Tier, egress: v.Egress, address: v.Address, pool: v.Pool,
-		org: v.DedicatedOrg, releasing: v.Releasing, health: v.Health, firstSeen: v.FirstSeen, lastSeen: v.LastSeen,
+		org: v.DedicatedOrg, releasing: v.Releasing, health: v.Health, firstSeen: v.FirstSeen, lastSeen: v.LastSeen, heard: v.LastSeen,
 		live: v.Live, stopping: v.Stopping, capacity: v.Capacity, bucket: -1,
 	}
 	for c := range w.pos {
@@ -277,12 +277,19 @@ func (s *State) loadMailbox(v MailboxView) error {
 	return nil
 }
 
-// Clone returns a deep copy of s.
+// Clone returns a deep copy of s, the heard times and the grace granted
+// included.
 func (s *State) Clone() *State {
 	c, err := NewStateFromSnapshot(s.cfg, s.Snapshot())
 	if err != nil {
 		panic("placement: clone: " + err.Error())
 	}
+	for id, w := range s.workers {
+		cw := c.workers[id]
+		cw.heard = w.heard
+		c.reindexSeen(cw)
+	}
+	c.graceFrom = s.graceFrom
 	return c
 }
 
@@ -481,6 +488,9 @@ func (c *invariantCheck) workerIndex(id string, w *placementWorker) {
 	seen := &s.liveBySeen
 	if !w.live {
 		seen = &s.deadBySeen
+	}
+	if w.heard.Before(w.lastSeen) || (!w.live && !w.heard.Equal(w.lastSeen)) {
+		bad("worker %s (live %v) heard at %s, last seen (recorded) at %s", id, w.live, w.heard, w.lastSeen)
 	}
 	if w.seenPos < 0 || w.seenDead == w.live || w.seenPos >= len(seen.items) || seen.items[w.seenPos] != w {
 		bad("index: worker %s (live %v) not at its place in the heaps by last heartbeat", id, w.live)

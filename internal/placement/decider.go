@@ -105,11 +105,22 @@ package placement
 // workers are indexed per (tier, pool, weight class) in heaps ordered by
 // utilisation, so a placement costs O(log workers).
 //
-// Liveness. A worker is live while its recorded heartbeats are no older than
-// LivenessWindow (default 3 × HeartbeatInterval) at the tick's time. A
-// heartbeat that changes nothing is recorded only when SeenRecordInterval
-// (default HeartbeatInterval) has passed since the last recorded one, so the
-// window is measured from a recorded heartbeat. A dead worker's mailboxes
+// Liveness. A worker is live while its last heartbeat is no older than
+// LivenessWindow (default 3 × HeartbeatInterval) at the tick's time. The
+// log records transitions, not time passing: a worker's registration,
+// every heartbeat that changes something (tier, egress, address, stopping,
+// capacity), a revival and its death. A heartbeat that changes nothing is
+// heard, not recorded: it moves the worker's heard time, which only the
+// live state holds (not the fold of the log, not Snapshot). The death
+// records the last heartbeat heard (last_seen; the start of the grace
+// below when that is later), so the fold learns it then.
+// A state restored from the log has heard only what the log recorded, so
+// the engine that restores it calls GrantLiveness with its clock: no worker
+// dies before a whole window has passed on the new engine, time for every
+// live worker to be heard again (a grace period after failover, as Kafka's
+// controller and Temporal's membership grant). What is decided stays a
+// function of the inputs and the time granted; the fold of the log never
+// needs the heard times. A dead worker's mailboxes
 // are re-placed under the same rules (refused into pending when nothing
 // fits). A stopping heartbeat drains the worker: it takes no new mailboxes
 // and its mailboxes move where they fit (the rest stay and are retried).
@@ -270,12 +281,9 @@ var placementHealthByRank = [...]domain.HealthState{domain.HealthHealthy, domain
 type Config struct {
 	// HeartbeatInterval is how often workers heartbeat (default 10 s).
 	HeartbeatInterval time.Duration
-	// LivenessWindow is how long a worker stays live after its last recorded
+	// LivenessWindow is how long a worker stays live after its last
 	// heartbeat (default 3 × HeartbeatInterval).
 	LivenessWindow time.Duration
-	// SeenRecordInterval: a heartbeat that changes nothing is recorded only
-	// this long after the previous recorded one (default HeartbeatInterval).
-	SeenRecordInterval time.Duration
 	// BandDwell is how long a mailbox's scores must stay better than its band
 	// before the band improves (default 1 h).
 	BandDwell time.Duration
@@ -310,9 +318,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.LivenessWindow <= 0 {
 		c.LivenessWindow = 3 * c.HeartbeatInterval
-	}
-	if c.SeenRecordInterval <= 0 {
-		c.SeenRecordInterval = c.HeartbeatInterval
 	}
 	if c.BandDwell <= 0 {
 		c.BandDwell = time.Hour
@@ -394,7 +399,8 @@ type placementWorker struct {
 	releasing bool   // dedicated and released, draining
 	health    domain.HealthState
 	firstSeen time.Time
-	lastSeen  time.Time
+	lastSeen  time.Time // recorded: the last decision that heard it (registration, change, death)
+	heard     time.Time // its last heartbeat heard (≥ lastSeen): live state only, orders the heaps by seen
 	live      bool
 	stopping  bool
 	load      int64 // thousandths, the exact sum of its mailboxes' weights
@@ -473,6 +479,9 @@ type State struct {
 	dedicatedOrgs map[string]*placementOrg           // orgs of class dedicated
 	liveBySeen    placementSeenHeap                  // live workers, oldest heartbeat first
 	deadBySeen    placementSeenHeap                  // dead workers, oldest heartbeat first
+	// graceFrom: no worker dies before LivenessWindow has passed since it
+	// (GrantLiveness), whatever its heard time says.
+	graceFrom time.Time
 	// Decider scratch, reset on every Apply.
 	out              []domain.PlacementDecision
 	capacityAppeared bool
@@ -1150,7 +1159,7 @@ func (s *State) heartbeat(e *domain.WorkerHeartbeat, at time.Time) {
 		s.capacityAppeared = s.workers[e.WorkerID].offer() > 0
 		return
 	}
-	if at.Before(w.lastSeen) {
+	if at.Before(w.heard) {
 		return // stale
 	}
 	capacity := Capacity(e.Egress, w.health, w.firstSeen, at)
@@ -1169,9 +1178,10 @@ func (s *State) heartbeat(e *domain.WorkerHeartbeat, at time.Time) {
 		reason = domain.ReasonWorkerChanged
 	case capacity != w.capacity:
 		reason = domain.ReasonCapacityRamp
-	case at.Sub(w.lastSeen) >= s.cfg.SeenRecordInterval:
-		reason = domain.ReasonHeartbeat
 	default:
+		// Heard, not recorded: liveness is not a decision.
+		w.heard = at
+		s.reindexSeen(w)
 		return
 	}
 	before := w.offer()
@@ -1221,12 +1231,30 @@ func (s *State) healthSampled(e *domain.WorkerHealthSampled, at time.Time) {
 	}
 }
 
+// GrantLiveness grants every live worker a whole LivenessWindow from at
+// before it can die. An engine calls it with its own clock when it takes
+// over a state restored from the log: the log records transitions, not the
+// heartbeats that changed nothing, so a restored worker's last heartbeat is
+// unknown and a tick must not take its recorded one for it.
+func (s *State) GrantLiveness(at time.Time) {
+	if at = at.Round(0).UTC(); at.After(s.graceFrom) {
+		s.graceFrom = at
+	}
+}
+
 func (s *State) tick(at time.Time) {
-	// Live workers whose last heartbeat is more than LivenessWindow old.
-	dead := s.liveBySeen.before(at.Add(-s.cfg.LivenessWindow))
+	// Live workers whose last heartbeat is more than LivenessWindow old,
+	// once the grace granted has run a whole window.
+	var dead []*placementWorker
+	if cutoff := at.Add(-s.cfg.LivenessWindow); cutoff.After(s.graceFrom) {
+		dead = s.liveBySeen.before(cutoff)
+	}
 	slices.SortFunc(dead, func(a, b *placementWorker) int { return strings.Compare(a.id, b.id) })
 	for _, w := range dead {
-		s.emit(&domain.PlacementWorkerDied{PlacementMeta: placementMeta(at, domain.ReasonHeartbeatExpired), WorkerID: w.id, LastSeen: w.lastSeen})
+		// Last seen: its last heartbeat heard, or the grace granted when
+		// that is later, so that an engine that restored the log and one
+		// that heard the heartbeats itself record the same death.
+		s.emit(&domain.PlacementWorkerDied{PlacementMeta: placementMeta(at, domain.ReasonHeartbeatExpired), WorkerID: w.id, LastSeen: maxTime(w.heard, s.graceFrom)})
 		if w.tier == domain.TierDedicated && !w.releasing {
 			org := s.orgs[w.org]
 			s.release(w, domain.ReasonWorkerDied, at)
@@ -1363,4 +1391,11 @@ func (s *State) retryDrains(at time.Time) {
 			s.drain(w, domain.ReasonRetry, at)
 		}
 	}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }

@@ -2,6 +2,7 @@ package placement
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"slices"
 	"testing"
@@ -871,33 +872,109 @@ func TestPlacementWorkerTierChange(t *testing.T) {
 	}
 }
 
-func TestPlacementHeartbeatRecording(t *testing.T) {
+func TestPlacementRecordsTransitionsNotHeartbeats(t *testing.T) {
 	t.Parallel()
 	h := newPlHarness(t, Config{HeartbeatInterval: 10 * time.Second})
-	h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP)
-	h.advance(5 * time.Second)
-	if ds := h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP); len(ds) != 0 {
-		t.Fatalf("heartbeat within the record interval: %v", plTypes(ds))
+	if ds := h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP); len(ds) != 1 || ds[0].Meta().Reason != domain.ReasonWorkerRegistered {
+		t.Fatalf("registration: %s", plJSON(ds))
 	}
-	h.advance(5 * time.Second)
-	if ds := h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP); len(ds) != 1 || ds[0].Meta().Reason != domain.ReasonHeartbeat {
-		t.Fatalf("renewal: %s", plJSON(ds))
+	// An hour of heartbeats that change nothing: heard, never recorded,
+	// and the worker stays live through ticks between them.
+	for range 360 {
+		h.advance(10 * time.Second)
+		if ds := h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP); len(ds) != 0 {
+			t.Fatalf("an unchanged heartbeat was recorded: %s", plJSON(ds))
+		}
+		if ds := h.tick(); len(ds) != 0 {
+			t.Fatalf("a tick between heartbeats decided %s", plJSON(ds))
+		}
 	}
 	h.advance(-time.Minute)
 	if ds := h.hb(1, domain.TierSharedFree, domain.EgressWarmupOnly); len(ds) != 0 {
 		t.Fatalf("stale heartbeat decided %v", plTypes(ds))
 	}
-	// Day 1: 16 × (0.25 + 0.75/14) = 4.85 -> 4, unchanged: a plain renewal.
-	h.advance(time.Minute + 24*time.Hour)
-	ds := h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP)
-	if c := plOf[*domain.PlacementWorkerChanged](ds); len(c) != 1 || c[0].Reason != domain.ReasonHeartbeat || c[0].Capacity != 4 {
-		t.Fatalf("day 1: %s", plJSON(ds))
+	h.advance(time.Minute)
+	// A change is recorded.
+	h.advance(time.Second)
+	if ds := h.hb(1, domain.TierSharedFree, domain.EgressWarmupOnly); len(ds) != 1 || ds[0].Meta().Reason != domain.ReasonWorkerChanged {
+		t.Fatalf("egress change: %s", plJSON(ds))
 	}
-	// Day 2: 16 × (0.25 + 1.5/14) = 5.7 -> 5: the ramp is recorded.
-	h.advance(24 * time.Hour)
-	ds = h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP)
-	if c := plOf[*domain.PlacementWorkerChanged](ds); len(c) != 1 || c[0].Reason != domain.ReasonCapacityRamp || c[0].Capacity != 5 {
-		t.Fatalf("day 2: %s", plJSON(ds))
+	// Two days of heartbeats every 10 s (17,280): only the capacity ramp
+	// is recorded, at each day the effective capacity changes. Warmup base
+	// 25: day 1 25 × (0.25 + 0.75/14) = 7.6 -> 7, day 2 8.9 -> 8.
+	mark := len(h.log)
+	for range 2 * 24 * 360 {
+		h.advance(10 * time.Second)
+		h.hb(1, domain.TierSharedFree, domain.EgressWarmupOnly)
+	}
+	var got []string
+	for _, d := range h.log[mark:] {
+		c, ok := d.(*domain.PlacementWorkerChanged)
+		if !ok {
+			t.Fatalf("two days of heartbeats decided %s", plJSON(d))
+		}
+		got = append(got, fmt.Sprintf("%s %d", c.Reason, c.Capacity))
+	}
+	if want := []string{"capacity_ramp 7", "capacity_ramp 8"}; !slices.Equal(got, want) {
+		t.Fatalf("two days of heartbeats recorded %v, want %v", got, want)
+	}
+	// Silence: the worker dies a window after its last heartbeat heard,
+	// and the death records that heartbeat.
+	last := h.now
+	h.advance(30 * time.Second)
+	if ds := h.tick(); len(ds) != 0 {
+		t.Fatalf("died at exactly the window: %s", plJSON(ds))
+	}
+	h.advance(time.Millisecond)
+	ds := h.tick()
+	if d := plOf[*domain.PlacementWorkerDied](ds); len(d) != 1 || !d[0].LastSeen.Equal(last) {
+		t.Fatalf("death after the window: %s (last heard %s)", plJSON(ds), last)
+	}
+	if v := h.worker(1); !v.LastSeen.Equal(last) {
+		t.Fatalf("the fold of the death: last seen %s, want %s", v.LastSeen, last)
+	}
+}
+
+func TestPlacementGraceAfterRestore(t *testing.T) {
+	t.Parallel()
+	cfg := Config{HeartbeatInterval: 10 * time.Second}
+	h := newPlHarness(t, cfg)
+	h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP)
+	h.hb(2, domain.TierSharedFree, domain.EgressColdSMTP)
+	h.add(10, 1, domain.ProviderSMTPIMAP, false)
+	for range 30 { // five minutes of unrecorded heartbeats
+		h.advance(10 * time.Second)
+		h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP)
+		h.hb(2, domain.TierSharedFree, domain.EgressColdSMTP)
+	}
+	// Failover: a new engine restores the log, which last heard both
+	// workers five minutes ago, and grants them a window on its clock.
+	h.advance(2 * time.Second)
+	takeover := h.now
+	st, err := NewStateFromSnapshot(cfg, h.restored.Snapshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.GrantLiveness(takeover)
+	h.live = st
+	h.advance(5 * time.Second)
+	if ds := h.tick(); len(ds) != 0 {
+		t.Fatalf("the restored engine declared workers dead within the grace: %s", plJSON(ds))
+	}
+	h.advance(5 * time.Second)
+	h.hb(1, domain.TierSharedFree, domain.EgressColdSMTP) // worker 1 is heard again; worker 2 is gone
+	h.advance(20 * time.Second)
+	if ds := h.tick(); len(ds) != 0 { // exactly a window after the takeover
+		t.Fatalf("death at the end of the grace: %s", plJSON(ds))
+	}
+	h.advance(time.Millisecond)
+	ds := h.tick()
+	d := plOf[*domain.PlacementWorkerDied](ds)
+	if len(d) != 1 || d[0].WorkerID != plWorker(2) || !d[0].LastSeen.Equal(takeover) {
+		t.Fatalf("after the grace: %s, want worker 2 dead, last seen at the takeover %s", plJSON(ds), takeover)
+	}
+	if v := h.worker(1); !v.Live {
+		t.Fatalf("worker 1, heard within the grace, died: %+v", v)
 	}
 }
 
@@ -963,6 +1040,11 @@ func plRestoreDecidesAlike(t *testing.T, cfg Config) {
 	if !reflect.DeepEqual(restored.Snapshot(), h.live.Snapshot()) {
 		t.Fatal("snapshot round trip differs")
 	}
+	// The restored engine grants liveness on its clock; the one that
+	// never stopped, granted the same, must decide exactly alike: what it
+	// heard beyond the log makes no difference once the grace is given.
+	restored.GrantLiveness(h.now)
+	h.live.GrantLiveness(h.now)
 	gen := newPlGen(99)
 	now := h.now
 	forgotten := len(plOf[*domain.PlacementWorkerForgotten](h.log))

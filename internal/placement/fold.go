@@ -19,7 +19,7 @@ func applyWorkerRegistered(s *State, d *domain.PlacementWorkerRegistered) error 
 	}
 	w := &placementWorker{
 		id: d.WorkerID, baseTier: d.Tier, tier: d.Tier, egress: d.Egress, address: d.Address,
-		pool: domain.RiskClean, health: domain.HealthHealthy, firstSeen: d.At, lastSeen: d.At,
+		pool: domain.RiskClean, health: domain.HealthHealthy, firstSeen: d.At, lastSeen: d.At, heard: d.At,
 		live: true, stopping: d.Stopping, capacity: d.Capacity, bucket: -1,
 	}
 	for c := range w.pos {
@@ -42,6 +42,9 @@ func applyWorkerChanged(s *State, d *domain.PlacementWorkerChanged) error {
 	}
 	w.egress, w.address, w.stopping, w.capacity = d.Egress, d.Address, d.Stopping, d.Capacity
 	w.live, w.lastSeen = true, d.At
+	if d.At.After(w.heard) {
+		w.heard = d.At
+	}
 	s.reindex(w)
 	return nil
 }
@@ -58,10 +61,15 @@ func applyWorkerHealthChanged(s *State, d *domain.PlacementWorkerHealthChanged) 
 
 func applyWorkerDied(s *State, d *domain.PlacementWorkerDied) error {
 	w := s.workers[d.WorkerID]
-	if w == nil || !w.live {
+	switch {
+	case w == nil || !w.live:
 		return fmt.Errorf("worker %s unknown or not live", d.WorkerID)
+	case d.LastSeen.Before(w.lastSeen) || d.LastSeen.After(d.At):
+		// The last heartbeat heard lies between the last one recorded and
+		// the death (older logs: it is the last one recorded).
+		return fmt.Errorf("worker %s dies at %s last seen at %s, before its last recorded heartbeat %s or after its death", d.WorkerID, d.At, d.LastSeen, w.lastSeen)
 	}
-	w.live = false
+	w.live, w.lastSeen, w.heard = false, d.LastSeen, d.LastSeen
 	s.reindex(w)
 	return nil
 }

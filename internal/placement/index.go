@@ -104,7 +104,7 @@ func (h *placementHeap) fix(i int) {
 }
 
 // placementSeenHeap is an indexed binary min-heap of workers by last
-// recorded heartbeat, ties by id. The state keeps two: the live workers
+// heartbeat heard, ties by id. The state keeps two: the live workers
 // (a tick expires the oldest) and the dead ones (a tick forgets the
 // oldest), so a tick visits only the workers past its cutoff rather than
 // the whole fleet. A worker is in exactly one of them, at seenPos.
@@ -113,8 +113,8 @@ type placementSeenHeap struct {
 }
 
 func placementSeenLess(a, b *placementWorker) bool {
-	if !a.lastSeen.Equal(b.lastSeen) {
-		return a.lastSeen.Before(b.lastSeen)
+	if !a.heard.Equal(b.heard) {
+		return a.heard.Before(b.heard)
 	}
 	return a.id < b.id
 }
@@ -175,14 +175,14 @@ func (h *placementSeenHeap) remove(w *placementWorker) {
 	}
 }
 
-// before returns the workers last seen strictly before cutoff, in no
+// before returns the workers last heard strictly before cutoff, in no
 // particular order. The heap order lets it skip every subtree whose root
 // is not before cutoff.
 func (h *placementSeenHeap) before(cutoff time.Time) []*placementWorker {
 	var out []*placementWorker
 	var walk func(i int)
 	walk = func(i int) {
-		if i >= len(h.items) || !h.items[i].lastSeen.Before(cutoff) {
+		if i >= len(h.items) || !h.items[i].heard.Before(cutoff) {
 			return
 		}
 		out = append(out, h.items[i])
@@ -194,7 +194,7 @@ func (h *placementSeenHeap) before(cutoff time.Time) []*placementWorker {
 }
 
 // reindexSeen puts w in the live or the dead heap, at its place by
-// lastSeen.
+// heard time.
 func (s *State) reindexSeen(w *placementWorker) {
 	want := &s.liveBySeen
 	if !w.live {

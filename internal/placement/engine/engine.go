@@ -57,7 +57,7 @@ type config struct {
 	source         string
 	txnTimeout     time.Duration
 	restoreTimeout time.Duration
-	committed      func(Commit)
+	committed      []func(Commit)
 	kgoOpts        []kgo.Opt
 	beforeEnd      func() // tests: runs after the flush, before the commit
 }
@@ -129,8 +129,11 @@ func WithTransactionTimeout(d time.Duration) Option { return func(c *config) { c
 func WithRestoreTimeout(d time.Duration) Option { return func(c *config) { c.restoreTimeout = d } }
 
 // WithCommitted calls fn after each committed transaction, on the engine's
-// goroutine; fn must be quick. Tests and benchmarks use it.
-func WithCommitted(fn func(Commit)) Option { return func(c *config) { c.committed = fn } }
+// goroutine; fn must be quick. Tests and benchmarks use it. Given more
+// than once, every fn is called, in order.
+func WithCommitted(fn func(Commit)) Option {
+	return func(c *config) { c.committed = append(c.committed, fn) }
+}
 
 // WithKgoOptions adds franz-go options to the engine's group client.
 func WithKgoOptions(opts ...kgo.Opt) Option {
@@ -145,6 +148,11 @@ type Commit struct {
 	Inputs []Input
 	// Tick is set when the transaction holds a tick's decisions.
 	Tick bool
+	// TickAt is the tick's time (the engine's clock), when Tick is set.
+	TickAt time.Time
+	// Granted is the liveness grace the deciding state held: the engine's
+	// clock when it restored (placement.State.GrantLiveness).
+	Granted time.Time
 	// Decisions is the number of decisions written.
 	Decisions int
 	// DeadLetters is the number of inputs sent to the DLQ.
@@ -158,7 +166,9 @@ type Input struct {
 	Offset    int64
 	EventID   string
 	// Produced is the input record's timestamp.
-	Produced  time.Time
+	Produced time.Time
+	// At is the time it was decided at: Produced, bounded by the clock.
+	At        time.Time
 	Decisions int
 }
 
@@ -292,6 +302,8 @@ type session struct {
 	// Owned by the poll loop.
 	st          *placement.State // nil until restored, and after an abort
 	lastID      string           // ce_id of the last decision in the log (or about to be)
+	granted     time.Time        // the liveness grace st was granted at its restore
+	carried     []Input          // inputs decided since the last commit that wrote nothing
 	workers     *workerGauge
 	nextTick    time.Time       // wall clock: ticks are scheduled in real time, timed by the clock option
 	lag         map[tpKey]lagAt // per input partition: how far behind its last fetch left it
@@ -622,6 +634,11 @@ func (s *session) restore(ctx context.Context) error {
 		return err
 	}
 	s.st, s.lastID = r.state, r.lastID
+	// The log holds no heartbeat that changed nothing: every restored
+	// worker gets a whole liveness window on this engine's clock to be
+	// heard again before a tick may declare it dead.
+	s.granted, s.carried = e.cfg.now(), nil
+	s.st.GrantLiveness(s.granted)
 	s.workers.reset()
 	for _, id := range r.workers {
 		s.workers.update(s.st, id)
@@ -669,9 +686,10 @@ func (s *session) checkOffsets(ctx context.Context, r *restored) error {
 	return fmt.Errorf("placement: the decision log holds %d decisions but group %q has no committed input offsets; refusing to decide the inputs twice (restore the group's offsets or rebuild the log)", r.decisions, s.e.cfg.group)
 }
 
-// idleCommitEvery: inputs that decide nothing (user.active, repeated
-// heartbeats) need no transaction of their own; their offsets ride with
-// the next transaction, or are committed alone after this long.
+// idleCommitEvery: inputs that decide nothing (user.active, heartbeats
+// that change nothing) need no transaction of their own; their offsets
+// ride with the next transaction, or are committed alone after this long
+// (by the next poll or tick), so a quiet fleet's position still moves.
 const idleCommitEvery = time.Second
 
 // transact decides recs (and a tick) and writes the decisions with the
@@ -689,9 +707,15 @@ func (s *session) transact(ctx context.Context, recs []*kgo.Record, tick bool) e
 		e.m.aborts.WithLabelValues("decider").Inc()
 		return err
 	}
-	if len(b.out) == 0 && (len(recs) == 0 || time.Since(s.lastCommit) < idleCommitEvery) {
-		return nil // nothing to write; offsets, if any, ride with the next transaction
+	idle := len(recs) == 0 && len(s.carried) == 0
+	if len(b.out) == 0 && (idle || time.Since(s.lastCommit) < idleCommitEvery) {
+		// Nothing to write; offsets, if any, ride with the next
+		// transaction, and so do the inputs in its Commit.
+		s.carried = append(s.carried, b.c.Inputs...)
+		return nil
 	}
+	b.c.Inputs = append(s.carried, b.c.Inputs...)
+	s.carried = nil
 	committed, err := s.write(ctx, b.out)
 	if err != nil || !committed {
 		s.st = nil
@@ -740,9 +764,11 @@ func (s *session) decide(recs []*kgo.Record, tick bool) (b batch, err error) {
 			return b, err
 		}
 		b.decided = append(b.decided, ds...)
-		b.c.Inputs = append(b.c.Inputs, Input{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, EventID: ev.Key(), Produced: r.Timestamp, Decisions: len(ds)})
+		b.c.Inputs = append(b.c.Inputs, Input{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, EventID: ev.Key(), Produced: r.Timestamp, At: in.At, Decisions: len(ds)})
 	}
+	b.c.Granted = s.granted
 	if tick {
+		b.c.TickAt = now
 		ds := s.st.Apply(placement.Tick(now))
 		if b.out, err = s.encode(b.out, ds, topics.Cause{ID: topics.CauseTick, Type: topics.CauseTick}, now); err != nil {
 			return b, err
@@ -844,8 +870,8 @@ func (s *session) committed(b batch) {
 		e.meter.Set(k.topic, k.partition, sla.Position{Next: next, End: max(s.lag[k].end, next)})
 	}
 	s.updatePending(len(b.decided) > 0 && now.Sub(s.lastPending) >= time.Second)
-	if e.cfg.committed != nil {
-		e.cfg.committed(b.c)
+	for _, fn := range e.cfg.committed {
+		fn(b.c)
 	}
 }
 
@@ -855,7 +881,7 @@ func (s *session) encode(out []*kgo.Record, ds []domain.PlacementDecision, cause
 		return out, nil
 	}
 	cause.Count = len(ds)
-	key := causeKey(cause, at.Round(0).UTC(), s.lastID)
+	key := CauseKey(cause, at.Round(0).UTC(), s.lastID)
 	for i, d := range ds {
 		cause.Index = i
 		id := DecisionID(d.Meta().At, key, i)

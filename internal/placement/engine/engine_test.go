@@ -125,7 +125,7 @@ func TestEngineEndToEnd(t *testing.T) {
 	if n := count[*domain.PlacementDedicatedBound](l); n != 1 {
 		t.Errorf("%d dedicated bindings, want 1", n)
 	}
-	st := verifyLog(t, l, p.events(), placement.Config{})
+	st := verifyLog(t, b, l, p.events(), placement.Config{})
 	if _, mailboxes, refused := st.Counts(); mailboxes != 24 || refused != 0 {
 		t.Errorf("state: %d mailboxes, %d refused", mailboxes, refused)
 	}
@@ -204,7 +204,8 @@ func TestEngineTicksExpireDeadWorkers(t *testing.T) {
 	mid := t0.Add(20 * time.Second)
 	clock.Set(mid)
 	hb := p.publish(mid, heartbeat(1, domain.TierSharedPremium, domain.EgressOAuthAPI))
-	waitLog(t, b, 30*time.Second, "heartbeat", func(l []logEntry) bool { return hasAll(l, hb) })
+	// It changes nothing: heard, not recorded.
+	waitFor(t, 30*time.Second, "heartbeat heard", func() bool { return b.tr.Decided(hb) })
 	later := t0.Add(31 * time.Second)
 	clock.Set(later)
 	l := waitLog(t, b, 30*time.Second, "worker 2 dead", func(l []logEntry) bool {
@@ -222,7 +223,7 @@ func TestEngineTicksExpireDeadWorkers(t *testing.T) {
 	if died.WorkerID != workerID(2) {
 		t.Errorf("worker %s died, want worker 2", died.WorkerID)
 	}
-	st := verifyLog(t, l, p.events(), placement.Config{})
+	st := verifyLog(t, b, l, p.events(), placement.Config{})
 	if got := st.WorkerMailboxes(workerID(1)); len(got) != 6 {
 		t.Errorf("worker 1 has %d mailboxes after worker 2 died, want 6", len(got))
 	}
@@ -259,7 +260,7 @@ func TestEngineRestartRestoresFromLog(t *testing.T) {
 	if got := metricValue(e2.m.restoreLen); int(got) != len(before) {
 		t.Errorf("the new engine folded %v decisions, the log held %d", got, len(before))
 	}
-	st := verifyLog(t, l, p.events(), placement.Config{})
+	st := verifyLog(t, b, l, p.events(), placement.Config{})
 	if _, ok := st.Mailbox(mailboxID(4)); ok {
 		t.Error("mailbox 4 survived its removal")
 	}
@@ -305,7 +306,7 @@ func TestEngineTwoInProcessOneActive(t *testing.T) {
 	t.Logf("graceful handover took %s", time.Since(start))
 	second := addMailboxes(p, t0.Add(2*time.Minute), 10, 20)
 	l := waitLog(t, b, 30*time.Second, "second mailboxes", func(l []logEntry) bool { return hasAll(l, second) })
-	verifyLog(t, l, p.events(), placement.Config{})
+	verifyLog(t, b, l, p.events(), placement.Config{})
 	mu.Lock()
 	defer mu.Unlock()
 	if wrote[si] == 0 {
@@ -454,7 +455,7 @@ func TestEngineAbortRestores(t *testing.T) {
 	boxes := addMailboxes(p, t0.Add(time.Minute), 0, 15)
 	<-refused
 	l := waitLog(t, b, 30*time.Second, "mailboxes", func(l []logEntry) bool { return hasAll(l, boxes) })
-	verifyLog(t, l, p.events(), placement.Config{})
+	verifyLog(t, b, l, p.events(), placement.Config{})
 	if got := metricValue(e.m.aborts.WithLabelValues("not_committed")); got != 1 {
 		t.Errorf("aborts{not_committed} = %v, want 1", got)
 	}

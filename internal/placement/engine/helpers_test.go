@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -38,6 +37,7 @@ type testBroker struct {
 	session time.Duration
 	hb      time.Duration
 	cluster *kfake.Cluster // nil on a real broker
+	tr      *Transcript    // what every engine of the test committed (verifyLog)
 }
 
 func newTestBroker(t testing.TB) testBroker {
@@ -57,7 +57,7 @@ func newTestBroker(t testing.TB) testBroker {
 		if _, err := kadm.NewClient(kc).DeleteGroups(ctx, DefaultGroup); err != nil {
 			t.Fatalf("deleting the engine group: %v", err)
 		}
-		return testBroker{brokers: brokers, session: 6 * time.Second, hb: 500 * time.Millisecond}
+		return testBroker{brokers: brokers, session: 6 * time.Second, hb: 500 * time.Millisecond, tr: &Transcript{}}
 	}
 	c := kafkatest.Fake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	brokers := c.ListenAddrs()
@@ -71,7 +71,7 @@ func newTestBroker(t testing.TB) testBroker {
 	if _, err := topics.Apply(ctx, kc, topics.Catalog(topics.Config{StatePartitions: 4})); err != nil {
 		t.Fatal(err)
 	}
-	tb := testBroker{brokers: brokers, session: time.Second, hb: 100 * time.Millisecond, cluster: c}
+	tb := testBroker{brokers: brokers, session: time.Second, hb: 100 * time.Millisecond, cluster: c, tr: &Transcript{}}
 	// Measuring failover with other group timings (e.g. the defaults, 6s
 	// and 500ms): MAILPLANE_PLACEMENT_TEST_SESSION and _HEARTBEAT.
 	if d, err := time.ParseDuration(os.Getenv("MAILPLANE_PLACEMENT_TEST_SESSION")); err == nil {
@@ -120,7 +120,7 @@ func startEngine(t testing.TB, b testBroker, opts ...Option) (e *Engine, stop fu
 	t.Helper()
 	base := []Option{
 		WithSessionTimeout(b.session), WithHeartbeatInterval(b.hb),
-		WithLogger(testLogger(t)),
+		WithLogger(testLogger(t)), WithTranscript(b.tr),
 	}
 	e, err := New(b.kcfg("engine-"+t.Name()), append(base, opts...)...)
 	if err != nil {
@@ -311,85 +311,40 @@ func count[T domain.PlacementDecision](l []logEntry) int {
 	return n
 }
 
-// verifyLog checks the decision log against the pure decider:
-//   - decisions come in groups, one per input (cause), with indexes
-//     0..count-1 in order, and no input's group appears twice (nothing lost
-//     half-way, nothing decided twice: the transactions were exactly-once);
-//   - every event cause is an event the test published;
-//   - running the pure decider over the same inputs in log order yields
-//     exactly the logged decisions (same types, same JSON), with the same
-//     derived ids;
-//   - folding the log yields the same state as the decider.
-//
-// It returns the decider's state after the last input.
-func verifyLog(t testing.TB, l []logEntry, events map[string]domain.Event, cfg placement.Config) *placement.State {
+// checkLog checks what the decision log alone shows (CheckLog): engines
+// in other processes leave no transcript.
+func checkLog(t testing.TB, l []logEntry, events map[string]domain.Event, cfg placement.Config) *placement.State {
 	t.Helper()
-	decider := placement.NewState(cfg)
-	folded := placement.NewState(cfg)
-	seenPos := map[string]bool{}
-	seenID := map[string]bool{}
-	lastID := ""
-	for i := 0; i < len(l); {
-		first := l[i].d
-		c := first.Cause
-		if c.Index != 0 {
-			t.Fatalf("offset %d: a group starts at index %d (cause %s %s)", l[i].offset, c.Index, c.Type, c.Position())
-		}
-		if i+c.Count > len(l) {
-			t.Fatalf("offset %d: the group of %d decisions of cause %s is cut short at the end of the log", l[i].offset, c.Count, c.Position())
-		}
-		var in placement.Input
-		if c.IsTick() {
-			in = placement.Tick(first.Time())
-		} else {
-			if seenPos[c.Position()] {
-				t.Fatalf("offset %d: input %s decided twice", l[i].offset, c.Position())
-			}
-			seenPos[c.Position()] = true
-			ev, ok := events[c.ID]
-			if !ok {
-				t.Fatalf("offset %d: cause %s is not a published event", l[i].offset, c.ID)
-			}
-			// Inputs are decided at their record timestamp bounded by
-			// the engine's clock: the decisions record that time.
-			in = placement.Input{At: first.Time(), Event: ev.Data}
-		}
-		want := decider.Apply(in)
-		if len(want) != c.Count {
-			t.Fatalf("offset %d: cause %s %s: the log holds %d decisions, the decider makes %d:\nlog:     %s\ndecider: %s",
-				l[i].offset, c.Type, c.Position(), c.Count, len(want), groupJSON(l[i:i+c.Count]), decisionsJSON(want))
-		}
-		key := causeKey(c, in.At.Round(0).UTC(), lastID)
-		for j := 0; j < c.Count; j++ {
-			got := l[i+j].d
-			if got.Cause.Index != j || got.Cause.Count != c.Count || got.Cause.ID != c.ID || got.Cause.Position() != c.Position() {
-				t.Fatalf("offset %d: decision %d of cause %s has cause %+v", l[i+j].offset, j, c.Position(), got.Cause)
-			}
-			if got.Data.EventType() != want[j].EventType() || mustJSON(got.Data) != mustJSON(want[j]) {
-				t.Fatalf("offset %d: decision %d of %s differs from the decider's:\nlog:     %s %s\ndecider: %s %s",
-					l[i+j].offset, j, c.Position(), got.Data.EventType(), mustJSON(got.Data), want[j].EventType(), mustJSON(want[j]))
-			}
-			if id := DecisionID(want[j].Meta().At, key, j); got.ID != id {
-				t.Fatalf("offset %d: id %s, derived %s", l[i+j].offset, got.ID, id)
-			}
-			if seenID[got.ID] {
-				t.Fatalf("offset %d: duplicate decision id %s", l[i+j].offset, got.ID)
-			}
-			seenID[got.ID] = true
-			if err := folded.ApplyDecision(got.Data); err != nil {
-				t.Fatalf("offset %d: folding: %v", l[i+j].offset, err)
-			}
-			lastID = got.ID
-		}
-		i += c.Count
+	st, err := CheckLog(cfg, events, loggedDecisions(l))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if a, b := decider.Snapshot(), folded.Snapshot(); !reflect.DeepEqual(a, b) {
-		t.Fatalf("the fold of the log differs from the decider's state:\ndecider %s\nfold    %s", mustJSON(a), mustJSON(b))
+	return st
+}
+
+func loggedDecisions(l []logEntry) []LoggedDecision {
+	out := make([]LoggedDecision, len(l))
+	for i, en := range l {
+		out[i] = LoggedDecision{Offset: en.offset, Decision: en.d}
 	}
-	if err := placement.Invariants(folded); err != nil {
-		t.Fatalf("invariants of the folded state: %v", err)
+	return out
+}
+
+// verifyLog checks the decision log against the pure decider fed what the
+// test's engines committed (Transcript.Verify: the decisions, their
+// groups, causes and derived ids, nothing decided twice, the fold equal to
+// the decider's state). It returns the decider's state.
+func verifyLog(t testing.TB, b testBroker, l []logEntry, events map[string]domain.Event, cfg placement.Config) *placement.State {
+	t.Helper()
+	// The commit hook runs after the commit returns.
+	for deadline := time.Now().Add(10 * time.Second); b.tr.Decisions() < len(l) && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
 	}
-	return decider
+	st, err := b.tr.Verify(cfg, events, loggedDecisions(l))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }
 
 func mustJSON(v any) string {

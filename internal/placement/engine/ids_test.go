@@ -53,16 +53,16 @@ func TestCauseKey(t *testing.T) {
 	ev := topics.Cause{ID: "e1", Type: domain.TypeMailboxAdded, Topic: topics.MailboxEvents, Partition: 3, Offset: 9}
 	same := ev
 	same.Index, same.Count = 2, 5
-	if causeKey(ev, t0, "x") != causeKey(same, t0.Add(time.Hour), "y") {
+	if CauseKey(ev, t0, "x") != CauseKey(same, t0.Add(time.Hour), "y") {
 		t.Fatal("an event's key must depend only on its position and id")
 	}
 	dup := ev
 	dup.Offset = 10 // the same event id published twice
-	if causeKey(ev, t0, "") == causeKey(dup, t0, "") {
+	if CauseKey(ev, t0, "") == CauseKey(dup, t0, "") {
 		t.Fatal("two records of one event id must have different keys")
 	}
 	tick := topics.Cause{ID: topics.CauseTick, Type: topics.CauseTick}
-	if causeKey(tick, t0, "a") == causeKey(tick, t0, "b") || causeKey(tick, t0, "a") == causeKey(tick, t0.Add(1), "a") {
+	if CauseKey(tick, t0, "a") == CauseKey(tick, t0, "b") || CauseKey(tick, t0, "a") == CauseKey(tick, t0.Add(1), "a") {
 		t.Fatal("a tick's key must depend on its time and the last decision")
 	}
 }

@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -74,6 +74,10 @@ type env struct {
 	cfg    placement.Config // the engines' and the verifier's decider configuration
 	mu     sync.Mutex
 	events map[string]domain.Event
+	// transcript: what the env's engines committed, which verifyLog
+	// feeds the decider.
+	transcript engine.Transcript
+	last       *engine.Engine // the engine started last
 
 	pubMu sync.Mutex // one publish at a time: each sets the producer's clock
 	pubAt time.Time  // the producer's clock during a publish (zero: the wall clock)
@@ -137,11 +141,15 @@ func (e *env) engine(opts ...engine.Option) (stop func()) {
 		engine.WithSessionTimeout(kafkatest.SessionTimeout(time.Second)), engine.WithHeartbeatInterval(100 * time.Millisecond),
 		engine.WithClock(e.clock.Now), engine.WithTickInterval(20 * time.Millisecond),
 		engine.WithPlacementConfig(e.cfg), engine.WithLogger(testLogger(e.t)),
+		engine.WithTranscript(&e.transcript),
 	}
 	eng, err := engine.New(e.kcfg, append(base, opts...)...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	e.mu.Lock()
+	e.last = eng
+	e.mu.Unlock()
 	return runUntil(e.t, "engine", eng.Run)
 }
 
@@ -157,8 +165,8 @@ func (e *env) projector(pool *pgxpool.Pool) (stop func()) {
 	return runUntil(e.t, "placement projector", p.Run)
 }
 
-// publish publishes ds at time at.
-func (e *env) publish(at time.Time, ds ...domain.Data) {
+// publish publishes ds at time at and returns the events.
+func (e *env) publish(at time.Time, ds ...domain.Data) []domain.Event {
 	e.t.Helper()
 	evs := make([]domain.Event, len(ds))
 	for i, d := range ds {
@@ -179,6 +187,20 @@ func (e *env) publish(at time.Time, ds ...domain.Data) {
 		e.events[ev.ID] = ev
 	}
 	e.mu.Unlock()
+	return evs
+}
+
+// waitDecided waits until an engine committed the decision (or the lack
+// of one: a heartbeat that changes nothing) of every event of evs.
+func (e *env) waitDecided(evs []domain.Event) {
+	e.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !e.transcript.Decided(evs) {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("the engine did not commit the %d inputs in 60 s", len(evs))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // logEnd is the decision log's last stable offset.
@@ -429,66 +451,25 @@ func mustJSON(v any) string {
 	return string(b)
 }
 
-// verifyLog checks the whole decision log against the pure decider: for
-// every input (cause) in log order, the decider, fed the same inputs in the
-// same order from the empty state, makes exactly the logged decisions
-// (types and JSON) with exactly the logged ids (engine.DecisionID over
-// the cause key documented there: for a tick, its time and the id of the
-// last decision before it). An engine that restored anything wrongly (a
-// state, or the last decision id seeding tick ids) makes the log differ
-// from this. It returns the decider's state.
+// verifyLog checks the whole decision log against the pure decider fed
+// what the env's engines committed (engine.Transcript.Verify). It returns
+// the decider's state.
 func (e *env) verifyLog(l []logEntry) *placement.State {
 	e.t.Helper()
-	e.mu.Lock()
-	events := e.events
-	e.mu.Unlock()
-	decider := placement.NewState(e.cfg)
-	lastID := ""
-	seen := map[string]bool{}
-	for i := 0; i < len(l); {
-		c := l[i].d.Cause
-		if c.Index != 0 || i+c.Count > len(l) {
-			e.t.Fatalf("offset %d: a broken group (cause %+v)", l[i].offset, c)
-		}
-		var in placement.Input
-		var key string
-		at := l[i].d.Time()
-		if c.IsTick() {
-			in = placement.Tick(at)
-			key = "tick/" + strconv.FormatInt(at.UnixNano(), 10) + "/" + lastID
-		} else {
-			if seen[c.Position()] {
-				e.t.Fatalf("offset %d: input %s decided twice", l[i].offset, c.Position())
-			}
-			seen[c.Position()] = true
-			ev, ok := events[c.ID]
-			if !ok {
-				e.t.Fatalf("offset %d: cause %s is not a published event", l[i].offset, c.ID)
-			}
-			// Inputs are decided at their record timestamp bounded by
-			// the engine's clock: the decisions record that time.
-			in = placement.Input{At: at, Event: ev.Data}
-			key = "event/" + c.Position() + "/" + c.ID
-		}
-		want := decider.Apply(in)
-		if len(want) != c.Count {
-			e.t.Fatalf("offset %d: cause %s: the log holds %d decisions, the decider makes %d", l[i].offset, c.Type, c.Count, len(want))
-		}
-		for j := range c.Count {
-			got := l[i+j].d
-			if got.Data.EventType() != want[j].EventType() || mustJSON(got.Data) != mustJSON(want[j]) {
-				e.t.Fatalf("offset %d: decision differs from the decider's:\nlog:     %s %s\ndecider: %s %s",
-					l[i+j].offset, got.Data.EventType(), mustJSON(got.Data), want[j].EventType(), mustJSON(want[j]))
-			}
-			if id := engine.DecisionID(want[j].Meta().At, key, j); got.ID != id {
-				e.t.Fatalf("offset %d: decision id %s, derived %s (cause key %s)", l[i+j].offset, got.ID, id, key)
-			}
-			lastID = got.ID
-		}
-		i += c.Count
+	// The commit hook runs after the commit returns.
+	for deadline := time.Now().Add(10 * time.Second); e.transcript.Decisions() < len(l) && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
 	}
-	if err := placement.Invariants(decider); err != nil {
+	logged := make([]engine.LoggedDecision, len(l))
+	for i, en := range l {
+		logged[i] = engine.LoggedDecision{Offset: en.offset, Decision: en.d}
+	}
+	e.mu.Lock()
+	events := maps.Clone(e.events)
+	e.mu.Unlock()
+	st, err := e.transcript.Verify(e.cfg, events, logged)
+	if err != nil {
 		e.t.Fatal(err)
 	}
-	return decider
+	return st
 }

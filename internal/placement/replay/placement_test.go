@@ -237,10 +237,15 @@ func TestEngineRestoresFromPostgres(t *testing.T) {
 	e.engine(engine.WithSnapshotter(snap2))
 	waitActive := time.Now().Add(30 * time.Second)
 	for {
+		// Active: restored, and granted liveness on the clock as it
+		// reads now (before it jumps below).
 		snap2.mu.Lock()
 		n := len(snap2.loads)
 		snap2.mu.Unlock()
-		if n > 0 {
+		e.mu.Lock()
+		active := e.last.Active()
+		e.mu.Unlock()
+		if n > 0 && active {
 			break
 		}
 		if time.Now().After(waitActive) {
