@@ -119,7 +119,7 @@ func TestReplayPlacementEqualsLive(t *testing.T) {
 
 			var mu sync.Mutex
 			var reports []replay.Progress
-			rb := rebuild(t, e, e.db.Schema+"_rb1", func(p replay.Progress) { mu.Lock(); reports = append(reports, p); mu.Unlock() })
+			rb := rebuild(t, e, e.db.Schema+"_placement_1", func(p replay.Progress) { mu.Lock(); reports = append(reports, p); mu.Unlock() })
 			if rb.Decisions() != int64(len(l)) {
 				t.Errorf("the rebuild applied %d decisions, the log holds %d", rb.Decisions(), len(l))
 			}
@@ -162,7 +162,7 @@ func TestReplayPlacementEqualsLive(t *testing.T) {
 				t.Errorf("projector_offsets says %d (%v), the log ends at %d", token, err, e.logEnd())
 			}
 
-			rb2 := rebuild(t, e, e.db.Schema+"_rb2", nil)
+			rb2 := rebuild(t, e, e.db.Schema+"_placement_2", nil)
 			verifyEqual(t, rb2)
 		})
 	}
