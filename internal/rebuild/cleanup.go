@@ -25,13 +25,18 @@ type Leftover struct {
 	Bytes int64 `json:"bytes"`
 }
 
-// List returns the rebuild schemas of the database, newest first. It
-// leaves out the live schema and every schema of the live pool's
-// search_path, whatever their marker says.
+// List returns the rebuild schemas of the live schema live's connections
+// write to (their marker names it), newest first. It leaves out the live
+// schema and every schema of the live pool's search_path, whatever their
+// marker says.
 func List(ctx context.Context, live *pgxpool.Pool) ([]Leftover, error) {
 	var protected []string
 	if err := live.QueryRow(ctx, `SELECT current_schemas(false)::text[]`).Scan(&protected); err != nil {
 		return nil, fmt.Errorf("rebuild: live schemas: %w", err)
+	}
+	liveSchema, err := LiveSchema(ctx, live)
+	if err != nil {
+		return nil, err
 	}
 	rows, _ := live.Query(ctx, `SELECT n.nspname::text
 FROM pg_namespace n JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = $1 AND c.relkind = 'r'
@@ -49,7 +54,7 @@ ORDER BY 1`, MarkerTable)
 		if err != nil {
 			return nil, err
 		}
-		if ok {
+		if ok && l.LiveSchema == liveSchema {
 			out = append(out, l)
 		}
 	}
