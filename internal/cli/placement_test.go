@@ -188,6 +188,18 @@ func TestReplayAndShowCommands(t *testing.T) {
 	if stdout, stderr, code := run("replay", "placement", "--verify", "--schema", rb2); code != 4 {
 		t.Errorf("replay --verify of a drifted projection: exit %d, want 4\n%s%s", code, stdout, stderr)
 	}
+	if _, stderr, code := run("replay", "placement", "--swap"); code != 2 || !strings.Contains(stderr, "refusing --swap without --verify") {
+		t.Errorf("replay placement --swap alone: exit %d, want 2\n%s", code, stderr)
+	}
+	// The swapped-out projection and the drifted verify's rebuild.
+	stdout, stderr, code = run("replay", "cleanup", "--yes", "--format", "json")
+	var cl struct {
+		Dropped []struct{ Schema, State string } `json:"dropped"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &cl); code != 0 || err != nil || len(cl.Dropped) != 2 ||
+		cl.Dropped[0].Schema != rb2 || cl.Dropped[1].Schema != rb || cl.Dropped[1].State != "previous" {
+		t.Errorf("replay cleanup --yes: exit %d, %v: %+v\n%s", code, err, cl, stderr)
+	}
 	stdout, stderr, code = run("topics", "list", "--format", "json")
 	var specs []map[string]any
 	if err := json.Unmarshal([]byte(stdout), &specs); code != 0 || err != nil || len(specs) != len(topics.Catalog(topics.Config{})) {
