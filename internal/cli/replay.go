@@ -365,9 +365,15 @@ func newProgressBar(stdout, stderr *os.File, format, name string) *progressBar {
 	return &progressBar{w: stderr, on: format == FormatText && isTerminal(stdout), tty: isTerminal(stderr), name: name}
 }
 
+// isTerminal: a character device other than /dev/null (which is one too,
+// and where cron and systemd send output).
 func isTerminal(f *os.File) bool {
 	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	if err != nil || st.Mode()&os.ModeCharDevice == 0 {
+		return false
+	}
+	null, err := os.Stat(os.DevNull)
+	return err != nil || !os.SameFile(st, null)
 }
 
 func (b *progressBar) placement(p replay.Progress) {

@@ -103,7 +103,7 @@ func replayEvents(name string) []domain.Event {
 // --swap then swaps nothing; --swap --yes swaps the rebuild in (repairing
 // the row); replay cleanup needs --dry-run or --yes, keeps the newest
 // with --keep 1, and never drops a user schema named like a rebuild's.
-// No progress is drawn: stdout is not a terminal.
+// Progress is drawn on a terminal, not when stdout is a pipe.
 func TestReplayCommands(t *testing.T) {
 	t.Parallel()
 	bin := mailplanetest.Build(t)
@@ -223,6 +223,18 @@ func TestReplayCommands(t *testing.T) {
 				t.Errorf("--schema public: exit %d\n%s", code, stderr)
 			}
 
+			// On a terminal (script(1) gives the command one) progress is drawn.
+			scriptBin, err := exec.LookPath("script")
+			if err != nil {
+				t.Fatalf("script (util-linux) is needed to run the command on a terminal: %v", err)
+			}
+			tty := exec.Command(scriptBin, "-qec", strings.Join([]string{bin, "replay", name, "--schema", s(0)}, " "), "/dev/null")
+			tty.Env = []string{"PATH=/usr/bin:/bin", "DATABASE_URL=" + db.URL, "MAILPLANE_BROKERS=" + strings.Join(brokers, ","), "TERM=dumb"}
+			if out, err := tty.CombinedOutput(); err != nil || !strings.Contains(string(out), "replay "+name+" [") ||
+				!strings.Contains(string(out), "100.0%") || !strings.Contains(string(out), "done in") {
+				t.Errorf("replay on a terminal: %v, no progress drawn:\n%q", err, out)
+			}
+
 			stdout, stderr, code := run("replay", name, "--verify", "--format", "json", "--schema", s(1))
 			var rep replayJSON
 			if err := json.Unmarshal([]byte(stdout), &rep); code != 0 || err != nil || rep.Projection != name || rep.Schema != s(1) ||
@@ -278,15 +290,15 @@ func TestReplayCommands(t *testing.T) {
 			}
 			stdout, stderr, code = run("replay", "cleanup", "--dry-run", "--format", "json")
 			var cl cleanupJSON
-			if err := json.Unmarshal([]byte(stdout), &cl); code != 0 || err != nil || !cl.DryRun || len(cl.Dropped) != 3 {
+			if err := json.Unmarshal([]byte(stdout), &cl); code != 0 || err != nil || !cl.DryRun || len(cl.Dropped) != 4 {
 				t.Fatalf("replay cleanup --dry-run: exit %d, %v: %+v\n%s", code, err, cl, stderr)
 			}
-			if n := schemas(); n != 4 {
-				t.Errorf("--dry-run dropped something: %d schemas left of 4", n)
+			if n := schemas(); n != 5 {
+				t.Errorf("--dry-run dropped something: %d schemas left of 5", n)
 			}
 			stdout, stderr, code = run("replay", "cleanup", "--yes", "--keep", "1", "--format", "json")
 			cl = cleanupJSON{}
-			if err := json.Unmarshal([]byte(stdout), &cl); code != 0 || err != nil || len(cl.Dropped) != 2 || len(cl.Kept) != 1 || cl.Kept[0].Schema != s(3) {
+			if err := json.Unmarshal([]byte(stdout), &cl); code != 0 || err != nil || len(cl.Dropped) != 3 || len(cl.Kept) != 1 || cl.Kept[0].Schema != s(3) {
 				t.Fatalf("replay cleanup --yes --keep 1: exit %d, %v: %+v\n%s", code, err, cl, stderr)
 			}
 			stdout, stderr, code = run("replay", "cleanup", "--yes")
