@@ -471,7 +471,9 @@ func checkCleanup(t *testing.T, e *env, first, second, projection string) {
 }
 
 // TestVerifyWithoutLiveProjector: with no live projector the live side
-// stays behind and verify says where, rather than comparing.
+// stays behind and verify says where, rather than comparing; a swap is
+// refused while a view depends on the tables it moves, then hands the
+// live schema the rebuild's rows and positions.
 func TestVerifyWithoutLiveProjector(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -492,6 +494,29 @@ func TestVerifyWithoutLiveProjector(t *testing.T) {
 	_, err = rb.Verify(ctx, 300*time.Millisecond)
 	if !errors.Is(err, rebuild.ErrLiveBehind) || !strings.Contains(err.Error(), "live at offset 0") {
 		t.Fatalf("verify with no live projector: %v", err)
+	}
+
+	// A view of the live schema over a table the swap would move would
+	// go on reading the moved-out table: the swap is refused.
+	if _, err := e.db.Pool.Exec(ctx, `CREATE VIEW my_report AS SELECT count(*) AS n FROM mailboxes`); err != nil {
+		t.Fatal(err)
+	}
+	if err := rb.Swap(ctx); err == nil || !strings.Contains(err.Error(), "my_report") {
+		t.Fatalf("swap under a dependent view: %v", err)
+	}
+	if _, err := e.db.Pool.Exec(ctx, `DROP VIEW my_report`); err != nil {
+		t.Fatal(err)
+	}
+	// The live side never applied anything; the swap hands it the
+	// rebuild's rows and positions.
+	if err := rb.Swap(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count(`SELECT count(*) FROM mailboxes`); n == 0 {
+		t.Error("no mailboxes in the live schema after the swap")
+	}
+	if n := e.count(`SELECT count(*) FROM projector_offsets WHERE projector = 'registry'`); n == 0 {
+		t.Error("no registry positions in the live schema after the swap")
 	}
 }
 

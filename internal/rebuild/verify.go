@@ -193,6 +193,9 @@ func (r *Rebuild) Swap(ctx context.Context) error {
 		if len(lr) != len(names) {
 			return fmt.Errorf("rebuild: the live schema %s lacks some of %v", r.live, names)
 		}
+		if err := noDependents(ctx, tx, r.live, names); err != nil {
+			return err
+		}
 		if err := MoveRelations(ctx, tx, r.live, r.schema, lr); err != nil {
 			return err
 		}
@@ -230,5 +233,28 @@ func (r *Rebuild) Swap(ctx context.Context) error {
 	r.swapped = true
 	r.pool.Close()
 	r.cfg.Logger.Info("rebuilt projection swapped in", "projection", r.name, "live", r.live, "previous", r.schema)
+	return nil
+}
+
+// noDependents refuses a swap that would leave a view or a foreign key of
+// another table bound to the tables moved out: both follow a table by
+// identity, not by name, so they would read the previous projection.
+func noDependents(ctx context.Context, tx pgx.Tx, schema string, tables []string) error {
+	rows, _ := tx.Query(ctx, `SELECT DISTINCT dep.relname::text
+FROM pg_class t
+JOIN pg_namespace n ON n.oid = t.relnamespace
+JOIN pg_depend d ON d.refobjid = t.oid
+LEFT JOIN pg_rewrite rw ON rw.oid = d.objid AND d.classid = 'pg_rewrite'::regclass
+LEFT JOIN pg_constraint c ON c.oid = d.objid AND d.classid = 'pg_constraint'::regclass AND c.contype = 'f'
+JOIN pg_class dep ON dep.oid = COALESCE(rw.ev_class, c.conrelid)
+WHERE n.nspname = $1 AND t.relname = ANY($2) AND NOT dep.relname = ANY($2)
+ORDER BY 1`, schema, tables)
+	deps, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("rebuild: dependents of %v: %w", tables, err)
+	}
+	if len(deps) > 0 {
+		return fmt.Errorf("rebuild: %v depend on the tables the swap moves (%v); swap them too, or drop them first", deps, tables)
+	}
 	return nil
 }
