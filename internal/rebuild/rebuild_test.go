@@ -243,6 +243,8 @@ type scenario struct {
 	live   func(t *testing.T) projections.Projection
 	spec   func(t *testing.T) rebuild.Spec
 	stream func(g *gen) []domain.Event
+	// more is a few events more.
+	more func(g *gen) []domain.Event
 	// later is one event naming key, applied after the swap; table holds
 	// its row.
 	later func(g *gen, key string) domain.Event
@@ -256,6 +258,7 @@ var scenarios = []scenario{{
 	live:   func(*testing.T) projections.Projection { return projections.NewRegistry() },
 	spec:   func(*testing.T) rebuild.Spec { return rebuild.RegistrySpec() },
 	stream: func(g *gen) []domain.Event { return g.registry(400) },
+	more:   func(g *gen) []domain.Event { return g.registry(30) },
 	later:  func(g *gen, key string) domain.Event { return g.added(key) },
 	table:  "mailboxes",
 	alter:  `UPDATE mailboxes SET address = 'drifted@example.com' WHERE mailbox_id = (SELECT mailbox_id FROM mailboxes ORDER BY mailbox_id LIMIT 1)`,
@@ -276,6 +279,7 @@ var scenarios = []scenario{{
 		return s
 	},
 	stream: func(g *gen) []domain.Event { return g.observations(300) },
+	more:   func(g *gen) []domain.Event { return g.observations(30) },
 	later: func(g *gen, key string) domain.Event {
 		ev := g.observations(1)[0]
 		o := ev.Data.(*domain.WarmupObserved)
@@ -347,6 +351,11 @@ func TestRebuildVerifySwapCleanup(t *testing.T) {
 				t.Errorf("drop of a running rebuild's schema: %v", err)
 			}
 
+			// More events once the rebuild is done: the live projector is
+			// ahead, and Verify catches the rebuild up to exactly where it
+			// stands.
+			e.produce(sc.more(g)...)
+			e.waitLive(sc.name, names)
 			rep, err := rb.Verify(ctx, 10*time.Second)
 			if err != nil {
 				t.Fatal(err)
@@ -354,16 +363,25 @@ func TestRebuildVerifySwapCleanup(t *testing.T) {
 			if !rep.Equal() || len(rep.Positions) == 0 {
 				t.Fatalf("rebuild differs from live: %+v", rep)
 			}
+			if want := e.ends(names...); !positionsAt(rep.Positions, want) {
+				t.Errorf("compared at %+v, the topics end at %v", rep.Positions, want)
+			}
 			for _, tr := range rep.Tables {
 				if tr.Table == sc.table && (tr.LiveRows == 0 || tr.Skipped != 0) {
 					t.Errorf("%s: %d rows compared, %d skipped", tr.Table, tr.LiveRows, tr.Skipped)
 				}
 			}
 
-			// Swap while the live projector runs; it goes on applying
-			// new events, into the swapped-in tables.
+			// Swap while the live projector runs, and is ahead again: the
+			// swap catches the rebuild up under its lock. The projector
+			// goes on applying new events, into the swapped-in tables.
+			e.produce(sc.more(g)...)
+			e.waitLive(sc.name, names)
 			if err := rb.Swap(ctx); err != nil {
 				t.Fatal(err)
+			}
+			if want := e.ends(names...); !positionsAt(rb.Positions(), want) {
+				t.Errorf("swapped in at %+v, the topics end at %v", rb.Positions(), want)
 			}
 			key := id(2, 500)
 			e.produce(sc.later(g, key))
@@ -544,4 +562,19 @@ func TestCheckName(t *testing.T) {
 		rebuild.CheckName(n, rebuild.Health, "") != nil {
 		t.Errorf("DefaultName of a long live name: %q", n)
 	}
+}
+
+// positionsAt reports whether ps stand at the ends of every partition
+// holding records.
+func positionsAt(ps []rebuild.Position, ends map[string]int64) bool {
+	have := map[string]int64{}
+	for _, p := range ps {
+		have[fmt.Sprintf("%s/%d", p.Topic, p.Partition)] = p.Next
+	}
+	for k, end := range ends {
+		if end > 0 && have[k] != end {
+			return false
+		}
+	}
+	return len(have) > 0
 }
