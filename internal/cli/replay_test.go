@@ -210,6 +210,11 @@ func TestReplayCommands(t *testing.T) {
 			})
 
 			// A swap without a verify and without --yes: refused, nothing made.
+			for _, args := range [][]string{nil, {"nope"}} {
+				if _, stderr, code := run(append([]string{"replay"}, args...)...); code != 2 || !strings.Contains(stderr, "usage: mailplane replay") {
+					t.Errorf("replay %v: exit %d, want 2 (usage)\n%s", args, code, stderr)
+				}
+			}
 			for _, args := range [][]string{{"--swap"}, {"--swap", "--schema", s(1)}, {"--yes"}} {
 				_, stderr, code := run(append([]string{"replay", name}, args...)...)
 				if code != 2 || !strings.Contains(stderr, "--swap") {
