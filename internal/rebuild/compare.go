@@ -3,7 +3,6 @@ package rebuild
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -13,10 +12,6 @@ import (
 // row for row by a verify.
 type Table struct {
 	Name string
-	// Exclude names bookkeeping columns left out of the comparison,
-	// because they legitimately differ between the live projection and a
-	// rebuild of the same log.
-	Exclude []string
 	// Key and Skip leave rows out of the comparison: a row whose Key
 	// columns match on both sides and for which the SQL predicate Skip
 	// (over the live row l and the rebuilt row r) holds is counted in
@@ -37,11 +32,9 @@ type TableReport struct {
 	OnlyLive    int64    `json:"only_live"`
 	OnlyRebuilt int64    `json:"only_rebuilt"`
 	Samples     []string `json:"samples,omitempty"`
-	// Excluded are the columns not compared; Skipped the rows not
-	// compared, for SkipWhy.
-	Excluded []string `json:"excluded_columns,omitempty"`
-	Skipped  int64    `json:"skipped_rows,omitempty"`
-	SkipWhy  string   `json:"skipped_why,omitempty"`
+	// Skipped counts the rows not compared, for SkipWhy.
+	Skipped int64  `json:"skipped_rows,omitempty"`
+	SkipWhy string `json:"skipped_why,omitempty"`
 }
 
 // Equal reports whether the table matched row for row.
@@ -74,27 +67,14 @@ func CompareTables(ctx context.Context, tx pgx.Tx, live, rebuilt string, tables 
 
 func compareTable(ctx context.Context, tx pgx.Tx, live, rebuilt string, t Table) (TableReport, error) {
 	l, r := pgx.Identifier{live, t.Name}.Sanitize(), pgx.Identifier{rebuilt, t.Name}.Sanitize()
-	tr := TableReport{Table: t.Name, Excluded: t.Exclude, SkipWhy: t.SkipWhy}
+	tr := TableReport{Table: t.Name, SkipWhy: t.SkipWhy}
 	if err := tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+l+`), (SELECT count(*) FROM `+r+`)`).
 		Scan(&tr.LiveRows, &tr.RebuiltRows); err != nil {
 		return TableReport{}, fmt.Errorf("rebuild: count %s: %w", t.Name, err)
 	}
-	cols := "*"
-	if len(t.Exclude) > 0 {
-		rows, _ := tx.Query(ctx, `SELECT column_name::text FROM information_schema.columns
-WHERE table_schema = $1 AND table_name = $2 ORDER BY ordinal_position`, live, t.Name)
-		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return TableReport{}, fmt.Errorf("rebuild: columns of %s: %w", t.Name, err)
-		}
-		var keep []string
-		for _, n := range names {
-			if !slices.Contains(t.Exclude, n) {
-				keep = append(keep, pgx.Identifier{n}.Sanitize())
-			}
-		}
-		cols = strings.Join(keep, ", ")
-	}
+	// Every column: the tables that define a projection hold no wall-clock
+	// bookkeeping (times are events', ids the log's), so none is left out.
+	const cols = "*"
 	// side selects one side's compared rows, leaving out the skipped ones.
 	side := func(self, other, selfAlias, otherAlias string) string {
 		q := `SELECT ` + cols + ` FROM ` + self + ` AS ` + selfAlias

@@ -30,9 +30,6 @@ func FormatTables(w io.Writer, ts []TableReport) {
 		fmt.Fprintf(w, "%-32s %12d %12d %10d %12d %8d\n", t.Table, t.LiveRows, t.RebuiltRows, t.OnlyLive, t.OnlyRebuilt, t.Skipped)
 	}
 	for _, t := range ts {
-		if len(t.Excluded) > 0 {
-			fmt.Fprintf(w, "  %s: columns not compared (bookkeeping): %v\n", t.Table, t.Excluded)
-		}
 		if t.Skipped > 0 {
 			fmt.Fprintf(w, "  %s: %d rows not compared: %s\n", t.Table, t.Skipped, t.SkipWhy)
 		}
