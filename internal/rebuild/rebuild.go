@@ -30,6 +30,12 @@ type Spec struct {
 	Projection projections.Projection
 	// Tables are the tables that define the projection.
 	Tables []Table
+	// Publishes says the live projection publishes what it decides (the
+	// health scorer's state changes) and the rebuild does not: a swap is
+	// then refused while the rebuild is ahead of the live projector, since
+	// the live projector would never apply, so never publish, the records
+	// in between.
+	Publishes bool
 }
 
 // RegistrySpec is the registry projection's. Every column is compared:
@@ -52,7 +58,7 @@ func HealthSpec(policy domain.HealthPolicy) (Spec, error) {
 	if err != nil {
 		return Spec{}, err
 	}
-	return Spec{Projection: s, Tables: []Table{{
+	return Spec{Projection: s, Publishes: true, Tables: []Table{{
 		Name: "mailbox_health", Key: []string{"mailbox_id"},
 		Skip:    "l.last_eval > r.last_eval",
 		SkipWhy: "evaluated by the wall-clock ticker after its last observation (not in the log)",

@@ -578,3 +578,37 @@ func positionsAt(ps []rebuild.Position, ends map[string]int64) bool {
 	}
 	return len(have) > 0
 }
+
+// TestHealthSwapAheadOfLiveRefused: the live scorer publishes its state
+// changes, the rebuild does not; swapping in a rebuild ahead of the live
+// scorer would leave the records in between unpublished for good, so the
+// swap is refused and nothing moves.
+func TestHealthSwapAheadOfLiveRefused(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	e := newEnv(t)
+	e.produce(newGen(5).observations(40)...)
+	spec, err := rebuild.HealthSpec(domain.DefaultHealthPolicy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, err := rebuild.Start(ctx, spec, rebuild.Config{Kafka: e.kcfg, Live: e.db.Pool, Schema: e.db.Schema + "_health_1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		rb.Close()
+		_ = rebuild.Drop(context.Background(), e.db.Pool, rb.Schema())
+	}()
+	err = rb.Swap(ctx)
+	if !errors.Is(err, rebuild.ErrLiveBehind) || !strings.Contains(err.Error(), "never publish") {
+		t.Fatalf("swap of a health rebuild ahead of the live scorer: %v", err)
+	}
+	if n := e.count(`SELECT count(*) FROM mailbox_health`); n != 0 {
+		t.Errorf("the refused swap moved %d rows into the live schema", n)
+	}
+	if n := e.count(`SELECT count(*) FROM ` + pgx.Identifier{rb.Schema(), "mailbox_health"}.Sanitize()); n == 0 {
+		t.Error("the rebuild holds no rows")
+	}
+}

@@ -163,6 +163,14 @@ func (r *Rebuild) Swap(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		if r.spec.Publishes {
+			for p, n := range r.next {
+				if live[p] < n {
+					return fmt.Errorf("%w: %s: live at offset %d, the rebuild at %d; the live %s projector would never publish what it decides for the records in between: swap once it has caught up",
+						ErrLiveBehind, p, live[p], n, r.name)
+				}
+			}
+		}
 		ahead := map[kafka.Partition]int64{}
 		for p, n := range live {
 			if n > r.next[p] {
