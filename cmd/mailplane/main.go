@@ -39,7 +39,8 @@ Operate:
   credentials reseal  re-seal every live mailbox's credentials under the active key (to retire a key)
   acls plan|apply  broker ACLs giving each role only what it needs (--principals role=user,...)
   dlq list         show dead letters
-  replay placement rebuild the placement projection into a fresh schema (--verify, --swap)
+  replay registry|placement|health  rebuild a projection into a fresh schema (--verify, --swap [--yes])
+  replay cleanup   drop the old schemas replay left (--keep N, --older-than D, --dry-run | --yes)
   placement show   workers by tier and pool, pending placements (--mailbox ID: its decisions)
   projector positions|seek  where each projector stands in Postgres; move one partition's position
   help config      the configuration reference (flags and environment)

@@ -10,8 +10,8 @@
 // The projection's Apply is a function of the events and the rows (its
 // clock is each observation's ce_time, its event ids derive from the
 // observation's), so a replay computes the same rows and the same events.
-// A rebuild must not publish them again: rebuilding this projection into a
-// fresh schema must empty that schema's outbox before its swap.
+// A rebuild must not publish them again: it runs the scorer
+// WithoutPublishing (internal/rebuild), which queues nothing.
 package health
 
 import (
@@ -36,9 +36,10 @@ const Source = "mailplane/health-scorer"
 
 // Scorer is the health projection.
 type Scorer struct {
-	policy  domain.HealthPolicy
-	emitted func(ev domain.Event)
-	now     func() time.Time
+	policy    domain.HealthPolicy
+	emitted   func(ev domain.Event)
+	now       func() time.Time
+	noPublish bool
 }
 
 // ScorerOption configures a Scorer.
@@ -55,6 +56,11 @@ func WithEmitted(fn func(domain.Event)) ScorerOption { return func(s *Scorer) { 
 // stamp cannot move a mailbox's scoring clock, and the end of the penalty
 // it earns, years ahead.
 func WithScorerClock(now func() time.Time) ScorerOption { return func(s *Scorer) { s.now = now } }
+
+// WithoutPublishing folds the rows and queues no event: a rebuild of the
+// projection from the log (mailplane replay health) computes the rows the
+// live scorer did without publishing history again.
+func WithoutPublishing() ScorerOption { return func(s *Scorer) { s.noPublish = true } }
 
 // NewScorer returns the scorer with policy.
 func NewScorer(policy domain.HealthPolicy, opts ...ScorerOption) (*Scorer, error) {
@@ -125,6 +131,9 @@ func (s *Scorer) Apply(ctx context.Context, tx pgx.Tx, in []projections.Record) 
 	}
 	if err := save(ctx, tx, s.policy, recs, ids, counts, changed); err != nil {
 		return err
+	}
+	if s.noPublish {
+		return nil
 	}
 	if err := outbox.Add(ctx, tx, out...); err != nil {
 		return err

@@ -75,18 +75,28 @@ type decoded struct {
 }
 
 func (it *item) decode() {
-	ev, err := topics.Decode(it.rec)
-	if err == nil {
-		var id uuid.UUID
-		// Applied events are remembered by key: the id, or one derived
-		// from source and id (domain.EventKey), always a UUID.
-		if id, err = uuid.Parse(ev.Key()); err == nil {
-			it.ev, it.id, it.ok = ev, id, true
-			return
-		}
-		err = domain.Errorf(domain.CodeInternal, "event key %q is not a UUID", ev.Key())
+	ev, id, err := DecodeEvent(it.rec)
+	if err != nil {
+		it.code, it.err = domain.ErrorCode(err), err
+		return
 	}
-	it.code, it.err = domain.ErrorCode(err), err
+	it.ev, it.id, it.ok = ev, id, true
+}
+
+// DecodeEvent decodes a record as a projector does: its event, and the id
+// the event is remembered by in applied_events (the event id, or one
+// derived from source and id, domain.EventKey: always a UUID). An error
+// marks a poison record, which a projector dead-letters and passes.
+func DecodeEvent(r *kgo.Record) (domain.Event, [16]byte, error) {
+	ev, err := topics.Decode(r)
+	if err != nil {
+		return domain.Event{}, [16]byte{}, err
+	}
+	id, err := uuid.Parse(ev.Key())
+	if err != nil {
+		return domain.Event{}, [16]byte{}, domain.Errorf(domain.CodeInternal, "event key %q is not a UUID", ev.Key())
+	}
+	return ev, id, nil
 }
 
 // drain applies queued records until none is left to apply, or ctx (the

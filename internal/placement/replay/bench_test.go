@@ -122,7 +122,7 @@ func BenchmarkReplayPlacement(b *testing.B) {
 
 	b.ResetTimer()
 	start := time.Now()
-	rb, err := replay.RebuildPlacement(ctx, replay.Config{Kafka: kcfg, Live: db.Pool, Schema: db.Schema + "_bench",
+	rb, err := replay.RebuildPlacement(ctx, replay.Config{Kafka: kcfg, Live: db.Pool, Schema: db.Schema + "_placement_1",
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	took := time.Since(start)
 	b.StopTimer()

@@ -204,7 +204,7 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 	}
 
 	// Replay equals live, forgotten workers and all.
-	verifyEqual(t, rebuild(t, e, e.db.Schema+"_rb", nil))
+	verifyEqual(t, rebuild(t, e, e.db.Schema+"_placement_1", nil))
 
 	// An engine restored from the projection no longer knows the
 	// forgotten ids: one heartbeating again is a new worker.

@@ -6,7 +6,10 @@
 // repairs it.
 //
 // The placement projection (projection.Projection) is the one rebuilt
-// here: `mailplane replay placement`.
+// here: `mailplane replay placement`. Its fold of the decision log is its
+// own; the fresh schema and its marker, the row comparison and the move of
+// tables between schemas are internal/rebuild's, shared with the registry
+// and health rebuilds.
 package replay
 
 import (
@@ -15,20 +18,19 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/rebuild"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -40,8 +42,8 @@ type Config struct {
 	// selects it): where the rebuild's schema is created, what Verify
 	// compares with and where Swap swaps.
 	Live *pgxpool.Pool
-	// Schema names the fresh schema (a plain lower-case identifier that
-	// does not exist yet). Default: "<live>_placement_<unix seconds>".
+	// Schema names the fresh schema (rebuild.CheckName: <prefix>_placement_<digits>,
+	// not existing yet). Default: "<live>_placement_<unix seconds>".
 	Schema string
 	// BatchSize is how many decisions one transaction applies. Default
 	// DefaultBatchSize.
@@ -95,13 +97,12 @@ type Placement struct {
 	pool   *pgxpool.Pool // search_path = schema
 	proj   *projection.Projection
 
-	next      int64 // the rebuild's checkpoint
-	decisions int64 // decisions applied, all passes
+	release   func() // the rebuild's hold on its schema (rebuild.Hold)
+	next      int64  // the rebuild's checkpoint
+	decisions int64  // decisions applied, all passes
 	took      time.Duration
 	swapped   bool
 }
-
-var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
 // RebuildPlacement creates the fresh schema, migrates it, and applies the
 // decision log from offset 0 to its end as of the call.
@@ -121,31 +122,21 @@ func RebuildPlacement(ctx context.Context, cfg Config) (*Placement, error) {
 	if cfg.Kafka.ClientID == "" {
 		cfg.Kafka.ClientID = "mailplane-replay"
 	}
-	var live *string
-	if err := cfg.Live.QueryRow(ctx, `SELECT current_schema()`).Scan(&live); err != nil {
-		return nil, fmt.Errorf("replay: live schema: %w", err)
-	}
-	if live == nil {
-		return nil, errors.New("replay: the live pool's search_path names no existing schema")
+	live, err := rebuild.LiveSchema(ctx, cfg.Live)
+	if err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
 	}
 	if cfg.Schema == "" {
-		cfg.Schema = fmt.Sprintf("%s_placement_%d", *live, time.Now().Unix())
+		cfg.Schema = rebuild.DefaultName(live, rebuild.Placement, time.Now())
 	}
-	if !identRE.MatchString(cfg.Schema) || cfg.Schema == *live {
-		return nil, fmt.Errorf("replay: schema %q is not a plain lower-case identifier other than the live schema", cfg.Schema)
-	}
-	p := &Placement{cfg: cfg, live: *live, schema: cfg.Schema, proj: projection.New()}
-	if _, err := cfg.Live.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{p.schema}.Sanitize()); err != nil {
-		return nil, fmt.Errorf("replay: create schema %s: %w", p.schema, err)
+	p := &Placement{cfg: cfg, live: live, schema: cfg.Schema, proj: projection.New()}
+	if err := rebuild.Create(ctx, cfg.Live, rebuild.Placement, live, p.schema); err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
 	}
 	if err := p.rebuild(ctx); err != nil {
 		// Leave nothing half-built behind.
-		if p.pool != nil {
-			p.pool.Close()
-		}
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		if _, derr := cfg.Live.Exec(dctx, `DROP SCHEMA `+pgx.Identifier{p.schema}.Sanitize()+` CASCADE`); derr != nil {
+		p.Close()
+		if derr := rebuild.DropSchema(ctx, cfg.Live, p.schema); derr != nil {
 			cfg.Logger.Warn("could not drop the failed rebuild's schema", "schema", p.schema, "err", derr)
 		}
 		return nil, err
@@ -154,24 +145,16 @@ func RebuildPlacement(ctx context.Context, cfg Config) (*Placement, error) {
 }
 
 func (p *Placement) rebuild(ctx context.Context) error {
-	pc := p.cfg.Live.Config().Copy()
-	// Set after connecting, so it wins over a search_path in the URL's
-	// options too; checked below all the same.
-	schema := pgx.Identifier{p.schema}.Sanitize()
-	pc.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		_, err := c.Exec(ctx, `SET search_path = `+schema)
-		return err
-	}
-	pc.MaxConns, pc.MinConns = 2, 0
-	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	release, err := rebuild.Hold(ctx, p.cfg.Live, p.schema)
 	if err != nil {
-		return fmt.Errorf("replay: pool on %s: %w", p.schema, err)
+		return fmt.Errorf("replay: %w", err)
+	}
+	p.release = release
+	pool, err := rebuild.Pool(ctx, p.cfg.Live, p.schema)
+	if err != nil {
+		return fmt.Errorf("replay: %w", err)
 	}
 	p.pool = pool
-	var cur *string
-	if err := pool.QueryRow(ctx, `SELECT current_schema()`).Scan(&cur); err != nil || cur == nil || *cur != p.schema {
-		return fmt.Errorf("replay: the rebuild's connections are not in schema %s (%v, %v)", p.schema, cur, err)
-	}
 	if err := migrations.Apply(ctx, pool); err != nil {
 		return fmt.Errorf("replay: migrate %s: %w", p.schema, err)
 	}
@@ -183,7 +166,10 @@ func (p *Placement) rebuild(ctx context.Context) error {
 	if err := p.build(ctx); err != nil {
 		return err
 	}
-	return restoreIndexes(ctx, pool, p.schema, deferred, p.cfg.Logger)
+	if err := restoreIndexes(ctx, pool, p.schema, deferred, p.cfg.Logger); err != nil {
+		return err
+	}
+	return rebuild.SetState(ctx, pool, p.schema, rebuild.StateBuilt)
 }
 
 // deferredTables are the tables whose keys and indexes a rebuild builds
@@ -273,12 +259,21 @@ func (p *Placement) Took() time.Duration { return p.took }
 // Pool is a pool on the rebuild's schema (closed by Close).
 func (p *Placement) Pool() *pgxpool.Pool { return p.pool }
 
-// Close closes the pool on the rebuild's schema; the schema stays.
-func (p *Placement) Close() { p.pool.Close() }
+// Close closes the pool on the rebuild's schema and lets replay cleanup
+// drop it; the schema stays.
+func (p *Placement) Close() {
+	if p.pool != nil {
+		p.pool.Close()
+	}
+	if p.release != nil {
+		p.release()
+		p.release = nil
+	}
+}
 
 // Drop drops the rebuild's schema (after Swap: the previous projection).
 func (p *Placement) Drop(ctx context.Context) error {
-	p.pool.Close()
+	p.Close()
 	_, err := p.cfg.Live.Exec(ctx, `DROP SCHEMA `+pgx.Identifier{p.schema}.Sanitize()+` CASCADE`)
 	return err
 }
@@ -576,57 +571,31 @@ func logEnd(kcfg kafka.Config) (int64, error) {
 	return o.Offset, nil
 }
 
-// placementTables are the tables Verify compares, in order.
-var placementTables = []string{
-	"placement_checkpoint", "placement_workers", "placement_orgs", "placement_mailboxes",
-	"placement_assignment_retention", "placement_assignment_changes", "placement_history",
+// placementTables are the tables Verify compares, in order; every column
+// of each (the projection's rows are read off the decisions, offsets and
+// times included).
+var placementTables = []rebuild.Table{
+	{Name: "placement_checkpoint"}, {Name: "placement_workers"}, {Name: "placement_orgs"}, {Name: "placement_mailboxes"},
+	{Name: "placement_assignment_retention"}, {Name: "placement_assignment_changes"}, {Name: "placement_history"},
 }
 
 // TableReport is one table's comparison.
-type TableReport struct {
-	Table string
-	// Rows in the live table and in the rebuild.
-	LiveRows, RebuiltRows int64
-	// OnlyLive and OnlyRebuilt count the rows found on one side only
-	// (EXCEPT both ways); Samples shows a few of them, as JSON.
-	OnlyLive, OnlyRebuilt int64
-	Samples               []string
-}
+type TableReport = rebuild.TableReport
 
 // Report is the outcome of Verify.
 type Report struct {
 	// Offset is the decision-log offset both sides stood at.
-	Offset int64
-	Tables []TableReport
+	Offset int64         `json:"offset"`
+	Tables []TableReport `json:"tables"`
 }
 
 // Equal reports whether every table matched row for row.
-func (r Report) Equal() bool {
-	for _, t := range r.Tables {
-		if t.OnlyLive != 0 || t.OnlyRebuilt != 0 {
-			return false
-		}
-	}
-	return true
-}
+func (r Report) Equal() bool { return rebuild.AllEqual(r.Tables) }
 
 // Format writes the report as a table.
 func (r Report) Format(w io.Writer) {
 	fmt.Fprintf(w, "compared at decision-log offset %d\n", r.Offset)
-	fmt.Fprintf(w, "%-32s %12s %12s %10s %12s\n", "TABLE", "LIVE ROWS", "REBUILT", "ONLY LIVE", "ONLY REBUILT")
-	for _, t := range r.Tables {
-		fmt.Fprintf(w, "%-32s %12d %12d %10d %12d\n", t.Table, t.LiveRows, t.RebuiltRows, t.OnlyLive, t.OnlyRebuilt)
-	}
-	for _, t := range r.Tables {
-		for _, s := range t.Samples {
-			fmt.Fprintf(w, "  %s: %s\n", t.Table, s)
-		}
-	}
-	if r.Equal() {
-		fmt.Fprintln(w, "identical")
-	} else {
-		fmt.Fprintln(w, "DIFFERENT")
-	}
+	rebuild.FormatTables(w, r.Tables)
 }
 
 // ErrLiveBehind: the live projection stayed behind the rebuild, so the two
@@ -720,36 +689,11 @@ func (p *Placement) adoptHorizon(ctx context.Context, horizon int64) error {
 // compare compares every table in tx (the live snapshot; the rebuild does
 // not move meanwhile).
 func (p *Placement) compare(ctx context.Context, tx pgx.Tx) (Report, error) {
-	var rep Report
-	for _, table := range placementTables {
-		live, rebuilt := pgx.Identifier{p.live, table}.Sanitize(), pgx.Identifier{p.schema, table}.Sanitize()
-		tr := TableReport{Table: table}
-		if err := tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+live+`), (SELECT count(*) FROM `+rebuilt+`)`).
-			Scan(&tr.LiveRows, &tr.RebuiltRows); err != nil {
-			return Report{}, fmt.Errorf("replay: count %s: %w", table, err)
-		}
-		for i, dir := range [][2]string{{live, rebuilt}, {rebuilt, live}} {
-			rows, _ := tx.Query(ctx, `SELECT count(*) OVER (), row_to_json(x)::text
-FROM (SELECT * FROM `+dir[0]+` EXCEPT SELECT * FROM `+dir[1]+`) x LIMIT 3`)
-			var n int64
-			var s string
-			if _, err := pgx.ForEachRow(rows, []any{&n, &s}, func() error {
-				side := "only live"
-				if i == 1 {
-					tr.OnlyRebuilt = n
-					side = "only rebuilt"
-				} else {
-					tr.OnlyLive = n
-				}
-				tr.Samples = append(tr.Samples, side+": "+s)
-				return nil
-			}); err != nil {
-				return Report{}, fmt.Errorf("replay: compare %s: %w", table, err)
-			}
-		}
-		rep.Tables = append(rep.Tables, tr)
+	ts, err := rebuild.CompareTables(ctx, tx, p.live, p.schema, placementTables)
+	if err != nil {
+		return Report{}, fmt.Errorf("replay: %w", err)
 	}
-	return rep, nil
+	return Report{Tables: ts}, nil
 }
 
 // Swap swaps the rebuild in, in one transaction: every placement relation
@@ -764,10 +708,7 @@ func (p *Placement) Swap(ctx context.Context) error {
 	if p.swapped {
 		return errors.New("replay: already swapped")
 	}
-	tmp := p.schema + "_swap"
-	if len(tmp) > 63 {
-		tmp = tmp[len(tmp)-63:]
-	}
+	isPlacement := func(name string) bool { return strings.HasPrefix(name, "placement_") }
 	swap := func(tx pgx.Tx) error {
 		// The checkpoint first: the placement projector's transactions
 		// lock it before any other placement table, so taking it first
@@ -779,35 +720,19 @@ func (p *Placement) Swap(ctx context.Context) error {
 			pgx.Identifier{p.live, "placement_checkpoint"}.Sanitize()+` IN ACCESS EXCLUSIVE MODE`); err != nil {
 			return err
 		}
-		liveRels, err := placementRelations(ctx, tx, p.live)
+		liveRels, err := rebuild.Relations(ctx, tx, p.live, isPlacement)
 		if err != nil {
 			return err
 		}
-		newRels, err := placementRelations(ctx, tx, p.schema)
+		newRels, err := rebuild.Relations(ctx, tx, p.schema, isPlacement)
 		if err != nil {
 			return err
 		}
-		if a, b := relNames(liveRels), relNames(newRels); a != b {
-			return fmt.Errorf("replay: the live schema's placement relations (%s) differ from the rebuild's (%s); migrate both first", a, b)
+		if err := rebuild.SameRelations(liveRels, newRels, p.live, p.schema); err != nil {
+			return err
 		}
-		move := func(rels []relation, from, to string) []string {
-			var out []string
-			for _, r := range rels {
-				kind := "TABLE"
-				if r.view {
-					kind = "VIEW"
-				}
-				out = append(out, fmt.Sprintf("ALTER %s %s SET SCHEMA %s", kind, pgx.Identifier{from, r.name}.Sanitize(), pgx.Identifier{to}.Sanitize()))
-			}
-			return out
-		}
-		stmts := []string{"CREATE SCHEMA " + pgx.Identifier{tmp}.Sanitize()}
-		stmts = append(stmts, move(liveRels, p.live, tmp)...)
-		stmts = append(stmts, move(newRels, p.schema, p.live)...)
-		stmts = append(stmts, move(liveRels, tmp, p.schema)...)
-		stmts = append(stmts, "DROP SCHEMA "+pgx.Identifier{tmp}.Sanitize())
-		if _, err := tx.Exec(ctx, strings.Join(stmts, ";\n")); err != nil {
-			return fmt.Errorf("replay: swap: %w", err)
+		if err := rebuild.MoveRelations(ctx, tx, p.live, p.schema, liveRels); err != nil {
+			return err
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO `+pgx.Identifier{p.live, "projector_offsets"}.Sanitize()+`
     (projector, topic, partition, next_offset, updated_at)
@@ -817,22 +742,11 @@ ON CONFLICT (projector, topic, partition) DO UPDATE SET next_offset = EXCLUDED.n
 		if err != nil {
 			return fmt.Errorf("replay: move the placement projector's offset: %w", err)
 		}
-		return nil
+		return rebuild.SetState(ctx, tx, p.schema, rebuild.StatePrevious)
 	}
-	var err error
-	for attempt := 1; ; attempt++ {
-		err = pgx.BeginFunc(ctx, p.cfg.Live, swap)
-		var pe *pgconn.PgError
-		if err == nil || attempt == 5 || !errors.As(err, &pe) || (pe.Code != "40P01" && pe.Code != "55P03") {
-			break
-		}
+	err := rebuild.Retry(ctx, 5, func() error { return pgx.BeginFunc(ctx, p.cfg.Live, swap) }, func(attempt int, err error) {
 		p.cfg.Logger.Warn("swap collided with another transaction; retrying", "attempt", attempt, "err", err)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
-		}
-	}
+	})
 	if err != nil {
 		return err
 	}
@@ -840,36 +754,4 @@ ON CONFLICT (projector, topic, partition) DO UPDATE SET next_offset = EXCLUDED.n
 	p.pool.Close()
 	p.cfg.Logger.Info("rebuilt placement projection swapped in", "live", p.live, "previous", p.schema, "offset", p.next)
 	return nil
-}
-
-type relation struct {
-	name string
-	view bool
-}
-
-func placementRelations(ctx context.Context, tx pgx.Tx, schema string) ([]relation, error) {
-	rows, _ := tx.Query(ctx, `SELECT c.relname, c.relkind = 'v'
-FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE n.nspname = $1 AND c.relkind IN ('r', 'v') AND c.relname LIKE 'placement\_%'
-ORDER BY c.relname`, schema)
-	var out []relation
-	var r relation
-	if _, err := pgx.ForEachRow(rows, []any{&r.name, &r.view}, func() error { out = append(out, r); return nil }); err != nil {
-		return nil, fmt.Errorf("replay: placement relations of %s: %w", schema, err)
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("replay: schema %s has no placement relations", schema)
-	}
-	return out, nil
-}
-
-func relNames(rs []relation) string {
-	var b strings.Builder
-	for i, r := range rs {
-		if i > 0 {
-			b.WriteString(",")
-		}
-		b.WriteString(r.name)
-	}
-	return b.String()
 }

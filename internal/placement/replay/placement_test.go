@@ -17,6 +17,7 @@ import (
 	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/internal/placement/replay"
+	rebuildpkg "github.com/mailplane/mailplane/internal/rebuild"
 )
 
 // checkProjection checks the projection in pool against the decider's
@@ -119,7 +120,7 @@ func TestReplayPlacementEqualsLive(t *testing.T) {
 
 			var mu sync.Mutex
 			var reports []replay.Progress
-			rb := rebuild(t, e, e.db.Schema+"_rb1", func(p replay.Progress) { mu.Lock(); reports = append(reports, p); mu.Unlock() })
+			rb := rebuild(t, e, e.db.Schema+"_placement_1", func(p replay.Progress) { mu.Lock(); reports = append(reports, p); mu.Unlock() })
 			if rb.Decisions() != int64(len(l)) {
 				t.Errorf("the rebuild applied %d decisions, the log holds %d", rb.Decisions(), len(l))
 			}
@@ -162,8 +163,38 @@ func TestReplayPlacementEqualsLive(t *testing.T) {
 				t.Errorf("projector_offsets says %d (%v), the log ends at %d", token, err, e.logEnd())
 			}
 
-			rb2 := rebuild(t, e, e.db.Schema+"_rb2", nil)
+			rb2 := rebuild(t, e, e.db.Schema+"_placement_2", nil)
 			verifyEqual(t, rb2)
+
+			// A live row altered by hand: the verify finds that row.
+			if _, err := e.db.Pool.Exec(ctx, `UPDATE placement_workers SET capacity = capacity + 1
+WHERE worker_id = (SELECT worker_id FROM placement_workers ORDER BY worker_id LIMIT 1)`); err != nil {
+				t.Fatal(err)
+			}
+			rep, err := rb2.Verify(ctx, 30*time.Second)
+			if err != nil || rep.Equal() {
+				t.Fatalf("verify of an altered live projection: %v, equal %v", err, rep.Equal())
+			}
+			for _, tr := range rep.Tables {
+				if want := int64(map[bool]int{true: 1}[tr.Table == "placement_workers"]); tr.OnlyLive != want || tr.OnlyRebuilt != want {
+					t.Errorf("%s: %d only live, %d only rebuilt, want %d", tr.Table, tr.OnlyLive, tr.OnlyRebuilt, want)
+				}
+			}
+
+			// Cleanup sees both rebuild schemas (the swapped one holding the
+			// previous projection) and drops neither while its rebuild runs.
+			ls, err := rebuildpkg.List(ctx, e.db.Pool)
+			if err != nil || len(ls) != 2 || ls[0].Schema != rb2.Schema() || ls[0].State != rebuildpkg.StateBuilt ||
+				ls[1].Schema != rb.Schema() || ls[1].State != rebuildpkg.StatePrevious {
+				t.Fatalf("rebuild schemas: %+v, %v", ls, err)
+			}
+			if err := rebuildpkg.Drop(ctx, e.db.Pool, rb2.Schema()); err == nil {
+				t.Error("cleanup dropped the schema of a running rebuild")
+			}
+			rb2.Close()
+			if err := rebuildpkg.Drop(ctx, e.db.Pool, rb2.Schema()); err != nil {
+				t.Error(err)
+			}
 		})
 	}
 }
