@@ -1,0 +1,854 @@
+package dlq
+
+// Redrive hands dead letters back to the consumer that gave up on them,
+// after the cause was fixed (docs/runbook.md, "Redrive dead letters").
+//
+// The original record (key, value and CloudEvents headers; the dead-letter
+// headers dropped) is appended again to its source topic and partition,
+// with redrive headers naming the consumer it is for. It goes through that
+// consumer's normal code path, and so through its dedupe by event key: an
+// event applied once stays applied once. Every other consumer of the topic
+// skips it (ForOtherConsumer), so nothing else applies it again.
+//
+// Each redriven dead letter is recorded in Postgres (dlq_redrives): one
+// already redriven is skipped unless Selection.Again. The row is written
+// pending before the produce and done after it; a redrive that dies in
+// between leaves pending rows that the next one completes, producing the
+// record only if its redrive id is not found in the source partition.
+// Redrives take turns on an advisory lock, so a pending row is never
+// completed while its own redrive is still producing.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/promreg"
+	"github.com/mailplane/mailplane/internal/sla"
+	"github.com/mailplane/mailplane/topics"
+)
+
+// Header names of a redriven record. Every one starts with
+// RedriveHeaderPrefix; analysts reading a source topic see them on the
+// records a redrive appended.
+const (
+	RedriveHeaderPrefix = "mailplane_redrive_"
+	// HeaderRedriveConsumer names the one consumer that applies the record.
+	HeaderRedriveConsumer = "mailplane_redrive_consumer"
+	// HeaderRedriveID is the redrive's id (a UUID), as recorded.
+	HeaderRedriveID = "mailplane_redrive_id"
+	// HeaderRedriveDLQPartition and HeaderRedriveDLQOffset locate the dead
+	// letter the record was redriven from.
+	HeaderRedriveDLQPartition = "mailplane_redrive_dlq_partition"
+	HeaderRedriveDLQOffset    = "mailplane_redrive_dlq_offset"
+	// HeaderRedriveSourceOffset is the offset of the original record in
+	// the same partition.
+	HeaderRedriveSourceOffset = "mailplane_redrive_source_offset"
+)
+
+// ForOtherConsumer reports whether r was redriven from the DLQ for a
+// consumer other than consumer. Every consumer of a topic a redrive writes
+// to skips such a record (moving its offset past it), so that only the
+// consumer that dead-lettered it applies it again. This is the one place of
+// that rule.
+func ForOtherConsumer(r *kgo.Record, consumer string) bool {
+	for _, h := range r.Headers {
+		if h.Key == HeaderRedriveConsumer {
+			return string(h.Value) != consumer
+		}
+	}
+	return false
+}
+
+// redrivable are the consumers whose dead letters may be redriven, and the
+// topics each reads: a redrive writes to those only. Each dedupes by event
+// key, so a record redriven twice is applied once: the projectors for ever
+// (applied_events), the mailbox.state processor within its dedupe window
+// (internal/mailboxstate/dedupe.go).
+var redrivable = map[string][]string{
+	string(sla.Registry):     topics.DomainTopics(),
+	string(sla.Health):       {topics.MailboxObservations},
+	string(sla.MailboxState): {topics.MailboxEvents},
+}
+
+// notRedrivable are the consumers that write dead letters but whose dead
+// letters are never redriven, and why.
+var notRedrivable = map[string]string{
+	string(sla.PlacementEngine): "the placement engine's dead letters are inputs it could not decode, which every consumer of the topic " +
+		"refused alike; a redriven input would be decided at the redrive's place in the log, after the inputs that followed it, " +
+		"which is not the decision the log meant. Publish a corrected event instead (mailplane publish)",
+}
+
+// RedrivableConsumers returns the consumers whose dead letters Redrive
+// hands back, sorted.
+func RedrivableConsumers() []string {
+	out := make([]string, 0, len(redrivable))
+	for c := range redrivable {
+		out = append(out, c)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Selection picks the dead letters of one consumer to redrive.
+type Selection struct {
+	// Consumer is required: redrive hands dead letters back to one
+	// consumer at a time.
+	Consumer string
+	// Code, when set, keeps the dead letters of that error code only.
+	Code domain.Code
+	// FromOffset and ToOffset, when not negative, bound the dead letters'
+	// offsets in the DLQ topic, inclusive ("DLQ OFFSET" of dlq list).
+	FromOffset, ToOffset int64
+	// Again redrives dead letters redriven before, under the new redrive's
+	// id. The consumer still applies an event once (its dedupe).
+	Again bool
+	// DryRun reports what would be redriven and writes nothing.
+	DryRun bool
+}
+
+// AllOffsets is the value of FromOffset and ToOffset that bounds nothing.
+const AllOffsets int64 = -1
+
+var codeRE = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
+
+// Check reports what is wrong with s, with a stable code.
+func (s Selection) Check() error {
+	switch {
+	case s.Consumer == "":
+		return domain.Errorf(domain.CodeRequired, "a consumer is required (one of %s)", strings.Join(RedrivableConsumers(), ", "))
+	case !domain.IsCleanText(s.Consumer) || len(s.Consumer) > 64:
+		return domain.Errorf(domain.CodeForbiddenCharacter, "the consumer must be clean text of at most 64 bytes")
+	}
+	if why, ok := notRedrivable[s.Consumer]; ok {
+		return domain.Errorf(domain.CodeNotRedrivable, "%s: %s", s.Consumer, why)
+	}
+	if _, ok := redrivable[s.Consumer]; !ok {
+		return domain.Errorf(domain.CodeInvalid, "unknown consumer %q: dead letters are redriven to %s", s.Consumer, strings.Join(RedrivableConsumers(), ", "))
+	}
+	if s.Code != "" && !codeRE.MatchString(string(s.Code)) {
+		return domain.Errorf(domain.CodeInvalid, "an error code is 1-64 of [a-z0-9_]")
+	}
+	if s.FromOffset < AllOffsets || s.ToOffset < AllOffsets {
+		return domain.Errorf(domain.CodeOutOfRange, "offsets are not negative")
+	}
+	if s.FromOffset >= 0 && s.ToOffset >= 0 && s.FromOffset > s.ToOffset {
+		return domain.Errorf(domain.CodeOutOfRange, "the offset range %d to %d is empty", s.FromOffset, s.ToOffset)
+	}
+	return nil
+}
+
+func (s Selection) matches(e Entry) bool {
+	return e.Consumer == s.Consumer &&
+		(s.Code == "" || e.ErrorCode == s.Code) &&
+		(s.FromOffset < 0 || e.Offset >= s.FromOffset) &&
+		(s.ToOffset < 0 || e.Offset <= s.ToOffset)
+}
+
+// refusal returns why e cannot be redriven to its consumer (nil: it can).
+func refusal(e Entry) *domain.Error {
+	switch {
+	case e.ValueWithheld != "":
+		return domain.Errorf(domain.CodeValueWithheld, "the DLQ withheld this value (%s): there is nothing to hand back; "+
+			"re-publish the event (mailplane publish, or the producer again with the same event id)", e.ValueWithheld)
+	case MayHoldSecret(e.Value):
+		// Written by something other than NewRecord: never copy a
+		// secret into the log.
+		return domain.Errorf(domain.CodeValueWithheld, "the value may hold a plain-text secret; re-publish the event instead")
+	case len(e.Value) == 0 || len(e.Key) == 0:
+		return domain.Errorf(domain.CodeNotRedrivable, "the dead letter has no key or no value")
+	case !slices.Contains(redrivable[e.Consumer], e.SourceTopic):
+		return domain.Errorf(domain.CodeNotRedrivable, "the source topic %q is not one %s reads", e.SourceTopic, e.Consumer)
+	case e.SourcePartition < 0 || e.SourceOffset < 0:
+		return domain.Errorf(domain.CodeNotRedrivable, "the dead letter names no source partition and offset")
+	}
+	return nil
+}
+
+// RedriveRecord returns the record that hands e back to its consumer: the
+// original key, value and headers (without dead-letter or earlier redrive
+// headers) for e's source topic and partition, with the redrive headers.
+func RedriveRecord(e Entry, redriveID string) *kgo.Record {
+	hs := make([]kgo.RecordHeader, 0, len(e.Headers)+5)
+	for _, h := range e.Headers {
+		if strings.HasPrefix(h.Key, HeaderPrefix) || strings.HasPrefix(h.Key, RedriveHeaderPrefix) {
+			continue
+		}
+		hs = append(hs, kgo.RecordHeader{Key: h.Key, Value: bytes.Clone(h.Value)})
+	}
+	add := func(k, v string) { hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
+	add(HeaderRedriveConsumer, e.Consumer)
+	add(HeaderRedriveID, redriveID)
+	add(HeaderRedriveDLQPartition, strconv.FormatInt(int64(e.Partition), 10))
+	add(HeaderRedriveDLQOffset, strconv.FormatInt(e.Offset, 10))
+	add(HeaderRedriveSourceOffset, strconv.FormatInt(e.SourceOffset, 10))
+	return &kgo.Record{
+		Topic:     e.SourceTopic,
+		Partition: e.SourcePartition,
+		Key:       bytes.Clone(e.Key),
+		Value:     bytes.Clone(e.Value),
+		Headers:   hs,
+	}
+}
+
+// Outcome is what a redrive did with one dead letter.
+type Outcome string
+
+// Outcomes of Item.
+const (
+	// OutcomeRedriven: appended to its source partition now.
+	OutcomeRedriven Outcome = "redriven"
+	// OutcomeWouldRedrive: a dry run's redriven.
+	OutcomeWouldRedrive Outcome = "would_redrive"
+	// OutcomeSkipped: redriven before (code already_redriven).
+	OutcomeSkipped Outcome = "skipped"
+	// OutcomeRefused: cannot be redriven (the code and reason say why).
+	OutcomeRefused Outcome = "refused"
+	// OutcomeCompleted: an earlier redrive's pending dead letter, which
+	// this one completed (found it appended, or appended it).
+	OutcomeCompleted Outcome = "completed"
+	// OutcomePending: recorded, but its produce failed; the next redrive
+	// completes it.
+	OutcomePending Outcome = "pending"
+)
+
+// Item is one dead letter of a redrive's report.
+type Item struct {
+	Entry   Entry
+	Outcome Outcome
+	// Code and Reason say why a dead letter was skipped or refused.
+	Code   domain.Code
+	Reason string
+	// RedriveID is the redrive that appended it; Offset where, in the
+	// entry's source partition (-1: not appended).
+	RedriveID string
+	Offset    int64
+}
+
+// Report is what a redrive did.
+type Report struct {
+	// RedriveID is this redrive's id ("" for a dry run).
+	RedriveID string
+	DryRun    bool
+	Items     []Item
+}
+
+// Count returns how many items had outcome o.
+func (r Report) Count(o Outcome) int {
+	n := 0
+	for _, it := range r.Items {
+		if it.Outcome == o {
+			n++
+		}
+	}
+	return n
+}
+
+// RedriveMetrics are a redriver's counters. Consumers are the redrivable
+// ones (a bounded set); codes are bounded to the shape of a code.
+type RedriveMetrics struct {
+	redriven *prometheus.CounterVec
+	refused  *prometheus.CounterVec
+}
+
+// NewRedriveMetrics registers the redrive counters on reg.
+func NewRedriveMetrics(reg prometheus.Registerer) *RedriveMetrics {
+	m := &RedriveMetrics{
+		redriven: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mailplane_dlq_redriven_total",
+			Help: "Dead letters handed back to their consumer by a redrive, by consumer and the dead letter's error code.",
+		}, []string{"consumer", "code"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mailplane_dlq_redrive_refused_total",
+			Help: "Dead letters a redrive refused to hand back (value withheld, not redrivable), by consumer and refusal code.",
+		}, []string{"consumer", "code"}),
+	}
+	m.redriven = promreg.MustRegister(reg, m.redriven)
+	m.refused = promreg.MustRegister(reg, m.refused)
+	return m
+}
+
+func codeLabel(c domain.Code) string {
+	if codeRE.MatchString(string(c)) && len(c) <= 40 {
+		return string(c)
+	}
+	return "other"
+}
+
+// RedriveOption configures Redrive.
+type RedriveOption func(*redriveConfig)
+
+type redriveConfig struct {
+	metrics *RedriveMetrics
+	log     *slog.Logger
+	now     func() time.Time
+}
+
+// WithRedriveMetrics counts redriven and refused dead letters on m.
+func WithRedriveMetrics(m *RedriveMetrics) RedriveOption {
+	return func(c *redriveConfig) { c.metrics = m }
+}
+
+// WithRedriveLogger logs what the redrive does (default: discard).
+func WithRedriveLogger(l *slog.Logger) RedriveOption { return func(c *redriveConfig) { c.log = l } }
+
+// WithRedriveClock sets the clock of the recorded times.
+func WithRedriveClock(now func() time.Time) RedriveOption {
+	return func(c *redriveConfig) { c.now = now }
+}
+
+// DefaultRedriveTimeout bounds Redrive when ctx has no deadline.
+const DefaultRedriveTimeout = 2 * time.Minute
+
+// Redrive hands the dead letters sel picks back to their consumer, as
+// caller, who must hold the ops scope; pool is the database of the
+// projections (dlq_redrives). It first completes what an earlier redrive
+// left pending. The report lists every dead letter selected (and every
+// one completed) with what happened to it; an error means the redrive
+// could not run, or some records could not be produced (their items are
+// pending, and the next redrive completes them).
+func Redrive(ctx context.Context, cfg kafka.Config, pool *pgxpool.Pool, caller *domain.Caller, sel Selection, opts ...RedriveOption) (Report, error) {
+	c := redriveConfig{log: slog.New(slog.DiscardHandler), now: time.Now}
+	for _, o := range opts {
+		o(&c)
+	}
+	if !caller.Has(domain.ScopeOps) {
+		return Report{}, domain.Errorf(domain.CodeForbidden, "redriving dead letters needs the %s scope", domain.ScopeOps)
+	}
+	if err := sel.Check(); err != nil {
+		return Report{}, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultRedriveTimeout)
+		defer cancel()
+	}
+	r := &redrive{cfg: cfg, pool: pool, caller: caller, sel: sel, c: c}
+	return r.run(ctx)
+}
+
+type redrive struct {
+	cfg    kafka.Config
+	pool   *pgxpool.Pool
+	caller *domain.Caller
+	sel    Selection
+	c      redriveConfig
+	report Report
+}
+
+// Location is where a dead letter is in the DLQ topic.
+type Location struct {
+	Partition int32
+	Offset    int64
+}
+
+func (e Entry) location() Location { return Location{e.Partition, e.Offset} }
+
+// The lock redrives take turns on: a fixed class and the schema's hash, as
+// migrations do, so that tests in their own schemas do not wait for each
+// other.
+const (
+	redriveLockClass int32 = 0x646c7172 // "dlqr"
+	redriveLockSQL         = `SELECT pg_advisory_lock($1, hashtext(current_schema()))`
+	redriveUnlockSQL       = `SELECT pg_advisory_unlock($1, hashtext(current_schema()))`
+)
+
+func (r *redrive) run(ctx context.Context) (Report, error) {
+	r.report.DryRun = r.sel.DryRun
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return Report{}, fmt.Errorf("dlq redrive: %w", err)
+	}
+	if _, err := conn.Exec(ctx, redriveLockSQL, redriveLockClass); err != nil {
+		conn.Release()
+		return Report{}, fmt.Errorf("dlq redrive: wait for other redrives: %w", err)
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(uctx, redriveUnlockSQL, redriveLockClass); err != nil {
+			// Closing the connection releases the lock for sure.
+			_ = conn.Conn().Close(uctx)
+		}
+		conn.Release()
+	}()
+
+	pending, err := pendingRows(ctx, r.pool)
+	if err != nil {
+		return Report{}, err
+	}
+	entries, err := r.read(ctx, pending)
+	if err != nil {
+		return Report{}, err
+	}
+	if !r.sel.DryRun && len(pending) > 0 {
+		if err := r.complete(ctx, pending, entries); err != nil {
+			return r.report, err
+		}
+	}
+	var picked []Entry
+	for _, e := range entries {
+		if r.sel.matches(e) {
+			picked = append(picked, e)
+		}
+	}
+	done, err := Redrives(ctx, r.pool, picked)
+	if err != nil {
+		return Report{}, err
+	}
+	var todo []Entry
+	for _, e := range picked {
+		if why := refusal(e); why != nil {
+			r.report.Items = append(r.report.Items, Item{Entry: e, Outcome: OutcomeRefused, Code: why.Code, Reason: why.Message, Offset: -1})
+			if !r.sel.DryRun && r.c.metrics != nil {
+				r.c.metrics.refused.WithLabelValues(e.Consumer, codeLabel(why.Code)).Inc()
+			}
+			continue
+		}
+		if prev, ok := done[e.location()]; ok && !r.sel.Again {
+			r.report.Items = append(r.report.Items, Item{Entry: e, Outcome: OutcomeSkipped, Code: domain.CodeAlreadyRedriven,
+				Reason: fmt.Sprintf("redriven by %s at %s (redrive %s); redrive it again with --again", prev.Actor,
+					prev.RequestedAt.UTC().Format(time.RFC3339), prev.RedriveID), RedriveID: prev.RedriveID, Offset: prev.Offset})
+			continue
+		}
+		todo = append(todo, e)
+	}
+	if r.sel.DryRun {
+		for _, e := range todo {
+			r.report.Items = append(r.report.Items, Item{Entry: e, Outcome: OutcomeWouldRedrive, Offset: -1})
+		}
+		return r.report, nil
+	}
+	if len(todo) == 0 {
+		return r.report, nil
+	}
+	r.report.RedriveID = domain.NewEventID() // a UUIDv7
+	return r.report, r.redrive(ctx, todo)
+}
+
+// read reads the DLQ from the first dead letter the selection or a pending
+// row may need, up to its end.
+func (r *redrive) read(ctx context.Context, pending []pendingRow) ([]Entry, error) {
+	from := r.sel.FromOffset
+	for _, p := range pending {
+		if from < 0 || p.loc.Offset < from {
+			from = p.loc.Offset
+		}
+	}
+	spec := kafka.ReadSpec{
+		Topics:   []string{topics.DLQ},
+		ClientID: "dlq-redrive",
+		From: func(_ kafka.Partition, b kafka.Bounds) (int64, error) {
+			return max(b.Start, from), nil
+		},
+	}
+	var out []Entry
+	if _, err := kafka.ReadToEnd(ctx, r.cfg, spec, func(rec *kgo.Record) error {
+		out = append(out, Parse(rec))
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("dlq redrive: read the DLQ: %w", err)
+	}
+	return out, nil
+}
+
+// redrive records todo pending, produces it, and records it done.
+func (r *redrive) redrive(ctx context.Context, todo []Entry) error {
+	ends, err := r.sourceEnds(ctx, todo)
+	if err != nil {
+		return err
+	}
+	var keep []Entry
+	for _, e := range todo {
+		if _, ok := ends[topicPartition{e.SourceTopic, e.SourcePartition}]; !ok {
+			r.report.Items = append(r.report.Items, Item{Entry: e, Outcome: OutcomeRefused, Code: domain.CodeNotRedrivable,
+				Reason: fmt.Sprintf("the broker has no partition %s/%d", e.SourceTopic, e.SourcePartition), Offset: -1})
+			continue
+		}
+		keep = append(keep, e)
+	}
+	if len(keep) == 0 {
+		return nil
+	}
+	now := r.c.now().UTC()
+	batch := &pgx.Batch{}
+	for _, e := range keep {
+		batch.Queue(insertRedriveSQL, e.Partition, e.Offset, r.report.RedriveID, e.Consumer, string(e.ErrorCode),
+			e.SourceTopic, e.SourcePartition, e.SourceOffset, r.caller.Name, r.caller.Source, r.sel.Again,
+			ends[topicPartition{e.SourceTopic, e.SourcePartition}], now)
+	}
+	if err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error { return tx.SendBatch(ctx, batch).Close() }); err != nil {
+		return fmt.Errorf("dlq redrive: record the redrive: %w", err)
+	}
+	recs := make([]*kgo.Record, len(keep))
+	for i, e := range keep {
+		recs[i] = RedriveRecord(e, r.report.RedriveID)
+	}
+	offsets, perr := r.produce(ctx, recs)
+	landed := make([]Location, 0, len(keep))
+	var landedAt []int64
+	for i, e := range keep {
+		it := Item{Entry: e, Outcome: OutcomePending, RedriveID: r.report.RedriveID, Offset: -1}
+		if off, ok := offsets[i]; ok {
+			it.Outcome, it.Offset = OutcomeRedriven, off
+			landed, landedAt = append(landed, e.location()), append(landedAt, off)
+		} else {
+			it.Code, it.Reason = domain.CodeUnavailable, "recorded but not produced; the next redrive completes it"
+		}
+		r.report.Items = append(r.report.Items, it)
+	}
+	if err := markDone(ctx, r.pool, r.report.RedriveID, landed, landedAt, r.c.now().UTC()); err != nil {
+		return err
+	}
+	for _, it := range r.report.Items {
+		if it.Outcome == OutcomeRedriven {
+			r.count(it.Entry)
+			r.c.log.Info("dead letter redriven", "consumer", it.Entry.Consumer, "dlq_partition", it.Entry.Partition,
+				"dlq_offset", it.Entry.Offset, "topic", it.Entry.SourceTopic, "partition", it.Entry.SourcePartition,
+				"offset", it.Offset, "redrive_id", it.RedriveID, "actor", r.caller.Name)
+		}
+	}
+	if perr != nil {
+		return fmt.Errorf("dlq redrive: %d of %d records not produced (recorded pending; run the redrive again to complete them): %w",
+			len(keep)-len(landed), len(keep), perr)
+	}
+	return nil
+}
+
+func (r *redrive) count(e Entry) {
+	if r.c.metrics != nil {
+		r.c.metrics.redriven.WithLabelValues(e.Consumer, codeLabel(e.ErrorCode)).Inc()
+	}
+}
+
+type topicPartition struct {
+	topic     string
+	partition int32
+}
+
+// sourceEnds lists the end offsets of the source partitions of es; a
+// partition the broker lacks is absent.
+func (r *redrive) sourceEnds(ctx context.Context, es []Entry) (map[topicPartition]int64, error) {
+	var tps []string
+	for _, e := range es {
+		if !slices.Contains(tps, e.SourceTopic) {
+			tps = append(tps, e.SourceTopic)
+		}
+	}
+	adm, err := kafka.NewAdmin(r.cfg.WithClientID(clientIDOf(r.cfg) + "-dlq-redrive"))
+	if err != nil {
+		return nil, err
+	}
+	defer adm.Close()
+	lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	ends, err := adm.ListEndOffsets(lctx, tps...)
+	if err != nil {
+		return nil, fmt.Errorf("dlq redrive: list the source partitions' ends: %w", err)
+	}
+	out := map[topicPartition]int64{}
+	for _, e := range es {
+		if o, ok := ends.Lookup(e.SourceTopic, e.SourcePartition); ok && o.Err == nil {
+			out[topicPartition{e.SourceTopic, e.SourcePartition}] = o.Offset
+		}
+	}
+	return out, nil
+}
+
+func clientIDOf(cfg kafka.Config) string {
+	if cfg.ClientID != "" {
+		return cfg.ClientID
+	}
+	return "mailplane"
+}
+
+// produce appends recs, each to the partition it names, and returns the
+// offsets of those that landed, by index.
+func (r *redrive) produce(ctx context.Context, recs []*kgo.Record) (map[int]int64, error) {
+	cl, err := kafka.NewProducer(r.cfg, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	index := make(map[*kgo.Record]int, len(recs))
+	for i, rec := range recs {
+		index[rec] = i
+	}
+	out := map[int]int64{}
+	var errs []error
+	for _, res := range cl.ProduceSync(pctx, recs...) {
+		if res.Err != nil {
+			errs = append(errs, res.Err)
+			continue
+		}
+		out[index[res.Record]] = res.Record.Offset
+	}
+	return out, errors.Join(errs...)
+}
+
+// complete finishes the rows an earlier redrive left pending: a record
+// found in its source partition (by redrive id and dead letter) is marked
+// done where it landed; one not found is produced again under its redrive
+// id, then marked done.
+func (r *redrive) complete(ctx context.Context, pending []pendingRow, entries []Entry) error {
+	byLoc := make(map[Location]Entry, len(entries))
+	for _, e := range entries {
+		byLoc[e.location()] = e
+	}
+	found, err := r.findRedriven(ctx, pending)
+	if err != nil {
+		return err
+	}
+	byID := map[string][]int{}
+	for i, p := range pending {
+		byID[p.redriveID] = append(byID[p.redriveID], i)
+	}
+	for id, idx := range byID {
+		var (
+			landed   []Location
+			landedAt []int64
+			recs     []*kgo.Record
+			recIdx   []int
+		)
+		for _, i := range idx {
+			p := pending[i]
+			if off, ok := found[pendingKey{p.redriveID, p.loc}]; ok {
+				landed, landedAt = append(landed, p.loc), append(landedAt, off)
+				continue
+			}
+			e, ok := byLoc[p.loc]
+			if !ok {
+				return fmt.Errorf("dlq redrive: pending dead letter %d/%d of redrive %s is gone from the DLQ; "+
+					"it was never appended: delete its dlq_redrives row to redrive it anew", p.loc.Partition, p.loc.Offset, id)
+			}
+			recs, recIdx = append(recs, RedriveRecord(e, id)), append(recIdx, i)
+		}
+		var (
+			offsets map[int]int64
+			perr    error
+		)
+		if len(recs) > 0 {
+			offsets, perr = r.produce(ctx, recs)
+		}
+		for j, i := range recIdx {
+			if off, ok := offsets[j]; ok {
+				landed, landedAt = append(landed, pending[i].loc), append(landedAt, off)
+			}
+		}
+		if err := markDone(ctx, r.pool, id, landed, landedAt, r.c.now().UTC()); err != nil {
+			return err
+		}
+		for k, loc := range landed {
+			e := byLoc[loc]
+			if e.Consumer == "" {
+				e = Entry{Partition: loc.Partition, Offset: loc.Offset}
+			}
+			r.report.Items = append(r.report.Items, Item{Entry: e, Outcome: OutcomeCompleted, RedriveID: id, Offset: landedAt[k]})
+		}
+		for j, i := range recIdx {
+			if _, ok := offsets[j]; ok {
+				r.count(byLoc[pending[i].loc])
+			}
+		}
+		if perr != nil {
+			return fmt.Errorf("dlq redrive: completing redrive %s: %w", id, perr)
+		}
+	}
+	return nil
+}
+
+type pendingKey struct {
+	redriveID string
+	loc       Location
+}
+
+// findRedriven looks for the records of pending rows in their source
+// partitions, from where each partition ended before its produce, up to
+// the high watermark (waiting for transactions open on it: none of ours,
+// redrives do not produce transactionally, but another writer's may be).
+func (r *redrive) findRedriven(ctx context.Context, pending []pendingRow) (map[pendingKey]int64, error) {
+	from := map[kafka.Partition]int64{}
+	var tps []string
+	for _, p := range pending {
+		k := kafka.Partition{Topic: p.sourceTopic, Partition: p.sourcePartition}
+		if f, ok := from[k]; !ok || p.scanFrom < f {
+			from[k] = p.scanFrom
+		}
+		if !slices.Contains(tps, p.sourceTopic) {
+			tps = append(tps, p.sourceTopic)
+		}
+	}
+	want := map[pendingKey]bool{}
+	for _, p := range pending {
+		want[pendingKey{p.redriveID, p.loc}] = true
+	}
+	spec := kafka.ReadSpec{
+		Topics:        tps,
+		ClientID:      "dlq-redrive-find",
+		HighWatermark: true,
+		Partitions: func(topic string, n int) []int32 {
+			var ps []int32
+			for k := range from {
+				if k.Topic == topic && int(k.Partition) < n {
+					ps = append(ps, k.Partition)
+				}
+			}
+			slices.Sort(ps)
+			return ps
+		},
+		From: func(p kafka.Partition, b kafka.Bounds) (int64, error) {
+			return max(b.Start, from[p]), nil
+		},
+	}
+	found := map[pendingKey]int64{}
+	if _, err := kafka.ReadToEnd(ctx, r.cfg, spec, func(rec *kgo.Record) error {
+		k, ok := redriveKey(rec)
+		if ok && want[k] {
+			if _, dup := found[k]; !dup {
+				found[k] = rec.Offset
+			}
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("dlq redrive: look for pending records: %w", err)
+	}
+	return found, nil
+}
+
+// redriveKey reads the redrive id and dead letter of a redriven record.
+func redriveKey(rec *kgo.Record) (pendingKey, bool) {
+	var (
+		k            pendingKey
+		haveP, haveO bool
+	)
+	for _, h := range rec.Headers {
+		switch h.Key {
+		case HeaderRedriveID:
+			k.redriveID = string(h.Value)
+		case HeaderRedriveDLQPartition:
+			p, err := strconv.ParseInt(string(h.Value), 10, 32)
+			k.loc.Partition, haveP = int32(p), err == nil
+		case HeaderRedriveDLQOffset:
+			o, err := strconv.ParseInt(string(h.Value), 10, 64)
+			k.loc.Offset, haveO = o, err == nil
+		}
+	}
+	return k, k.redriveID != "" && haveP && haveO
+}
+
+const (
+	insertRedriveSQL = `INSERT INTO dlq_redrives (dlq_partition, dlq_offset, redrive_id, consumer, error_code,
+    source_topic, source_partition, source_offset, actor, actor_source, again, state, scan_from, requested_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'pending', $12, $13)`
+
+	markDoneSQL = `UPDATE dlq_redrives AS r SET state = 'done', redriven_offset = u.off, done_at = $5
+FROM unnest($2::int4[], $3::int8[], $4::int8[]) AS u(part, dlq_off, off)
+WHERE r.redrive_id = $1 AND r.dlq_partition = u.part AND r.dlq_offset = u.dlq_off AND r.state = 'pending'`
+
+	pendingSQL = `SELECT dlq_partition, dlq_offset, redrive_id::text, source_topic, source_partition, scan_from
+FROM dlq_redrives WHERE state = 'pending' ORDER BY requested_at, dlq_partition, dlq_offset`
+
+	redrivesSQL = `SELECT DISTINCT ON (dlq_partition, dlq_offset) dlq_partition, dlq_offset, redrive_id::text, actor, actor_source,
+    state, coalesce(redriven_offset, -1), requested_at
+FROM dlq_redrives
+WHERE (dlq_partition, dlq_offset) IN (SELECT * FROM unnest($1::int4[], $2::int8[]))
+ORDER BY dlq_partition, dlq_offset, requested_at DESC`
+)
+
+func markDone(ctx context.Context, pool *pgxpool.Pool, id string, locs []Location, at []int64, now time.Time) error {
+	if len(locs) == 0 {
+		return nil
+	}
+	parts, offs := make([]int32, len(locs)), make([]int64, len(locs))
+	for i, l := range locs {
+		parts[i], offs[i] = l.Partition, l.Offset
+	}
+	if _, err := pool.Exec(ctx, markDoneSQL, id, parts, offs, at, now); err != nil {
+		return fmt.Errorf("dlq redrive: record the redrive done (the next redrive completes it): %w", err)
+	}
+	return nil
+}
+
+type pendingRow struct {
+	loc             Location
+	redriveID       string
+	sourceTopic     string
+	sourcePartition int32
+	scanFrom        int64
+}
+
+func pendingRows(ctx context.Context, pool *pgxpool.Pool) ([]pendingRow, error) {
+	rows, err := pool.Query(ctx, pendingSQL)
+	if err != nil {
+		return nil, fmt.Errorf("dlq redrive: read pending redrives: %w", err)
+	}
+	var (
+		out []pendingRow
+		p   pendingRow
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&p.loc.Partition, &p.loc.Offset, &p.redriveID, &p.sourceTopic, &p.sourcePartition, &p.scanFrom}, func() error {
+		out = append(out, p)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("dlq redrive: read pending redrives: %w", err)
+	}
+	return out, nil
+}
+
+// Redriven is the latest redrive of a dead letter.
+type Redriven struct {
+	RedriveID   string
+	Actor       string
+	ActorSource string
+	// Done: the record was appended at Offset of its source partition;
+	// else it is pending (-1), completed by the next redrive.
+	Done        bool
+	Offset      int64
+	RequestedAt time.Time
+}
+
+// Redrives returns the latest redrive of each of entries that was
+// redriven, by location.
+func Redrives(ctx context.Context, pool *pgxpool.Pool, entries []Entry) (map[Location]Redriven, error) {
+	out := map[Location]Redriven{}
+	if len(entries) == 0 {
+		return out, nil
+	}
+	parts, offs := make([]int32, len(entries)), make([]int64, len(entries))
+	for i, e := range entries {
+		parts[i], offs[i] = e.Partition, e.Offset
+	}
+	rows, err := pool.Query(ctx, redrivesSQL, parts, offs)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: read redrives: %w", err)
+	}
+	var (
+		loc   Location
+		r     Redriven
+		state string
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&loc.Partition, &loc.Offset, &r.RedriveID, &r.Actor, &r.ActorSource, &state, &r.Offset, &r.RequestedAt}, func() error {
+		r.Done = state == "done"
+		out[loc] = r
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("dlq: read redrives: %w", err)
+	}
+	return out, nil
+}
