@@ -74,15 +74,24 @@ func ForOtherConsumer(r *kgo.Record, consumer string) bool {
 	return false
 }
 
-// redrivable are the consumers whose dead letters may be redriven, and the
-// topics each reads: a redrive writes to those only. Each dedupes by event
-// key, so a record redriven twice is applied once: the projectors for ever
-// (applied_events), the mailbox.state processor within its dedupe window
-// (internal/mailboxstate/dedupe.go).
-var redrivable = map[string][]string{
-	string(sla.Registry):     topics.DomainTopics(),
-	string(sla.Health):       {topics.MailboxObservations},
-	string(sla.MailboxState): {topics.MailboxEvents},
+// redrivable are the consumers whose dead letters may be redriven. A
+// redrive writes only to the topics its consumer reads (internal/sla's
+// table). Each dedupes by event key, so a record redriven twice is applied
+// once: the projectors for ever (applied_events), the mailbox.state
+// processor within its dedupe window (internal/mailboxstate/dedupe.go).
+var redrivable = map[string]bool{
+	string(sla.Registry):     true,
+	string(sla.Health):       true,
+	string(sla.MailboxState): true,
+}
+
+// consumerTopics returns the topics consumer reads.
+func consumerTopics(consumer string) []string {
+	c, err := sla.Lookup(sla.Name(consumer))
+	if err != nil {
+		return nil
+	}
+	return c.Topics
 }
 
 // notRedrivable are the consumers that write dead letters but whose dead
@@ -137,7 +146,7 @@ func (s Selection) Check() error {
 	if why, ok := notRedrivable[s.Consumer]; ok {
 		return domain.Errorf(domain.CodeNotRedrivable, "%s: %s", s.Consumer, why)
 	}
-	if _, ok := redrivable[s.Consumer]; !ok {
+	if !redrivable[s.Consumer] {
 		return domain.Errorf(domain.CodeInvalid, "unknown consumer %q: dead letters are redriven to %s", s.Consumer, strings.Join(RedrivableConsumers(), ", "))
 	}
 	if s.Code != "" && !codeRE.MatchString(string(s.Code)) {
@@ -171,7 +180,7 @@ func refusal(e Entry) *domain.Error {
 		return domain.Errorf(domain.CodeValueWithheld, "the value may hold a plain-text secret; re-publish the event instead")
 	case len(e.Value) == 0 || len(e.Key) == 0:
 		return domain.Errorf(domain.CodeNotRedrivable, "the dead letter has no key or no value")
-	case !slices.Contains(redrivable[e.Consumer], e.SourceTopic):
+	case !redrivable[e.Consumer] || !slices.Contains(consumerTopics(e.Consumer), e.SourceTopic):
 		return domain.Errorf(domain.CodeNotRedrivable, "the source topic %q is not one %s reads", e.SourceTopic, e.Consumer)
 	case e.SourcePartition < 0 || e.SourceOffset < 0:
 		return domain.Errorf(domain.CodeNotRedrivable, "the dead letter names no source partition and offset")
