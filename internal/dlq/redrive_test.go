@@ -277,8 +277,8 @@ func TestRedriveCompletesPending(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 
-	lost := deadLetter(t, ctx, cl, topics.MailboxEvents, 2, 10, `{"n":1}`, "registry", domain.CodeInvalid)
-	landed := deadLetter(t, ctx, cl, topics.MailboxEvents, 2, 11, `{"n":2}`, "registry", domain.CodeInvalid)
+	deadLetter(t, ctx, cl, topics.MailboxEvents, 2, 10, `{"n":1}`, "registry", domain.CodeInvalid)
+	deadLetter(t, ctx, cl, topics.MailboxEvents, 2, 11, `{"n":2}`, "registry", domain.CodeInvalid)
 	entries, err := dlq.List(ctx, cfg, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -286,7 +286,8 @@ func TestRedriveCompletesPending(t *testing.T) {
 	if len(entries) != 2 {
 		t.Fatalf("%d dead letters", len(entries))
 	}
-	lost, landed = entries[0], entries[1]
+	// Listed, they carry their DLQ offsets.
+	lost, landed := entries[0], entries[1]
 
 	const id = "0190a5e4-0000-7000-8000-0000000000bb"
 	for _, e := range []dlq.Entry{lost, landed} {
