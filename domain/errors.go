@@ -82,6 +82,9 @@ const (
 	// CodeAlreadyRedriven: a dead letter redriven before, skipped unless
 	// the operator asks again.
 	CodeAlreadyRedriven Code = "already_redriven"
+	// CodeOutOfOrder: a dead letter whose key has later records in its
+	// source partition; redriven, it would be applied after them.
+	CodeOutOfOrder Code = "out_of_order"
 )
 
 // Problem is one thing wrong with an input, at a field path such as

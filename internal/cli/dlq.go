@@ -22,17 +22,19 @@ import (
 
 const dlqUsage = `usage: mailplane dlq list [--limit N] [--format text|json]
        mailplane dlq redrive --consumer NAME [--code CODE] [--from-offset N] [--to-offset N]
-                             [--again] [--dry-run] [--yes] [--format text|json]
+                             [--again] [--out-of-order] [--dry-run] [--yes] [--format text|json]
 
   list     the newest dead letters; with a database (DATABASE_URL), whether
            each was redriven
   redrive  hand a consumer's dead letters back to it after a fix: each is
            appended again to its source partition, for that consumer only,
-           and recorded; one redriven before is skipped unless --again.
+           and recorded; one redriven before is skipped unless --again, one
+           whose key has later records in its partition refused unless
+           --out-of-order.
            Without --yes it lists what it would redrive and asks (or, with
            no terminal, stops). Exit 0: all selected redriven or skipped;
-           5: some refused (a withheld value: re-publish the event) or left
-           pending (run it again).`
+           5: some refused (a withheld value: re-publish the event; later
+           records of its key: check them) or left pending (run it again).`
 
 // DLQ is `mailplane dlq list|redrive`.
 func DLQ(ctx context.Context, args []string) error {
@@ -152,6 +154,7 @@ func dlqRedrive(ctx context.Context, args []string, in *os.File, out io.Writer) 
 	from := fs.Int64("from-offset", dlq.AllOffsets, "only dead letters at this DLQ offset or later")
 	to := fs.Int64("to-offset", dlq.AllOffsets, "only dead letters at this DLQ offset or earlier")
 	again := fs.Bool("again", false, "redrive dead letters redriven before, too")
+	outOfOrder := fs.Bool("out-of-order", false, "redrive dead letters whose key has later records in the source partition, too (they are applied after those)")
 	dryRun := fs.Bool("dry-run", false, "list what would be redriven; change nothing")
 	yes := fs.Bool("yes", false, "redrive without asking")
 	format := fs.String("format", FormatText, "output: text or json (for scripts)")
@@ -162,7 +165,7 @@ func dlqRedrive(ctx context.Context, args []string, in *os.File, out io.Writer) 
 	if fs.NArg() > 0 {
 		return usageError("dlq redrive takes no arguments, only flags: " + strings.Join(fs.Args(), " "))
 	}
-	sel := dlq.Selection{Consumer: *consumer, Code: domain.Code(*code), FromOffset: *from, ToOffset: *to, Again: *again, DryRun: *dryRun}
+	sel := dlq.Selection{Consumer: *consumer, Code: domain.Code(*code), FromOffset: *from, ToOffset: *to, Again: *again, OutOfOrder: *outOfOrder, DryRun: *dryRun}
 	if err := sel.Check(); err != nil {
 		return &ExitCodeError{Code: ExitUsage, Err: err}
 	}

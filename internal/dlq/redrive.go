@@ -126,6 +126,10 @@ type Selection struct {
 	// Again redrives dead letters redriven before, under the new redrive's
 	// id. The consumer still applies an event once (its dedupe).
 	Again bool
+	// OutOfOrder redrives dead letters whose key has later records in the
+	// source partition (refused otherwise: redriven, the event is applied
+	// after them, and may undo what they did).
+	OutOfOrder bool
 	// DryRun reports what would be redriven and writes nothing.
 	DryRun bool
 }
@@ -436,6 +440,11 @@ func (r *redrive) run(ctx context.Context) (Report, error) {
 		}
 		todo = append(todo, e)
 	}
+	if !r.sel.OutOfOrder && len(todo) > 0 {
+		if todo, err = r.keepInOrder(ctx, todo); err != nil {
+			return Report{}, err
+		}
+	}
 	if r.sel.DryRun {
 		for _, e := range todo {
 			r.report.Items = append(r.report.Items, Item{Entry: e, Outcome: OutcomeWouldRedrive, Offset: -1})
@@ -473,6 +482,83 @@ func (r *redrive) read(ctx context.Context, pending []pendingRow) ([]Entry, erro
 		return nil, fmt.Errorf("dlq redrive: read the DLQ: %w", err)
 	}
 	return out, nil
+}
+
+// keepInOrder returns the entries of es whose key has no later record in
+// its source partition that their consumer applies, and reports the others
+// refused (out_of_order): a redriven record is applied at its new place in
+// the log, after those, and would undo them (a removal redriven after the
+// mailbox was added again removes it). It reads each source partition from
+// its first such entry to its end.
+func (r *redrive) keepInOrder(ctx context.Context, es []Entry) ([]Entry, error) {
+	from := map[kafka.Partition]int64{}
+	var tps []string
+	for _, e := range es {
+		k := kafka.Partition{Topic: e.SourceTopic, Partition: e.SourcePartition}
+		if f, ok := from[k]; !ok || e.SourceOffset+1 < f {
+			from[k] = e.SourceOffset + 1
+		}
+		if !slices.Contains(tps, e.SourceTopic) {
+			tps = append(tps, e.SourceTopic)
+		}
+	}
+	type later struct {
+		n     int
+		first int64
+	}
+	found := make([]later, len(es))
+	spec := kafka.ReadSpec{
+		Topics:     tps,
+		ClientID:   "dlq-redrive-order",
+		Partitions: partitionsOf(from),
+		From: func(p kafka.Partition, b kafka.Bounds) (int64, error) {
+			return max(b.Start, from[p]), nil
+		},
+	}
+	if _, err := kafka.ReadToEnd(ctx, r.cfg, spec, func(rec *kgo.Record) error {
+		copyOf, isCopy := redriveKey(rec)
+		for i, e := range es {
+			if rec.Offset <= e.SourceOffset || rec.Partition != e.SourcePartition || rec.Topic != e.SourceTopic ||
+				!bytes.Equal(rec.Key, e.Key) || ForOtherConsumer(rec, e.Consumer) || isCopy && copyOf.loc == e.location() {
+				continue
+			}
+			if found[i].n == 0 {
+				found[i].first = rec.Offset
+			}
+			found[i].n++
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("dlq redrive: read the source partitions after the dead letters: %w", err)
+	}
+	var keep []Entry
+	for i, e := range es {
+		if found[i].n == 0 {
+			keep = append(keep, e)
+			continue
+		}
+		r.report.Items = append(r.report.Items, Item{Entry: e, Outcome: OutcomeRefused, Code: domain.CodeOutOfOrder, Offset: -1,
+			Reason: fmt.Sprintf("%d later records of its key follow it in %s[%d] (the first at offset %d): redriven, it would be applied "+
+				"after them; check them, and redrive with --out-of-order if it must still apply", found[i].n, e.SourceTopic, e.SourcePartition, found[i].first)})
+		if !r.sel.DryRun && r.c.metrics != nil {
+			r.c.metrics.refused.WithLabelValues(e.Consumer, codeLabel(domain.CodeOutOfOrder)).Inc()
+		}
+	}
+	return keep, nil
+}
+
+// partitionsOf picks, for ReadSpec.Partitions, the partitions of from.
+func partitionsOf(from map[kafka.Partition]int64) func(topic string, n int) []int32 {
+	return func(topic string, n int) []int32 {
+		var ps []int32
+		for k := range from {
+			if k.Topic == topic && int(k.Partition) < n {
+				ps = append(ps, k.Partition)
+			}
+		}
+		slices.Sort(ps)
+		return ps
+	}
 }
 
 // redrive records todo pending, produces it, and records it done.
@@ -711,16 +797,7 @@ func (r *redrive) findRedriven(ctx context.Context, pending []pendingRow) (map[p
 		Topics:        tps,
 		ClientID:      "dlq-redrive-find",
 		HighWatermark: true,
-		Partitions: func(topic string, n int) []int32 {
-			var ps []int32
-			for k := range from {
-				if k.Topic == topic && int(k.Partition) < n {
-					ps = append(ps, k.Partition)
-				}
-			}
-			slices.Sort(ps)
-			return ps
-		},
+		Partitions:    partitionsOf(from),
 		From: func(p kafka.Partition, b kafka.Bounds) (int64, error) {
 			return max(b.Start, from[p]), nil
 		},

@@ -3,6 +3,7 @@ package dlq_test
 import (
 	"bytes"
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -347,5 +348,68 @@ VALUES ($1, $2, $3, 'registry', 'invalid', $4, $5, $6, 'test-ops', '/ops', false
 	}
 	if got := redrivenCopies(t, ctx, cfg, topics.MailboxEvents, 2, id); len(got) != 2 {
 		t.Fatalf("copies after a third run: %v", got)
+	}
+}
+
+// TestRedriveRefusesOutOfOrder: a dead letter whose key has a later
+// record in its source partition (the mailbox added again after the
+// removal that failed) is refused: redriven, it would be applied after it.
+// Records of other keys, and records redriven for other consumers, do not
+// count; --out-of-order redrives it all the same.
+func TestRedriveRefusesOutOfOrder(t *testing.T) {
+	t.Parallel()
+	cfg, db, _ := redriveEnv(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	manual, err := kafka.NewProducer(cfg, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer manual.Close()
+	produce := func(key, value string, headers ...kgo.RecordHeader) *kgo.Record {
+		r := &kgo.Record{Topic: topics.MailboxEvents, Partition: 3, Key: []byte(key), Value: []byte(value), Headers: headers}
+		if err := manual.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	const a, b = "0190a5b2-4c5e-7b1a-9c3d-00000000f00a", "0190a5b2-4c5e-7b1a-9c3d-00000000f00b"
+	removedA := produce(a, `{"mailbox_id":"`+a+`","reason":"x"}`)
+	removedB := produce(b, `{"mailbox_id":"`+b+`","reason":"x"}`)
+	produce(b, `{"n":"another consumer's redrive"}`, kgo.RecordHeader{Key: dlq.HeaderRedriveConsumer, Value: []byte("mailbox-state")})
+	produce(a, `{"mailbox_id":"`+a+`","added":"again"}`)
+	dl, err := kafka.NewProducer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dl.Close()
+	for _, r := range []*kgo.Record{removedA, removedB} {
+		if err := dl.ProduceSync(ctx, dlq.NewRecord(r, dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "x", Attempts: 3})).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	sel := dlq.Selection{Consumer: "registry", FromOffset: -1, ToOffset: -1}
+	rep, err := dlq.Redrive(ctx, cfg, db.Pool, ops, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outcome := map[string]dlq.Item{}
+	for _, it := range rep.Items {
+		outcome[string(it.Entry.Key)] = it
+	}
+	if it := outcome[a]; it.Outcome != dlq.OutcomeRefused || it.Code != domain.CodeOutOfOrder || !strings.Contains(it.Reason, "offset 3") {
+		t.Fatalf("the removal of a, followed by a's re-add: %+v", it)
+	}
+	if it := outcome[b]; it.Outcome != dlq.OutcomeRedriven {
+		t.Fatalf("the removal of b, followed by nothing b's consumer applies: %+v", it)
+	}
+	sel.OutOfOrder = true
+	rep, err = dlq.Redrive(ctx, cfg, db.Pool, ops, sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Count(dlq.OutcomeRedriven) != 1 || rep.Count(dlq.OutcomeSkipped) != 1 {
+		t.Fatalf("--out-of-order: %+v", rep.Items)
 	}
 }
