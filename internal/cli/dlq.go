@@ -151,8 +151,8 @@ func dlqRedrive(ctx context.Context, args []string, in *os.File, out io.Writer) 
 	source := config.Source.String(fs)
 	consumer := fs.String("consumer", "", "the consumer whose dead letters to hand back: "+strings.Join(dlq.RedrivableConsumers(), ", "))
 	code := fs.String("code", "", "only dead letters of this error code")
-	from := fs.Int64("from-offset", dlq.AllOffsets, "only dead letters at this DLQ offset or later")
-	to := fs.Int64("to-offset", dlq.AllOffsets, "only dead letters at this DLQ offset or earlier")
+	from := fs.Int64("from-offset", unset, "only dead letters at this DLQ offset or later")
+	to := fs.Int64("to-offset", unset, "only dead letters at this DLQ offset or earlier")
 	again := fs.Bool("again", false, "redrive dead letters redriven before, too")
 	outOfOrder := fs.Bool("out-of-order", false, "redrive dead letters whose key has later records in the source partition, too (they are applied after those)")
 	dryRun := fs.Bool("dry-run", false, "list what would be redriven; change nothing")
@@ -165,7 +165,8 @@ func dlqRedrive(ctx context.Context, args []string, in *os.File, out io.Writer) 
 	if fs.NArg() > 0 {
 		return usageError("dlq redrive takes no arguments, only flags: " + strings.Join(fs.Args(), " "))
 	}
-	sel := dlq.Selection{Consumer: *consumer, Code: domain.Code(*code), FromOffset: *from, ToOffset: *to, Again: *again, OutOfOrder: *outOfOrder, DryRun: *dryRun}
+	sel := dlq.Selection{Consumer: *consumer, Code: domain.Code(*code), FromOffset: offsetFlag(*from), ToOffset: offsetFlag(*to),
+		Again: *again, OutOfOrder: *outOfOrder, DryRun: *dryRun}
 	if err := sel.Check(); err != nil {
 		return &ExitCodeError{Code: ExitUsage, Err: err}
 	}
@@ -208,6 +209,9 @@ func dlqRedrive(ctx context.Context, args []string, in *os.File, out io.Writer) 
 		}
 	}
 	rep, rerr := dlq.Redrive(ctx, kcfg, pool, caller, sel)
+	if rerr != nil && len(rep.Items) == 0 {
+		return rerr // it did not get as far as any dead letter
+	}
 	if err := printRedrive(out, *format, rep); err != nil {
 		return err
 	}
@@ -218,6 +222,17 @@ func dlqRedrive(ctx context.Context, args []string, in *os.File, out io.Writer) 
 		return &ExitCodeError{Code: ExitPartial, Err: fmt.Errorf("%d selected dead letters were not redriven (refused or pending; see above)", n)}
 	}
 	return nil
+}
+
+// unset is the default of --from-offset and --to-offset: no bound. Any
+// other negative value is refused by the selection's check.
+const unset = -1
+
+func offsetFlag(v int64) *int64 {
+	if v == unset {
+		return nil
+	}
+	return &v
 }
 
 var userRE = regexp.MustCompile(`[^a-z0-9._-]`)

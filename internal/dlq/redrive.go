@@ -120,9 +120,10 @@ type Selection struct {
 	Consumer string
 	// Code, when set, keeps the dead letters of that error code only.
 	Code domain.Code
-	// FromOffset and ToOffset, when not negative, bound the dead letters'
-	// offsets in the DLQ topic, inclusive ("DLQ OFFSET" of dlq list).
-	FromOffset, ToOffset int64
+	// FromOffset and ToOffset, when set, bound the dead letters' offsets in
+	// the DLQ topic, inclusive ("DLQ OFFSET" of dlq list). The zero
+	// Selection of a consumer picks all its dead letters.
+	FromOffset, ToOffset *int64
 	// Again redrives dead letters redriven before, under the new redrive's
 	// id. The consumer still applies an event once (its dedupe).
 	Again bool
@@ -133,9 +134,6 @@ type Selection struct {
 	// DryRun reports what would be redriven and writes nothing.
 	DryRun bool
 }
-
-// AllOffsets is the value of FromOffset and ToOffset that bounds nothing.
-const AllOffsets int64 = -1
 
 var codeRE = regexp.MustCompile(`^[a-z0-9_]{1,64}$`)
 
@@ -156,11 +154,11 @@ func (s Selection) Check() error {
 	if s.Code != "" && !codeRE.MatchString(string(s.Code)) {
 		return domain.Errorf(domain.CodeInvalid, "an error code is 1-64 of [a-z0-9_]")
 	}
-	if s.FromOffset < AllOffsets || s.ToOffset < AllOffsets {
+	if s.FromOffset != nil && *s.FromOffset < 0 || s.ToOffset != nil && *s.ToOffset < 0 {
 		return domain.Errorf(domain.CodeOutOfRange, "offsets are not negative")
 	}
-	if s.FromOffset >= 0 && s.ToOffset >= 0 && s.FromOffset > s.ToOffset {
-		return domain.Errorf(domain.CodeOutOfRange, "the offset range %d to %d is empty", s.FromOffset, s.ToOffset)
+	if s.FromOffset != nil && s.ToOffset != nil && *s.FromOffset > *s.ToOffset {
+		return domain.Errorf(domain.CodeOutOfRange, "the offset range %d to %d is empty", *s.FromOffset, *s.ToOffset)
 	}
 	return nil
 }
@@ -168,8 +166,8 @@ func (s Selection) Check() error {
 func (s Selection) matches(e Entry) bool {
 	return e.Consumer == s.Consumer &&
 		(s.Code == "" || e.ErrorCode == s.Code) &&
-		(s.FromOffset < 0 || e.Offset >= s.FromOffset) &&
-		(s.ToOffset < 0 || e.Offset <= s.ToOffset)
+		(s.FromOffset == nil || e.Offset >= *s.FromOffset) &&
+		(s.ToOffset == nil || e.Offset <= *s.ToOffset)
 }
 
 // refusal returns why e cannot be redriven to its consumer (nil: it can).
@@ -433,8 +431,12 @@ func (r *redrive) run(ctx context.Context) (Report, error) {
 			continue
 		}
 		if prev, ok := done[e.location()]; ok && !r.sel.Again {
+			how := "redriven"
+			if !prev.Done {
+				how = "recorded pending (the next redrive completes it)"
+			}
 			r.report.Items = append(r.report.Items, Item{Entry: e, Outcome: OutcomeSkipped, Code: domain.CodeAlreadyRedriven,
-				Reason: fmt.Sprintf("redriven by %s at %s (redrive %s); redrive it again with --again", prev.Actor,
+				Reason: fmt.Sprintf("%s by %s at %s (redrive %s); redrive it again with --again", how, prev.Actor,
 					prev.RequestedAt.UTC().Format(time.RFC3339), prev.RedriveID), RedriveID: prev.RedriveID, Offset: prev.Offset})
 			continue
 		}
@@ -461,7 +463,10 @@ func (r *redrive) run(ctx context.Context) (Report, error) {
 // read reads the DLQ from the first dead letter the selection or a pending
 // row may need, up to its end.
 func (r *redrive) read(ctx context.Context, pending []pendingRow) ([]Entry, error) {
-	from := r.sel.FromOffset
+	from := int64(-1)
+	if r.sel.FromOffset != nil {
+		from = *r.sel.FromOffset
+	}
 	for _, p := range pending {
 		if from < 0 || p.loc.Offset < from {
 			from = p.loc.Offset

@@ -103,6 +103,8 @@ func TestRedriveRecord(t *testing.T) {
 	}
 }
 
+func off(n int64) *int64 { return &n }
+
 func TestSelectionCheck(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -110,17 +112,17 @@ func TestSelectionCheck(t *testing.T) {
 		sel  dlq.Selection
 		code domain.Code
 	}{
-		{"ok", dlq.Selection{Consumer: "registry", FromOffset: -1, ToOffset: -1}, ""},
-		{"ok range", dlq.Selection{Consumer: "mailbox-state", Code: "malformed_json", FromOffset: 3, ToOffset: 3}, ""},
-		{"no consumer", dlq.Selection{FromOffset: -1, ToOffset: -1}, domain.CodeRequired},
-		{"control character", dlq.Selection{Consumer: "registry\n", FromOffset: -1, ToOffset: -1}, domain.CodeForbiddenCharacter},
-		{"bidi override", dlq.Selection{Consumer: "\u202eregistry", FromOffset: -1, ToOffset: -1}, domain.CodeForbiddenCharacter},
-		{"unknown consumer", dlq.Selection{Consumer: "billing", FromOffset: -1, ToOffset: -1}, domain.CodeInvalid},
-		{"placement engine", dlq.Selection{Consumer: "placement-engine", FromOffset: -1, ToOffset: -1}, domain.CodeNotRedrivable},
-		{"placement projection", dlq.Selection{Consumer: "placement-projection", FromOffset: -1, ToOffset: -1}, domain.CodeInvalid},
-		{"bad code", dlq.Selection{Consumer: "registry", Code: "x'; DROP TABLE dlq_redrives;--", FromOffset: -1, ToOffset: -1}, domain.CodeInvalid},
-		{"negative offset", dlq.Selection{Consumer: "registry", FromOffset: -5, ToOffset: -1}, domain.CodeOutOfRange},
-		{"empty range", dlq.Selection{Consumer: "registry", FromOffset: 9, ToOffset: 3}, domain.CodeOutOfRange},
+		{"ok", dlq.Selection{Consumer: "registry"}, ""},
+		{"ok range", dlq.Selection{Consumer: "mailbox-state", Code: "malformed_json", FromOffset: off(3), ToOffset: off(3)}, ""},
+		{"no consumer", dlq.Selection{}, domain.CodeRequired},
+		{"control character", dlq.Selection{Consumer: "registry\n"}, domain.CodeForbiddenCharacter},
+		{"bidi override", dlq.Selection{Consumer: "\u202eregistry"}, domain.CodeForbiddenCharacter},
+		{"unknown consumer", dlq.Selection{Consumer: "billing"}, domain.CodeInvalid},
+		{"placement engine", dlq.Selection{Consumer: "placement-engine"}, domain.CodeNotRedrivable},
+		{"placement projection", dlq.Selection{Consumer: "placement-projection"}, domain.CodeInvalid},
+		{"bad code", dlq.Selection{Consumer: "registry", Code: "x'; DROP TABLE dlq_redrives;--"}, domain.CodeInvalid},
+		{"negative offset", dlq.Selection{Consumer: "registry", FromOffset: off(-5)}, domain.CodeOutOfRange},
+		{"empty range", dlq.Selection{Consumer: "registry", FromOffset: off(9), ToOffset: off(3)}, domain.CodeOutOfRange},
 	} {
 		err := c.sel.Check()
 		if got := domain.ErrorCode(err); (err == nil) != (c.code == "") || err != nil && got != c.code {
@@ -133,7 +135,7 @@ func TestSelectionCheck(t *testing.T) {
 // before anything is read or written.
 func TestRedriveNeedsOps(t *testing.T) {
 	t.Parallel()
-	sel := dlq.Selection{Consumer: "registry", FromOffset: -1, ToOffset: -1}
+	sel := dlq.Selection{Consumer: "registry"}
 	for _, c := range []*domain.Caller{nil, {Name: "reader", Scopes: []string{domain.ScopeAuditRead, domain.ScopeWorkersRead}}} {
 		_, err := dlq.Redrive(t.Context(), kafka.Config{Brokers: []string{"127.0.0.1:1"}}, nil, c, sel)
 		if domain.ErrorCode(err) != domain.CodeForbidden {
@@ -232,7 +234,7 @@ func TestRedriveRefusals(t *testing.T) {
 	deadLetter(t, ctx, cl, topics.MailboxEvents, 1, 7, `{"n":2}`, "mailbox-state", domain.CodeInvalid)
 	deadLetter(t, ctx, cl, topics.MailboxEvents, 1, 8, `{"n":3}`, "registry", domain.CodeUnknownType)
 
-	sel := dlq.Selection{Consumer: "registry", Code: domain.CodeInvalid, FromOffset: -1, ToOffset: -1}
+	sel := dlq.Selection{Consumer: "registry", Code: domain.CodeInvalid}
 	rep, err := dlq.Redrive(ctx, cfg, db.Pool, ops, sel)
 	if err != nil {
 		t.Fatal(err)
@@ -254,7 +256,7 @@ func TestRedriveRefusals(t *testing.T) {
 		t.Fatalf("a redrive that redrove nothing has id %s", rep.RedriveID)
 	}
 	// The engine's dead letters are refused as a whole.
-	if _, err := dlq.Redrive(ctx, cfg, db.Pool, ops, dlq.Selection{Consumer: "placement-engine", FromOffset: -1, ToOffset: -1}); domain.ErrorCode(err) != domain.CodeNotRedrivable {
+	if _, err := dlq.Redrive(ctx, cfg, db.Pool, ops, dlq.Selection{Consumer: "placement-engine"}); domain.ErrorCode(err) != domain.CodeNotRedrivable {
 		t.Fatalf("engine redrive: %v, want not_redrivable", err)
 	}
 }
@@ -312,7 +314,7 @@ VALUES ($1, $2, $3, 'registry', 'invalid', $4, $5, $6, 'test-ops', '/ops', false
 	}
 
 	// A dry run completes nothing.
-	if rep, err := dlq.Redrive(ctx, cfg, db.Pool, ops, dlq.Selection{Consumer: "registry", FromOffset: -1, ToOffset: -1, DryRun: true}); err != nil ||
+	if rep, err := dlq.Redrive(ctx, cfg, db.Pool, ops, dlq.Selection{Consumer: "registry", DryRun: true}); err != nil ||
 		rep.Count(dlq.OutcomeCompleted) != 0 || rep.Count(dlq.OutcomeSkipped) != 2 {
 		t.Fatalf("dry run: %+v, %v", rep, err)
 	}
@@ -320,7 +322,7 @@ VALUES ($1, $2, $3, 'registry', 'invalid', $4, $5, $6, 'test-ops', '/ops', false
 		t.Fatalf("a dry run completed %d pending rows", 2-n)
 	}
 
-	rep, err := dlq.Redrive(ctx, cfg, db.Pool, ops, dlq.Selection{Consumer: "registry", FromOffset: -1, ToOffset: -1})
+	rep, err := dlq.Redrive(ctx, cfg, db.Pool, ops, dlq.Selection{Consumer: "registry"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,7 +344,7 @@ VALUES ($1, $2, $3, 'registry', 'invalid', $4, $5, $6, 'test-ops', '/ops', false
 		}
 	}
 	// Nothing left to complete: a third run appends nothing.
-	rep, err = dlq.Redrive(ctx, cfg, db.Pool, ops, dlq.Selection{Consumer: "registry", FromOffset: -1, ToOffset: -1})
+	rep, err = dlq.Redrive(ctx, cfg, db.Pool, ops, dlq.Selection{Consumer: "registry"})
 	if err != nil || rep.Count(dlq.OutcomeCompleted) != 0 || rep.Count(dlq.OutcomeSkipped) != 2 {
 		t.Fatalf("third run: %+v, %v", rep, err)
 	}
@@ -389,7 +391,7 @@ func TestRedriveRefusesOutOfOrder(t *testing.T) {
 		}
 	}
 
-	sel := dlq.Selection{Consumer: "registry", FromOffset: -1, ToOffset: -1}
+	sel := dlq.Selection{Consumer: "registry"}
 	rep, err := dlq.Redrive(ctx, cfg, db.Pool, ops, sel)
 	if err != nil {
 		t.Fatal(err)

@@ -87,7 +87,7 @@ func TestRedriveEndToEnd(t *testing.T) {
 	ops := &domain.Caller{Name: "test-ops", Scopes: []string{domain.ScopeOps}, Source: "/ops"}
 	redriveReg := prometheus.NewRegistry()
 	metrics := dlq.NewRedriveMetrics(redriveReg)
-	sel := dlq.Selection{Consumer: projections.RegistryName, Code: dead.ErrorCode, FromOffset: dead.Offset, ToOffset: dead.Offset}
+	sel := dlq.Selection{Consumer: projections.RegistryName, Code: dead.ErrorCode, FromOffset: &dead.Offset, ToOffset: &dead.Offset}
 
 	dry := sel
 	dry.DryRun = true
