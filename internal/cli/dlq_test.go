@@ -142,6 +142,16 @@ func TestDLQRedriveCommand(t *testing.T) {
 		t.Fatalf("%d redrives recorded; want 1", redriven())
 	}
 
+	// The text table of a dry run: each dead letter's outcome and why, and
+	// the summary; exit 5, as the redrive would (one is refused).
+	stdout, _, code = run("dlq", "redrive", "--consumer", "registry", "--dry-run")
+	t.Logf("dlq redrive --dry-run:\n%s", stdout)
+	for _, want := range []string{"OUTCOME", "skipped", "already_redriven: redriven by cli", "value_withheld", "would_redrive 0, skipped 1, refused 1"} {
+		if code != cli.ExitPartial || !strings.Contains(stdout, want) {
+			t.Errorf("dry run: exit %d, no %q in\n%s", code, want, stdout)
+		}
+	}
+
 	// dlq list shows it.
 	stdout, stderr, code = run("dlq", "list", "--format", "json")
 	var entries []struct {
@@ -163,6 +173,7 @@ func TestDLQRedriveCommand(t *testing.T) {
 		t.Fatalf("dlq list, withheld entry: %+v", r)
 	}
 	stdout, _, code = run("dlq", "list")
+	t.Logf("dlq list:\n%s", stdout)
 	if code != 0 || !strings.Contains(stdout, "REDRIVEN") || !strings.Contains(stdout, "withheld (plaintext_secret)") {
 		t.Fatalf("dlq list table: exit %d\n%s", code, stdout)
 	}

@@ -313,9 +313,9 @@ func Format(w io.Writer, entries []Entry, redrives map[Location]Redriven) error 
 		if redrives != nil {
 			redriven = "no"
 			if r, ok := redrives[e.location()]; ok {
-				redriven = "pending (" + r.RequestedAt.UTC().Format(time.RFC3339) + ")"
+				redriven = "pending " + r.RequestedAt.UTC().Format(time.RFC3339)
 				if r.Done {
-					redriven = fmt.Sprintf("@%d (%s)", r.Offset, r.RequestedAt.UTC().Format(time.RFC3339))
+					redriven = fmt.Sprintf("yes @%d %s", r.Offset, r.RequestedAt.UTC().Format(time.RFC3339))
 				}
 			}
 		}

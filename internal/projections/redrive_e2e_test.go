@@ -140,7 +140,7 @@ FROM dlq_redrives WHERE dlq_partition = $1 AND dlq_offset = $2 AND redrive_id = 
 	}
 	var table bytes.Buffer
 	must(t, dlq.Format(&table, []dlq.Entry{dead}, redrives))
-	if !bytes.Contains(table.Bytes(), []byte("REDRIVEN")) || !bytes.Contains(table.Bytes(), []byte("@"+strconv.FormatInt(first.Offset, 10)+" (")) {
+	if !bytes.Contains(table.Bytes(), []byte("REDRIVEN")) || !bytes.Contains(table.Bytes(), []byte("yes @"+strconv.FormatInt(first.Offset, 10)+" ")) {
 		t.Errorf("dlq list table does not show the redrive:\n%s", table.String())
 	}
 
