@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -331,7 +332,8 @@ const DefaultRedriveTimeout = 2 * time.Minute
 // left pending. The report lists every dead letter selected (and every
 // one completed) with what happened to it; an error means the redrive
 // could not run, or some records could not be produced (their items are
-// pending, and the next redrive completes them).
+// pending, and the next redrive completes them). It holds one connection
+// of pool while it runs.
 func Redrive(ctx context.Context, cfg kafka.Config, pool *pgxpool.Pool, caller *domain.Caller, sel Selection, opts ...RedriveOption) (Report, error) {
 	c := redriveConfig{log: slog.New(slog.DiscardHandler), now: time.Now}
 	for _, o := range opts {
@@ -353,8 +355,11 @@ func Redrive(ctx context.Context, cfg kafka.Config, pool *pgxpool.Pool, caller *
 }
 
 type redrive struct {
-	cfg    kafka.Config
-	pool   *pgxpool.Pool
+	cfg  kafka.Config
+	pool *pgxpool.Pool
+	// db is the connection holding the lock: every statement of the
+	// redrive runs on it, so a pool of one connection does not deadlock.
+	db     querier
 	caller *domain.Caller
 	sel    Selection
 	c      redriveConfig
@@ -388,6 +393,7 @@ func (r *redrive) run(ctx context.Context) (Report, error) {
 		conn.Release()
 		return Report{}, fmt.Errorf("dlq redrive: wait for other redrives: %w", err)
 	}
+	r.db = conn
 	defer func() {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
@@ -398,7 +404,7 @@ func (r *redrive) run(ctx context.Context) (Report, error) {
 		conn.Release()
 	}()
 
-	pending, err := pendingRows(ctx, r.pool)
+	pending, err := pendingRows(ctx, r.db)
 	if err != nil {
 		return Report{}, err
 	}
@@ -417,7 +423,7 @@ func (r *redrive) run(ctx context.Context) (Report, error) {
 			picked = append(picked, e)
 		}
 	}
-	done, err := Redrives(ctx, r.pool, picked)
+	done, err := redrives(ctx, r.db, picked)
 	if err != nil {
 		return Report{}, err
 	}
@@ -591,7 +597,7 @@ func (r *redrive) redrive(ctx context.Context, todo []Entry) error {
 			e.SourceTopic, e.SourcePartition, e.SourceOffset, r.caller.Name, r.caller.Source, r.sel.Again,
 			ends[topicPartition{e.SourceTopic, e.SourcePartition}], now)
 	}
-	if err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error { return tx.SendBatch(ctx, batch).Close() }); err != nil {
+	if err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error { return tx.SendBatch(ctx, batch).Close() }); err != nil {
 		return fmt.Errorf("dlq redrive: record the redrive: %w", err)
 	}
 	recs := make([]*kgo.Record, len(keep))
@@ -611,7 +617,7 @@ func (r *redrive) redrive(ctx context.Context, todo []Entry) error {
 		}
 		r.report.Items = append(r.report.Items, it)
 	}
-	if err := markDone(ctx, r.pool, r.report.RedriveID, landed, landedAt, r.c.now().UTC()); err != nil {
+	if err := markDone(ctx, r.db, r.report.RedriveID, landed, landedAt, r.c.now().UTC()); err != nil {
 		return err
 	}
 	for _, it := range r.report.Items {
@@ -751,7 +757,7 @@ func (r *redrive) complete(ctx context.Context, pending []pendingRow, entries []
 				landed, landedAt = append(landed, pending[i].loc), append(landedAt, off)
 			}
 		}
-		if err := markDone(ctx, r.pool, id, landed, landedAt, r.c.now().UTC()); err != nil {
+		if err := markDone(ctx, r.db, id, landed, landedAt, r.c.now().UTC()); err != nil {
 			return err
 		}
 		for k, loc := range landed {
@@ -862,7 +868,7 @@ WHERE (dlq_partition, dlq_offset) IN (SELECT * FROM unnest($1::int4[], $2::int8[
 ORDER BY dlq_partition, dlq_offset, requested_at DESC`
 )
 
-func markDone(ctx context.Context, pool *pgxpool.Pool, id string, locs []Location, at []int64, now time.Time) error {
+func markDone(ctx context.Context, db querier, id string, locs []Location, at []int64, now time.Time) error {
 	if len(locs) == 0 {
 		return nil
 	}
@@ -870,7 +876,7 @@ func markDone(ctx context.Context, pool *pgxpool.Pool, id string, locs []Locatio
 	for i, l := range locs {
 		parts[i], offs[i] = l.Partition, l.Offset
 	}
-	if _, err := pool.Exec(ctx, markDoneSQL, id, parts, offs, at, now); err != nil {
+	if _, err := db.Exec(ctx, markDoneSQL, id, parts, offs, at, now); err != nil {
 		return fmt.Errorf("dlq redrive: record the redrive done (the next redrive completes it): %w", err)
 	}
 	return nil
@@ -884,8 +890,8 @@ type pendingRow struct {
 	scanFrom        int64
 }
 
-func pendingRows(ctx context.Context, pool *pgxpool.Pool) ([]pendingRow, error) {
-	rows, err := pool.Query(ctx, pendingSQL)
+func pendingRows(ctx context.Context, db querier) ([]pendingRow, error) {
+	rows, err := db.Query(ctx, pendingSQL)
 	if err != nil {
 		return nil, fmt.Errorf("dlq redrive: read pending redrives: %w", err)
 	}
@@ -917,6 +923,17 @@ type Redriven struct {
 // Redrives returns the latest redrive of each of entries that was
 // redriven, by location.
 func Redrives(ctx context.Context, pool *pgxpool.Pool, entries []Entry) (map[Location]Redriven, error) {
+	return redrives(ctx, pool, entries)
+}
+
+// querier is a pool or one of its connections.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+func redrives(ctx context.Context, db querier, entries []Entry) (map[Location]Redriven, error) {
 	out := map[Location]Redriven{}
 	if len(entries) == 0 {
 		return out, nil
@@ -925,7 +942,7 @@ func Redrives(ctx context.Context, pool *pgxpool.Pool, entries []Entry) (map[Loc
 	for i, e := range entries {
 		parts[i], offs[i] = e.Partition, e.Offset
 	}
-	rows, err := pool.Query(ctx, redrivesSQL, parts, offs)
+	rows, err := db.Query(ctx, redrivesSQL, parts, offs)
 	if err != nil {
 		return nil, fmt.Errorf("dlq: read redrives: %w", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
@@ -407,7 +408,19 @@ func TestRedriveRefusesOutOfOrder(t *testing.T) {
 		t.Fatalf("the removal of b, followed by nothing b's consumer applies: %+v", it)
 	}
 	sel.OutOfOrder = true
-	rep, err = dlq.Redrive(ctx, cfg, db.Pool, ops, sel)
+	// On a pool of one connection: the redrive's statements run on the
+	// connection holding its lock.
+	pcfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.MaxConns = 1
+	one, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	rep, err = dlq.Redrive(ctx, cfg, one, ops, sel)
 	if err != nil {
 		t.Fatal(err)
 	}
