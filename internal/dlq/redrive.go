@@ -323,8 +323,10 @@ func WithRedriveClock(now func() time.Time) RedriveOption {
 	return func(c *redriveConfig) { c.now = now }
 }
 
-// DefaultRedriveTimeout bounds Redrive when ctx has no deadline.
-const DefaultRedriveTimeout = 2 * time.Minute
+// DefaultRedriveTimeout bounds Redrive when ctx has no deadline. Most of
+// a redrive's time is reading: the DLQ, and each source partition from its
+// dead letters to its end (the out-of-order check).
+const DefaultRedriveTimeout = 10 * time.Minute
 
 // Redrive hands the dead letters sel picks back to their consumer, as
 // caller, who must hold the ops scope; pool is the database of the
