@@ -73,6 +73,18 @@ const (
 	CodePlaintextRefused Code = "plaintext_refused"
 	// CodeDuplicateKeyID: two sealing keys share an id.
 	CodeDuplicateKeyID Code = "duplicate_key_id"
+	// CodeValueWithheld: a dead letter whose value the DLQ withheld (it
+	// held or may hold a secret) cannot be redriven: re-publish the event.
+	CodeValueWithheld Code = "value_withheld"
+	// CodeNotRedrivable: a dead letter (or a consumer) that redrive refuses
+	// to hand back; the message says why and what to do instead.
+	CodeNotRedrivable Code = "not_redrivable"
+	// CodeAlreadyRedriven: a dead letter redriven before, skipped unless
+	// the operator asks again.
+	CodeAlreadyRedriven Code = "already_redriven"
+	// CodeOutOfOrder: a dead letter whose key has later records in its
+	// source partition; redriven, it would be applied after them.
+	CodeOutOfOrder Code = "out_of_order"
 )
 
 // Problem is one thing wrong with an input, at a field path such as

@@ -38,7 +38,8 @@ Operate:
   token worker     print a sending worker's credential (--worker-id)
   credentials reseal  re-seal every live mailbox's credentials under the active key (to retire a key)
   acls plan|apply  broker ACLs giving each role only what it needs (--principals role=user,...)
-  dlq list         show dead letters
+  dlq list         show dead letters (and whether each was redriven)
+  dlq redrive      hand a consumer's dead letters back to it after a fix (--consumer, --dry-run, --yes)
   replay registry|placement|health  rebuild a projection into a fresh schema (--verify, --swap [--yes])
   replay cleanup   drop the old schemas replay left (--keep N, --older-than D, --dry-run | --yes)
   placement show   workers by tier and pool, pending placements (--mailbox ID: its decisions)

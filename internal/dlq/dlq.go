@@ -299,22 +299,33 @@ func List(ctx context.Context, cfg kafka.Config, limit int) ([]Entry, error) {
 }
 
 // Format writes entries as a table for operators: where each dead letter
-// came from, which consumer gave up, why, and whether its value was kept.
-func Format(w io.Writer, entries []Entry) error {
+// came from, which consumer gave up, why, whether its value was kept, and
+// whether it was redriven (redrives, from Redrives; nil: unknown, "?").
+func Format(w io.Writer, entries []Entry, redrives map[Location]Redriven) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "DLQ OFFSET\tTIME\tSOURCE\tKEY\tCONSUMER\tCODE\tATTEMPTS\tVALUE\tERROR")
+	fmt.Fprintln(tw, "DLQ OFFSET\tTIME\tSOURCE\tKEY\tCONSUMER\tCODE\tATTEMPTS\tVALUE\tREDRIVEN\tERROR")
 	for _, e := range entries {
 		value := fmt.Sprintf("%d bytes", len(e.Value))
 		if e.ValueWithheld != "" {
 			value = "withheld (" + e.ValueWithheld + ")"
 		}
-		fmt.Fprintf(tw, "%d/%d\t%s\t%s[%d]@%d\t%s\t%s\t%s\t%d\t%s\t%s\n",
+		redriven := "?"
+		if redrives != nil {
+			redriven = "no"
+			if r, ok := redrives[e.location()]; ok {
+				redriven = "pending " + r.RequestedAt.UTC().Format(time.RFC3339)
+				if r.Done {
+					redriven = fmt.Sprintf("yes @%d %s", r.Offset, r.RequestedAt.UTC().Format(time.RFC3339))
+				}
+			}
+		}
+		fmt.Fprintf(tw, "%d/%d\t%s\t%s[%d]@%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n",
 			e.Partition, e.Offset,
 			e.Time.UTC().Format(time.RFC3339),
 			e.SourceTopic, e.SourcePartition, e.SourceOffset,
-			printable(string(e.Key), 40),
-			e.Consumer, e.ErrorCode, e.Attempts, value,
-			printable(e.Error, 120))
+			Printable(string(e.Key), 40),
+			e.Consumer, e.ErrorCode, e.Attempts, value, redriven,
+			Printable(e.Error, 120))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("dlq: write table: %w", err)
@@ -322,8 +333,8 @@ func Format(w io.Writer, entries []Entry) error {
 	return nil
 }
 
-// printable keeps a table cell on one line and bounded.
-func printable(s string, n int) string {
+// Printable keeps a table cell on one line and bounded to n runes.
+func Printable(s string, n int) string {
 	s = strings.Map(func(r rune) rune {
 		if r == '\t' || r == '\n' || r == '\r' || !strconv.IsPrint(r) {
 			return ' '

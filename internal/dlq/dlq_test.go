@@ -179,7 +179,7 @@ func TestListAndFormat(t *testing.T) {
 	}
 
 	var buf bytes.Buffer
-	if err := dlq.Format(&buf, last2); err != nil {
+	if err := dlq.Format(&buf, last2, nil); err != nil {
 		t.Fatal(err)
 	}
 	out := buf.String()

@@ -420,13 +420,14 @@ const (
 	outcomeIgnored
 	outcomeDeadLettered
 	outcomeDuplicate
+	outcomeOtherConsumer
 	numOutcomes
 )
 
 type outcomeCounts [numOutcomes]int
 
 func (o outcome) String() string {
-	return [...]string{"upserted", "tombstoned", "ignored", "dead_lettered", "duplicate"}[o]
+	return [...]string{"upserted", "tombstoned", "ignored", "dead_lettered", "duplicate", "other_consumer"}[o]
 }
 
 // fold maps one mailbox event record to its mailbox.state record, appended
@@ -443,6 +444,10 @@ func (o outcome) String() string {
 func (p *Processor) fold(r *kgo.Record, a *applied, batch *batchState, out []*kgo.Record) ([]*kgo.Record, outcome) {
 	deadLetter := func(code domain.Code, msg string) ([]*kgo.Record, outcome) {
 		return append(out, dlq.NewRecord(r, dlq.Failure{Consumer: ConsumerName, Code: code, Err: msg, Attempts: 1})), outcomeDeadLettered
+	}
+	if dlq.ForOtherConsumer(r, ConsumerName) {
+		// Redriven from the DLQ for another consumer: that one applies it.
+		return out, outcomeOtherConsumer
 	}
 	e, err := topics.Decode(r)
 	if err != nil {
@@ -538,7 +543,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		records: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mailplane_mailbox_state_records_total",
-			Help: "Mailbox events folded into mailbox.state, by outcome (upserted, tombstoned, ignored, dead_lettered, duplicate: an event id already applied); committed transactions only.",
+			Help: "Mailbox events folded into mailbox.state, by outcome (upserted, tombstoned, ignored, dead_lettered, duplicate: an event id already applied, other_consumer: redriven from the DLQ for another consumer); committed transactions only.",
 		}, []string{"outcome"}),
 		transactions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mailplane_mailbox_state_transactions_total",

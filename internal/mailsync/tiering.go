@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/dlq"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/sla"
 	"github.com/mailplane/mailplane/topics"
@@ -124,6 +125,11 @@ func userEnds(ctx context.Context, cl *kgo.Client) map[int32]int64 {
 
 // decodeActivity reads a user.active record; other records are skipped.
 func (t *tiering) decodeActivity(r *kgo.Record) (activity, bool) {
+	if dlq.ForOtherConsumer(r, string(sla.SyncActivity)) {
+		// Redriven from the DLQ for another consumer: its append time is
+		// the redrive's, not the user's activity.
+		return activity{}, false
+	}
 	e, err := topics.Decode(r)
 	if err != nil {
 		t.m.badRecords.Inc()

@@ -38,7 +38,7 @@ func (s *session) accept(fs kgo.Fetches) {
 			} else {
 				// Another hook (WithKgoOptions) replaced the context.
 				it = &item{rec: r}
-				it.decode()
+				it.decode(s.p.name)
 			}
 			it.pt = pt
 			if pt.busy {
@@ -55,16 +55,16 @@ func (s *session) accept(fs kgo.Fetches) {
 // record's Context, franz-go's place for enriching consumed records in a
 // hook. Decoding (JSON and validation) is most of the projector's own work:
 // done there, it overlaps the transaction in flight instead of delaying the
-// next one.
-type decodeHook struct{}
+// next one. consumer is the projector's name.
+type decodeHook struct{ consumer string }
 
-func (decodeHook) OnFetchRecordBuffered(r *kgo.Record) {
+func (h decodeHook) OnFetchRecordBuffered(r *kgo.Record) {
 	parent := r.Context
 	if parent == nil {
 		parent = context.Background()
 	}
 	d := &decoded{Context: parent, it: item{rec: r}}
-	d.it.decode()
+	d.it.decode(h.consumer)
 	r.Context = d
 }
 
@@ -74,7 +74,14 @@ type decoded struct {
 	it item
 }
 
-func (it *item) decode() {
+// decode decodes the record for consumer. A record redriven from the DLQ
+// for another consumer is not decoded: it is passed, never applied nor
+// dead-lettered (dlq.ForOtherConsumer).
+func (it *item) decode(consumer string) {
+	if dlq.ForOtherConsumer(it.rec, consumer) {
+		it.other = true
+		return
+	}
 	ev, id, err := DecodeEvent(it.rec)
 	if err != nil {
 		it.code, it.err = domain.ErrorCode(err), err
@@ -778,7 +785,7 @@ type deadLetter struct {
 func (s *session) deadLetterPoison(ctx context.Context, b []*item) []*item {
 	var dls []deadLetter
 	for _, it := range b {
-		if !it.ok && !it.dead {
+		if !it.ok && !it.dead && !it.other {
 			dls = append(dls, deadLetter{it, it.code, it.err, 1})
 		}
 	}

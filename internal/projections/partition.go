@@ -148,6 +148,9 @@ type item struct {
 	// dead: the record is in the DLQ, having failed to decode or to apply;
 	// its offset may be passed.
 	dead bool
+	// other: a record redriven for another consumer; its offset is passed
+	// and nothing applied.
+	other bool
 }
 
 func (it *item) live() bool { return it.ok && !it.dead }

@@ -287,7 +287,7 @@ func (p *Projector) Run(ctx context.Context) error {
 		// Postgres says where each partition resumes; the group's
 		// committed offsets are only there for lag dashboards.
 		kgo.AdjustFetchOffsetsFn(s.adjustOffsets),
-		kgo.WithHooks(decodeHook{}),
+		kgo.WithHooks(decodeHook{consumer: p.name}),
 		// About a batch per lane per fetch, and half a batch per
 		// partition, so that a backlog's fetch spans partitions enough
 		// for every lane. The client fetches again only once a fetch is

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/dlq"
 	"github.com/mailplane/mailplane/internal/health"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/migrations"
@@ -367,6 +368,9 @@ func (r *Rebuild) applyTx(ctx context.Context, recs []*kgo.Record, isolate bool)
 	)
 	for _, rec := range recs {
 		next[kafka.Partition{Topic: rec.Topic, Partition: rec.Partition}] = rec.Offset + 1
+		if dlq.ForOtherConsumer(rec, r.name) {
+			continue // redriven for another consumer: passed, as the projector passes it
+		}
 		ev, id, err := projections.DecodeEvent(rec)
 		if err != nil {
 			bad++

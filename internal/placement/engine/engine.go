@@ -747,6 +747,12 @@ func (s *session) decide(recs []*kgo.Record, tick bool) (b batch, err error) {
 	// decided at it (domain.TrustedTime).
 	now := e.cfg.now()
 	for _, r := range recs {
+		if dlq.ForOtherConsumer(r, DeadLetterConsumer) {
+			// Redriven from the DLQ for another consumer (the engine's own
+			// dead letters are never redriven): not an input. The rule
+			// reads the record alone, so a replay skips it too.
+			continue
+		}
 		ev, derr := topics.Decode(r)
 		if derr != nil {
 			code := domain.ErrorCode(derr)

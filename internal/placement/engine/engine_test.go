@@ -519,3 +519,33 @@ func TestEngineWaitsOutAnUnreadableSnapshot(t *testing.T) {
 		t.Errorf("restore failures counted %v, want at least 4", got)
 	}
 }
+
+// TestEngineSkipsRecordsRedrivenForOthers: a record redriven from the DLQ
+// for another consumer (the registry) is not an input: the engine decides
+// the worker's next heartbeat on the same partition, never the redriven one.
+func TestEngineSkipsRecordsRedrivenForOthers(t *testing.T) {
+	t.Parallel()
+	b := newTestBroker(t)
+	startEngine(t, b)
+	p := newPublisher(t, b)
+	ev := p.event(t0, heartbeat(7, domain.TierSharedFree, domain.EgressColdSMTP))
+	src, err := topics.Encode(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := dlq.Parse(dlq.NewRecord(src, dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "check violation", Attempts: 3}))
+	redriven := dlq.RedriveRecord(dead, domain.NewEventID())
+	kc, err := kafka.NewProducer(b.kcfg("redrive")) // partitions by key: the heartbeat's partition
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kc.Close()
+	if err := kc.ProduceSync(t.Context(), redriven).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	later := p.publish(t0.Add(time.Second), heartbeat(7, domain.TierSharedFree, domain.EgressColdSMTP))
+	waitLog(t, b, 30*time.Second, "the later heartbeat decided", func(l []logEntry) bool { return hasAll(l, later) })
+	if decidedCauses(readLog(t, b))[ev.ID] {
+		t.Fatal("the engine decided a record redriven for the registry")
+	}
+}
