@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/config"
+	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/placement/replay"
 	"github.com/mailplane/mailplane/internal/rebuild"
@@ -88,6 +90,21 @@ type rebuilt struct {
 	close   func()
 }
 
+// buildReplay rebuilds projection name into a fresh schema.
+func buildReplay(ctx context.Context, name string, kcfg kafka.Config, pool *pgxpool.Pool, schema string, batch int, bar *progressBar, log *slog.Logger) (rebuilt, error) {
+	if name == rebuild.Placement {
+		return replayPlacement(ctx, replay.Config{Kafka: kcfg, Live: pool, Schema: schema, BatchSize: batch, Progress: bar.placement, Logger: log})
+	}
+	spec := rebuild.RegistrySpec()
+	if name != rebuild.Registry {
+		var err error
+		if spec, err = rebuild.HealthSpec(domain.DefaultHealthPolicy()); err != nil {
+			return rebuilt{}, err
+		}
+	}
+	return replayGeneric(ctx, spec, rebuild.Config{Kafka: kcfg, Live: pool, Schema: schema, BatchSize: batch, Progress: bar.generic, Logger: log})
+}
+
 func replayProjection(ctx context.Context, name string, args []string, stdout *os.File) error {
 	fs := flag.NewFlagSet("replay "+name, flag.ExitOnError)
 	fs.Usage = func() { fmt.Fprintln(fs.Output(), replayUsage); fs.PrintDefaults() }
@@ -129,19 +146,7 @@ func replayProjection(ctx context.Context, name string, args []string, stdout *o
 
 	bar := newProgressBar(stdout, os.Stderr, *format, name)
 	kcfg := brokers.Config("mailplane-replay")
-	var rb rebuilt
-	switch name {
-	case rebuild.Placement:
-		rb, err = replayPlacement(ctx, replay.Config{Kafka: kcfg, Live: pool, Schema: *schema, BatchSize: *batch, Progress: bar.placement, Logger: log})
-	default:
-		var spec rebuild.Spec
-		if name == rebuild.Registry {
-			spec = rebuild.RegistrySpec()
-		} else if spec, err = rebuild.HealthSpec(domain.DefaultHealthPolicy()); err != nil {
-			return err
-		}
-		rb, err = replayGeneric(ctx, spec, rebuild.Config{Kafka: kcfg, Live: pool, Schema: *schema, BatchSize: *batch, Progress: bar.generic, Logger: log})
-	}
+	rb, err := buildReplay(ctx, name, kcfg, pool, *schema, *batch, bar, log)
 	if err != nil {
 		return err
 	}
