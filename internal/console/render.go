@@ -1,0 +1,122 @@
+package console
+
+import (
+	"fmt"
+	"html/template"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/mailplane/mailplane/internal/query"
+)
+
+var funcs = template.FuncMap{
+	"ts":    formatTime,
+	"tsp":   formatTimePtr,
+	"ago":   ago,
+	"milli": func(v int64) string { return strconv.FormatFloat(float64(v)/1000, 'f', 2, 64) },
+	// pct is load (in thousandths) against capacity (in mailboxes of
+	// weight 1), as a percentage for the load bars.
+	"pct": func(loadMilli, capacity int64) int {
+		if capacity <= 0 {
+			return 0
+		}
+		return int(math.Min(100, math.Round(float64(loadMilli)/10/float64(capacity))))
+	},
+	"secs": func(s float64) string {
+		return (time.Duration(s * float64(time.Second))).Round(time.Millisecond).String()
+	},
+	"secp": func(s *float64) string {
+		if s == nil {
+			return "-"
+		}
+		return (time.Duration(*s * float64(time.Second))).Round(time.Second).String()
+	},
+	"i64p": func(v *int64) string {
+		if v == nil {
+			return "?"
+		}
+		return strconv.FormatInt(*v, 10)
+	},
+	"orDash": func(s string) string {
+		if s == "" {
+			return "-"
+		}
+		return s
+	},
+}
+
+func formatTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05Z")
+}
+
+func formatTimePtr(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return formatTime(*t)
+}
+
+func ago(now, t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return now.Sub(t).Round(time.Second).String() + " ago"
+}
+
+// chart is the warmup evidence as an SVG bar chart, drawn here so the
+// page needs no script: per hour, inbox (bottom) and junk (stacked).
+type chart struct {
+	Width, Height int
+	Bars          []bar
+	Max           int64
+	First, Last   string
+	Inbox, Junk   int64
+}
+
+type bar struct {
+	X, W           float64
+	InboxY, InboxH float64
+	JunkY, JunkH   float64
+	Title          string
+}
+
+const (
+	chartW = 720
+	chartH = 140
+)
+
+func evidenceChart(ev []query.EvidenceHour) chart {
+	c := chart{Width: chartW, Height: chartH}
+	if len(ev) == 0 {
+		return c
+	}
+	for _, e := range ev {
+		c.Max = max(c.Max, e.Inbox+e.Junk)
+		c.Inbox += e.Inbox
+		c.Junk += e.Junk
+	}
+	if c.Max == 0 {
+		c.Max = 1
+	}
+	// Hours without mail have no bucket; the chart spans first to last.
+	first, last := ev[0].Hour, ev[len(ev)-1].Hour
+	hours := int(last.Sub(first)/time.Hour) + 1
+	bw := float64(chartW) / float64(hours)
+	scale := float64(chartH-4) / float64(c.Max)
+	for _, e := range ev {
+		x := float64(int(e.Hour.Sub(first)/time.Hour)) * bw
+		ih, jh := float64(e.Inbox)*scale, float64(e.Junk)*scale
+		c.Bars = append(c.Bars, bar{
+			X: x + 1, W: math.Max(1, bw-2),
+			InboxY: chartH - ih, InboxH: ih,
+			JunkY: chartH - ih - jh, JunkH: jh,
+			Title: fmt.Sprintf("%s: %d inbox, %d junk", e.Hour.UTC().Format("2006-01-02 15:00Z"), e.Inbox, e.Junk),
+		})
+	}
+	c.First, c.Last = first.UTC().Format("2006-01-02 15:00Z"), last.UTC().Format("2006-01-02 15:00Z")
+	return c
+}
