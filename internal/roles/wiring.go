@@ -230,11 +230,21 @@ func (p *process) startAPI() error {
 	if !p.rc.api {
 		return nil
 	}
+	srv, err := p.buildAPI()
+	if err != nil {
+		return err
+	}
+	p.start("api", srv.Run)
+	return nil
+}
+
+// buildAPI builds the api role's server with every route it mounts.
+func (p *process) buildAPI() (*api.Server, error) {
 	rc, log, kc, hc := p.rc, p.log.With("role", "api"), p.broker, p.health
 	auth, err := access.New(rc.tokensFile, access.WithFleetSecret(rc.fleetSecret),
 		access.WithLogger(log), access.WithRegisterer(p.reg))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if len(rc.fleetSecret) == 0 {
 		p.log.Warn("no worker fleet secret (MAILPLANE_WORKER_FLEET_SECRET): sending workers cannot authenticate")
@@ -263,22 +273,21 @@ func (p *process) startAPI() error {
 		api.WithLogger(log),
 	)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := workerapi.Register(srv, workerapi.WithLogger(log), workerapi.WithAssignmentStore(pgStore)); err != nil {
-		return err
+		return nil, err
 	}
 	if err := p.mountQuery(srv, auth, log); err != nil {
-		return err
+		return nil, err
 	}
 	if rc.billing != nil {
 		if err := billing.Register(srv, *rc.billing, billing.WithLogger(p.log.With("role", "billing")),
 			billing.WithDatabase(p.pools.Serve), billing.WithRegisterer(p.reg)); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	p.start("api", srv.Run)
-	return nil
+	return srv, nil
 }
 
 // mountQuery mounts the query API and the ops console; both read
