@@ -143,7 +143,7 @@ func (c *Console) consumers(_ http.ResponseWriter, r *http.Request, v *view) (st
 	if err != nil {
 		return "", 0, err
 	}
-	v.Title, v.Data = "Consumers", cs
+	v.Title, v.Data = "Consumers", consumerRows(cs)
 	return "consumers", http.StatusOK, nil
 }
 

@@ -105,7 +105,8 @@ func evidenceChart(ev []query.EvidenceHour) chart {
 	// Hours without mail have no bucket; the chart spans first to last.
 	first, last := ev[0].Hour, ev[len(ev)-1].Hour
 	hours := int(last.Sub(first)/time.Hour) + 1
-	bw := float64(chartW) / float64(hours)
+	// A bar is at most 48 px wide, so a few hours do not look like a wall.
+	bw := math.Min(48, float64(chartW)/float64(hours))
 	scale := float64(chartH-4) / float64(c.Max)
 	for _, e := range ev {
 		x := float64(int(e.Hour.Sub(first)/time.Hour)) * bw
@@ -119,4 +120,68 @@ func evidenceChart(ev []query.EvidenceHour) chart {
 	}
 	c.First, c.Last = first.UTC().Format("2006-01-02 15:00Z"), last.UTC().Format("2006-01-02 15:00Z")
 	return c
+}
+
+// consumerRow is one consumer of the consumers page: its standing summed
+// over partitions, and the partitions themselves for the details.
+type consumerRow struct {
+	query.Consumer
+	// From Postgres positions.
+	Partitions  int
+	Behind      int64
+	MaxBehind   int64
+	OverBacklog bool
+	Unknown     int // partitions whose end the broker did not give
+	// From this process's meters.
+	LocalParts   int
+	LocalRecords int64
+	LocalSeconds float64
+	OverBehind   bool
+	Rows         []partRow
+}
+
+// partRow is one partition of a consumer, from either source.
+type partRow struct {
+	Topic     string
+	Partition int32
+	Pos       *query.ConsumerPosition
+	Local     *query.LocalLagPart
+}
+
+func consumerRows(cs []query.Consumer) []consumerRow {
+	out := make([]consumerRow, 0, len(cs))
+	for _, c := range cs {
+		r := consumerRow{Consumer: c, Partitions: len(c.Positions)}
+		byPart := map[string]int{}
+		key := func(topic string, p int32) string { return topic + "/" + strconv.Itoa(int(p)) }
+		for i := range c.Positions {
+			p := &c.Positions[i]
+			if p.Behind == nil {
+				r.Unknown++
+			} else {
+				r.Behind += *p.Behind
+				r.MaxBehind = max(r.MaxBehind, *p.Behind)
+			}
+			r.OverBacklog = r.OverBacklog || p.OverBacklog
+			byPart[key(p.Topic, p.Partition)] = len(r.Rows)
+			r.Rows = append(r.Rows, partRow{Topic: p.Topic, Partition: p.Partition, Pos: p})
+		}
+		if c.Local != nil {
+			r.LocalParts = len(c.Local.Partitions)
+			for i := range c.Local.Partitions {
+				l := &c.Local.Partitions[i]
+				r.LocalRecords += l.Records
+				r.LocalSeconds = math.Max(r.LocalSeconds, l.Seconds)
+				r.OverBehind = r.OverBehind || l.OverBehind
+				r.OverBacklog = r.OverBacklog || l.OverBacklog
+				if j, ok := byPart[key(l.Topic, l.Partition)]; ok {
+					r.Rows[j].Local = l
+				} else {
+					r.Rows = append(r.Rows, partRow{Topic: l.Topic, Partition: l.Partition, Local: l})
+				}
+			}
+		}
+		out = append(out, r)
+	}
+	return out
 }
