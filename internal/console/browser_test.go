@@ -89,6 +89,22 @@ func TestConsoleInChromium(t *testing.T) {
 	})
 
 	t.Logf("spammy in quarantine after %s", time.Since(start).Round(time.Millisecond))
+	// The sync partition the API names is where the mailbox.state
+	// processor put spammy's state record.
+	sync := spammy["sync"].(map[string]any)
+	var statePart int32 = -1
+	if _, err := kafka.ReadToEnd(t.Context(), kafka.Config{Brokers: []string{dev.broker}}, kafka.ReadSpec{Topics: []string{topics.MailboxState}, Timeout: 15 * time.Second},
+		func(r *kgo.Record) error {
+			if string(r.Key) == devfleet.SpammyMailboxID {
+				statePart = r.Partition
+			}
+			return nil
+		}); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := sync["partition"].(float64); !ok || int32(p) != statePart {
+		t.Errorf("the API puts spammy on mailbox.state partition %v; its state record is on %d", sync["partition"], statePart)
+	}
 	poison(t, dev.broker)
 	var dead dlq.Entry
 	waitFor(t, 30*time.Second, "the poison record in the DLQ", func() error {
@@ -166,6 +182,7 @@ func TestConsoleInChromium(t *testing.T) {
 	contains("mailbox", "#history", "band_changed", "band_worsened", "migrated")
 	contains("mailbox", "#sync-owner", "dev-sync-")
 	contains("mailbox", "#last-sync", "lag")
+	contains("mailbox", "#sync-tier", "dev-sync-")
 	if n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#evidence rect").length`)); err != nil || n == 0 {
 		t.Errorf("mailbox: the evidence chart has %d bars (%v)", n, err)
 	}

@@ -1,7 +1,9 @@
 // Package query is the fleet's read model: what is known of one mailbox,
 // one org and the sending workers, gathered from the projections in
 // Postgres. Each answer is read in one read-only repeatable-read
-// transaction (one snapshot), so a page never mixes two moments. The JSON
+// transaction (one snapshot), so a page never mixes two moments; only a
+// mailbox's sync tier, which the sync fleet keeps in Kafka (sync.tier),
+// is read from the broker beside it. The JSON
 // query API (GET /v1/mailboxes/{id}, /v1/orgs/{id}, /v1/workers, mounted
 // by Register) and the ops console (internal/console) both read through
 // it, so they show the same facts.
@@ -16,12 +18,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -39,10 +44,20 @@ type Reader struct {
 	db              DB
 	statePartitions int
 	now             func() time.Time
+	tiers           *kafka.Config
+	log             *slog.Logger
 }
 
 // Option configures a Reader.
 type Option func(*Reader)
+
+// WithSyncTiers reads each mailbox's sync tier from the sync.tier topic
+// through kcfg (the tier is the sync fleet's, kept in Kafka, not Postgres).
+// Without it the tier is not read.
+func WithSyncTiers(kcfg kafka.Config) Option { return func(r *Reader) { r.tiers = &kcfg } }
+
+// WithLogger sets where a failed tier read is logged (default: discard).
+func WithLogger(l *slog.Logger) Option { return func(r *Reader) { r.log = l } }
 
 // WithClock sets the clock the sync lag is measured with.
 func WithClock(now func() time.Time) Option { return func(r *Reader) { r.now = now } }
@@ -51,7 +66,7 @@ func WithClock(now func() time.Time) Option { return func(r *Reader) { r.now = n
 // statePartitions is mailbox.state's partition count, which tells the
 // sync partition (and so the owner) of a mailbox.
 func NewReader(db DB, statePartitions int, opts ...Option) *Reader {
-	r := &Reader{db: db, statePartitions: statePartitions, now: time.Now}
+	r := &Reader{db: db, statePartitions: statePartitions, now: time.Now, log: slog.New(slog.DiscardHandler)}
 	for _, o := range opts {
 		o(r)
 	}
@@ -153,6 +168,20 @@ type Sync struct {
 	AuthFailingSince   *time.Time `json:"auth_failing_since"`
 	LastAuthError      string     `json:"last_auth_error"`
 	DisableRequestedAt *time.Time `json:"disable_requested_at"`
+	// Tier is the mailbox's sync tier as its owner last decided it (nil
+	// when none has, or when it was not read); TierUnavailable says the
+	// broker did not answer.
+	Tier            *SyncTier `json:"tier"`
+	TierUnavailable bool      `json:"tier_unavailable"`
+}
+
+// SyncTier is a mailbox's sync tier (hot, warm or cold) and why.
+type SyncTier struct {
+	Tier      string    `json:"tier"`
+	Reason    string    `json:"reason"`
+	Owner     string    `json:"owner"`
+	Epoch     int64     `json:"epoch"`
+	ChangedAt time.Time `json:"changed_at"`
 }
 
 // Folder is one synced folder's cursor.
@@ -209,7 +238,43 @@ func (r *Reader) Mailbox(ctx context.Context, id string) (Mailbox, error) {
 	if m.Registry == nil && !m.Placement.Placed && len(m.Placement.History) == 0 && m.Health == nil {
 		return Mailbox{}, ErrNotFound
 	}
+	if r.tiers != nil {
+		m.Sync.Tier, err = r.readTier(ctx, id)
+		if err != nil {
+			r.log.Warn("reading a mailbox's sync tier failed", "err", err)
+			m.Sync.TierUnavailable = true
+		}
+	}
 	return m, nil
+}
+
+// tierTimeout bounds the read of one sync.tier partition.
+const tierTimeout = 5 * time.Second
+
+// readTier reads the mailbox's sync.tier partition (co-partitioned with
+// mailbox.state) to its end, folding its records as the sync fleet does
+// (mailsync.FoldTierRecord).
+func (r *Reader) readTier(ctx context.Context, id string) (*SyncTier, error) {
+	tiers := map[string]domain.SyncTierRecord{}
+	_, err := kafka.ReadToEnd(ctx, *r.tiers, kafka.ReadSpec{
+		Topics:     []string{topics.SyncTier},
+		Partitions: func(_ string, n int) []int32 { return []int32{StatePartition(id, n)} },
+		ClientID:   "query-tier",
+		Timeout:    tierTimeout,
+	}, func(rec *kgo.Record) error {
+		if string(rec.Key) == id {
+			_ = mailsync.FoldTierRecord(tiers, rec) // a record that does not decode is skipped, as sync does
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("query: sync tier: %w", err)
+	}
+	t, ok := tiers[id]
+	if !ok {
+		return nil, nil
+	}
+	return &SyncTier{Tier: string(t.Tier), Reason: t.Reason, Owner: t.Owner, Epoch: t.Epoch, ChangedAt: t.ChangedAt}, nil
 }
 
 func readHealth(ctx context.Context, tx pgx.Tx, id string) (*Health, error) {

@@ -294,7 +294,8 @@ func (p *process) buildAPI() (*api.Server, error) {
 // through one query.Reader on the serve pool. The console's consumers page
 // and DLQ read the broker through the API's client and config.
 func (p *process) mountQuery(srv *api.Server, auth api.Authenticator, log *slog.Logger) error {
-	reader := query.NewReader(p.pools.Serve, int(p.rc.statePartitions))
+	reader := query.NewReader(p.pools.Serve, int(p.rc.statePartitions),
+		query.WithSyncTiers(p.kcfg("query")), query.WithLogger(log.With("component", "query")))
 	if err := query.Register(srv, reader, log); err != nil {
 		return err
 	}
