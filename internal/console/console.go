@@ -25,10 +25,13 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/api"
 	"github.com/mailplane/mailplane/internal/dlq"
 	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/promreg"
 	"github.com/mailplane/mailplane/internal/query"
 )
 
@@ -57,6 +60,8 @@ type Config struct {
 	DLQ       DLQLister
 	// SessionTTL is a session's life (default DefaultSessionTTL).
 	SessionTTL time.Duration
+	// Registerer takes the console's metrics (default: a private registry).
+	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 	Now        func() time.Time
 }
@@ -76,11 +81,12 @@ var files embed.FS
 
 // Console serves the pages.
 type Console struct {
-	cfg   Config
-	log   *slog.Logger
-	sess  *sessions
-	pages map[string]*template.Template
-	css   []byte
+	cfg    Config
+	logins *prometheus.CounterVec
+	log    *slog.Logger
+	sess   *sessions
+	pages  map[string]*template.Template
+	css    []byte
 }
 
 // Register mounts the console on s under /console/.
@@ -111,7 +117,20 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	c := &Console{cfg: cfg, log: cfg.Logger, sess: newSessions(cfg.SessionTTL, cfg.Now), pages: map[string]*template.Template{}}
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	logins, err := promreg.Register(cfg.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "mailplane_console_logins_total",
+		Help: "Console login attempts, by result: ok, invalid (not a token, unknown token), forbidden (no ops scope), refused (cross-site or without the form's CSRF token).",
+	}, []string{"result"}))
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range []string{"ok", "invalid", "forbidden", "refused"} {
+		logins.WithLabelValues(r)
+	}
+	c := &Console{cfg: cfg, logins: logins, log: cfg.Logger, sess: newSessions(cfg.SessionTTL, cfg.Now), pages: map[string]*template.Template{}}
 	css, err := fs.ReadFile(files, "static/console.css")
 	if err != nil {
 		return nil, err

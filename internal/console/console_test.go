@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
@@ -54,7 +55,7 @@ func (nopProducer) ProduceRecords(context.Context, []domain.Event, []*kgo.Record
 // unit serves the console on an api.Server over an empty migrated schema
 // (the real read model), with one ops caller and one without ops, and a
 // DLQ holding entries whose headers and error text are hostile.
-func unit(t *testing.T) (*httptest.Server, *clock) {
+func unit(t *testing.T) (*httptest.Server, *clock, *prometheus.Registry) {
 	t.Helper()
 	db := pgtest.New(t)
 	if err := migrations.Apply(t.Context(), db.Pool); err != nil {
@@ -79,6 +80,7 @@ func unit(t *testing.T) (*httptest.Server, *clock) {
 		ErrorCode: "invalid", Error: "bad", Value: []byte(`{"html":"</pre><script>alert(4)</script>"}`),
 	}}
 	reader := query.NewReader(db.Pool, 4)
+	reg := prometheus.NewRegistry()
 	srv, err := api.New(nopProducer{}, api.WithAuthenticator(auth))
 	if err != nil {
 		t.Fatal(err)
@@ -89,13 +91,36 @@ func unit(t *testing.T) (*httptest.Server, *clock) {
 	if err := console.Register(srv, console.Config{
 		Auth: auth, Facts: reader, Consumers: query.NewConsumerReader(db.Pool, nil, nil),
 		DLQ: func(context.Context, int) ([]dlq.Entry, error) { return entries, nil },
-		Now: clk.now, SessionTTL: time.Hour,
+		Now: clk.now, SessionTTL: time.Hour, Registerer: reg,
 	}); err != nil {
 		t.Fatal(err)
 	}
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	return ts, clk
+	return ts, clk, reg
+}
+
+// logins reads mailplane_console_logins_total{result}.
+func logins(t *testing.T, reg *prometheus.Registry, result string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "mailplane_console_logins_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == result {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no mailplane_console_logins_total{result=%q}", result)
+	return 0
 }
 
 // browserish is a client that keeps cookies, does not follow redirects
@@ -159,7 +184,7 @@ func login(t *testing.T, ts *httptest.Server, cl *http.Client, token string) (*h
 
 func TestConsoleLoginAndSessionCookie(t *testing.T) {
 	t.Parallel()
-	ts, _ := unit(t)
+	ts, _, _ := unit(t)
 	cl := browserish(t)
 	resp, _ := login(t, ts, cl, unitOps)
 	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/console/" {
@@ -192,7 +217,7 @@ func TestConsoleLoginAndSessionCookie(t *testing.T) {
 
 func TestConsoleSecureCookieOverTLS(t *testing.T) {
 	t.Parallel()
-	ts, _ := unit(t)
+	ts, _, _ := unit(t)
 	cl := browserish(t)
 	_, page := fetch(t, cl, "GET", ts.URL+"/console/login", nil, map[string]string{"X-Forwarded-Proto": "https"})
 	m := csrfField.FindStringSubmatch(page)
@@ -209,7 +234,7 @@ func TestConsoleSecureCookieOverTLS(t *testing.T) {
 // expired cookie.
 func TestConsoleRefusesWithoutOps(t *testing.T) {
 	t.Parallel()
-	ts, clk := unit(t)
+	ts, clk, reg := unit(t)
 	pages := []string{"/console/", "/console/consumers", "/console/dlq", "/console/dlq/0/7",
 		"/console/mailboxes/0190a5b2-4c5e-7b1a-9c3d-00000000c001", "/console/orgs/0190a5b2-4c5e-7b1a-9c3d-00000000a001"}
 	sentToLogin := func(what string, cl *http.Client) {
@@ -258,6 +283,10 @@ func TestConsoleRefusesWithoutOps(t *testing.T) {
 		sentToLogin("refused login", cl)
 	}
 
+	if ok, bad, no := logins(t, reg, "ok"), logins(t, reg, "invalid"), logins(t, reg, "forbidden"); ok != 0 || bad != 4 || no != 2 {
+		t.Errorf("logins: ok %v, invalid %v, forbidden %v; want 0, 4, 2", ok, bad, no)
+	}
+
 	// A forged cookie is no session.
 	forged := browserish(t)
 	u, _ := url.Parse(ts.URL + "/console/")
@@ -277,7 +306,7 @@ func TestConsoleRefusesWithoutOps(t *testing.T) {
 // Refused: cross-site posts, posts without the form's CSRF token.
 func TestConsoleRefusesCrossSitePosts(t *testing.T) {
 	t.Parallel()
-	ts, _ := unit(t)
+	ts, _, reg := unit(t)
 	cl := browserish(t)
 	_, page := fetch(t, cl, "GET", ts.URL+"/console/login", nil, nil)
 	tok := csrfField.FindStringSubmatch(page)[1]
@@ -302,6 +331,10 @@ func TestConsoleRefusesCrossSitePosts(t *testing.T) {
 				t.Errorf("login, %s: a session was set", tc.what)
 			}
 		}
+	}
+
+	if n := logins(t, reg, "refused"); n != 6 {
+		t.Errorf("mailplane_console_logins_total{result=\"refused\"} = %v, want 6", n)
 	}
 
 	// Logout needs the session's own CSRF token, from the same origin.
@@ -337,7 +370,7 @@ func TestConsoleRefusesCrossSitePosts(t *testing.T) {
 // header, key, error text and value. Everything is text.
 func TestConsoleEscapesHostileText(t *testing.T) {
 	t.Parallel()
-	ts, _ := unit(t)
+	ts, _, _ := unit(t)
 	cl := browserish(t)
 	login(t, ts, cl, unitOps)
 	for _, tc := range []struct {
@@ -379,7 +412,7 @@ func TestConsoleEscapesHostileText(t *testing.T) {
 // The query API: fleet:read or ops, ids checked, unknown ids not_found.
 func TestQueryAPIScopesAndIDs(t *testing.T) {
 	t.Parallel()
-	ts, _ := unit(t)
+	ts, _, _ := unit(t)
 	cl := &http.Client{Timeout: 10 * time.Second}
 	for _, tc := range []struct {
 		path, token string

@@ -31,33 +31,40 @@ func (c *Console) renderLogin(w http.ResponseWriter, r *http.Request, status int
 // login trades an ops token for a session.
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	if !sameOrigin(r) {
+		c.logins.WithLabelValues("refused").Inc()
 		c.refuse(w, http.StatusForbidden, "cross-site form posts are refused")
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
 	if err := r.ParseForm(); err != nil {
+		c.logins.WithLabelValues("refused").Inc()
 		c.refuse(w, http.StatusBadRequest, "the form could not be read")
 		return
 	}
 	if !equalSecret(r.PostForm.Get("csrf"), cookieValue(r, cookieLoginCSRF)) {
+		c.logins.WithLabelValues("refused").Inc()
 		c.refuse(w, http.StatusForbidden, "the form expired or was not ours; load the login page again")
 		return
 	}
 	tok := strings.TrimSpace(r.PostForm.Get("token"))
 	if !checkToken(tok) {
+		c.logins.WithLabelValues("invalid").Inc()
 		c.renderLogin(w, r, http.StatusUnauthorized, "that is not a token")
 		return
 	}
 	caller, ok := c.cfg.Auth.Authenticate(tok)
 	if !ok || caller == nil {
+		c.logins.WithLabelValues("invalid").Inc()
 		c.renderLogin(w, r, http.StatusUnauthorized, "the token is not valid")
 		return
 	}
 	if !caller.Has(domain.ScopeOps) {
+		c.logins.WithLabelValues("forbidden").Inc()
 		c.log.Info("console login refused: no ops scope", "caller", caller.Name)
 		c.renderLogin(w, r, http.StatusForbidden, "the console needs a token with the ops scope")
 		return
 	}
+	c.logins.WithLabelValues("ok").Inc()
 	id, _ := c.sess.create(tok, caller.Name)
 	setCookie(w, r, cookieSession, id, c.cfg.SessionTTL)
 	setCookie(w, r, cookieLoginCSRF, "", 0)

@@ -307,7 +307,8 @@ func (p *process) mountQuery(srv *api.Server, auth api.Authenticator, log *slog.
 		DLQ: func(ctx context.Context, limit int) ([]dlq.Entry, error) {
 			return dlq.List(ctx, kcfg, limit)
 		},
-		Logger: log.With("component", "console"),
+		Logger:     log.With("component", "console"),
+		Registerer: p.reg,
 	})
 }
 
