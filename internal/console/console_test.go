@@ -213,6 +213,14 @@ func TestConsoleLoginAndSessionCookie(t *testing.T) {
 	if resp.Header.Get("X-Frame-Options") != "DENY" {
 		t.Error("the console may be framed")
 	}
+	if resp, _ := fetch(t, cl, "GET", ts.URL+"/console", nil, nil); resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/console/" {
+		t.Errorf("GET /console: %d to %q", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	// The stylesheet is what the CSP allows as style: served from here.
+	if resp, css := fetch(t, cl, "GET", ts.URL+"/console/static/console.css", nil, nil); resp.StatusCode != http.StatusOK ||
+		!strings.HasPrefix(resp.Header.Get("Content-Type"), "text/css") || !strings.Contains(css, "body") {
+		t.Errorf("stylesheet: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
 }
 
 func TestConsoleSecureCookieOverTLS(t *testing.T) {

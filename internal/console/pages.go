@@ -73,24 +73,34 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
+	if _, ok := c.sessionPost(w, r); !ok {
+		return
+	}
+	c.sess.drop(cookieValue(r, cookieSession))
+	setCookie(w, r, cookieSession, "", 0)
+	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
+}
+
+// sessionPost admits a form post of a logged-in operator: same origin,
+// a readable form, a live session whose token still holds ops, and the
+// session's CSRF token in the form's csrf field. Otherwise it answers and
+// returns false. Every POST but the login goes through it.
+func (c *Console) sessionPost(w http.ResponseWriter, r *http.Request) (*session, bool) {
 	if !sameOrigin(r) {
 		c.refuse(w, http.StatusForbidden, "cross-site form posts are refused")
-		return
+		return nil, false
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
 	if err := r.ParseForm(); err != nil {
 		c.refuse(w, http.StatusBadRequest, "the form could not be read")
-		return
+		return nil, false
 	}
-	id := cookieValue(r, cookieSession)
-	ss := c.sess.get(id)
-	if ss == nil || !equalSecret(r.PostForm.Get("csrf"), ss.csrf) {
+	ss, ok := c.authenticate(r)
+	if !ok || !equalSecret(r.PostForm.Get("csrf"), ss.csrf) {
 		c.refuse(w, http.StatusForbidden, "the form expired or was not ours")
-		return
+		return nil, false
 	}
-	c.sess.drop(id)
-	setCookie(w, r, cookieSession, "", 0)
-	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
+	return ss, true
 }
 
 func (c *Console) refuse(w http.ResponseWriter, status int, msg string) {
