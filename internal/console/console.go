@@ -60,6 +60,9 @@ type Config struct {
 	DLQ       DLQLister
 	// SessionTTL is a session's life (default DefaultSessionTTL).
 	SessionTTL time.Duration
+	// HealthWindow is the span of the evidence chart: the health scorer's
+	// window (default domain.DefaultHealthPolicy's).
+	HealthWindow time.Duration
 	// Registerer takes the console's metrics (default: a private registry).
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
@@ -113,6 +116,9 @@ func New(cfg Config) (*Console, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.HealthWindow <= 0 {
+		cfg.HealthWindow = domain.DefaultHealthPolicy().Window
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

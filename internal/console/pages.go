@@ -140,7 +140,7 @@ func (c *Console) mailbox(_ http.ResponseWriter, r *http.Request, v *view) (stri
 	}
 	mv := mailboxView{M: m}
 	if m.Health != nil {
-		mv.Chart = evidenceChart(m.Health.Evidence)
+		mv.Chart = evidenceChart(m.Health.Evidence, c.cfg.Now(), c.cfg.HealthWindow)
 	}
 	v.Title, v.Data = "Mailbox "+m.ID, mv
 	return "mailbox", http.StatusOK, nil

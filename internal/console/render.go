@@ -68,7 +68,8 @@ func ago(now, t time.Time) string {
 }
 
 // chart is the warmup evidence as an SVG bar chart, drawn here so the
-// page needs no script: per hour, inbox (bottom) and junk (stacked).
+// page needs no script: one slot per hour of the scoring window ending
+// now, inbox (bottom) and junk (stacked) per hour.
 type chart struct {
 	Width, Height int
 	Bars          []bar
@@ -89,36 +90,35 @@ const (
 	chartH = 140
 )
 
-func evidenceChart(ev []query.EvidenceHour) chart {
+func evidenceChart(ev []query.EvidenceHour, now time.Time, window time.Duration) chart {
 	c := chart{Width: chartW, Height: chartH}
-	if len(ev) == 0 {
-		return c
-	}
+	hours := max(1, int(window/time.Hour))
+	last := now.UTC().Truncate(time.Hour)
+	first := last.Add(-time.Duration(hours-1) * time.Hour)
+	c.First, c.Last = first.Format("2006-01-02 15:00Z"), last.Format("2006-01-02 15:00Z")
 	for _, e := range ev {
 		c.Max = max(c.Max, e.Inbox+e.Junk)
 		c.Inbox += e.Inbox
 		c.Junk += e.Junk
 	}
 	if c.Max == 0 {
-		c.Max = 1
+		return c
 	}
-	// Hours without mail have no bucket; the chart spans first to last.
-	first, last := ev[0].Hour, ev[len(ev)-1].Hour
-	hours := int(last.Sub(first)/time.Hour) + 1
-	// A bar is at most 48 px wide, so a few hours do not look like a wall.
-	bw := math.Min(48, float64(chartW)/float64(hours))
+	bw := float64(chartW) / float64(hours)
 	scale := float64(chartH-4) / float64(c.Max)
 	for _, e := range ev {
-		x := float64(int(e.Hour.Sub(first)/time.Hour)) * bw
+		slot := int(e.Hour.Sub(first) / time.Hour)
+		if slot < 0 || slot >= hours {
+			continue // outside the window as of now: the scorer drops it at its next evaluation
+		}
 		ih, jh := float64(e.Inbox)*scale, float64(e.Junk)*scale
 		c.Bars = append(c.Bars, bar{
-			X: x + 1, W: math.Max(1, bw-2),
+			X: float64(slot) * bw, W: math.Max(1, bw-0.5),
 			InboxY: chartH - ih, InboxH: ih,
 			JunkY: chartH - ih - jh, JunkH: jh,
 			Title: fmt.Sprintf("%s: %d inbox, %d junk", e.Hour.UTC().Format("2006-01-02 15:00Z"), e.Inbox, e.Junk),
 		})
 	}
-	c.First, c.Last = first.UTC().Format("2006-01-02 15:00Z"), last.UTC().Format("2006-01-02 15:00Z")
 	return c
 }
 
