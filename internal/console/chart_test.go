@@ -14,7 +14,9 @@ import (
 func TestEvidenceChart(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 3, 8, 12, 30, 0, 0, time.UTC)
-	h := func(d int) time.Time { return time.Date(2026, 3, 8, 12, 0, 0, 0, time.UTC).Add(-time.Duration(d) * time.Hour) }
+	h := func(d int) time.Time {
+		return time.Date(2026, 3, 8, 12, 0, 0, 0, time.UTC).Add(-time.Duration(d) * time.Hour)
+	}
 	c := evidenceChart([]query.EvidenceHour{
 		{Hour: h(30), Inbox: 1, Junk: 1}, // outside a day's window
 		{Hour: h(23), Inbox: 4, Junk: 0},
