@@ -32,7 +32,7 @@ import (
 )
 
 // ErrNotFound says no projection knows the id asked for.
-var ErrNotFound = domain.Errorf(domain.CodeNotFound, "not found")
+var ErrNotFound = domain.Errorf(domain.CodeNotFound, "no projection knows that id")
 
 // DB begins transactions; *pgxpool.Pool is one.
 type DB interface {
