@@ -59,8 +59,12 @@ lint: ## go vet and staticcheck
 	$(GO) vet $(PKGS)
 	$(GO) run $(STATICCHECK) $(PKGS)
 
+.PHONY: console-screenshots
+console-screenshots: ## regenerate docs/console/*.png: the console's Chromium test against mailplane dev
+	MAILPLANE_CONSOLE_SCREENSHOTS=1 $(GO) test ./internal/console -run TestConsoleInChromium -count=1
+
 .PHONY: deps
-deps: ## install the Debian packages the tests need (root): PostgreSQL, kcat, Dovecot, docker-compose, prometheus (promtool)
+deps: ## install the Debian packages the tests need (root): PostgreSQL, kcat, Dovecot, docker-compose, prometheus (promtool), chromium
 	bash scripts/deps.sh
 
 .PHONY: topics

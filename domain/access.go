@@ -23,6 +23,10 @@ const (
 	ScopeOps = "ops"
 	// ScopeAuditRead grants reading audit data.
 	ScopeAuditRead = "audit:read"
+	// ScopeFleetRead grants the query API: GET /v1/mailboxes/{id},
+	// /v1/orgs/{id} and /v1/workers, for scripts and product teams that
+	// must not hold ops. ops grants them too.
+	ScopeFleetRead = "fleet:read"
 )
 
 // PublicEventTypes are the types product systems produce: the only ones
@@ -40,7 +44,7 @@ func PublishScope(eventType string) string { return ScopePublishPrefix + ShortTy
 // others. Dev mode's caller holds them all, listed, so that no wildcard
 // ever grants an internal type.
 func AllScopes() []string {
-	out := []string{ScopePublishPublic, ScopeWorkersRead, ScopeOps, ScopeAuditRead}
+	out := []string{ScopePublishPublic, ScopeWorkersRead, ScopeOps, ScopeAuditRead, ScopeFleetRead}
 	for _, t := range EventTypes() {
 		out = append(out, PublishScope(t))
 	}
@@ -53,7 +57,7 @@ func AllScopes() []string {
 // less (or, with a later type of the same name, more) than meant.
 func CheckScope(s string) string {
 	switch s {
-	case ScopePublishPublic, ScopeWorkersRead, ScopeOps, ScopeAuditRead:
+	case ScopePublishPublic, ScopeWorkersRead, ScopeOps, ScopeAuditRead, ScopeFleetRead:
 		return ""
 	}
 	if short, ok := strings.CutPrefix(s, ScopePublishPrefix); ok {

@@ -33,7 +33,7 @@ func TestPublishScopes(t *testing.T) {
 		t.Errorf("plan_changed without ops: missing %q", m)
 	}
 	// Read or ops scopes publish nothing.
-	ops := &Caller{Scopes: []string{ScopeOps, ScopeWorkersRead, ScopeAuditRead}}
+	ops := &Caller{Scopes: []string{ScopeOps, ScopeWorkersRead, ScopeAuditRead, ScopeFleetRead}}
 	for _, typ := range EventTypes() {
 		if ops.PublishScopeMissing(typ) == "" {
 			t.Errorf("ops scopes publish %s", typ)
@@ -96,9 +96,13 @@ func TestCheckScopes(t *testing.T) {
 		t.Error("AllScopes not sorted")
 	}
 	for _, bad := range [][]string{nil, {"*"}, {"publish:*"}, {"publish:mailbox"}, {"publish:mailplane.user.active.v1"},
-		{"Publish:public"}, {"publish:org.plan_changed"}, {"ops", ""}} {
+		{"Publish:public"}, {"publish:org.plan_changed"}, {"ops", ""}, {"fleet:*"}, {"fleet:write"}, {"Fleet:read"}} {
 		if CheckScopes(bad) == "" {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+	// The query API's read scope stands alone: it needs no other.
+	if msg := CheckScopes([]string{ScopeFleetRead}); msg != "" || !slices.Contains(AllScopes(), ScopeFleetRead) {
+		t.Errorf("fleet:read: %q", msg)
 	}
 }

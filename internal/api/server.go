@@ -246,6 +246,7 @@ type Server struct {
 	mu      sync.Mutex
 	methods map[string]map[string]bool // path → methods with a handler
 	plain   map[string]bool            // paths mounted without a method
+	routes  []string                   // every pattern mounted, as given
 }
 
 // New builds a server producing through p.
@@ -310,6 +311,7 @@ func New(p Producer, opts ...Option) (*Server, error) {
 	builtin := []route{
 		{"POST /v1/events", http.HandlerFunc(s.handleEvents), true},
 		{"GET /healthz", s.health.PublicHandler(), false},
+		{RouteOpenAPI, openAPIHandler(), false},
 	}
 	for _, r := range append(builtin, c.routes...) {
 		if err := s.Handle(r.pattern, r.handler, r.auth); err != nil {
@@ -353,6 +355,9 @@ func (s *Server) Handle(pattern string, h http.Handler, authRequired bool) (err 
 		if r := recover(); r != nil {
 			err = fmt.Errorf("api: route %q: %v", pattern, r)
 		}
+		if err == nil {
+			s.routes = append(s.routes, method+" "+path)
+		}
 	}()
 	if method == "" {
 		if s.methods[path] != nil {
@@ -386,6 +391,16 @@ func splitPattern(p string) (method, rest string) {
 		return p[:i], strings.TrimSpace(p[i:])
 	}
 	return "", p
+}
+
+// Routes returns every route mounted ("METHOD /path", or " /path" for a
+// route of every method), sorted: what the OpenAPI document must describe.
+func (s *Server) Routes() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := slices.Clone(s.routes)
+	slices.Sort(out)
+	return out
 }
 
 // Handler returns the server's root handler (for tests and embedding).

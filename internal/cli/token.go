@@ -28,7 +28,7 @@ const tokenUsage = `Usage:
 Scopes: publish:public (mailbox.added, mailbox.removed, user.active),
 publish:<type> for one type (internal types need theirs: publish:mailbox.health_scored,
 publish:org.plan_changed (with ops), publish:mailbox.warmup_observed, ...),
-workers:read, ops, audit:read.
+workers:read, ops, audit:read, fleet:read (the query API).
 
 Flags:
 `

@@ -284,24 +284,35 @@ func (t *tiering) readTiers(ctx context.Context, ids []int32) (map[int32]map[str
 }
 
 // foldTier applies one sync.tier record to a partition's tiers (nil: a
-// partition not asked for).
+// partition not asked for), counting records that do not decode.
 func (t *tiering) foldTier(tiers map[string]domain.SyncTierRecord, r *kgo.Record) {
+	if err := FoldTierRecord(tiers, r); err != nil {
+		t.m.badRecords.Inc()
+	}
+}
+
+// FoldTierRecord applies one sync.tier record to the tiers read so far of
+// its partition (nil: decode only): a tombstone drops the mailbox, and a
+// record written under a lower epoch than the one held loses (a stale
+// owner's late record). It returns the error of a record that does not
+// decode, which changes nothing.
+func FoldTierRecord(tiers map[string]domain.SyncTierRecord, r *kgo.Record) error {
 	rec, live, err := DecodeTierRecord(r)
 	if err != nil {
-		t.m.badRecords.Inc()
-		return
+		return err
 	}
 	if tiers == nil {
-		return
+		return nil
 	}
 	if !live {
 		delete(tiers, rec.MailboxID)
-		return
+		return nil
 	}
 	if prev, ok := tiers[rec.MailboxID]; ok && prev.Epoch > rec.Epoch {
-		return
+		return nil
 	}
 	tiers[rec.MailboxID] = rec
+	return nil
 }
 
 // listOffsets returns the log start and last stable offsets of partitions

@@ -2,14 +2,19 @@ package roles
 
 import (
 	"context"
+
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/access"
 	"github.com/mailplane/mailplane/internal/api"
 	"github.com/mailplane/mailplane/internal/billing"
+	"github.com/mailplane/mailplane/internal/console"
+	"github.com/mailplane/mailplane/internal/dlq"
 	"github.com/mailplane/mailplane/internal/eventschema"
 	"github.com/mailplane/mailplane/internal/health"
 	"github.com/mailplane/mailplane/internal/imapsync"
@@ -21,6 +26,7 @@ import (
 	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/internal/projections"
+	"github.com/mailplane/mailplane/internal/query"
 	"github.com/mailplane/mailplane/internal/workerapi"
 	"github.com/mailplane/mailplane/producer"
 )
@@ -224,11 +230,21 @@ func (p *process) startAPI() error {
 	if !p.rc.api {
 		return nil
 	}
+	srv, err := p.buildAPI()
+	if err != nil {
+		return err
+	}
+	p.start("api", srv.Run)
+	return nil
+}
+
+// buildAPI builds the api role's server with every route it mounts.
+func (p *process) buildAPI() (*api.Server, error) {
 	rc, log, kc, hc := p.rc, p.log.With("role", "api"), p.broker, p.health
 	auth, err := access.New(rc.tokensFile, access.WithFleetSecret(rc.fleetSecret),
 		access.WithLogger(log), access.WithRegisterer(p.reg))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if len(rc.fleetSecret) == 0 {
 		p.log.Warn("no worker fleet secret (MAILPLANE_WORKER_FLEET_SECRET): sending workers cannot authenticate")
@@ -257,19 +273,43 @@ func (p *process) startAPI() error {
 		api.WithLogger(log),
 	)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := workerapi.Register(srv, workerapi.WithLogger(log), workerapi.WithAssignmentStore(pgStore)); err != nil {
-		return err
+		return nil, err
+	}
+	if err := p.mountQuery(srv, auth, log); err != nil {
+		return nil, err
 	}
 	if rc.billing != nil {
 		if err := billing.Register(srv, *rc.billing, billing.WithLogger(p.log.With("role", "billing")),
 			billing.WithDatabase(p.pools.Serve), billing.WithRegisterer(p.reg)); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	p.start("api", srv.Run)
-	return nil
+	return srv, nil
+}
+
+// mountQuery mounts the query API and the ops console; both read
+// through one query.Reader on the serve pool. The console's consumers page
+// and DLQ read the broker through the API's client and config.
+func (p *process) mountQuery(srv *api.Server, auth api.Authenticator, log *slog.Logger) error {
+	reader := query.NewReader(p.pools.Serve, int(p.rc.statePartitions),
+		query.WithSyncTiers(p.kcfg("query")), query.WithLogger(log.With("component", "query")))
+	if err := query.Register(srv, reader, log); err != nil {
+		return err
+	}
+	kcfg := p.kcfg("console")
+	return console.Register(srv, console.Config{
+		Auth:      auth,
+		Facts:     reader,
+		Consumers: query.NewConsumerReader(p.pools.Serve, kadm.NewClient(p.broker), p.reg),
+		DLQ: func(ctx context.Context, limit int) ([]dlq.Entry, error) {
+			return dlq.List(ctx, kcfg, limit)
+		},
+		Logger:     log.With("component", "console"),
+		Registerer: p.reg,
+	})
 }
 
 // pruneHourly returns a role that runs prune once at start and then

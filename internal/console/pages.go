@@ -1,0 +1,250 @@
+package console
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/dlq"
+	"github.com/mailplane/mailplane/internal/query"
+)
+
+type loginView struct {
+	Token string // the login form's CSRF token
+	Error string
+}
+
+func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
+	c.renderLogin(w, r, http.StatusOK, "")
+}
+
+func (c *Console) renderLogin(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	tok := randomToken()
+	setCookie(w, r, cookieLoginCSRF, tok, 10*time.Minute)
+	c.render(w, "login", status, &view{Title: "Log in", Data: loginView{Token: tok, Error: msg}, Now: c.cfg.Now().UTC()})
+}
+
+// login trades an ops token for a session.
+func (c *Console) login(w http.ResponseWriter, r *http.Request) {
+	if !sameOrigin(r) {
+		c.logins.WithLabelValues("refused").Inc()
+		c.refuse(w, http.StatusForbidden, "cross-site form posts are refused")
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
+	if err := r.ParseForm(); err != nil {
+		c.logins.WithLabelValues("refused").Inc()
+		c.refuse(w, http.StatusBadRequest, "the form could not be read")
+		return
+	}
+	if !equalSecret(r.PostForm.Get("csrf"), cookieValue(r, cookieLoginCSRF)) {
+		c.logins.WithLabelValues("refused").Inc()
+		c.refuse(w, http.StatusForbidden, "the form expired or was not ours; load the login page again")
+		return
+	}
+	tok := strings.TrimSpace(r.PostForm.Get("token"))
+	if !checkToken(tok) {
+		c.logins.WithLabelValues("invalid").Inc()
+		c.renderLogin(w, r, http.StatusUnauthorized, "that is not a token")
+		return
+	}
+	caller, ok := c.cfg.Auth.Authenticate(tok)
+	if !ok || caller == nil {
+		c.logins.WithLabelValues("invalid").Inc()
+		c.renderLogin(w, r, http.StatusUnauthorized, "the token is not valid")
+		return
+	}
+	if !caller.Has(domain.ScopeOps) {
+		c.logins.WithLabelValues("forbidden").Inc()
+		c.log.Info("console login refused: no ops scope", "caller", caller.Name)
+		c.renderLogin(w, r, http.StatusForbidden, "the console needs a token with the ops scope")
+		return
+	}
+	c.logins.WithLabelValues("ok").Inc()
+	id, _ := c.sess.create(tok, caller.Name)
+	setCookie(w, r, cookieSession, id, c.cfg.SessionTTL)
+	setCookie(w, r, cookieLoginCSRF, "", 0)
+	c.log.Info("console login", "caller", caller.Name)
+	http.Redirect(w, r, Prefix, http.StatusSeeOther)
+}
+
+func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
+	if _, ok := c.sessionPost(w, r); !ok {
+		return
+	}
+	c.sess.drop(cookieValue(r, cookieSession))
+	setCookie(w, r, cookieSession, "", 0)
+	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
+}
+
+// sessionPost admits a form post of a logged-in operator: same origin,
+// a readable form, a live session whose token still holds ops, and the
+// session's CSRF token in the form's csrf field. Otherwise it answers and
+// returns false. Every POST but the login goes through it.
+func (c *Console) sessionPost(w http.ResponseWriter, r *http.Request) (*session, bool) {
+	if !sameOrigin(r) {
+		c.refuse(w, http.StatusForbidden, "cross-site form posts are refused")
+		return nil, false
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
+	if err := r.ParseForm(); err != nil {
+		c.refuse(w, http.StatusBadRequest, "the form could not be read")
+		return nil, false
+	}
+	ss, ok := c.authenticate(r)
+	if !ok || !equalSecret(r.PostForm.Get("csrf"), ss.csrf) {
+		c.refuse(w, http.StatusForbidden, "the form expired or was not ours")
+		return nil, false
+	}
+	return ss, true
+}
+
+func (c *Console) refuse(w http.ResponseWriter, status int, msg string) {
+	c.render(w, "error", status, &view{Title: "Refused", Data: msg, Now: c.cfg.Now().UTC()})
+}
+
+func (c *Console) fleet(_ http.ResponseWriter, r *http.Request, v *view) (string, int, error) {
+	o, err := c.cfg.Facts.Workers(r.Context())
+	if err != nil {
+		return "", 0, err
+	}
+	v.Title, v.Data = "Fleet", o
+	return "fleet", http.StatusOK, nil
+}
+
+// mailboxSearch sends the search box's id to its page.
+func (c *Console) mailboxSearch(w http.ResponseWriter, r *http.Request, v *view) (string, int, error) {
+	id := strings.ToLower(strings.TrimSpace(r.URL.Query().Get("id")))
+	if err := query.CheckID("mailbox", id); err != nil {
+		v.Search = r.URL.Query().Get("id")
+		return "", 0, err
+	}
+	http.Redirect(w, r, Prefix+"mailboxes/"+url.PathEscape(id), http.StatusSeeOther)
+	return "", 0, nil
+}
+
+type mailboxView struct {
+	M     query.Mailbox
+	Chart chart
+}
+
+func (c *Console) mailbox(_ http.ResponseWriter, r *http.Request, v *view) (string, int, error) {
+	v.Search = r.PathValue("id")
+	m, err := c.cfg.Facts.Mailbox(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return "", 0, err
+	}
+	mv := mailboxView{M: m}
+	if m.Health != nil {
+		mv.Chart = evidenceChart(m.Health.Evidence, c.cfg.Now(), c.cfg.HealthWindow)
+	}
+	v.Title, v.Data = "Mailbox "+m.ID, mv
+	return "mailbox", http.StatusOK, nil
+}
+
+func (c *Console) org(_ http.ResponseWriter, r *http.Request, v *view) (string, int, error) {
+	o, err := c.cfg.Facts.Org(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return "", 0, err
+	}
+	v.Title, v.Data = "Org "+o.ID, o
+	return "org", http.StatusOK, nil
+}
+
+func (c *Console) consumers(_ http.ResponseWriter, r *http.Request, v *view) (string, int, error) {
+	cs, err := c.cfg.Consumers.Consumers(r.Context())
+	if err != nil {
+		return "", 0, err
+	}
+	v.Title, v.Data = "Consumers", consumerRows(cs)
+	return "consumers", http.StatusOK, nil
+}
+
+// dlqFilter is the DLQ list's filters, each an exact match when set.
+type dlqFilter struct {
+	Consumer, Code, Topic string
+}
+
+type dlqView struct {
+	Filter  dlqFilter
+	Entries []dlq.Entry
+	Read    int // dead letters read before filtering
+	Limit   int
+}
+
+// filterValue checks one filter: short clean text or nothing.
+func filterValue(q url.Values, name string) (string, error) {
+	v := strings.TrimSpace(q.Get(name))
+	if len(v) > 200 || !domain.IsCleanText(v) {
+		return "", domain.Errorf(domain.CodeInvalid, "filter %s must be short text without control characters", name)
+	}
+	return v, nil
+}
+
+func (c *Console) dlqList(_ http.ResponseWriter, r *http.Request, v *view) (string, int, error) {
+	q := r.URL.Query()
+	var f dlqFilter
+	var err error
+	for _, p := range []struct {
+		name string
+		to   *string
+	}{{"consumer", &f.Consumer}, {"code", &f.Code}, {"topic", &f.Topic}} {
+		if *p.to, err = filterValue(q, p.name); err != nil {
+			return "", 0, err
+		}
+	}
+	entries, err := c.cfg.DLQ(r.Context(), DLQShown)
+	if err != nil {
+		return "", 0, err
+	}
+	dv := dlqView{Filter: f, Read: len(entries), Limit: DLQShown}
+	for i := len(entries) - 1; i >= 0; i-- { // newest first
+		e := entries[i]
+		if (f.Consumer == "" || e.Consumer == f.Consumer) && (f.Code == "" || string(e.ErrorCode) == f.Code) &&
+			(f.Topic == "" || e.SourceTopic == f.Topic) {
+			dv.Entries = append(dv.Entries, e)
+		}
+	}
+	v.Title, v.Data = "Dead letters", dv
+	return "dlq", http.StatusOK, nil
+}
+
+type dlqEntryView struct {
+	E dlq.Entry
+	// Value is the value as text when it is printable UTF-8 JSON or text,
+	// else empty and Binary set.
+	Value  string
+	Binary bool
+}
+
+func (c *Console) dlqEntry(_ http.ResponseWriter, r *http.Request, v *view) (string, int, error) {
+	part, err1 := strconv.ParseInt(r.PathValue("partition"), 10, 32)
+	off, err2 := strconv.ParseInt(r.PathValue("offset"), 10, 64)
+	if err1 != nil || err2 != nil || part < 0 || off < 0 {
+		return "", 0, domain.Errorf(domain.CodeInvalid, "a dead letter is named by its partition and offset, both non-negative integers")
+	}
+	entries, err := c.cfg.DLQ(r.Context(), DLQShown)
+	if err != nil {
+		return "", 0, err
+	}
+	for _, e := range entries {
+		if e.Partition == int32(part) && e.Offset == off {
+			ev := dlqEntryView{E: e}
+			if e.ValueWithheld == "" {
+				s := string(e.Value)
+				if domain.IsCleanText(strings.NewReplacer("\n", "", "\t", "", "\r", "").Replace(s)) {
+					ev.Value = s
+				} else {
+					ev.Binary = true
+				}
+			}
+			v.Title, v.Data = fmt.Sprintf("Dead letter %d/%d", part, off), ev
+			return "dlqentry", http.StatusOK, nil
+		}
+	}
+	return "", 0, domain.Errorf(domain.CodeNotFound, "no dead letter at %d/%d among the newest %d", part, off, DLQShown)
+}
