@@ -16,6 +16,7 @@ const (
 	ExitUsage        = 2 // unknown command, subcommand or flag
 	ExitDrift        = 3 // topics apply: a topic differs from the catalog
 	ExitVerifyFailed = 4 // replay --verify: the rebuild differs from the live projection
+	ExitIncompatible = 5 // schemas register: the registry holds a schema the new one is incompatible with
 )
 
 // ExitCodeError is an error with the exit code it stands for.
