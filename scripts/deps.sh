@@ -2,7 +2,8 @@
 # deps.sh — make sure the tools the tests drive are here: Dovecot (the IMAP
 # server of the sync tests), kcat (an analyst's Kafka client), docker-compose
 # (validates docker-compose.yml), promtool (checks and unit-tests the alert
-# rules) and PostgreSQL's server binaries (private clusters per test run).
+# rules), PostgreSQL's server binaries (private clusters per test run) and
+# Python's confluent-kafka and jsonschema (the analyst test's client).
 #
 # What is missing is installed with apt-get when this runs as root on Debian
 # or Ubuntu (package scripts are kept from starting system services: the
@@ -22,6 +23,9 @@ missing() {
   command -v promtool >/dev/null || need+=(prometheus)
   bash "$PG" bindir >/dev/null 2>&1 || need+=(postgresql)
   command -v psql >/dev/null || need+=(postgresql-client)
+  # The analyst test's non-Go client (examples/analyst/read.py).
+  /usr/bin/python3 -c 'import confluent_kafka' 2>/dev/null || need+=(python3-confluent-kafka)
+  /usr/bin/python3 -c 'import jsonschema' 2>/dev/null || need+=(python3-jsonschema)
   echo "${need[*]}"
 }
 
