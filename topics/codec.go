@@ -200,6 +200,12 @@ func checked(r *kgo.Record, e domain.Event) (domain.Event, error) {
 	if e.Subject == "" {
 		e.Subject = data.AggregateID()
 	}
+	if e.DataSchema == domain.SchemaURI(e.Type) {
+		// mailplane's own (AttributeHeaders sets it again on encoding):
+		// DataSchema holds only what a producer sent of its own, so a
+		// record decodes to the event it was encoded from.
+		e.DataSchema = ""
+	}
 	return e, nil
 }
 
