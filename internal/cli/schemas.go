@@ -157,13 +157,11 @@ type limitedBody struct {
 	n int64
 }
 
-var errRegistryResponseTooLarge = errors.New("registry response larger than 4 MiB")
-
 func (l *limitedBody) Read(p []byte) (int, error) {
 	n, err := l.r.Read(p)
 	l.n += int64(n)
 	if l.n > maxRegistryResponse {
-		return n, errRegistryResponseTooLarge
+		return n, fmt.Errorf("%w: larger than %d bytes", eventschema.ErrRegistryResponseTooLarge, maxRegistryResponse)
 	}
 	return n, err
 }

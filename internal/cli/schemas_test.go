@@ -279,8 +279,8 @@ func TestSchemasRegisterFailures(t *testing.T) {
 		if strings.ContainsAny(out, "\x1b\r") || !strings.Contains(out, "unauthorized") {
 			t.Errorf("printed:\n%q", out)
 		}
-		_, out, code = runSchemas(t, "register", "--registry", srv.URL, "--dry-run", "--format", "json")
-		if code != cli.ExitError || !strings.Contains(out, "larger than") {
+		rep, out, code := runSchemas(t, "register", "--registry", srv.URL, "--dry-run", "--format", "json")
+		if code != cli.ExitError || len(rep.Schemas) == 0 || rep.Schemas[0].Code != domain.CodeTooLarge || !strings.Contains(out, "larger than") {
 			t.Errorf("endless answer: exit %d:\n%s", code, out)
 		}
 	})

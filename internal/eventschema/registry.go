@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"unicode"
 
@@ -60,7 +61,8 @@ type Registration struct {
 	// Code is a stable code when Status is StatusFailed: conflict (the
 	// schema is incompatible with the subject's latest version), schema
 	// (the registry refused it as invalid), unauthorized, unavailable
-	// (the registry did not answer or failed), invalid (any other refusal).
+	// (the registry did not answer or failed), too_large (an answer past
+	// the reader's bound), invalid (any other refusal).
 	Code    domain.Code `json:"code,omitempty"`
 	Message string      `json:"message,omitempty"`
 }
@@ -169,7 +171,12 @@ func registryCode(err error) domain.Code {
 	}
 	var re *sr.ResponseError
 	if !errors.As(err, &re) {
-		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || strings.Contains(err.Error(), "unable to ") {
+		var ue *url.Error
+		switch {
+		case errors.Is(err, ErrRegistryResponseTooLarge):
+			return domain.CodeTooLarge
+		case errors.As(err, &ue), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+			// Not answered: refused, unreachable, timed out.
 			return domain.CodeUnavailable
 		}
 		return domain.CodeInternal
@@ -186,6 +193,10 @@ func registryCode(err error) domain.Code {
 	}
 	return domain.CodeInvalid
 }
+
+// ErrRegistryResponseTooLarge is a registry answer cut short because it
+// went past the bound its reader sets.
+var ErrRegistryResponseTooLarge = errors.New("registry response too large")
 
 // MaxRegistryMessage bounds how much of a registry's error text is kept:
 // the registry is another service, and its text ends up on a terminal.
