@@ -82,7 +82,7 @@ func run(ctx context.Context, cmd string, args []string) int {
 	case "topics":
 		err = cli.Topics(ctx, args)
 	case "schemas":
-		err = cli.Schemas(ctx, args, os.Stdout)
+		err = cli.Schemas(ctx, args, os.Stdout, os.Stderr)
 	case "migrate":
 		err = cli.Migrate(ctx, args)
 	case "publish":

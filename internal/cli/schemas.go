@@ -30,15 +30,18 @@ const (
 // Schemas is `mailplane schemas register`: every record type's reader
 // schema into the Schema Registry (eventschema.RegisterSchemas), one
 // subject per type. Exit 5 when a subject holds a schema the new one is
-// incompatible with, 1 on any other failure.
-func Schemas(ctx context.Context, args []string, stdout io.Writer) error {
+// incompatible with, 1 on any other failure. Progress and usage go to
+// stderr.
+func Schemas(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] != "register" {
 		return usageError("usage: mailplane schemas register [--registry URL] [--dry-run] [--format text|json]")
 	}
 	fs := flag.NewFlagSet("schemas register", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	registry := config.SchemaRegistry.String(fs)
 	dryRun := fs.Bool("dry-run", false, "look every schema up and check new ones for compatibility; register nothing")
 	format := fs.String("format", FormatText, "output: text or json (for scripts)")
+	wait := fs.Duration("wait", 30*time.Second, "keep retrying this long while the registry does not answer (compose starts it with Redpanda)")
 	if err := fs.Parse(args[1:]); errors.Is(err, flag.ErrHelp) {
 		return nil
 	} else if err != nil {
@@ -62,7 +65,7 @@ func Schemas(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, registryCommandTimeout)
 	defer cancel()
-	regs, err := eventschema.RegisterSchemas(ctx, cl, *dryRun)
+	regs, err := registerRetrying(ctx, cl, *dryRun, *wait, stderr)
 	if err != nil {
 		return fmt.Errorf("schema registry %s: %w", *registry, err)
 	}
@@ -74,6 +77,36 @@ func Schemas(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	return registrationsError(regs)
+}
+
+// registerRetrying is eventschema.RegisterSchemas, run again with backoff
+// for up to wait while a registration fails unanswered (code
+// unavailable): a registry starting up. Registering is idempotent, so a
+// round that got halfway is safe to repeat.
+func registerRetrying(ctx context.Context, cl *sr.Client, dryRun bool, wait time.Duration, stderr io.Writer) ([]eventschema.Registration, error) {
+	deadline := time.Now().Add(wait)
+	for attempt := 0; ; attempt++ {
+		regs, err := eventschema.RegisterSchemas(ctx, cl, dryRun)
+		if err != nil || !anyUnavailable(regs) || time.Now().After(deadline) {
+			return regs, err
+		}
+		backoff := min(250*time.Millisecond<<attempt, 5*time.Second)
+		fmt.Fprintf(stderr, "schemas register: the registry does not answer; retrying in %s\n", backoff)
+		select {
+		case <-ctx.Done():
+			return regs, nil
+		case <-time.After(backoff):
+		}
+	}
+}
+
+func anyUnavailable(regs []eventschema.Registration) bool {
+	for _, r := range regs {
+		if r.Status == eventschema.StatusFailed && r.Code == domain.CodeUnavailable {
+			return true
+		}
+	}
+	return false
 }
 
 // checkRegistryURL refuses a registry URL that is not plain http(s) to a

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/sr"
 
@@ -32,8 +33,8 @@ type registerReport struct {
 
 func runSchemas(t *testing.T, args ...string) (registerReport, string, int) {
 	t.Helper()
-	var out bytes.Buffer
-	err := cli.Schemas(context.Background(), args, &out)
+	var out, stderr bytes.Buffer
+	err := cli.Schemas(context.Background(), args, &out, &stderr)
 	var rep registerReport
 	if slices.Contains(args, "json") && out.Len() > 0 {
 		if jerr := json.Unmarshal(out.Bytes(), &rep); jerr != nil {
@@ -234,7 +235,7 @@ func TestSchemasRegisterFailures(t *testing.T) {
 		t.Parallel()
 		reg := srtest.Start(t)
 		reg.Fail(http.StatusInternalServerError)
-		rep, out, code := runSchemas(t, "register", "--registry", reg.URL, "--format", "json")
+		rep, out, code := runSchemas(t, "register", "--registry", reg.URL, "--format", "json", "--wait", "0")
 		if code != cli.ExitError || len(rep.Schemas) == 0 {
 			t.Fatalf("exit %d:\n%s", code, out)
 		}
@@ -244,12 +245,39 @@ func TestSchemasRegisterFailures(t *testing.T) {
 			}
 		}
 	})
+	t.Run("registry starting", func(t *testing.T) {
+		t.Parallel()
+		// Failing until its first requests came in, as a registry that
+		// is starting: the command retries and registers everything.
+		reg := srtest.Start(t)
+		reg.Fail(http.StatusServiceUnavailable)
+		go func() {
+			for len(reg.Requests()) < 3 {
+				time.Sleep(time.Millisecond) // polling a condition
+			}
+			reg.Fail(0)
+		}()
+		rep, out, code := runSchemas(t, "register", "--registry", reg.URL, "--format", "json", "--wait", "30s")
+		if code != cli.ExitOK {
+			t.Fatalf("exit %d:\n%s", code, out)
+		}
+		// Those registered before the registry recovered within the
+		// first round are unchanged in the retry.
+		for _, r := range rep.Schemas {
+			if (r.Status != eventschema.StatusRegistered && r.Status != eventschema.StatusUnchanged) || len(reg.Versions(r.Subject)) != 1 {
+				t.Errorf("%+v", r)
+			}
+		}
+		if len(rep.Schemas) != len(eventschema.SchemaTypes()) {
+			t.Errorf("%d registrations", len(rep.Schemas))
+		}
+	})
 	t.Run("registry gone", func(t *testing.T) {
 		t.Parallel()
 		srv := httptest.NewServer(http.NotFoundHandler())
 		url := srv.URL
 		srv.Close()
-		rep, out, code := runSchemas(t, "register", "--registry", url, "--format", "json")
+		rep, out, code := runSchemas(t, "register", "--registry", url, "--format", "json", "--wait", "0")
 		if code != cli.ExitError || len(rep.Schemas) == 0 || rep.Schemas[0].Code != domain.CodeUnavailable {
 			t.Fatalf("exit %d:\n%s", code, out)
 		}
