@@ -272,7 +272,11 @@ func publish(t *testing.T, ctx context.Context, pub *producer.Client, ds ...doma
 	return evs[len(evs)-1].ID
 }
 
-// committed reads both topics read_committed: record ids by topic.
+// gzipCodec is gzip's number in a record batch's attributes.
+const gzipCodec = 1
+
+// committed reads both topics read_committed: record ids by topic, each
+// checked to have come in a gzip batch of a transaction.
 func committed(t *testing.T, ctx context.Context, kcfg kafka.Config) map[string][]string {
 	t.Helper()
 	out := map[string][]string{}
@@ -280,6 +284,12 @@ func committed(t *testing.T, ctx context.Context, kcfg kafka.Config) map[string]
 		func(r *kgo.Record) error {
 			id, _ := topics.Header(r, topics.HeaderID)
 			out[r.Topic] = append(out[r.Topic], id)
+			if c := r.Attrs.CompressionType(); c != gzipCodec {
+				t.Errorf("%s: record %s in a batch compressed with codec %d, not gzip: read.py would not be reading gzip", r.Topic, id, c)
+			}
+			if !r.Attrs.IsTransactional() {
+				t.Errorf("%s: record %s was not written in a transaction", r.Topic, id)
+			}
 			return nil
 		})
 	if err != nil {
