@@ -7,8 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"slices"
@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/access"
 	"github.com/mailplane/mailplane/internal/api"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
@@ -130,11 +131,10 @@ func TestPythonAnalystReadsCommittedRecords(t *testing.T) {
 	want := committed(t, ctx, kcfg)
 	seeUncommitted(t, ctx, kcfg, aborted)
 
-	api := httptest.NewServer(schemaRoutes())
-	t.Cleanup(api.Close)
-	cmd := exec.CommandContext(ctx, python, script, "--brokers", strings.Join(brokers, ","), "--schemas", api.URL,
+	apiURL, token := startAPI(t, pub)
+	cmd := exec.CommandContext(ctx, python, script, "--brokers", strings.Join(brokers, ","), "--schemas", apiURL,
 		"--group", "analytics-test", "--timeout", "60")
-	cmd.Env = append(os.Environ(), "MAILPLANE_API_TOKEN=")
+	cmd.Env = append(os.Environ(), "MAILPLANE_API_TOKEN="+token)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -216,13 +216,38 @@ func requirePython(t *testing.T) string {
 	return "read.py"
 }
 
-// schemaRoutes serves the schemas as the API does (the api role mounts
-// the same handlers, behind its bearer-token check).
-func schemaRoutes() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /v1/schemas", api.SchemaListHandler())
-	mux.Handle("GET /v1/schemas/{type}", api.SchemaHandler())
-	return mux
+// startAPI serves the API with its schema routes as the api role mounts
+// them (any authenticated caller), and returns its URL and an analyst's
+// token (scope audit:read).
+func startAPI(t *testing.T, pub *producer.Client) (string, string) {
+	t.Helper()
+	const token = "analyst-test-token-0123456789abcdef"
+	auth, err := access.FromBytes([]byte(access.Line("analyst", token, []string{domain.ScopeAuditRead}, "/analysts") + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := api.New(pub, api.WithAuthenticator(auth),
+		api.WithRoute("GET /v1/schemas", api.SchemaListHandler(), true),
+		api.WithRoute("GET /v1/schemas/{type}", api.SchemaHandler(), true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, context.Background(), "api", func(ctx context.Context) error { return srv.Serve(ctx, ln) })
+	base := "http://" + ln.Addr().String()
+	// Without the token the schemas are refused: read.py really sends it.
+	resp, err := http.Get(base + "/v1/schemas/" + domain.TypeUserActive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("GET /v1/schemas/{type} without a token: %d", resp.StatusCode)
+	}
+	return base, token
 }
 
 // run runs fn until stop is called or the test ends.
