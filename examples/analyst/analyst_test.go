@@ -84,8 +84,11 @@ func TestPythonAnalystReadsCommittedRecords(t *testing.T) {
 	}
 
 	// The writers: the engine, and the relay of the sync fence's outbox.
+	// A group and transactional id of its own: against a real broker
+	// (MAILPLANE_TEST_BROKERS) another test's engine may have left theirs.
 	eng, err := engine.New(kcfg, engine.WithSessionTimeout(kafkatest.SessionTimeout(time.Second)),
-		engine.WithHeartbeatInterval(100*time.Millisecond))
+		engine.WithHeartbeatInterval(100*time.Millisecond),
+		engine.WithGroup("analyst-test-engine-"+db.Schema), engine.WithTransactionalID("analyst-test-engine-"+db.Schema))
 	if err != nil {
 		t.Fatal(err)
 	}
