@@ -25,7 +25,8 @@ type Event struct {
 	Time    time.Time // when it happened, per the producer: kept for audit, never a rule's clock (TrustedTime)
 	Subject string    // the aggregate id; also the record key
 	// DataSchema is the producer's dataschema attribute (a URI), kept on
-	// the log; empty when none was sent.
+	// the log; empty when none was sent (records then carry SchemaURI of
+	// the type, which decoding also reads back as empty).
 	DataSchema string
 	// Extensions are the producer's extension attributes (traceparent,
 	// partitionkey, ...), kept on the log as ce_<name> headers; mailplane

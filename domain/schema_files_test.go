@@ -40,7 +40,7 @@ func TestSchemaFiles(t *testing.T) {
 		}
 		checks := map[string]any{
 			"$schema": "https://json-schema.org/draft/2020-12/schema",
-			"$id":     "urn:mailplane:schema:" + typ,
+			"$id":     domain.SchemaURI(typ),
 			"title":   typ,
 			"type":    "object",
 		}

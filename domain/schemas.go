@@ -35,3 +35,14 @@ func Schema(eventType string) ([]byte, bool) {
 	b, err := fs.ReadFile(SchemaFiles(), SchemaFileName(eventType))
 	return b, err == nil
 }
+
+// SchemaURIPrefix starts the $id of every record schema and the
+// dataschema of every record mailplane writes: SchemaURI(t) is the prefix
+// and the record type.
+const SchemaURIPrefix = "urn:mailplane:schema:"
+
+// SchemaURI is the dataschema of records of recordType: its schema's $id.
+// The type is the URI's last segment, which is also the schema's path
+// under the API's /v1/schemas/ and its Schema Registry subject
+// (domain/schemas/README.md).
+func SchemaURI(recordType string) string { return SchemaURIPrefix + recordType }

@@ -3,7 +3,8 @@
 # server of the sync tests), kcat (an analyst's Kafka client), docker-compose
 # (validates docker-compose.yml), promtool (checks and unit-tests the alert
 # rules), PostgreSQL's server binaries (private clusters per test run) and
-# Chromium with its fonts (the ops console's headless browser test).
+# Chromium with its fonts (the ops console's headless browser test), and
+# Python's confluent-kafka and jsonschema (the analyst test's client).
 #
 # What is missing is installed with apt-get when this runs as root on Debian
 # or Ubuntu (package scripts are kept from starting system services: the
@@ -25,6 +26,9 @@ missing() {
   command -v psql >/dev/null || need+=(postgresql-client)
   [[ -x /usr/bin/chromium ]] || need+=(chromium)
   [[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]] || need+=(fonts-dejavu-core)
+  # The analyst test's non-Go client (examples/analyst/read.py).
+  /usr/bin/python3 -c 'import confluent_kafka' 2>/dev/null || need+=(python3-confluent-kafka)
+  /usr/bin/python3 -c 'import jsonschema' 2>/dev/null || need+=(python3-jsonschema)
   echo "${need[*]}"
 }
 

@@ -57,9 +57,21 @@ func EncodeTo(topic string, e domain.Event) (*kgo.Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	subject := e.Subject
-	if subject == "" && e.Data != nil {
-		subject = e.Data.AggregateID()
+	if e.Subject == "" && e.Data != nil {
+		e.Subject = e.Data.AggregateID()
+	}
+	return &kgo.Record{Topic: topic, Key: []byte(e.Subject), Value: value, Headers: AttributeHeaders(e)}, nil
+}
+
+// AttributeHeaders renders e's CloudEvents attributes and extensions as
+// binary-mode headers (content-type application/json). It is the one
+// place a record's ce_dataschema is set: e's own (what a producer sent),
+// else domain.SchemaURI of its type, so that every record mailplane
+// writes names the schema its value follows (domain/schemas/README.md).
+func AttributeHeaders(e domain.Event) []kgo.RecordHeader {
+	schema := e.DataSchema
+	if schema == "" {
+		schema = domain.SchemaURI(e.Type)
 	}
 	headers := []kgo.RecordHeader{
 		{Key: HeaderSpecVersion, Value: []byte(domain.SpecVersion)},
@@ -67,16 +79,14 @@ func EncodeTo(topic string, e domain.Event) (*kgo.Record, error) {
 		{Key: HeaderType, Value: []byte(e.Type)},
 		{Key: HeaderSource, Value: []byte(e.Source)},
 		{Key: HeaderTime, Value: []byte(e.Time.UTC().Format(time.RFC3339Nano))},
-		{Key: HeaderSubject, Value: []byte(subject)},
+		{Key: HeaderSubject, Value: []byte(e.Subject)},
 		{Key: HeaderContentType, Value: []byte(ContentTypeJSON)},
-	}
-	if e.DataSchema != "" {
-		headers = append(headers, kgo.RecordHeader{Key: HeaderDataSchema, Value: []byte(e.DataSchema)})
+		{Key: HeaderDataSchema, Value: []byte(schema)},
 	}
 	for _, k := range slices.Sorted(maps.Keys(e.Extensions)) {
 		headers = append(headers, kgo.RecordHeader{Key: HeaderPrefix + k, Value: []byte(e.Extensions[k])})
 	}
-	return &kgo.Record{Topic: topic, Key: []byte(subject), Value: value, Headers: headers}, nil
+	return headers
 }
 
 // Header returns the value of the first header named key.
@@ -189,6 +199,12 @@ func checked(r *kgo.Record, e domain.Event) (domain.Event, error) {
 	}
 	if e.Subject == "" {
 		e.Subject = data.AggregateID()
+	}
+	if e.DataSchema == domain.SchemaURI(e.Type) {
+		// mailplane's own (AttributeHeaders sets it again on encoding):
+		// DataSchema holds only what a producer sent of its own, so a
+		// record decodes to the event it was encoded from.
+		e.DataSchema = ""
 	}
 	return e, nil
 }

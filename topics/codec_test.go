@@ -260,9 +260,9 @@ func TestDecodeWhatOtherKafkaProducersWrite(t *testing.T) {
 	const v4 = "2c5ea4c0-4067-4f5a-9a31-1c9b6f4e8d21"
 
 	binary := setHeader(setHeader(user, topics.HeaderID, v4), topics.HeaderContentType, "application/json; charset=utf-8")
+	binary = setHeader(binary, topics.HeaderDataSchema, "https://schemas.example.org/user.active")
 	binary.Headers = append(binary.Headers,
-		kgo.RecordHeader{Key: "ce_traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")},
-		kgo.RecordHeader{Key: topics.HeaderDataSchema, Value: []byte("https://schemas.example.org/user.active")})
+		kgo.RecordHeader{Key: "ce_traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")})
 	ev, err := topics.Decode(binary)
 	if err != nil {
 		t.Fatalf("binary record from another producer: %v", err)
@@ -277,6 +277,9 @@ func TestDecodeWhatOtherKafkaProducersWrite(t *testing.T) {
 	}
 	if v, _ := topics.Header(again, "ce_traceparent"); v != ev.Extensions["traceparent"] {
 		t.Errorf("re-encoded ce_traceparent %q", v)
+	}
+	if v, _ := topics.Header(again, topics.HeaderDataSchema); v != ev.DataSchema {
+		t.Errorf("re-encoded ce_dataschema %q, the producer sent %q", v, ev.DataSchema)
 	}
 
 	structuredOf := func(r *kgo.Record, extra map[string]any) *kgo.Record {

@@ -32,6 +32,7 @@ Run:
 Operate:
   topics apply     create missing topics, report drift (exit 1 on drift)
   topics list      show the topic catalog
+  schemas register every record type's reader schema into the Schema Registry (--registry, --dry-run)
   migrate          apply database migrations
   publish TYPE     publish one event (data as --data JSON or on stdin)
   token            make an API caller's token and its tokens-file line (--name, --scopes, --source)
@@ -64,7 +65,7 @@ func main() {
 }
 
 // run runs one command and returns the process's exit code (cli.ExitCode:
-// 0 done, 1 failed, 2 usage, 3 drift, 4 a failed verify).
+// 0 done, 1 failed, 2 usage, 3 drift, 4 a failed verify, 5 an incompatible schema).
 func run(ctx context.Context, cmd string, args []string) int {
 	var err error
 	switch cmd {
@@ -82,6 +83,8 @@ func run(ctx context.Context, cmd string, args []string) int {
 		err = roles.Project(ctx, args)
 	case "topics":
 		err = cli.Topics(ctx, args)
+	case "schemas":
+		err = cli.Schemas(ctx, args, os.Stdout, os.Stderr)
 	case "migrate":
 		err = cli.Migrate(ctx, args)
 	case "publish":

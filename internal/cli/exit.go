@@ -17,6 +17,7 @@ const (
 	ExitDrift        = 3 // topics apply: a topic differs from the catalog
 	ExitVerifyFailed = 4 // replay --verify: the rebuild differs from the live projection
 	ExitPartial      = 5 // dlq redrive: some selected dead letters were refused or left pending
+	ExitIncompatible = 6 // schemas register: the registry holds a schema the new one is incompatible with
 )
 
 // ExitCodeError is an error with the exit code it stands for.

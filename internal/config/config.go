@@ -108,6 +108,7 @@ var (
 	LogFormat         = register(Setting{"log-format", "MAILPLANE_LOG_FORMAT", "text", "text or json"})
 	Source            = register(Setting{"source", "MAILPLANE_SOURCE", "/cli", "ce_source of events published by the CLI (through --api: the caller's source or a path below it)"})
 	APIURL            = register(Setting{"api", "MAILPLANE_API_URL", "", "publish through this API (e.g. http://127.0.0.1:8080) instead of straight to the brokers"})
+	SchemaRegistry    = register(Setting{"registry", "MAILPLANE_SCHEMA_REGISTRY_URL", "http://127.0.0.1:18081", "Schema Registry (Confluent REST, e.g. Redpanda's) that schemas register writes every record type's reader schema to"})
 )
 
 // Postgres pool sizes, by purpose (internal/dbpools). A process opens

@@ -80,10 +80,36 @@ func checkDerivedRecord(t *testing.T, v *eventschema.DerivedValidator, r *kgo.Re
 	if src, _ := topics.Header(r, topics.HeaderSource); src == "" {
 		t.Errorf("%s: no ce_source", typ)
 	}
+	checkDataSchema(t, r, typ)
 	if ts, _ := topics.Header(r, topics.HeaderTime); !drRFC3339.MatchString(ts) {
 		t.Errorf("%s: ce_time %q is not RFC 3339", typ, ts)
 	}
 	return data
+}
+
+// checkDataSchema checks that r's ce_dataschema is domain.SchemaURI of its
+// type and names a schema that exists: the one whose $id it is, served
+// under the URI's last segment (the API's /v1/schemas/{type}, the Schema
+// Registry subject).
+func checkDataSchema(t *testing.T, r *kgo.Record, typ string) {
+	t.Helper()
+	uri, ok := topics.Header(r, topics.HeaderDataSchema)
+	if !ok || uri != domain.SchemaURI(typ) {
+		t.Errorf("%s: ce_dataschema %q (present %v), want %q", typ, uri, ok, domain.SchemaURI(typ))
+		return
+	}
+	named, _ := strings.CutPrefix(uri, domain.SchemaURIPrefix)
+	b, ok := eventschema.SchemaOf(named)
+	if !ok {
+		t.Errorf("%s: ce_dataschema %q names no schema", typ, uri)
+		return
+	}
+	var doc struct {
+		ID string `json:"$id"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil || doc.ID != uri {
+		t.Errorf("%s: the schema %s names has $id %q (%v)", typ, uri, doc.ID, err)
+	}
 }
 
 // drRFC3339 is the strict timestamp pattern the schemas carry.

@@ -128,7 +128,7 @@ func TestDerivedSchemaFiles(t *testing.T) {
 		m := derivedSchemaDoc(t, typ)
 		checks := map[string]any{
 			"$schema":              "https://json-schema.org/draft/2020-12/schema",
-			"$id":                  "urn:mailplane:schema:" + typ,
+			"$id":                  domain.SchemaURI(typ),
 			"title":                typ,
 			"type":                 "object",
 			"additionalProperties": false,

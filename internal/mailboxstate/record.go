@@ -70,15 +70,9 @@ func Rotated(m domain.MailboxStateRecord, e domain.Event, d *domain.CredentialsR
 }
 
 func headers(id, subject string, t time.Time) []kgo.RecordHeader {
-	return []kgo.RecordHeader{
-		{Key: topics.HeaderSpecVersion, Value: []byte(domain.SpecVersion)},
-		{Key: topics.HeaderID, Value: []byte(id)},
-		{Key: topics.HeaderType, Value: []byte(domain.TypeMailboxStateRecord)},
-		{Key: topics.HeaderSource, Value: []byte(Source)},
-		{Key: topics.HeaderTime, Value: []byte(t.UTC().Format(time.RFC3339Nano))},
-		{Key: topics.HeaderSubject, Value: []byte(subject)},
-		{Key: topics.HeaderContentType, Value: []byte(topics.ContentTypeJSON)},
-	}
+	return topics.AttributeHeaders(domain.Event{
+		ID: id, Type: domain.TypeMailboxStateRecord, Source: Source, Time: t, Subject: subject,
+	})
 }
 
 // Record returns m's mailbox.state record. The partition is left to the

@@ -34,6 +34,7 @@ import (
 	"github.com/mailplane/mailplane/internal/kafkatest"
 	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/pgcluster"
+	"github.com/mailplane/mailplane/internal/srtest"
 	"github.com/mailplane/mailplane/internal/workerapi"
 )
 
@@ -119,9 +120,12 @@ func startProdShape(t *testing.T) *prodShape {
 	e.db = pool
 
 	e.f = newFleet(t)
+	// The schemas job's registry: srtest's stand-in, not Redpanda's.
+	registry := srtest.Start(t)
 	for _, s := range services {
 		for i := range s.replicas {
-			host := map[string]string{"MAILPLANE_BROKERS": strings.Join(e.brokers, ","), "DATABASE_URL": e.pg.URL()}
+			host := map[string]string{"MAILPLANE_BROKERS": strings.Join(e.brokers, ","), "DATABASE_URL": e.pg.URL(),
+				"MAILPLANE_SCHEMA_REGISTRY_URL": registry.URL}
 			if !s.job {
 				// The test's Dovecot: its CA, and loopback allowlisted
 				// (the API checks the mailbox's endpoint at ingest too).
@@ -136,6 +140,9 @@ func startProdShape(t *testing.T) *prodShape {
 			e.f.procs = append(e.f.procs, p)
 			p.start(t)
 		}
+	}
+	if got := registry.Versions(domain.TypeUserActive); len(got) != 1 {
+		t.Fatalf("the schemas job left %d versions of %s in the registry", len(got), domain.TypeUserActive)
 	}
 	apis := e.f.service("api")
 	if len(apis) == 0 || apis[0].addrs["--http"] == "" {
