@@ -215,7 +215,7 @@ func TestConsoleInChromium(t *testing.T) {
 	do("dead letter page", chromedp.Navigate(fmt.Sprintf("%s/console/dlq/%d/%d", base, dead.Partition, dead.Offset)), chromedp.WaitVisible(chromedp.ID("headers")))
 	contains("dead letter", "#value", "withheld: possible_secret")
 	contains("dead letter", "#headers", "x-console-test", hostile)
-	contains("dead letter", "#redrive", "mailplane dlq redrive")
+	contains("dead letter", "#redrive", "cannot be redriven: re-publish the event")
 	shot("dlq-entry")
 
 	// Script injection through a mailbox id: refused, shown as text.

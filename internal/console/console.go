@@ -51,6 +51,9 @@ type Consumers interface {
 // (dlq.List bound to a broker config).
 type DLQLister func(ctx context.Context, limit int) ([]dlq.Entry, error)
 
+// Redriver redrives the selected dead letters as caller (dlq.Redrive).
+type Redriver func(ctx context.Context, caller *domain.Caller, sel dlq.Selection) (dlq.Report, error)
+
 // Config is what the console needs.
 type Config struct {
 	// Auth tells who a token belongs to (the API's authenticator).
@@ -58,6 +61,13 @@ type Config struct {
 	Facts     Facts
 	Consumers Consumers
 	DLQ       DLQLister
+	// Redrive, when set, hands dead letters back to their consumer for
+	// the logged-in operator (dlq.Redrive bound to a broker and a pool):
+	// the DLQ entry page's button. Without it the page says to use the CLI.
+	Redrive Redriver
+	// Redriven, when set, tells which dead letters were redriven
+	// (dlq.Redrives bound to a pool).
+	Redriven func(ctx context.Context, entries []dlq.Entry) (map[dlq.Location]dlq.Redriven, error)
 	// SessionTTL is a session's life (default DefaultSessionTTL).
 	SessionTTL time.Duration
 	// HealthWindow is the span of the evidence chart: the health scorer's
@@ -155,18 +165,19 @@ func New(cfg Config) (*Console, error) {
 // Routes returns the console's handlers by ServeMux pattern.
 func (c *Console) Routes() map[string]http.Handler {
 	return map[string]http.Handler{
-		"GET /console":                          c.headers(http.HandlerFunc(redirectHome)),
-		"GET /console/{$}":                      c.page(c.fleet),
-		"GET /console/login":                    c.headers(http.HandlerFunc(c.loginForm)),
-		"POST /console/login":                   c.headers(http.HandlerFunc(c.login)),
-		"POST /console/logout":                  c.headers(http.HandlerFunc(c.logout)),
-		"GET /console/mailboxes":                c.page(c.mailboxSearch),
-		"GET /console/mailboxes/{id}":           c.page(c.mailbox),
-		"GET /console/orgs/{id}":                c.page(c.org),
-		"GET /console/consumers":                c.page(c.consumers),
-		"GET /console/dlq":                      c.page(c.dlqList),
-		"GET /console/dlq/{partition}/{offset}": c.page(c.dlqEntry),
-		"GET /console/static/console.css":       c.headers(http.HandlerFunc(c.stylesheet)),
+		"GET /console":                                   c.headers(http.HandlerFunc(redirectHome)),
+		"GET /console/{$}":                               c.page(c.fleet),
+		"GET /console/login":                             c.headers(http.HandlerFunc(c.loginForm)),
+		"POST /console/login":                            c.headers(http.HandlerFunc(c.login)),
+		"POST /console/logout":                           c.headers(http.HandlerFunc(c.logout)),
+		"GET /console/mailboxes":                         c.page(c.mailboxSearch),
+		"GET /console/mailboxes/{id}":                    c.page(c.mailbox),
+		"GET /console/orgs/{id}":                         c.page(c.org),
+		"GET /console/consumers":                         c.page(c.consumers),
+		"GET /console/dlq":                               c.page(c.dlqList),
+		"GET /console/dlq/{partition}/{offset}":          c.page(c.dlqEntry),
+		"POST /console/dlq/{partition}/{offset}/redrive": c.headers(http.HandlerFunc(c.redrive)),
+		"GET /console/static/console.css":                c.headers(http.HandlerFunc(c.stylesheet)),
 	}
 }
 
@@ -236,16 +247,22 @@ func (c *Console) page(fn pageFunc) http.Handler {
 // authenticate returns the request's session when it is live and its
 // token still authenticates as an ops caller.
 func (c *Console) authenticate(r *http.Request) (*session, bool) {
+	ss, _, ok := c.authenticateCaller(r)
+	return ss, ok
+}
+
+// authenticateCaller is authenticate, with the caller the token is now.
+func (c *Console) authenticateCaller(r *http.Request) (*session, *domain.Caller, bool) {
 	ss := c.sess.get(cookieValue(r, cookieSession))
 	if ss == nil {
-		return nil, false
+		return nil, nil, false
 	}
 	caller, ok := c.cfg.Auth.Authenticate(ss.token)
 	if !ok || !caller.Has(domain.ScopeOps) {
 		c.sess.drop(cookieValue(r, cookieSession))
-		return nil, false
+		return nil, nil, false
 	}
-	return ss, true
+	return ss, caller, true
 }
 
 // fail renders an error page with the status of the error's code; a

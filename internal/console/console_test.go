@@ -57,6 +57,12 @@ func (nopProducer) ProduceRecords(context.Context, []domain.Event, []*kgo.Record
 // DLQ holding entries whose headers and error text are hostile.
 func unit(t *testing.T) (*httptest.Server, *clock, *prometheus.Registry) {
 	t.Helper()
+	return unitWith(t, nil)
+}
+
+// unitWith is unit with a console that redrives through redrive.
+func unitWith(t *testing.T, redrive console.Redriver) (*httptest.Server, *clock, *prometheus.Registry) {
+	t.Helper()
 	db := pgtest.New(t)
 	if err := migrations.Apply(t.Context(), db.Pool); err != nil {
 		t.Fatal(err)
@@ -91,7 +97,7 @@ func unit(t *testing.T) (*httptest.Server, *clock, *prometheus.Registry) {
 	if err := console.Register(srv, console.Config{
 		Auth: auth, Facts: reader, Consumers: query.NewConsumerReader(db.Pool, nil, nil),
 		DLQ: func(context.Context, int) ([]dlq.Entry, error) { return entries, nil },
-		Now: clk.now, SessionTTL: time.Hour, Registerer: reg,
+		Now: clk.now, SessionTTL: time.Hour, Registerer: reg, Redrive: redrive,
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -443,5 +449,91 @@ func TestQueryAPIScopesAndIDs(t *testing.T) {
 		if resp.StatusCode != tc.status || (tc.code != "" && !strings.Contains(body, `"code":"`+tc.code+`"`)) {
 			t.Errorf("GET %.60s: %d %s, want %d %s", tc.path, resp.StatusCode, body, tc.status, tc.code)
 		}
+	}
+}
+
+// TestConsoleRedrive: the DLQ entry page's button redrives that one dead
+// letter to its consumer as the logged-in operator, with the form's
+// options, and shows what the redrive did; a withheld value offers no
+// button; a post without the session's CSRF token, from another site or
+// without a session redrives nothing; a console without a redriver says
+// to use the CLI.
+func TestConsoleRedrive(t *testing.T) {
+	t.Parallel()
+	type call struct {
+		caller string
+		sel    dlq.Selection
+	}
+	var mu sync.Mutex
+	var calls []call
+	ts, _, _ := unitWith(t, func(_ context.Context, caller *domain.Caller, sel dlq.Selection) (dlq.Report, error) {
+		mu.Lock()
+		calls = append(calls, call{caller.Name, sel})
+		mu.Unlock()
+		return dlq.Report{RedriveID: "0190a5b2-4c5e-7b1a-9c3d-0000000000r1", Items: []dlq.Item{{Outcome: dlq.OutcomeRedriven, Offset: 42}}}, nil
+	})
+	called := func() int { mu.Lock(); defer mu.Unlock(); return len(calls) }
+	cl := browserish(t)
+	if resp, _ := login(t, ts, cl, unitOps); resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("login: %d", resp.StatusCode)
+	}
+	same := map[string]string{"Origin": ts.URL, "Sec-Fetch-Site": "same-origin"}
+
+	_, withheld := fetch(t, cl, "GET", ts.URL+"/console/dlq/0/7", nil, nil)
+	if strings.Contains(withheld, `id="redrive-button"`) || !strings.Contains(withheld, "cannot be redriven") {
+		t.Fatalf("a withheld dead letter offers a redrive:\n%s", withheld)
+	}
+	_, page := fetch(t, cl, "GET", ts.URL+"/console/dlq/0/8", nil, nil)
+	m := csrfField.FindStringSubmatch(page)
+	if m == nil || !strings.Contains(page, `id="redrive-button"`) || !strings.Contains(page, `action="/console/dlq/0/8/redrive"`) {
+		t.Fatalf("no redrive form on the entry page:\n%s", page)
+	}
+	csrf := m[1]
+	post := func(cl *http.Client, form url.Values, hdr map[string]string) (*http.Response, string) {
+		return fetch(t, cl, "POST", ts.URL+"/console/dlq/0/8/redrive", form, hdr)
+	}
+	for name, tc := range map[string]struct {
+		cl   *http.Client
+		form url.Values
+		hdr  map[string]string
+	}{
+		"no csrf":      {cl, url.Values{}, same},
+		"wrong csrf":   {cl, url.Values{"csrf": {"x" + csrf}}, same},
+		"cross-site":   {cl, url.Values{"csrf": {csrf}}, map[string]string{"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"}},
+		"no session":   {browserish(t), url.Values{"csrf": {csrf}}, same},
+		"bad location": {cl, url.Values{"csrf": {csrf}}, same},
+	} {
+		u := "/console/dlq/0/8/redrive"
+		if name == "bad location" {
+			u = "/console/dlq/0/-1/redrive"
+		}
+		resp, _ := fetch(t, tc.cl, "POST", ts.URL+u, tc.form, tc.hdr)
+		if resp.StatusCode < 400 || called() != 0 {
+			t.Fatalf("%s: %d, %d redrives", name, resp.StatusCode, called())
+		}
+	}
+
+	resp, body := post(cl, url.Values{"csrf": {csrf}, "out_of_order": {"on"}}, same)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, `id="redrive-report"`) || !strings.Contains(body, "redriven, appended at offset 42") {
+		t.Fatalf("redrive: %d\n%s", resp.StatusCode, body)
+	}
+	mu.Lock()
+	got := calls
+	mu.Unlock()
+	if len(got) != 1 {
+		t.Fatalf("%d redrives, want 1", len(got))
+	}
+	c := got[0]
+	if c.caller != "ops-person" || c.sel.Consumer != "health" || c.sel.FromOffset == nil || *c.sel.FromOffset != 8 ||
+		c.sel.ToOffset == nil || *c.sel.ToOffset != 8 || !c.sel.OutOfOrder || c.sel.Again || c.sel.DryRun {
+		t.Fatalf("redrive call %+v (from %v to %v)", c, c.sel.FromOffset, c.sel.ToOffset)
+	}
+
+	// A console without a redriver points to the CLI.
+	plain, _, _ := unit(t)
+	pc := browserish(t)
+	login(t, plain, pc, unitOps)
+	if _, page := fetch(t, pc, "GET", plain.URL+"/console/dlq/0/8", nil, nil); strings.Contains(page, `id="redrive-button"`) || !strings.Contains(page, "does not redrive") {
+		t.Fatalf("a console without a redriver:\n%s", page)
 	}
 }

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -219,32 +220,117 @@ type dlqEntryView struct {
 	// else empty and Binary set.
 	Value  string
 	Binary bool
+	// CanRedrive: this process redrives (the button is shown).
+	CanRedrive bool
+	// Redriven is its latest redrive, when there was one.
+	Redriven *dlq.Redriven
+	// Report is what a redrive from this page just did.
+	Report *dlq.Report
 }
 
 func (c *Console) dlqEntry(_ http.ResponseWriter, r *http.Request, v *view) (string, int, error) {
-	part, err1 := strconv.ParseInt(r.PathValue("partition"), 10, 32)
-	off, err2 := strconv.ParseInt(r.PathValue("offset"), 10, 64)
-	if err1 != nil || err2 != nil || part < 0 || off < 0 {
-		return "", 0, domain.Errorf(domain.CodeInvalid, "a dead letter is named by its partition and offset, both non-negative integers")
-	}
-	entries, err := c.cfg.DLQ(r.Context(), DLQShown)
+	e, err := c.findDeadLetter(r)
 	if err != nil {
 		return "", 0, err
 	}
+	ev, err := c.entryView(r.Context(), e)
+	if err != nil {
+		return "", 0, err
+	}
+	v.Title, v.Data = fmt.Sprintf("Dead letter %d/%d", e.Partition, e.Offset), ev
+	return "dlqentry", http.StatusOK, nil
+}
+
+// findDeadLetter finds the dead letter the path names among the newest
+// DLQShown.
+func (c *Console) findDeadLetter(r *http.Request) (dlq.Entry, error) {
+	part, err1 := strconv.ParseInt(r.PathValue("partition"), 10, 32)
+	off, err2 := strconv.ParseInt(r.PathValue("offset"), 10, 64)
+	if err1 != nil || err2 != nil || part < 0 || off < 0 {
+		return dlq.Entry{}, domain.Errorf(domain.CodeInvalid, "a dead letter is named by its partition and offset, both non-negative integers")
+	}
+	entries, err := c.cfg.DLQ(r.Context(), DLQShown)
+	if err != nil {
+		return dlq.Entry{}, err
+	}
 	for _, e := range entries {
 		if e.Partition == int32(part) && e.Offset == off {
-			ev := dlqEntryView{E: e}
-			if e.ValueWithheld == "" {
-				s := string(e.Value)
-				if domain.IsCleanText(strings.NewReplacer("\n", "", "\t", "", "\r", "").Replace(s)) {
-					ev.Value = s
-				} else {
-					ev.Binary = true
-				}
-			}
-			v.Title, v.Data = fmt.Sprintf("Dead letter %d/%d", part, off), ev
-			return "dlqentry", http.StatusOK, nil
+			return e, nil
 		}
 	}
-	return "", 0, domain.Errorf(domain.CodeNotFound, "no dead letter at %d/%d among the newest %d", part, off, DLQShown)
+	return dlq.Entry{}, domain.Errorf(domain.CodeNotFound, "no dead letter at %d/%d among the newest %d", part, off, DLQShown)
 }
+
+func (c *Console) entryView(ctx context.Context, e dlq.Entry) (dlqEntryView, error) {
+	ev := dlqEntryView{E: e, CanRedrive: c.cfg.Redrive != nil}
+	if e.ValueWithheld == "" {
+		s := string(e.Value)
+		if domain.IsCleanText(strings.NewReplacer("\n", "", "\t", "", "\r", "").Replace(s)) {
+			ev.Value = s
+		} else {
+			ev.Binary = true
+		}
+	}
+	if c.cfg.Redriven != nil {
+		done, err := c.cfg.Redriven(ctx, []dlq.Entry{e})
+		if err != nil {
+			return ev, err
+		}
+		if rd, ok := done[dlq.Location{Partition: e.Partition, Offset: e.Offset}]; ok {
+			ev.Redriven = &rd
+		}
+	}
+	return ev, nil
+}
+
+// redrive hands one dead letter back to its consumer, as the logged-in
+// operator (the redrive records who), and shows the entry with what the
+// redrive did. The form's options are the CLI's: again, out_of_order.
+func (c *Console) redrive(w http.ResponseWriter, r *http.Request) {
+	ss, ok := c.sessionPost(w, r)
+	if !ok {
+		return
+	}
+	// The session's token, as it authenticates now (sessionPost checked
+	// it holds ops): the caller the redrive records.
+	_, caller, ok := c.authenticateCaller(r)
+	if !ok {
+		c.refuse(w, http.StatusForbidden, "the session ended")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), redriveTimeout)
+	defer cancel()
+	r = r.WithContext(ctx)
+	v := &view{Caller: ss.caller, CSRF: ss.csrf, Now: c.cfg.Now().UTC()}
+	if c.cfg.Redrive == nil {
+		c.fail(w, v, domain.Errorf(domain.CodeNotRedrivable, "this process does not redrive; use mailplane dlq redrive"))
+		return
+	}
+	e, err := c.findDeadLetter(r)
+	if err != nil {
+		c.fail(w, v, err)
+		return
+	}
+	off := e.Offset
+	sel := dlq.Selection{Consumer: e.Consumer, FromOffset: &off, ToOffset: &off,
+		Again: r.PostForm.Get("again") == "on", OutOfOrder: r.PostForm.Get("out_of_order") == "on"}
+	rep, err := c.cfg.Redrive(ctx, caller, sel)
+	if err != nil {
+		c.fail(w, v, err)
+		return
+	}
+	c.log.Info("console redrive", "caller", caller.Name, "consumer", e.Consumer, "dlq_partition", e.Partition, "dlq_offset", e.Offset,
+		"redrive_id", rep.RedriveID, "redriven", rep.Count(dlq.OutcomeRedriven), "refused", rep.Count(dlq.OutcomeRefused), "skipped", rep.Count(dlq.OutcomeSkipped))
+	ev, err := c.entryView(ctx, e)
+	if err != nil {
+		c.fail(w, v, err)
+		return
+	}
+	ev.Report = &rep
+	v.Title, v.Data = fmt.Sprintf("Dead letter %d/%d", e.Partition, e.Offset), ev
+	c.render(w, "dlqentry", http.StatusOK, v)
+}
+
+// redriveTimeout bounds a redrive from the console: it reads the source
+// partition from the dead letter to its end (the out-of-order check).
+const redriveTimeout = 2 * time.Minute

@@ -300,12 +300,19 @@ func (p *process) mountQuery(srv *api.Server, auth api.Authenticator, log *slog.
 		return err
 	}
 	kcfg := p.kcfg("console")
+	redriveMetrics := dlq.NewRedriveMetrics(p.reg)
 	return console.Register(srv, console.Config{
 		Auth:      auth,
 		Facts:     reader,
 		Consumers: query.NewConsumerReader(p.pools.Serve, kadm.NewClient(p.broker), p.reg),
 		DLQ: func(ctx context.Context, limit int) ([]dlq.Entry, error) {
 			return dlq.List(ctx, kcfg, limit)
+		},
+		Redrive: func(ctx context.Context, caller *domain.Caller, sel dlq.Selection) (dlq.Report, error) {
+			return dlq.Redrive(ctx, kcfg, p.pools.Work, caller, sel, dlq.WithRedriveMetrics(redriveMetrics), dlq.WithRedriveLogger(log.With("component", "console")))
+		},
+		Redriven: func(ctx context.Context, entries []dlq.Entry) (map[dlq.Location]dlq.Redriven, error) {
+			return dlq.Redrives(ctx, p.pools.Serve, entries)
 		},
 		Logger:     log.With("component", "console"),
 		Registerer: p.reg,
