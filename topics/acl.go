@@ -90,11 +90,11 @@ func outboxTopics() []string {
 // Grant is one ACL binding of the plan: Principal may do Operations on the
 // named resources (by prefix when Prefixed).
 type Grant struct {
-	Principal  string // "User:<name>"
-	Resource   string // ResourceTopic, ResourceGroup, ResourceTransactional or ResourceCluster
-	Names      []string
-	Prefixed   bool
-	Operations []string
+	Principal  string   `json:"principal"` // "User:<name>"
+	Resource   string   `json:"resource"`  // ResourceTopic, ResourceGroup, ResourceTransactional or ResourceCluster
+	Names      []string `json:"names"`
+	Prefixed   bool     `json:"prefixed"`
+	Operations []string `json:"operations"`
 }
 
 // ACLPlan returns the ACL bindings giving each role in principals (role →

@@ -30,7 +30,7 @@ Run:
   state            the mailbox.state processor (folds mailbox events for sync)
 
 Operate:
-  topics apply     create missing topics, report drift (exit 1 on drift)
+  topics apply     create missing topics, report drift (exit 3 on drift)
   topics list      show the topic catalog
   schemas register every record type's reader schema into the Schema Registry (--registry, --dry-run)
   migrate          apply database migrations

@@ -24,7 +24,11 @@ func ACLs(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("acls "+sub, flag.ExitOnError)
 	brokers := config.RegisterBrokerFlags(fs)
 	spec := fs.String("principals", "", "role=SASL user pairs, comma-separated; roles: api, engine, state, project, sync, analyst")
+	format := fs.String("format", FormatText, "output: text (rpk commands) or json (for scripts)")
 	fs.Parse(args[1:])
+	if err := checkFormat(*format); err != nil {
+		return err
+	}
 	principals, err := topics.ParsePrincipals(*spec)
 	if err != nil {
 		return err
@@ -34,6 +38,9 @@ func ACLs(ctx context.Context, args []string, out io.Writer) error {
 	}
 	plan := topics.ACLPlan(principals)
 	if sub == "plan" {
+		if *format == FormatJSON {
+			return writeJSON(out, aclsJSON{Grants: plan})
+		}
 		_, err := io.WriteString(out, topics.RPK(plan))
 		return err
 	}
@@ -47,6 +54,15 @@ func ACLs(ctx context.Context, args []string, out io.Writer) error {
 	if err := topics.ApplyACLs(actx, adm, plan); err != nil {
 		return err
 	}
+	if *format == FormatJSON {
+		return writeJSON(out, aclsJSON{Grants: plan, Applied: true})
+	}
 	fmt.Fprintf(out, "%d ACL bindings applied for %d principals\n", len(plan), len(principals))
 	return nil
+}
+
+// aclsJSON is the output of `acls plan|apply --format json`.
+type aclsJSON struct {
+	Grants  []topics.Grant `json:"grants"`
+	Applied bool           `json:"applied"`
 }

@@ -3,6 +3,8 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +27,20 @@ func TestACLsPlanPrintsRPKCommands(t *testing.T) {
 	want := topics.RPK(topics.ACLPlan(map[topics.Role]string{topics.RoleAPI: "mp-api", topics.RoleAnalyst: "analytics"}))
 	if got != want || !strings.Contains(got, "User:analytics --operation read,describe --topic "+topics.PlacementDecisions) {
 		t.Fatalf("acls plan printed:\n%s\nwant:\n%s", got, want)
+	}
+	out.Reset()
+	if err := ACLs(context.Background(), []string{"plan", "--format", "json", "--principals", "api=mp-api,analyst=analytics"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var parsed aclsJSON
+	if err := json.Unmarshal(out.Bytes(), &parsed); err != nil {
+		t.Fatalf("acls plan --format json: %v\n%s", err, out.String())
+	}
+	if plan := topics.ACLPlan(map[topics.Role]string{topics.RoleAPI: "mp-api", topics.RoleAnalyst: "analytics"}); !reflect.DeepEqual(parsed.Grants, plan) || parsed.Applied {
+		t.Fatalf("acls plan --format json: %+v\nwant %+v", parsed, plan)
+	}
+	if err := ACLs(context.Background(), []string{"plan", "--format", "yaml", "--principals", "api=x"}, &out); ExitCode(err) != ExitUsage {
+		t.Errorf("--format yaml: %v, exit %d", err, ExitCode(err))
 	}
 	for _, bad := range [][]string{{}, {"drop"}, {"plan"}, {"plan", "--principals", "root=x"}} {
 		if err := ACLs(context.Background(), bad, &out); err == nil {
