@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -172,9 +173,13 @@ func restartOnce(t *testing.T, pool *pgxpool.Pool, b *restartable, c restartCase
 	writer.Add(1)
 	go func() {
 		defer writer.Done()
+		rng := rand.New(rand.NewPCG(seed, 12)) // the writer's own: rand.Rand is not safe to share
 		for wctx.Err() == nil {
 			n := next.Add(1)
-			add(t, pool, true, &kgo.Record{Topic: topic, Key: []byte("k" + strconv.FormatInt(n%7, 10)), Value: []byte(strconv.FormatInt(n, 10))})
+			if err := addOne(wctx, pool, &kgo.Record{Topic: topic, Key: []byte("k" + strconv.FormatInt(n%7, 10)), Value: []byte(strconv.FormatInt(n, 10))}); err != nil && wctx.Err() == nil {
+				t.Errorf("add: %v", err)
+				return
+			}
 			time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond)
 		}
 	}()
@@ -214,4 +219,10 @@ func restartOnce(t *testing.T, pool *pgxpool.Pool, b *restartable, c restartCase
 	if c.stopWhileDown {
 		b.start()
 	}
+}
+
+// addOne commits rec to the outbox (add, from a goroutine other than the
+// test's).
+func addOne(ctx context.Context, pool *pgxpool.Pool, rec *kgo.Record) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return outbox.Add(ctx, tx, rec) })
 }
