@@ -409,5 +409,12 @@ func (e *prodShape) stopAll() {
 			e.t.Errorf("%s still running 10 s after SIGTERM", p.name)
 		}
 	}
+	// The 4 s a process waits for its relay is a last resort: a relay
+	// left running fails the test, its goroutines in its output.
+	for _, p := range e.f.procs {
+		if strings.Contains(p.out.String(), "outbox relay did not stop in time") {
+			e.t.Errorf("%s: its outbox relay did not stop within 4 s of SIGTERM", p.name)
+		}
+	}
 	e.t.Logf("SIGTERM to every role: all stopped within %s", time.Since(start).Round(10*time.Millisecond))
 }
