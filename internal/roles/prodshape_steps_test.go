@@ -389,6 +389,31 @@ func (e *prodShape) waitWaiting(ctx context.Context, p *roleProc) {
 
 // stopAll stops every role at once with SIGTERM, as compose down does:
 // each must exit 0 within compose's 10 s stop grace period.
+// stuckStacks makes p (a Go process that did not stop) dump its
+// goroutines with SIGQUIT and returns those running mailplane's code:
+// what it is blocked in.
+func stuckStacks(p *roleProc) string {
+	_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+		return "(no dump: the process did not exit on SIGQUIT)"
+	}
+	out := p.out.String()
+	i := strings.LastIndex(out, "SIGQUIT: quit")
+	if i < 0 {
+		return "(no dump in the output)"
+	}
+	var b strings.Builder
+	for g := range strings.SplitSeq(out[i:], "\n\n") {
+		if strings.Contains(g, "github.com/mailplane/mailplane/") && b.Len() < 64<<10 {
+			b.WriteString(g)
+			b.WriteString("\n\n")
+		}
+	}
+	return b.String()
+}
+
 func (e *prodShape) stopAll() {
 	start := time.Now()
 	for _, p := range e.f.procs {
@@ -406,7 +431,7 @@ func (e *prodShape) stopAll() {
 				e.t.Errorf("%s exited with %v on SIGTERM, want 0", p.name, p.err)
 			}
 		case <-time.After(time.Until(start.Add(10 * time.Second))):
-			e.t.Errorf("%s still running 10 s after SIGTERM", p.name)
+			e.t.Errorf("%s still running 10 s after SIGTERM; where its goroutines are:\n%s", p.name, stuckStacks(p))
 		}
 	}
 	// The 4 s a process waits for its relay is a last resort: a relay
