@@ -109,6 +109,10 @@ type restartCase struct {
 	outage        time.Duration // the broker is away for up to this long
 	after         time.Duration // the stop comes up to this long after the restart
 	stopWhileDown bool          // the stop comes while the broker is away
+	// staggered stops the relays one after the other, as a process stops
+	// its relay after its other roles: the standby of a process still
+	// stopping takes over from the publisher of a process that stopped.
+	staggered bool
 }
 
 // A relay told to stop after a broker restart stops within its bound,
@@ -123,6 +127,7 @@ func TestRelayStopsAfterABrokerRestart(t *testing.T) {
 		{name: "mid produce", downInProduce: true, outage: 1200 * time.Millisecond, after: 1500 * time.Millisecond},
 		{name: "long outage", downInProduce: true, outage: 5 * time.Second, after: 3 * time.Second},
 		{name: "stop while down", downInProduce: true, outage: 2 * time.Second, stopWhileDown: true},
+		{name: "staggered stop", downInProduce: true, outage: 1200 * time.Millisecond, after: 1500 * time.Millisecond, staggered: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -135,8 +140,11 @@ func TestRelayStopsAfterABrokerRestart(t *testing.T) {
 			}
 			b := startRestartable(t)
 			rounds := uint64(6)
-			if c.outage > 2*time.Second {
+			switch {
+			case c.outage > 2*time.Second:
 				rounds = 2
+			case c.staggered:
+				rounds = 4
 			}
 			var next atomic.Int64
 			for seed := range rounds {
@@ -158,21 +166,25 @@ func restartOnce(t *testing.T, pool *pgxpool.Pool, b *restartable, c restartCase
 			close(downed)
 		}
 	})
-	rctx, rcancel := context.WithCancel(context.Background())
-	defer rcancel()
-	done := make(chan struct{}, 2)
+	var (
+		rcancel [2]context.CancelFunc
+		done    [2]chan struct{}
+	)
 	for i := range 2 { // a publisher and a standby, as in compose
+		rctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		rcancel[i], done[i] = cancel, make(chan struct{})
 		go func() {
-			defer func() { done <- struct{}{} }()
+			defer close(done[i])
 			_ = outbox.NewRelay(pool, kafka.Config{Brokers: b.addrs(), ClientID: fmt.Sprintf("relay-%d-%d", seed, i), Registerer: prometheus.NewRegistry()},
 				outbox.WithPollInterval(50*time.Millisecond), outbox.WithLogger(log.With("relay", i)), hook).Run(rctx)
 		}()
 	}
 	wctx, wcancel := context.WithCancel(context.Background())
 	var writer sync.WaitGroup
-	writer.Add(1)
-	go func() {
-		defer writer.Done()
+	defer writer.Wait()
+	defer wcancel()
+	writer.Go(func() {
 		rng := rand.New(rand.NewPCG(seed, 12)) // the writer's own: rand.Rand is not safe to share
 		for wctx.Err() == nil {
 			n := next.Add(1)
@@ -182,7 +194,7 @@ func restartOnce(t *testing.T, pool *pgxpool.Pool, b *restartable, c restartCase
 			}
 			time.Sleep(time.Duration(rng.IntN(20)) * time.Millisecond)
 		}
-	}()
+	})
 	time.Sleep(time.Duration(200+rng.IntN(300)) * time.Millisecond) // publishing
 	if c.downInProduce {
 		armed.Store(true)
@@ -201,24 +213,48 @@ func restartOnce(t *testing.T, pool *pgxpool.Pool, b *restartable, c restartCase
 	}
 	wcancel()
 	writer.Wait()
-	start := time.Now()
-	rcancel()
-	timer := time.NewTimer(relayStopBound)
+	bound := relayStopBound
+	if c.stopWhileDown {
+		// Nothing to wait for: the Kafka client's Close returns at once
+		// (no last metrics push to a broker that is away).
+		bound = 500 * time.Millisecond
+	}
+	if c.staggered {
+		for i := range 2 {
+			start := time.Now()
+			rcancel[i]()
+			waitStopped(t, seed, logs, bound, start, done[i])
+			// The other relay goes on, and may take over, for a while.
+			time.Sleep(time.Duration(rng.IntN(1000)) * time.Millisecond)
+		}
+	} else {
+		start := time.Now()
+		rcancel[0]()
+		rcancel[1]()
+		waitStopped(t, seed, logs, bound, start, done[:]...)
+	}
+	if c.stopWhileDown {
+		b.start()
+	}
+}
+
+// waitStopped waits for the relays' done channels, dumping every
+// goroutine's stack and the relays' logs if one still runs after bound.
+func waitStopped(t *testing.T, seed uint64, logs *syncBuffer, bound time.Duration, start time.Time, done ...chan struct{}) {
+	t.Helper()
+	timer := time.NewTimer(time.Until(start.Add(bound)))
 	defer timer.Stop()
-	for range 2 {
+	for _, d := range done {
 		select {
-		case <-done:
+		case <-d:
 		case <-timer.C:
 			var stacks bytes.Buffer
 			_ = pprof.Lookup("goroutine").WriteTo(&stacks, 2)
 			fmt.Fprintf(os.Stderr, "%s seed %d: relay logs:\n%s\ngoroutines:\n%s\n", t.Name(), seed, logs.String(), stacks.String())
-			t.Fatalf("seed %d: a relay did not stop %s after its context ended", seed, relayStopBound)
+			t.Fatalf("seed %d: a relay did not stop %s after its context ended", seed, bound)
 		}
 	}
 	t.Logf("seed %d: stopped in %s", seed, time.Since(start).Round(time.Millisecond))
-	if c.stopWhileDown {
-		b.start()
-	}
 }
 
 // addOne commits rec to the outbox (add, from a goroutine other than the
