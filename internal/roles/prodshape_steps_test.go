@@ -390,8 +390,9 @@ func (e *prodShape) waitWaiting(ctx context.Context, p *roleProc) {
 // stopAll stops every role at once with SIGTERM, as compose down does:
 // each must exit 0 within compose's 10 s stop grace period.
 // stuckStacks makes p (a Go process that did not stop) dump its
-// goroutines with SIGQUIT and returns those running mailplane's code:
-// what it is blocked in.
+// goroutines with SIGQUIT and returns them, those running mailplane's
+// code first: what it is blocked in, and (a Kafka client's own
+// goroutines) what may hold what it waits for.
 func stuckStacks(p *roleProc) string {
 	_ = p.cmd.Process.Signal(syscall.SIGQUIT)
 	select {
@@ -404,14 +405,17 @@ func stuckStacks(p *roleProc) string {
 	if i < 0 {
 		return "(no dump in the output)"
 	}
-	var b strings.Builder
+	var ours, others strings.Builder
 	for g := range strings.SplitSeq(out[i:], "\n\n") {
-		if strings.Contains(g, "github.com/mailplane/mailplane/") && b.Len() < 64<<10 {
-			b.WriteString(g)
-			b.WriteString("\n\n")
+		b := &others
+		if strings.Contains(g, "github.com/mailplane/mailplane/") {
+			b = &ours
 		}
+		b.WriteString(g)
+		b.WriteString("\n\n")
 	}
-	return b.String()
+	all := ours.String() + others.String()
+	return all[:min(len(all), 256<<10)]
 }
 
 func (e *prodShape) stopAll() {
