@@ -122,6 +122,11 @@ func base(cfg Config, kind string) []kgo.Opt {
 		kgo.RequestTimeoutOverhead(10*time.Second),
 		kgo.RetryTimeout(30*time.Second),
 		kgo.MetadataMinAge(250*time.Millisecond),
+		// No KIP-714 metrics pushed to the broker (mailplane's client
+		// metrics are kprom's): Close waits up to 1 s for a last push,
+		// a second every client of a stopping process spends while the
+		// broker is away.
+		kgo.DisableClientMetrics(),
 	)
 	// Analysts read mailplane's topics with whatever client they like:
 	// by default batches are gzip-compressed (fastest level), which they

@@ -98,6 +98,9 @@ func NewRelay(pool *pgxpool.Pool, kcfg kafka.Config, opts ...Option) *Relay {
 	return r
 }
 
+// closeWait bounds closing the lock connection at the end of a session.
+const closeWait = time.Second
+
 // maxRelayBackoff caps the wait between failed relay sessions.
 const maxRelayBackoff = 5 * time.Second
 
@@ -158,7 +161,14 @@ func (r *Relay) session(ctx context.Context) error {
 	// The session lock lives as long as the connection: never give it back
 	// to the pool holding the lock.
 	pc := conn.Hijack()
-	defer pc.Close(context.Background())
+	defer func() {
+		// Bounded like every round trip: Close writes a Terminate, which
+		// without a deadline waits as long as the socket does when the
+		// server side is gone.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeWait)
+		defer cancel()
+		_ = pc.Close(cctx)
+	}()
 	if err := r.round(ctx, func(ctx context.Context) error {
 		// The lease: a publisher that stops sending anything loses its
 		// session, and the lock with it.

@@ -389,6 +389,35 @@ func (e *prodShape) waitWaiting(ctx context.Context, p *roleProc) {
 
 // stopAll stops every role at once with SIGTERM, as compose down does:
 // each must exit 0 within compose's 10 s stop grace period.
+// stuckStacks makes p (a Go process that did not stop) dump its
+// goroutines with SIGQUIT and returns them, those running mailplane's
+// code first: what it is blocked in, and (a Kafka client's own
+// goroutines) what may hold what it waits for.
+func stuckStacks(p *roleProc) string {
+	_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-p.done:
+	case <-time.After(5 * time.Second):
+		return "(no dump: the process did not exit on SIGQUIT)"
+	}
+	out := p.out.String()
+	i := strings.LastIndex(out, "SIGQUIT: quit")
+	if i < 0 {
+		return "(no dump in the output)"
+	}
+	var ours, others strings.Builder
+	for g := range strings.SplitSeq(out[i:], "\n\n") {
+		b := &others
+		if strings.Contains(g, "github.com/mailplane/mailplane/") {
+			b = &ours
+		}
+		b.WriteString(g)
+		b.WriteString("\n\n")
+	}
+	all := ours.String() + others.String()
+	return all[:min(len(all), 256<<10)]
+}
+
 func (e *prodShape) stopAll() {
 	start := time.Now()
 	for _, p := range e.f.procs {
@@ -406,7 +435,14 @@ func (e *prodShape) stopAll() {
 				e.t.Errorf("%s exited with %v on SIGTERM, want 0", p.name, p.err)
 			}
 		case <-time.After(time.Until(start.Add(10 * time.Second))):
-			e.t.Errorf("%s still running 10 s after SIGTERM", p.name)
+			e.t.Errorf("%s still running 10 s after SIGTERM; where its goroutines are:\n%s", p.name, stuckStacks(p))
+		}
+	}
+	// The 4 s a process waits for its relay is a last resort: a relay
+	// left running fails the test, its goroutines in its output.
+	for _, p := range e.f.procs {
+		if strings.Contains(p.out.String(), "outbox relay did not stop in time") {
+			e.t.Errorf("%s: its outbox relay did not stop within 4 s of SIGTERM", p.name)
 		}
 	}
 	e.t.Logf("SIGTERM to every role: all stopped within %s", time.Since(start).Round(10*time.Millisecond))

@@ -128,7 +128,11 @@ func (p *process) startRelay() error {
 		select {
 		case <-relayDone:
 		case <-time.After(relayStopWait):
-			p.log.Warn("outbox relay did not stop in time; leaving it", "waited", relayStopWait)
+			// With where it hangs: the cause of the hang seen once is
+			// not known (TestRelayStopsAfterABrokerRestart does not
+			// reproduce it).
+			p.log.Warn("outbox relay did not stop in time; leaving it", "waited", relayStopWait,
+				"goroutines", goroutineStacks("mailplane/internal/outbox."))
 		}
 	})
 	return nil
