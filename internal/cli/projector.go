@@ -139,14 +139,7 @@ func printPositions(ctx context.Context, out io.Writer, adm *kadm.Client, pool *
 	if err != nil {
 		return err
 	}
-	var tps []string
-	seen := map[string]bool{}
-	for _, p := range pos {
-		if !seen[p.Topic] {
-			seen[p.Topic] = true
-			tps = append(tps, p.Topic)
-		}
-	}
+	tps := projections.PositionTopics(pos)
 	lctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	ends, err := adm.ListEndOffsets(lctx, tps...)

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -73,7 +72,7 @@ func TestConsoleInChromium(t *testing.T) {
 	// Spammy's warmup mail lands in Junk until the scorer blocks it and
 	// placement moves it to the quarantine pool.
 	var spammy map[string]any
-	waitFor(t, 60*time.Second, "spammy@example.com in quarantine", func() error {
+	mailplanetest.WaitFor(t, 60*time.Second, 200*time.Millisecond, "spammy@example.com in quarantine", func() error {
 		status, body := get(t, base+"/v1/mailboxes/"+devfleet.SpammyMailboxID, opsToken)
 		if status != http.StatusOK {
 			return fmt.Errorf("status %d: %s", status, body)
@@ -107,7 +106,7 @@ func TestConsoleInChromium(t *testing.T) {
 	}
 	poison(t, dev.broker)
 	var dead dlq.Entry
-	waitFor(t, 30*time.Second, "the poison record in the DLQ", func() error {
+	mailplanetest.WaitFor(t, 30*time.Second, 200*time.Millisecond, "the poison record in the DLQ", func() error {
 		es, err := dlq.List(t.Context(), kafka.Config{Brokers: []string{dev.broker}}, 100)
 		if err != nil {
 			return err
@@ -368,37 +367,12 @@ type devProc struct {
 	http, broker string
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: %v", what, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
 // startDev runs mailplane dev with its simulated fleet sped up: warmup
 // mail every 200 ms and Junk polled every 500 ms, so the scorer sees
 // spammy's Junk placements within seconds.
 func startDev(t *testing.T, bin string) devProc {
 	t.Helper()
-	kport, pport, hport := freePort(t), freePort(t), freePort(t)
+	kport, pport, hport := mailplanetest.FreePort(t), mailplanetest.FreePort(t), mailplanetest.FreePort(t)
 	p := devProc{http: fmt.Sprintf("127.0.0.1:%d", hport), broker: fmt.Sprintf("127.0.0.1:%d", kport)}
 	// Dev mode's Postgres runs as the postgres user when we are root and
 	// must reach the data dir: t.TempDir() is private to root.
@@ -433,7 +407,7 @@ func startDev(t *testing.T, bin string) devProc {
 			t.Logf("mailplane dev output:\n%s", out)
 		}
 	})
-	waitFor(t, 90*time.Second, "dev mode healthy", func() error {
+	mailplanetest.WaitFor(t, 90*time.Second, 200*time.Millisecond, "dev mode healthy", func() error {
 		select {
 		case err := <-done:
 			done <- err

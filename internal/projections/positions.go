@@ -96,3 +96,16 @@ ON CONFLICT (projector, topic, partition) DO UPDATE SET next_offset = EXCLUDED.n
 	}
 	return prev, nil
 }
+
+// PositionTopics returns the topics of pos, each once, in their order.
+func PositionTopics(pos []Position) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, p := range pos {
+		if !seen[p.Topic] {
+			seen[p.Topic] = true
+			out = append(out, p.Topic)
+		}
+	}
+	return out
+}

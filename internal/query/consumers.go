@@ -116,15 +116,7 @@ func (c *ConsumerReader) Consumers(ctx context.Context) ([]Consumer, error) {
 	}
 	var ends kadm.ListedOffsets
 	if c.ends != nil {
-		var tps []string
-		seen := map[string]bool{}
-		for _, p := range pos {
-			if !seen[p.Topic] {
-				seen[p.Topic] = true
-				tps = append(tps, p.Topic)
-			}
-		}
-		if len(tps) > 0 {
+		if tps := projections.PositionTopics(pos); len(tps) > 0 {
 			lctx, cancel := context.WithTimeout(ctx, endsTimeout)
 			ends, _ = c.ends.ListEndOffsets(lctx, tps...) // partial answers are shown as unknown
 			cancel()

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -24,32 +23,6 @@ import (
 	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/topics"
 )
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: %v", what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
 
 type devProc struct {
 	cmd    *exec.Cmd
@@ -90,7 +63,7 @@ func startDev(t *testing.T, bin, dataDir string, kport, pport, hport int, extra 
 			}
 		}
 	})
-	waitFor(t, 90*time.Second, "dev mode healthy", func() error {
+	mailplanetest.WaitFor(t, 90*time.Second, 100*time.Millisecond, "dev mode healthy", func() error {
 		select {
 		case err := <-p.done:
 			p.done <- err
@@ -212,7 +185,7 @@ func TestDevModeEndToEnd(t *testing.T) {
 	}
 	os.Chmod(dataDir, 0o755)
 	t.Cleanup(func() { os.RemoveAll(dataDir) })
-	kport, pport, hport := freePort(t), freePort(t), freePort(t)
+	kport, pport, hport := mailplanetest.FreePort(t), mailplanetest.FreePort(t), mailplanetest.FreePort(t)
 	ctx := context.Background()
 
 	p := startDev(t, bin, dataDir, kport, pport, hport, "--dev-fleet=false")
@@ -220,7 +193,7 @@ func TestDevModeEndToEnd(t *testing.T) {
 		t.Fatalf("publish examples: %d %s", code, body)
 	}
 	var state string
-	waitFor(t, 30*time.Second, "examples projected", func() error {
+	mailplanetest.WaitFor(t, 30*time.Second, 100*time.Millisecond, "examples projected", func() error {
 		s, err := registryState(ctx, p.dbURL)
 		if err != nil {
 			return err
@@ -284,7 +257,7 @@ func TestDevModeEndToEnd(t *testing.T) {
 	}
 	// Wait until the projector has caught up with the republished records
 	// (its offsets reach the end), then the state must be unchanged.
-	waitFor(t, 30*time.Second, "republished events consumed", func() error {
+	mailplanetest.WaitFor(t, 30*time.Second, 100*time.Millisecond, "republished events consumed", func() error {
 		conn, err := pgx.Connect(ctx, p.dbURL)
 		if err != nil {
 			return err
@@ -315,7 +288,7 @@ func TestDevModeEndToEnd(t *testing.T) {
 	for _, m := range devfleet.Mailboxes() {
 		ids = append(ids, m.ID)
 	}
-	waitFor(t, 90*time.Second, "sample mailboxes registered, placed and synced", func() error {
+	mailplanetest.WaitFor(t, 90*time.Second, 100*time.Millisecond, "sample mailboxes registered, placed and synced", func() error {
 		conn, err := pgx.Connect(ctx, p.dbURL)
 		if err != nil {
 			return err
@@ -340,7 +313,7 @@ func TestDevModeEndToEnd(t *testing.T) {
 		return nil
 	})
 	// Warmup mail from the simulator reaches ada's synced messages.
-	waitFor(t, 60*time.Second, "warmup mail synced", func() error {
+	mailplanetest.WaitFor(t, 60*time.Second, 100*time.Millisecond, "warmup mail synced", func() error {
 		conn, err := pgx.Connect(ctx, p.dbURL)
 		if err != nil {
 			return err
@@ -358,7 +331,7 @@ func TestDevModeEndToEnd(t *testing.T) {
 	})
 	// The signed warmup headers are accepted: observations reach the
 	// health scorer.
-	waitFor(t, 60*time.Second, "warmup observations scored", func() error {
+	mailplanetest.WaitFor(t, 60*time.Second, 100*time.Millisecond, "warmup observations scored", func() error {
 		conn, err := pgx.Connect(ctx, p.dbURL)
 		if err != nil {
 			return err
