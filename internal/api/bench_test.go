@@ -136,3 +136,45 @@ func BenchmarkRawProduce(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkIngestType posts batches of 1,000 events of one type over
+// loopback HTTP (serial), so the per-type cost shows: mailbox.added (plain
+// credentials sealed at ingest) beside user.active on the same path.
+//
+//	go test ./internal/api/ -run '^$' -bench IngestType -benchtime 50x
+func BenchmarkIngestType(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		ev   func() map[string]any
+	}{{"mailbox.added", mailboxAdded}, {"user.active", userActive}} {
+		b.Run(tc.name, func(b *testing.B) {
+			e := newEnv(b, envOpts{opts: []Option{WithLogger(slog.New(slog.DiscardHandler)), WithMaxBatch(1000)}})
+			evs := make([]map[string]any, 1000)
+			for i := range evs {
+				evs[i] = with(tc.ev(), "id", domain.NewEventID())
+			}
+			body := mustJSON(b, evs)
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2}, Timeout: time.Minute}
+			post := func() {
+				hr, _ := http.NewRequest(http.MethodPost, e.base+"/v1/events", bytes.NewReader(body))
+				hr.Header.Set("Content-Type", ContentTypeBatch)
+				hr.Header.Set("Authorization", "Bearer "+tokenA)
+				resp, err := client.Do(hr)
+				if err != nil {
+					b.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusAccepted {
+					b.Fatalf("status %d", resp.StatusCode)
+				}
+			}
+			post()
+			b.ResetTimer()
+			for b.Loop() {
+				post()
+			}
+			b.ReportMetric(float64(b.N*len(evs))/b.Elapsed().Seconds(), "events/s")
+		})
+	}
+}
