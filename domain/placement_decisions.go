@@ -338,8 +338,8 @@ func (d *PlacementWorkerDied) Validate() Problems {
 	return ps
 }
 
-// PlacementWorkerForgotten forgets a dead worker whose last recorded
-// heartbeat is older than the retention the engine applied
+// PlacementWorkerForgotten forgets a dead worker last seen (as its death
+// recorded) longer ago than the retention the engine applied
 // (RetentionSeconds, recorded for the reader: the fold does not need it).
 // The worker holds nothing; it leaves the state and every index, and a
 // later heartbeat of the same id registers a new worker.

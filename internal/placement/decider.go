@@ -128,7 +128,7 @@ package placement
 // once (refusing those that fit nowhere); older heartbeats are ignored.
 //
 // Retention. A dead worker (holding nothing, as every dead worker does)
-// whose last recorded heartbeat is older than WorkerRetention (default
+// last seen (as its death recorded) longer ago than WorkerRetention (default
 // 7 days) at a tick's time is forgotten by a worker_forgotten decision:
 // the fold deletes it from the state and every index, so the state is
 // bounded by the workers heard from within the retention, whatever ids
@@ -290,8 +290,8 @@ type Config struct {
 	// HealthMinSends: a worker sample with fewer sends (but some) leaves the
 	// worker's health state unchanged (default 100).
 	HealthMinSends int64
-	// WorkerRetention: a dead worker whose last recorded heartbeat is older
-	// than this is forgotten at the next tick (default 7 days; at least
+	// WorkerRetention: a dead worker last seen (as its death recorded)
+	// longer ago than this is forgotten at the next tick (default 7 days; at least
 	// LivenessWindow and a second, at most ten years).
 	WorkerRetention time.Duration
 	// MaxForgetPerTick bounds the workers one tick forgets, oldest first,
