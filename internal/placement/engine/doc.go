@@ -50,9 +50,9 @@
 // not commit (a rebalance, a produce error), the state — which already
 // holds the uncommitted decisions — is dropped and restored from the log,
 // and the group rewinds to the committed offsets. Inputs that decide
-// nothing (user.active, repeated heartbeats) need no transaction of their
-// own: their offsets ride with the next one, or are committed alone after
-// a second. An input that is not a valid event goes to the DLQ in the
+// nothing (user.active, heartbeats that change nothing: the decider hears
+// them without recording them) need no transaction of their own: their
+// offsets ride with the next one, or are committed alone after a second. An input that is not a valid event goes to the DLQ in the
 // transaction that skips it. A decider failure (a bug) stops the engine
 // deciding rather than skip an input; it retries the session with backoff.
 //
@@ -110,7 +110,11 @@
 // exists, LogSnapshotter: the empty state at offset 0), reads the decision
 // log read_committed from there to its last stable offset, folding each
 // decision with ApplyDecision, and resumes its inputs from the offsets
-// committed with the last transaction. Because the fence precedes both
+// committed with the last transaction. The log records a worker's
+// transitions, not the heartbeats that changed nothing, so the restored
+// state does not know when each worker was last heard: the engine grants
+// every worker one liveness window on its clock
+// (placement.State.GrantLiveness) before a tick may declare it dead. Because the fence precedes both
 // reads, the log's end and the committed offsets belong to the same
 // transaction. An engine refuses to decide when the log holds committed
 // decisions but the group has no committed offsets (the group was deleted),
