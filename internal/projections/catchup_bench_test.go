@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -119,6 +120,9 @@ func BenchmarkRegistryCatchUp10M(b *testing.B) {
 	b.ResetTimer()
 	start := time.Now()
 	stop := start2(b, p)
+	// Progress every 30 s, logged in one line at the end (a benchmark's
+	// log is cut after ten lines).
+	var seen []string
 	progress := time.NewTicker(30 * time.Second)
 	defer progress.Stop()
 wait:
@@ -128,7 +132,7 @@ wait:
 			break wait
 		case <-progress.C:
 			mu.Lock()
-			b.Logf("%s: %d of %d applied", time.Since(start).Round(time.Second), applied, n)
+			seen = append(seen, fmt.Sprintf("%s %d", time.Since(start).Round(time.Second), applied))
 			mu.Unlock()
 		case <-time.After(time.Until(start.Add(60 * time.Minute))):
 			mu.Lock()
@@ -140,6 +144,7 @@ wait:
 	b.StopTimer()
 	stop()
 	steady := float64(n-firstN) / last.Sub(first).Seconds()
+	b.Logf("applied by time: %s", strings.Join(seen, ", "))
 
 	copyTook, rows := rawCopyRegistry(b, e)
 	rate, copyRate := float64(n)/took.Seconds(), float64(rows)/copyTook.Seconds()

@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
@@ -85,6 +87,19 @@ func restoreChild(mode string) error {
 	defer cancel()
 	kcfg := kafka.Config{Brokers: strings.Split(os.Getenv(restoreBrokersEnv), ","), ClientID: "restore-bench"}
 	res := restoreResult{Mode: mode}
+	// MAILPLANE_BENCH_RESTORE_PROFILE=<dir> writes <dir>/<mode>.cpu, the
+	// CPU profile of the child from its start to its exit.
+	if dir := os.Getenv("MAILPLANE_BENCH_RESTORE_PROFILE"); dir != "" {
+		f, err := os.Create(filepath.Join(dir, mode+".cpu"))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	var hold any // what the measured heap holds: the running engine
 	switch mode {
 	case restoreModeRaw:
