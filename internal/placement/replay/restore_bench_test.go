@@ -71,9 +71,10 @@ type restoreResult struct {
 	Seconds float64 `json:"seconds"`
 	// ToActiveSeconds: from Run to Active (group join included).
 	ToActiveSeconds float64 `json:"to_active_seconds"`
-	Records         int64   `json:"records"` // decisions folded; raw: records read
-	Bytes           int64   `json:"bytes"`   // raw: key+value+header bytes read
-	Workers         int     `json:"workers"`
+	Records         int64   `json:"records"`        // decisions folded; raw: records read
+	Bytes           int64   `json:"bytes"`          // raw: key+value+header bytes read
+	Workers         int     `json:"workers"`        // mailplane_placement_workers, summed
+	Pending         int     `json:"pending"`        // mailplane_placement_pending, summed
 	HeapInuseMiB    float64 `json:"heap_inuse_mib"` // after runtime.GC, the engine still holding its state
 	HeapAllocMiB    float64 `json:"heap_alloc_mib"`
 	VmHWMMiB        float64 `json:"vmhwm_mib"` // peak RSS of the child process
@@ -151,6 +152,16 @@ func restoreChild(mode string) error {
 				res.Seconds = mf.GetMetric()[0].GetHistogram().GetSampleSum()
 			case "mailplane_placement_restore_decisions":
 				res.Records = int64(mf.GetMetric()[0].GetGauge().GetValue())
+			case "mailplane_placement_workers", "mailplane_placement_pending":
+				sum := 0
+				for _, m := range mf.GetMetric() {
+					sum += int(m.GetGauge().GetValue())
+				}
+				if mf.GetName() == "mailplane_placement_workers" {
+					res.Workers = sum
+				} else {
+					res.Pending = sum
+				}
 			}
 		}
 		hold = eng
@@ -415,6 +426,12 @@ func BenchmarkEngineRestore1M(b *testing.B) {
 		b.Fatalf("records: raw %d, from the log %d (want %d), from the checkpoint %d (want %d)",
 			raw.Records, fromLog.Records, logLen, fromCk.Records, logLen-rb.Decisions())
 	}
+	// Both restores hold the same state: the same workers and pending mailboxes.
+	if fromLog.Workers != 10_000 || fromCk.Workers != fromLog.Workers || fromCk.Pending != fromLog.Pending {
+		b.Fatalf("workers %d from the log, %d from the checkpoint (want 10000); pending %d and %d",
+			fromLog.Workers, fromCk.Workers, fromLog.Pending, fromCk.Pending)
+	}
+	b.Logf("both restores: %d workers, %d mailboxes pending", fromLog.Workers, fromLog.Pending)
 	for _, r := range []restoreResult{raw, fromLog, fromCk} {
 		b.Logf("%-10s %8.3f s (to active %6.3f s), %8d records, heap in use %7.1f MiB (alloc %7.1f), peak RSS %7.1f MiB, RSS after %7.1f MiB",
 			r.Mode, r.Seconds, r.ToActiveSeconds, r.Records, r.HeapInuseMiB, r.HeapAllocMiB, r.VmHWMMiB, r.VmRSSMiB)
