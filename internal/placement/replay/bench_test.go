@@ -79,6 +79,13 @@ func benchDecisions(n int) []domain.PlacementDecision {
 func benchLog(b *testing.B, ds []domain.PlacementDecision) kafka.Config {
 	b.Helper()
 	kcfg := kafka.Config{Brokers: kafkatest.Brokers(b, 4), ClientID: "bench"}
+	appendLog(b, kcfg, ds)
+	return kcfg
+}
+
+// appendLog appends ds to the decision log.
+func appendLog(b *testing.B, kcfg kafka.Config, ds []domain.PlacementDecision) {
+	b.Helper()
 	// No delivery timeout: it counts from the record's timestamp, which is
 	// the decision's (past) time.
 	cl, err := kafka.NewClient(kafka.Config{Brokers: kcfg.Brokers}, kafka.KindProducer, kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(100_000))
@@ -102,7 +109,6 @@ func benchLog(b *testing.B, ds []domain.PlacementDecision) kafka.Config {
 			b.Fatal(err)
 		}
 	}
-	return kcfg
 }
 
 // BenchmarkReplayPlacement rebuilds the placement projection from a
