@@ -523,7 +523,9 @@ func TestFleetRehearsal(t *testing.T) {
 		rec.Timestamp = sent
 		active[k] = rec
 	}
-	if err := prod.ProduceSync(ctx, active...).FirstErr(); err != nil {
+	pctx, pcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer pcancel()
+	if err := prod.ProduceSync(pctx, active...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	var lat []time.Duration
