@@ -261,6 +261,15 @@ func readProc(pid int) procStat {
 
 func (r *rehearsal) logProcs(phase string) {
 	r.t.Helper()
+	failures := map[string]int{}
+	for _, w := range r.live() {
+		if s, ok := r.read(w, time.Time{}); ok {
+			for k, v := range s.Failures {
+				failures[k] += v
+			}
+		}
+	}
+	r.t.Logf("[%s] IMAP runner failures so far, live workers (kind/op: count): %v", phase, failures)
 	self := readProc(os.Getpid())
 	r.t.Logf("[%s] parent (kfake broker, IMAP server, driver): RSS %d MiB, peak %d MiB, CPU %.1f s",
 		phase, self.rssKiB>>10, self.hwmKiB>>10, self.cpu.Seconds())

@@ -55,6 +55,8 @@ type workerStatus struct {
 	Starts   int             `json:"starts"`
 	Overlaps int             `json:"overlaps"`
 	Version  int             `json:"version"`
+	// Failures counts the IMAP runner's failed attempts by kind and op.
+	Failures map[string]int `json:"failures"`
 }
 
 // freshness is written beside the status every 50 ms: the status of
@@ -62,6 +64,34 @@ type workerStatus struct {
 type freshness struct {
 	At      time.Time `json:"at"`
 	Version int       `json:"version"`
+}
+
+// failureCounter is the IMAP runner's Reporter: it counts failures by
+// kind and operation, for the status.
+type failureCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (f *failureCounter) SyncFailed(_ context.Context, fl imapsync.Failure) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n == nil {
+		f.n = map[string]int{}
+	}
+	f.n[string(fl.Err.Kind)+"/"+fl.Err.Op]++
+}
+
+func (f *failureCounter) DisableRequested(context.Context, imapsync.DisableRequest) {}
+
+func (f *failureCounter) snapshot() map[string]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[string]int, len(f.n))
+	for k, v := range f.n {
+		out[k] = v
+	}
+	return out
 }
 
 // run is one running mailbox in a worker process.
@@ -76,7 +106,8 @@ type run struct {
 // status page would: it is how the parent sees ownership without asking
 // the runner (the IMAP runner keeps no such list).
 type tracker struct {
-	inner mailsync.Runner
+	inner    mailsync.Runner
+	failures *failureCounter
 
 	mu       sync.Mutex
 	running  map[int32]*run
@@ -140,7 +171,7 @@ func (tr *tracker) status(id string) (workerStatus, int) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	s := workerStatus{ID: id, PID: os.Getpid(), At: time.Now(), Tiers: map[string]int{}, HotAt: map[int32]int64{},
-		Starts: tr.starts, Overlaps: tr.overlaps, Version: tr.version}
+		Starts: tr.starts, Overlaps: tr.overlaps, Version: tr.version, Failures: tr.failures.snapshot()}
 	s.Idx = make([]int32, 0, len(tr.running))
 	s.Part = make([]int32, 0, len(tr.running))
 	s.Epoch = make([]int64, 0, len(tr.running))
@@ -220,9 +251,10 @@ func workerMain() {
 	id := os.Getenv(envID)
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("worker", id)
 	var inner mailsync.Runner
+	failures := &failureCounter{}
 	switch os.Getenv(envRunner) {
 	case "imap":
-		inner, err = imapsync.New(imapsync.Config{Keyring: keyring(), Logger: logger, Registerer: prometheus.NewRegistry(),
+		inner, err = imapsync.New(imapsync.Config{Keyring: keyring(), Logger: logger, Registerer: prometheus.NewRegistry(), Reporter: failures,
 			Transport: domain.MustTransportPolicy("127.0.0.0/8")})
 		if err != nil {
 			log.Fatal(err)
@@ -231,7 +263,7 @@ func workerMain() {
 		inner = &mailsync.RecordingRunner{NoWrites: os.Getenv(envNoWrites) == "1",
 			NewestMail: func(domain.MailboxStateRecord) (time.Time, bool) { return time.Time{}, true }}
 	}
-	tr := &tracker{inner: inner}
+	tr := &tracker{inner: inner, failures: failures}
 	rate, err := strconv.ParseFloat(os.Getenv(envRate), 64)
 	if err != nil {
 		rate = 50
