@@ -315,7 +315,7 @@ func (r *rehearsal) loginsDuring(phase string, before []int32, moved []bool, fro
 	now = r.srv.loginsOf()
 	type tally struct{ mailboxes, logins, maxPer, over1 int }
 	var warm, hot tally
-	otherLogins := 0
+	otherLogins, over1Old := 0, 0
 	for i := range now {
 		d := int(now[i] - before[i])
 		if !moved[i] {
@@ -331,6 +331,9 @@ func (r *rehearsal) loginsDuring(phase string, before []int32, moved []bool, fro
 		c.maxPer = max(c.maxPer, d)
 		if d > 1 {
 			c.over1++
+			if !r.hot[i] && i%3 != 0 {
+				over1Old++ // added 30 days ago, no mail: demoted to cold after its first poll
+			}
 		}
 	}
 	per := func(c tally) float64 {
@@ -339,9 +342,9 @@ func (r *rehearsal) loginsDuring(phase string, before []int32, moved []bool, fro
 		}
 		return float64(c.logins) / float64(c.mailboxes)
 	}
-	r.t.Logf("[%s] logins: %d moved mailboxes, %d of them logged in within %s (%.0f mailboxes/s; peak %d logins/s); warm/cold moved: %d, %.3f logins each (max %d, %d with more than one); hot moved: %d, %.3f logins each (max %d); %d logins by mailboxes that did not move",
+	r.t.Logf("[%s] logins: %d moved mailboxes, %d of them logged in within %s (%.0f mailboxes/s; peak %d logins/s); warm/cold moved: %d, %.3f logins each (max %d, %d with more than one, %d of them cold candidates); hot moved: %d, %.3f logins each (max %d); %d logins by mailboxes that did not move",
 		phase, nMoved, loggedIn, took.Round(time.Millisecond), float64(loggedIn)/took.Seconds(), r.peakRate(from),
-		warm.mailboxes, per(warm), warm.maxPer, warm.over1, hot.mailboxes, per(hot), hot.maxPer, otherLogins)
+		warm.mailboxes, per(warm), warm.maxPer, warm.over1, over1Old, hot.mailboxes, per(hot), hot.maxPer, otherLogins)
 	if loggedIn != nMoved {
 		r.t.Errorf("[%s] %d of %d moved mailboxes did not log in within %s", phase, nMoved-loggedIn, nMoved, wait)
 	}
