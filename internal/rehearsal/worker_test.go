@@ -293,7 +293,9 @@ func workerMain() {
 			// every 200 ms and only when it changed; the small freshness
 			// file says every 50 ms that it still holds.
 			v := tr.currentVersion()
-			if v != last && time.Since(wrote) >= 200*time.Millisecond {
+			// Every 5 s regardless: the failure counts change without
+			// a new version.
+			if (v != last && time.Since(wrote) >= 200*time.Millisecond) || time.Since(wrote) >= 5*time.Second {
 				s, sv := tr.status(id)
 				b, _ := json.Marshal(s)
 				writeAtomic(path, b)
