@@ -757,8 +757,7 @@ func testStoreDownKeepsConnection(t *testing.T, srv testServer) {
 // A warm mailbox with no mail is demoted to cold by the worker as soon as
 // its first poll reports no mail, which can be before that poll's LOGOUT
 // returns. The completed poll counts for the cold tier: no second login
-// (the fleet rehearsal saw 17% of 100,000 mailboxes log in twice or three
-// times at cold start before this was fixed).
+// (found reading the runner during the fleet rehearsal, BENCHMARKS.md).
 func testDemotedByOwnPoll(t *testing.T, srv testServer) {
 	h := setup(t, srv, domain.SyncTierWarm, nil, "")
 	h.onNoMail = func() { h.setTier(domain.SyncTierCold) }

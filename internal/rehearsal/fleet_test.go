@@ -381,7 +381,7 @@ func movedBetween(a, b []int8) []bool {
 // TestFleetRehearsal is the rehearsal. Settings (environment):
 // MAILPLANE_REHEARSAL=1 runs it; MAILPLANE_REHEARSAL_MAILBOXES (100000),
 // MAILPLANE_REHEARSAL_RUNNER (imap or recording), _CONNECT_RATE (per
-// worker, per IMAP host; 500), _SESSION (6s, the production default),
+// worker, per IMAP host; 50, the default), _SESSION (6s, the production default),
 // _HOT_PERCENT (2).
 func TestFleetRehearsal(t *testing.T) {
 	if os.Getenv("MAILPLANE_REHEARSAL") != "1" {
@@ -392,7 +392,7 @@ func TestFleetRehearsal(t *testing.T) {
 	if runner == "" {
 		runner = "imap"
 	}
-	rate := envInt(envRate, 500)
+	rate := envInt(envRate, 50) // mailsync's default
 	session := envDur(envSession, 6*time.Second)
 	hotPct := envInt("MAILPLANE_REHEARSAL_HOT_PERCENT", 2)
 	t.Logf("rehearsal: %d mailboxes, runner %s, connect rate %d/s per worker, session %s, nofile %d", n, runner, rate, session, raiseNoFile())
