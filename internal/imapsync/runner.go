@@ -310,6 +310,20 @@ func (m *mailboxRun) poller(ctx context.Context, tier domain.SyncTier, specialOn
 		if errors.Is(err, mailsync.ErrFenced) {
 			return err
 		}
+		now := time.Now()
+		if err == nil {
+			// Recorded even when ctx ended meanwhile: the poll's own "no
+			// mail" report can change the tier (warm to cold) before its
+			// LOGOUT returns, and the next tier's poller must not log in
+			// again for a poll that just completed.
+			m.mu.Lock()
+			if specialOnly {
+				m.lastSpecial = now
+			} else {
+				m.lastPoll, m.lastSpecial = now, now
+			}
+			m.mu.Unlock()
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -319,14 +333,6 @@ func (m *mailboxRun) poller(ctx context.Context, tier domain.SyncTier, specialOn
 			continue
 		}
 		failures = 0
-		now := time.Now()
-		m.mu.Lock()
-		if specialOnly {
-			m.lastSpecial = now
-		} else {
-			m.lastPoll, m.lastSpecial = now, now
-		}
-		m.mu.Unlock()
 		next = now.Add(interval)
 	}
 }

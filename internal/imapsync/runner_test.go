@@ -73,6 +73,7 @@ type harness struct {
 	mu        sync.Mutex
 	newest    time.Time
 	noMail    bool
+	onNoMail  func() // called (outside mu) on a "no mail" report
 	cancel    context.CancelFunc
 	done      chan error
 	startedAt time.Time
@@ -119,11 +120,16 @@ func setup(t *testing.T, srv testServer, tier domain.SyncTier, tune func(*imapsy
 	h.job, h.setTier = mailsync.NewJob(mb, 0, epochs[0], owner, h.fence.Writer(0, epochs[0], owner, mailboxID), tier,
 		func(newest time.Time, known bool) {
 			h.mu.Lock()
-			defer h.mu.Unlock()
+			hook := h.onNoMail
 			if newest.IsZero() {
 				h.noMail = true
 			} else if newest.After(h.newest) {
 				h.newest = newest
+				hook = nil
+			}
+			h.mu.Unlock()
+			if hook != nil {
+				hook()
 			}
 		})
 	h.job.PollWarm = time.Hour
@@ -308,6 +314,7 @@ var cases = []struct {
 	{"warmup placement observed", testWarmupObserved},
 	{"expunged message removed", testExpunge},
 	{"database down keeps the connection", testStoreDownKeepsConnection},
+	{"demoted by its own poll: no second login", testDemotedByOwnPoll},
 }
 
 // TestRunner runs every case against imapmemserver and Dovecot.
@@ -744,5 +751,34 @@ func testStoreDownKeepsConnection(t *testing.T, srv testServer) {
 	}
 	if _, _, after := h.proxy.Stats(); after != before {
 		t.Errorf("%d connections opened across the outage, want none (the sync was retried on its connection)", after-before)
+	}
+}
+
+// A warm mailbox with no mail is demoted to cold by the worker as soon as
+// its first poll reports no mail, which can be before that poll's LOGOUT
+// returns. The completed poll counts for the cold tier: no second login
+// (found reading the runner during the fleet rehearsal, BENCHMARKS.md).
+func testDemotedByOwnPoll(t *testing.T, srv testServer) {
+	h := setup(t, srv, domain.SyncTierWarm, nil, "")
+	h.onNoMail = func() { h.setTier(domain.SyncTierCold) }
+	h.start()
+	waitFor(t, 15*time.Second, "the first poll done and its connection closed", func() (bool, string) {
+		h.mu.Lock()
+		noMail := h.noMail
+		h.mu.Unlock()
+		active, _, total := h.proxy.Stats()
+		return noMail && active == 0 && total >= 1, fmt.Sprintf("no mail reported %v, %d connections open, %d in all", noMail, active, total)
+	})
+	// The bug logged in again at once (no pacing outside a worker): a
+	// second connection within a second is the regression.
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		if _, _, total := h.proxy.Stats(); total != 1 {
+			t.Fatalf("%d connections after the demotion to cold; the completed poll should have counted", total)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := h.stop(); err != nil {
+		t.Errorf("Run returned %v after its context ended, want nil", err)
 	}
 }
