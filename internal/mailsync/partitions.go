@@ -135,7 +135,7 @@ func (w *Worker) housekeeping() {
 				continue
 			}
 			if tripped {
-				w.suspendLocked(p, 0, domain.SyncSuspendedWatchdog)
+				w.suspendLocked(p, 0, domain.SyncSuspendedWatchdog, w.wd.lastWritesBy())
 				continue
 			}
 			w.goLiveLocked(p, now)
@@ -261,14 +261,15 @@ func (w *Worker) dropAll() {
 	w.drop(w.own.claimed(), domain.SyncLostRevoked)
 }
 
-// suspendAll is the watchdog's action: stop every runner and wait.
-func (w *Worker) suspendAll(reason string) int {
+// suspendAll is the watchdog's action: stop every runner, their last
+// writes bounded by by, and wait.
+func (w *Worker) suspendAll(reason string, by time.Time) int {
 	w.mu.Lock()
 	ids := w.own.active()
 	n := 0
 	for _, id := range ids {
 		if p := w.parts[id]; p != nil {
-			n += w.suspendLocked(p, 0, reason)
+			n += w.suspendLocked(p, 0, reason, by)
 		}
 	}
 	w.mu.Unlock()
@@ -282,21 +283,21 @@ func (w *Worker) fenced(partition int32, epoch int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if p := w.parts[partition]; p != nil {
-		w.suspendLocked(p, epoch, domain.SyncSuspendedFenced)
+		w.suspendLocked(p, epoch, domain.SyncSuspendedFenced, time.Now())
 	}
 }
 
 // suspendLocked stops p's runners on the worker's own suspicion that it
-// may have lost the partition (see ownership.suspend for atEpoch). It does
-// not wait for them.
-func (w *Worker) suspendLocked(p *partition, atEpoch int64, reason string) int {
+// may have lost the partition (see ownership.suspend for atEpoch), their
+// last writes bounded by by. It does not wait for them.
+func (w *Worker) suspendLocked(p *partition, atEpoch int64, reason string, by time.Time) int {
 	epoch, ok := w.own.suspend(p.id, atEpoch, time.Now())
 	if !ok {
 		return 0
 	}
 	n := 0
 	for id := range p.boxes {
-		if w.sup.stop(id) {
+		if w.sup.stopBy(id, by) {
 			n++
 		}
 	}
@@ -332,7 +333,7 @@ func (w *Worker) tierWritesFenced(partition int32, epoch int64, items []pendingW
 	switch {
 	case live && current == epoch:
 		w.log.Warn("a tier write was fenced; stopping the partition's runners", "partition", partition, "epoch", epoch, "err", err)
-		w.suspendLocked(p, epoch, domain.SyncSuspendedFenced)
+		w.suspendLocked(p, epoch, domain.SyncSuspendedFenced, time.Now())
 	case live:
 		// Already running under a newer epoch of ours.
 		w.recordAgainLocked(p)

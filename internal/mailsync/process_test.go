@@ -278,8 +278,10 @@ func (fl *fleet) kill(p *proc) {
 // adds and removes mailboxes, stops a worker gracefully, SIGKILLs one and
 // SIGSTOPs one past the session timeout before SIGCONT (a zombie). After
 // each step every live mailbox runs exactly once at its partition's
-// current epoch; no write ever lands at a stale epoch, and the zombie's
-// stale writes were attempted and refused.
+// current epoch; no write ever lands at a stale epoch. The zombie's stale
+// writes are refused by the fence or not even attempted: its watchdog
+// trips on waking and bounds its runners' last writes by a moment long
+// past (Job.LastWriteContext).
 func TestProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("process test: not in -short")
@@ -413,7 +415,7 @@ func TestProcesses(t *testing.T) {
 		t.Errorf("%d writes landed at a stale epoch", n)
 	}
 	fenced := count(t, e.db.Pool, `SELECT count(*) FROM sync_fenced_writes WHERE owner = 'p3' AND attempted_at >= $1`, resumed)
-	t.Logf("the zombie's writes refused by the fence after SIGCONT: %d", fenced)
+	t.Logf("the zombie's writes refused by the fence after SIGCONT: %d (the rest were not attempted)", fenced)
 	if os.Getenv("MAILPLANE_TEST_LOG") == "debug" {
 		rows, _ := e.db.Pool.Query(context.Background(), `SELECT 'fenced', kind, count(*) FROM sync_fenced_writes WHERE owner = 'p3' GROUP BY 1, 2
 			UNION ALL SELECT 'landed-after-cont', kind, count(*) FROM sync_recorder_writes WHERE owner = 'p3' AND written_at >= $1 GROUP BY 1, 2`, resumed)
@@ -425,9 +427,6 @@ func TestProcesses(t *testing.T) {
 		}
 		rows.Close()
 		t.Logf("p3 output:\n%s", zombie.out.String())
-	}
-	if fenced == 0 {
-		t.Errorf("no fenced write by the zombie: its stale writes were not even attempted")
 	}
 	// Every write the zombie made after its pause is at an epoch taken
 	// after the pause (its new ownership), none at an old one.

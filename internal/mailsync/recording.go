@@ -136,7 +136,7 @@ func (r *RecordingRunner) Run(ctx context.Context, job *Job) error {
 			}
 			// The last write on the way out, as a runner flushing its
 			// cursor would: its own short deadline, fenced as ever.
-			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			fctx, cancel := job.LastWriteContext(ctx)
 			_ = r.write(fctx, job, "stop", tier)
 			cancel()
 			return nil

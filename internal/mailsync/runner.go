@@ -2,6 +2,7 @@ package mailsync
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
@@ -14,8 +15,8 @@ import (
 //
 // Run must return promptly once ctx is done (well within a second): the
 // worker waits for it before it lets another worker take the partition. It
-// may make a last write on the way out (a cursor flush) with a short-lived
-// context of its own; that write is fenced like any other.
+// may make a last write on the way out (a cursor flush) under
+// Job.LastWriteContext; that write is fenced like any other.
 //
 // An error return (other than ctx's) is logged, reported to sync.audit
 // (truncated; it must never carry a credential), and Run is called again
@@ -92,6 +93,39 @@ func (j *Job) ReportNoMail() {
 	if j.report != nil {
 		j.report(time.Time{}, true)
 	}
+}
+
+// LastWriteTimeout bounds a runner's last write once it was stopped (see
+// Job.LastWriteContext).
+const LastWriteTimeout = 2 * time.Second
+
+// stopCause is why a runner's context was cancelled, and until when its
+// last write may run. The watchdog stops runners when the coordinator may
+// expire the member's session soon; a write still running when it has
+// would be refused by the fence at best, so the watchdog bounds last
+// writes to end well before the coordinator can give the partition away
+// (watchdog.lastWritesBy). A fenced partition bounds them by now: another
+// worker owns it.
+type stopCause struct {
+	by time.Time // zero: only LastWriteTimeout
+}
+
+func (c *stopCause) Error() string { return "mailsync: runner stopped" }
+
+// LastWriteContext returns the context for a runner's last write after ctx
+// (Run's) is done: not cancelled with ctx, at most LastWriteTimeout long,
+// and ending when the worker's ownership may end, if the worker said when.
+// Before ctx is done it returns a child of ctx.
+func (j *Job) LastWriteContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx.Err() == nil {
+		return context.WithCancel(ctx)
+	}
+	by := time.Now().Add(LastWriteTimeout)
+	var c *stopCause
+	if errors.As(context.Cause(ctx), &c) && !c.by.IsZero() && c.by.Before(by) {
+		by = c.by
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), by)
 }
 
 // NewJob builds a Job for tests of runners outside a worker: a fixed tier

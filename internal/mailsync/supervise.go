@@ -43,7 +43,7 @@ type supervisor struct {
 }
 
 type runHandle struct {
-	cancel context.CancelFunc
+	cancel context.CancelCauseFunc
 	done   chan struct{}
 	job    *Job
 }
@@ -66,7 +66,7 @@ func (s *supervisor) start(job *Job) bool {
 	if s.closing || s.runs[id] != nil {
 		return false
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancelCause(context.Background())
 	h := &runHandle{cancel: cancel, done: make(chan struct{}), job: job}
 	s.runs[id] = h
 	s.alive[job.Partition]++
@@ -81,15 +81,22 @@ func (s *supervisor) start(job *Job) bool {
 }
 
 // stop cancels mailboxID's runner without waiting for it (wait says when
-// it is gone); it reports whether one was running.
+// it is gone); it reports whether one was running. Its last write
+// (Job.LastWriteContext) has the usual LastWriteTimeout.
 func (s *supervisor) stop(mailboxID string) bool {
+	return s.stopBy(mailboxID, time.Time{})
+}
+
+// stopBy is stop with a bound on the runner's last write: by (zero: none)
+// is when the partition may be someone else's (see stopCause).
+func (s *supervisor) stopBy(mailboxID string, by time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h := s.runs[mailboxID]
 	if h == nil {
 		return false
 	}
-	h.cancel()
+	h.cancel(&stopCause{by: by})
 	delete(s.runs, mailboxID)
 	s.stopping[mailboxID] = h
 	tier, _ := h.job.Tier()

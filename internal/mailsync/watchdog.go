@@ -46,6 +46,7 @@ import (
 type watchdog struct {
 	group     string
 	limit     time.Duration // of silence: SessionTimeout - WatchdogMargin
+	session   time.Duration
 	heartbeat time.Duration
 	disabled  bool
 	log       *slog.Logger
@@ -60,7 +61,7 @@ type watchdog struct {
 }
 
 func newWatchdog(cfg Config, log *slog.Logger, m *metrics) *watchdog {
-	return &watchdog{group: cfg.Group, limit: cfg.SessionTimeout - cfg.WatchdogMargin, heartbeat: cfg.HeartbeatInterval,
+	return &watchdog{group: cfg.Group, limit: cfg.SessionTimeout - cfg.WatchdogMargin, session: cfg.SessionTimeout, heartbeat: cfg.HeartbeatInterval,
 		disabled: cfg.WatchdogMargin < 0, log: log, m: m}
 }
 
@@ -109,6 +110,21 @@ func (d *watchdog) confirmedSince(t time.Time) bool {
 	return n >= 2
 }
 
+// lastWritesBy bounds the last writes of runners the watchdog stops
+// (Job.LastWriteContext). The coordinator may expire the member's session
+// from the last answered request's send time plus the session timeout;
+// the watchdog trips a margin before that, and the runners get the first
+// half of the margin for their last writes and the second to return, so
+// that they are gone before another member can be given the partitions.
+func (d *watchdog) lastWritesBy() time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.lastContact.IsZero() {
+		return time.Time{} // never answered: no session to expire
+	}
+	return d.lastContact.Add(d.limit + (d.session-d.limit)/2)
+}
+
 func (d *watchdog) isTripped() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -145,7 +161,7 @@ func (d *watchdog) untripIfConfirmed() bool {
 // interval (at least every 50ms); when it is too long while partitions are
 // active, it trips and calls stopAll. Once the coordinator answers again it
 // calls wake, so that the worker's housekeeping resumes the partitions.
-func (d *watchdog) loop(ctx context.Context, active func() bool, stopAll func(reason string) int, wake func()) {
+func (d *watchdog) loop(ctx context.Context, active func() bool, stopAll func(reason string, by time.Time) int, wake func()) {
 	if d.disabled {
 		return
 	}
@@ -169,7 +185,7 @@ func (d *watchdog) loop(ctx context.Context, active func() bool, stopAll func(re
 		d.trip(now)
 		d.m.watchdogStops.Inc()
 		d.log.Warn("watchdog: no group request answered in time; stopping every runner", "silent_for", silent, "limit", d.limit)
-		n := stopAll(domain.SyncSuspendedWatchdog)
+		n := stopAll(domain.SyncSuspendedWatchdog, d.lastWritesBy())
 		d.log.Warn("watchdog: runners stopped", "runners", n, "took", time.Since(now))
 	}
 }
