@@ -44,6 +44,7 @@ type Client struct {
 	sealer  Sealer
 	schema  SchemaValidator
 	source  string
+	ns      topics.Namespace
 	now     func() time.Time
 	latency prometheus.Observer
 }
@@ -58,6 +59,10 @@ func WithSealer(s Sealer) Option { return func(c *Client) { c.sealer = s } }
 // WithSchema also validates each event's data against its JSON Schema, the
 // contract with consumers, after Go validation.
 func WithSchema(v SchemaValidator) Option { return func(c *Client) { c.schema = v } }
+
+// WithNamespace publishes into the topics of namespace ns (the
+// deployment's MAILPLANE_KAFKA_NAMESPACE; default none).
+func WithNamespace(ns topics.Namespace) Option { return func(c *Client) { c.ns = ns } }
 
 // WithSource sets ce_source for events that do not set one.
 func WithSource(s string) Option { return func(c *Client) { c.source = s } }
@@ -131,7 +136,7 @@ func (c *Client) Prepare(events []domain.Event) ([]*kgo.Record, error) {
 		topic, err := topics.ForType(e.Type)
 		var r *kgo.Record
 		if err == nil {
-			r, err = topics.EncodeTo(topic, *e)
+			r, err = topics.EncodeTo(c.ns.Topic(topic), *e)
 		}
 		if err != nil {
 			be.add(i, domain.Problems{{Code: domain.ErrorCode(err), Message: err.Error()}})

@@ -98,9 +98,11 @@ type Grant struct {
 }
 
 // ACLPlan returns the ACL bindings giving each role in principals (role →
-// SASL user name) exactly the access it needs. Roles missing from
-// principals get nothing.
-func ACLPlan(principals map[Role]string) []Grant {
+// SASL user name) exactly the access it needs within namespace ns: every
+// topic, group and transactional id (and every prefix) is ns's, so a
+// principal of one namespace can touch nothing of another's. Roles missing
+// from principals get nothing.
+func ACLPlan(ns Namespace, principals map[Role]string) []Grant {
 	var out []Grant
 	for _, role := range Roles() {
 		user, ok := principals[role]
@@ -109,13 +111,13 @@ func ACLPlan(principals map[Role]string) []Grant {
 		}
 		p := "User:" + user
 		topic := func(ops []string, names ...string) {
-			out = append(out, Grant{Principal: p, Resource: ResourceTopic, Names: names, Operations: ops})
+			out = append(out, Grant{Principal: p, Resource: ResourceTopic, Names: ns.Topics(names...), Operations: ops})
 		}
-		group := func(prefixed bool, names ...string) {
-			out = append(out, Grant{Principal: p, Resource: ResourceGroup, Names: names, Prefixed: prefixed, Operations: []string{OpRead, OpDescribe}})
+		group := func(prefixed bool, name string) {
+			out = append(out, Grant{Principal: p, Resource: ResourceGroup, Names: []string{ns.Group(name)}, Prefixed: prefixed, Operations: []string{OpRead, OpDescribe}})
 		}
-		txn := func(prefixed bool, names ...string) {
-			out = append(out, Grant{Principal: p, Resource: ResourceTransactional, Names: names, Prefixed: prefixed, Operations: []string{OpWrite, OpDescribe}})
+		txn := func(prefixed bool, id string) {
+			out = append(out, Grant{Principal: p, Resource: ResourceTransactional, Names: []string{ns.TransactionalID(id)}, Prefixed: prefixed, Operations: []string{OpWrite, OpDescribe}})
 		}
 		idempotent := func() {
 			out = append(out, Grant{Principal: p, Resource: ResourceCluster, Names: []string{"kafka-cluster"}, Operations: []string{OpIdempotentWrite}})

@@ -56,7 +56,7 @@ func aclCluster(t *testing.T) (brokers []string, principals map[topics.Role]stri
 	if err != nil || rep.Err() != nil {
 		t.Fatalf("topics apply as ops: %v %v", err, rep.Err())
 	}
-	if err := topics.ApplyACLs(ctx, kadm.NewClient(ops), topics.ACLPlan(principals)); err != nil {
+	if err := topics.ApplyACLs(ctx, kadm.NewClient(ops), topics.ACLPlan("", principals)); err != nil {
 		t.Fatalf("apply ACL plan: %v", err)
 	}
 	return brokers, principals
@@ -194,7 +194,7 @@ func TestACLPlanEnforced(t *testing.T) {
 
 func TestACLPlanRPK(t *testing.T) {
 	t.Parallel()
-	out := topics.RPK(topics.ACLPlan(map[topics.Role]string{topics.RoleAnalyst: "analytics", topics.RoleSync: "mp-sync"}))
+	out := topics.RPK(topics.ACLPlan("", map[topics.Role]string{topics.RoleAnalyst: "analytics", topics.RoleSync: "mp-sync"}))
 	for _, want := range []string{
 		"rpk security acl create --allow-principal User:analytics --operation read,describe --topic " + topics.PlacementDecisions + "," + topics.SyncAudit + "\n",
 		"rpk security acl create --allow-principal User:analytics --operation read,describe --group analytics- --resource-pattern-type prefixed\n",

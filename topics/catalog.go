@@ -61,11 +61,13 @@ func (s Spec) Configs() map[string]string {
 	}
 }
 
-// Config sizes the catalog.
+// Config sizes the catalog and names its namespace.
 type Config struct {
 	// StatePartitions is the partition count of mailbox.state and sync.tier,
 	// the units of sync ownership; it bounds the number of sync workers.
 	StatePartitions int32
+	// Namespace prefixes every topic name (see Namespace).
+	Namespace Namespace
 }
 
 // DefaultStatePartitions is the default partition count of mailbox.state.
@@ -83,8 +85,16 @@ const (
 	observationsRetention = 100 * 24 * 3600 * 1000
 )
 
-// Catalog returns every topic mailplane uses.
+// Catalog returns every topic mailplane uses, named within cfg.Namespace.
 func Catalog(cfg Config) []Spec {
+	specs := catalog(cfg)
+	for i := range specs {
+		specs[i].Name = cfg.Namespace.Topic(specs[i].Name)
+	}
+	return specs
+}
+
+func catalog(cfg Config) []Spec {
 	sp := cfg.StatePartitions
 	if sp <= 0 {
 		sp = DefaultStatePartitions
@@ -112,7 +122,8 @@ func Catalog(cfg Config) []Spec {
 	}
 }
 
-// Lookup returns the spec of a topic in the catalog.
+// Lookup returns the spec of a topic in the catalog (name as Catalog
+// names it, within cfg.Namespace).
 func Lookup(cfg Config, name string) (Spec, bool) {
 	for _, s := range Catalog(cfg) {
 		if s.Name == name {
@@ -156,7 +167,19 @@ func DomainTopics() []string {
 	return []string{MailboxEvents, OrgEvents, UserEvents, WorkerEvents}
 }
 
-// RecordTypes returns the ce_types of the records on topic, sorted; package
+// IsCatalogName reports whether name is one of the catalog's topic names
+// (outside any namespace).
+func IsCatalogName(name string) bool {
+	for _, s := range catalog(Config{}) {
+		if s.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// RecordTypes returns the ce_types of the records on topic (a catalog
+// name), sorted; package
 // domain holds each one's Go type and schema (domain.NewRecord,
 // domain.Schema, domain/schemas/derived). It is nil for the topics whose
 // records are not in the catalog: the DLQ keeps other topics' records as

@@ -79,7 +79,8 @@ type Decision struct {
 func (d Decision) Time() time.Time { return d.Data.Meta().At }
 
 // EncodeDecision renders a decision as a binary-mode record on the decision
-// log. It refuses a decision that does not validate.
+// log (its catalog name: a producer in a namespace sets the record's Topic).
+// It refuses a decision that does not validate.
 func EncodeDecision(d Decision) (*kgo.Record, error) {
 	if d.Data == nil {
 		return nil, domain.Errorf(domain.CodeRequired, "decision has no data")

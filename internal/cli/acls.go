@@ -36,7 +36,8 @@ func ACLs(ctx context.Context, args []string, out io.Writer) error {
 	if len(principals) == 0 {
 		return errors.New("--principals names no role")
 	}
-	plan := topics.ACLPlan(principals)
+	kcfg := brokers.Config("mailplane-acls")
+	plan := topics.ACLPlan(kcfg.Namespace, principals)
 	if sub == "plan" {
 		if *format == FormatJSON {
 			return writeJSON(out, aclsJSON{Grants: plan})
@@ -44,7 +45,7 @@ func ACLs(ctx context.Context, args []string, out io.Writer) error {
 		_, err := io.WriteString(out, topics.RPK(plan))
 		return err
 	}
-	adm, err := kafka.NewAdmin(brokers.Config("mailplane-acls"))
+	adm, err := kafka.NewAdmin(kcfg)
 	if err != nil {
 		return err
 	}

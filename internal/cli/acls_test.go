@@ -24,7 +24,7 @@ func TestACLsPlanPrintsRPKCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := out.String()
-	want := topics.RPK(topics.ACLPlan(map[topics.Role]string{topics.RoleAPI: "mp-api", topics.RoleAnalyst: "analytics"}))
+	want := topics.RPK(topics.ACLPlan("", map[topics.Role]string{topics.RoleAPI: "mp-api", topics.RoleAnalyst: "analytics"}))
 	if got != want || !strings.Contains(got, "User:analytics --operation read,describe --topic "+topics.PlacementDecisions) {
 		t.Fatalf("acls plan printed:\n%s\nwant:\n%s", got, want)
 	}
@@ -36,7 +36,7 @@ func TestACLsPlanPrintsRPKCommands(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &parsed); err != nil {
 		t.Fatalf("acls plan --format json: %v\n%s", err, out.String())
 	}
-	if plan := topics.ACLPlan(map[topics.Role]string{topics.RoleAPI: "mp-api", topics.RoleAnalyst: "analytics"}); !reflect.DeepEqual(parsed.Grants, plan) || parsed.Applied {
+	if plan := topics.ACLPlan("", map[topics.Role]string{topics.RoleAPI: "mp-api", topics.RoleAnalyst: "analytics"}); !reflect.DeepEqual(parsed.Grants, plan) || parsed.Applied {
 		t.Fatalf("acls plan --format json: %+v\nwant %+v", parsed, plan)
 	}
 	if err := ACLs(context.Background(), []string{"plan", "--format", "yaml", "--principals", "api=x"}, &out); ExitCode(err) != ExitUsage {
@@ -66,7 +66,7 @@ func TestACLsApplyAsSuperuser(t *testing.T) {
 	if err := ACLs(context.Background(), args, &out); err != nil {
 		t.Fatalf("acls apply: %v (%s)", err, out.String())
 	}
-	plan := topics.ACLPlan(map[topics.Role]string{topics.RoleSync: "mp-sync", topics.RoleAnalyst: "analytics"})
+	plan := topics.ACLPlan("", map[topics.Role]string{topics.RoleSync: "mp-sync", topics.RoleAnalyst: "analytics"})
 	if !strings.Contains(out.String(), "ACL bindings applied for 2 principals") {
 		t.Fatalf("acls apply printed %q", out.String())
 	}

@@ -58,7 +58,7 @@ func Credentials(ctx context.Context, args []string) error {
 		return err
 	}
 	defer kc.Close()
-	pc := producer.New(kc, producer.WithSource(*source))
+	pc := producer.New(kc, producer.WithSource(*source), producer.WithNamespace(kcfg.Namespace))
 	res, err := mailboxstate.Reseal(ctx, kcfg, keyring, pc, log)
 	fmt.Fprintf(os.Stdout, "resealed %d, already under %s %d, failed %d (of %d live mailboxes)\n",
 		res.Resealed, keyring.ActiveKeyID(), res.Current, res.Failed, res.Live)

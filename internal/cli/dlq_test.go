@@ -59,9 +59,9 @@ func TestDLQRedriveCommand(t *testing.T) {
 			Key: []byte("0190a5b2-4c5e-7b1a-9c3d-00000000e001"), Value: []byte(value),
 			Headers: []kgo.RecordHeader{{Key: topics.HeaderType, Value: []byte(domain.TypeMailboxRemoved)}}}
 	}
-	good := dlq.NewRecord(src(3, `{"mailbox_id":"0190a5b2-4c5e-7b1a-9c3d-00000000e001","reason":"x"}`),
+	good := dlq.NewRecord("", src(3, `{"mailbox_id":"0190a5b2-4c5e-7b1a-9c3d-00000000e001","reason":"x"}`),
 		dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "check violation", Attempts: 3})
-	secret := dlq.NewRecord(src(4, `{"mailbox_id":"0190a5b2-4c5e-7b1a-9c3d-00000000e001","credentials":{"password":"p"}}`),
+	secret := dlq.NewRecord("", src(4, `{"mailbox_id":"0190a5b2-4c5e-7b1a-9c3d-00000000e001","credentials":{"password":"p"}}`),
 		dlq.Failure{Consumer: "registry", Code: domain.CodePlaintextSecret, Err: "plain-text secret", Attempts: 1})
 	if err := kc.ProduceSync(ctx, good, secret).FirstErr(); err != nil {
 		t.Fatal(err)

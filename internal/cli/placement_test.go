@@ -97,7 +97,7 @@ func TestReplayAndShowCommands(t *testing.T) {
 		live[i] = projection.Record{Offset: r.Offset, Decision: d}
 	}
 	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-		return projection.New().ApplyDecisions(ctx, tx, live, int64(len(live)))
+		return projection.New("").ApplyDecisions(ctx, tx, live, int64(len(live)))
 	}); err != nil {
 		t.Fatal(err)
 	}

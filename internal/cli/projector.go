@@ -61,7 +61,8 @@ func Projector(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer pool.Close()
-	adm, err := kafka.NewAdmin(brokers.Config("mailplane-projector-cli"))
+	kcfg := brokers.Config("mailplane-projector-cli")
+	adm, err := kafka.NewAdmin(kcfg)
 	if err != nil {
 		return err
 	}
@@ -75,7 +76,7 @@ func Projector(ctx context.Context, args []string, out io.Writer) error {
 	if n := btoi(*toStart) + btoi(*toEnd) + btoi(*offset >= 0); n != 1 {
 		return usageError("seek needs exactly one of --offset, --start, --end")
 	}
-	if err := projections.CheckSeekable(*name, *topic); err != nil {
+	if err := projections.CheckSeekable(kcfg.Namespace, *name, *topic); err != nil {
 		return err
 	}
 	// The partition must be one of the projector's, on the broker, and
@@ -98,7 +99,7 @@ func Projector(ctx context.Context, args []string, out io.Writer) error {
 	case to < start || to > end:
 		return fmt.Errorf("offset %d is outside %s/%d, which holds %d to %d", to, *topic, *partition, start, end)
 	}
-	prev, err := projections.Seek(ctx, pool, *name, *topic, int32(*partition), to, time.Now())
+	prev, err := projections.Seek(ctx, pool, kcfg.Namespace, *name, *topic, int32(*partition), to, time.Now())
 	if err != nil {
 		return err
 	}

@@ -92,14 +92,15 @@ func Publish(ctx context.Context, args []string) error {
 		printProblems(ps)
 		return ps.Err()
 	}
-	kc, err := kafka.NewProducer(brokers.Config("mailplane-publish"))
+	kcfg := brokers.Config("mailplane-publish")
+	kc, err := kafka.NewProducer(kcfg)
 	if err != nil {
 		return err
 	}
 	defer kc.Close()
 	// FromAttributes sealed (and refused producer-sealed credentials)
 	// already: the client only validates and produces.
-	rs, err := producer.New(kc, producer.WithSchema(eventschema.Default())).Publish(ctx, ev)
+	rs, err := producer.New(kc, producer.WithSchema(eventschema.Default()), producer.WithNamespace(kcfg.Namespace)).Publish(ctx, ev)
 	if err != nil {
 		var be *producer.BatchError
 		if errors.As(err, &be) {

@@ -229,7 +229,7 @@ func replayPlacement(ctx context.Context, cfg replay.Config) (rebuilt, error) {
 		return rebuilt{}, err
 	}
 	pos := func(off int64) []rebuild.Position {
-		return []rebuild.Position{{Topic: topics.PlacementDecisions, Partition: 0, Next: off}}
+		return []rebuild.Position{{Topic: cfg.Kafka.Topic(topics.PlacementDecisions), Partition: 0, Next: off}}
 	}
 	return rebuilt{
 		summary: func() replaySummary {

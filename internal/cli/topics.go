@@ -27,7 +27,8 @@ func Topics(ctx context.Context, args []string) error {
 	if err := checkFormat(*format); err != nil {
 		return err
 	}
-	specs := topics.Catalog(topics.Config{StatePartitions: int32(*parts)})
+	kcfg := brokers.Config("mailplane-topics")
+	specs := topics.Catalog(topics.Config{StatePartitions: int32(*parts), Namespace: kcfg.Namespace})
 	if args[0] == "list" {
 		if *format == FormatJSON {
 			return writeJSON(os.Stdout, topicSpecsJSON(specs))
@@ -39,7 +40,7 @@ func Topics(ctx context.Context, args []string) error {
 		}
 		return tw.Flush()
 	}
-	kc, err := kafka.NewClient(brokers.Config("mailplane-topics"), kafka.KindAdmin)
+	kc, err := kafka.NewClient(kcfg, kafka.KindAdmin)
 	if err != nil {
 		return err
 	}

@@ -4,11 +4,12 @@ import (
 	"flag"
 
 	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/topics"
 )
 
 // BrokerFlags are the bootstrap brokers and how to authenticate to them.
 type BrokerFlags struct {
-	brokers, mechanism, user, password, caFile, compression *string
+	brokers, mechanism, user, password, caFile, compression, namespace *string
 	tls                                                     *bool
 }
 
@@ -22,6 +23,7 @@ func RegisterBrokerFlags(fs *flag.FlagSet) *BrokerFlags {
 		tls:         KafkaTLS.Bool(fs),
 		caFile:      KafkaCAFile.String(fs),
 		compression: KafkaCompression.String(fs),
+		namespace:   KafkaNamespace.String(fs),
 	}
 }
 
@@ -33,6 +35,10 @@ func (b *BrokerFlags) Config(clientID string) kafka.Config {
 		ClientID:    clientID,
 		SASL:        kafka.SASL{Mechanism: *b.mechanism, User: *b.user, Password: *b.password},
 		Compression: *b.compression,
+		Namespace:   topics.Namespace(*b.namespace),
+	}
+	if err := c.Namespace.Validate(); err != nil {
+		fatalf("--%s: %v", KafkaNamespace.Flag, err)
 	}
 	if err := c.SASL.Validate(); err != nil {
 		fatalf("%v", err)

@@ -199,7 +199,7 @@ func New(kcfg kafka.Config, sealer producer.Sealer, srv *Server, opts ...Option)
 	return &Simulator{
 		cfg: cfg, kcfg: kcfg, kc: kc, srv: srv,
 		pc: producer.New(kc, producer.WithSealer(sealer), producer.WithSchema(eventschema.Default()),
-			producer.WithSource(Source), producer.WithClock(cfg.now)),
+			producer.WithSource(Source), producer.WithClock(cfg.now), producer.WithNamespace(kcfg.Namespace)),
 		imap:  domain.IMAPEndpoint{Host: host, Port: p, TLS: domain.TLSNone},
 		rnd:   rand.New(rand.NewPCG(cfg.seed, 0x6d61696c706c616e)), // "mailplan"
 		boxes: boxes, decks: make([][]bool, len(boxes)),
@@ -293,7 +293,7 @@ func (s *Simulator) SetupEvents() []domain.Event {
 func (s *Simulator) Setup(ctx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	have, err := s.publishedIDs(ctx, topics.OrgEvents, topics.MailboxEvents)
+	have, err := s.publishedIDs(ctx, s.kcfg.Topic(topics.OrgEvents), s.kcfg.Topic(topics.MailboxEvents))
 	if err != nil {
 		return 0, err
 	}

@@ -67,8 +67,9 @@ type Failure struct {
 	Attempts int
 }
 
-// NewRecord returns the dead letter of src for the DLQ topic.
-func NewRecord(src *kgo.Record, f Failure) *kgo.Record {
+// NewRecord returns the dead letter of src for the DLQ topic of namespace
+// ns, the namespace src was read in.
+func NewRecord(ns topics.Namespace, src *kgo.Record, f Failure) *kgo.Record {
 	withheld := ""
 	switch {
 	case f.Code == domain.CodePlaintextSecret:
@@ -101,7 +102,7 @@ func NewRecord(src *kgo.Record, f Failure) *kgo.Record {
 		value = bytes.Clone(src.Value)
 	}
 	return &kgo.Record{
-		Topic:   topics.DLQ,
+		Topic:   ns.Topic(topics.DLQ),
 		Key:     bytes.Clone(src.Key),
 		Value:   value,
 		Headers: hs,
@@ -264,7 +265,7 @@ func List(ctx context.Context, cfg kafka.Config, limit int) ([]Entry, error) {
 	// placement engine writes them inside its transactions) are not shown;
 	// up to the last stable offset, what read_committed can reach.
 	spec := kafka.ReadSpec{
-		Topics:   []string{topics.DLQ},
+		Topics:   []string{cfg.Topic(topics.DLQ)},
 		ClientID: "dlq-list",
 		From: func(_ kafka.Partition, b kafka.Bounds) (int64, error) {
 			if limit > 0 && b.End-int64(limit) > b.Start {

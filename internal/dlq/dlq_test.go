@@ -33,7 +33,7 @@ func source(value string) *kgo.Record {
 func TestNewRecordRoundTrip(t *testing.T) {
 	t.Parallel()
 	src := source(`{"mailbox_id":"x"}`)
-	r := dlq.NewRecord(src, dlq.Failure{Consumer: "registry", Code: domain.CodeMalformedJSON, Err: "bad", Attempts: 1})
+	r := dlq.NewRecord("", src, dlq.Failure{Consumer: "registry", Code: domain.CodeMalformedJSON, Err: "bad", Attempts: 1})
 	if r.Topic != topics.DLQ {
 		t.Fatalf("topic %s", r.Topic)
 	}
@@ -78,7 +78,7 @@ func TestNewRecordWithholdsSecrets(t *testing.T) {
 		{"sealed only", `{"sealed_credentials":{"key_id":"k","ciphertext":"AAAA"}}`, domain.CodeInvalid, ""},
 		{"null credentials", `{"credentials":null}`, domain.CodeInvalid, ""},
 	} {
-		r := dlq.NewRecord(source(tc.value), dlq.Failure{Consumer: "c", Code: tc.code, Err: "e", Attempts: 1})
+		r := dlq.NewRecord("", source(tc.value), dlq.Failure{Consumer: "c", Code: tc.code, Err: "e", Attempts: 1})
 		e := dlq.Parse(r)
 		if e.ValueWithheld != tc.want {
 			t.Errorf("%s: withheld %q, want %q", tc.name, e.ValueWithheld, tc.want)
@@ -99,7 +99,7 @@ func TestNewRecordWithholdsSecrets(t *testing.T) {
 
 func TestErrorHeaderBounded(t *testing.T) {
 	t.Parallel()
-	r := dlq.NewRecord(source(`{}`), dlq.Failure{Consumer: "c", Code: domain.CodeInvalid, Err: strings.Repeat("é", 2000), Attempts: 3})
+	r := dlq.NewRecord("", source(`{}`), dlq.Failure{Consumer: "c", Code: domain.CodeInvalid, Err: strings.Repeat("é", 2000), Attempts: 3})
 	e := dlq.Parse(r)
 	if len(e.Error) > dlq.MaxErrorLen+len("…") {
 		t.Fatalf("error header is %d bytes", len(e.Error))
@@ -152,7 +152,7 @@ func TestListAndFormat(t *testing.T) {
 	for i := range 5 {
 		src := source(`{"n":1}`)
 		src.Offset = int64(i)
-		recs = append(recs, dlq.NewRecord(src, dlq.Failure{Consumer: "registry", Code: domain.CodeUnknownType, Err: "unknown event type", Attempts: 1}))
+		recs = append(recs, dlq.NewRecord("", src, dlq.Failure{Consumer: "registry", Code: domain.CodeUnknownType, Err: "unknown event type", Attempts: 1}))
 	}
 	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		t.Fatal(err)
@@ -225,7 +225,7 @@ func TestListTransactional(t *testing.T) {
 		if err := cl.BeginTransaction(); err != nil {
 			t.Fatal(err)
 		}
-		r := dlq.NewRecord(source(`{}`), dlq.Failure{Consumer: consumer, Code: domain.CodeMalformedJSON, Err: "bad", Attempts: 1})
+		r := dlq.NewRecord("", source(`{}`), dlq.Failure{Consumer: consumer, Code: domain.CodeMalformedJSON, Err: "bad", Attempts: 1})
 		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
 			t.Fatal(err)
 		}

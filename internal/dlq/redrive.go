@@ -36,6 +36,7 @@ import (
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/promreg"
 	"github.com/mailplane/mailplane/internal/sla"
+	"github.com/mailplane/mailplane/topics"
 )
 
 // Header names of a redriven record. Every one starts with
@@ -81,7 +82,7 @@ var redrivable = map[string]bool{
 	string(sla.MailboxState): true,
 }
 
-// consumerTopics returns the topics consumer reads.
+// consumerTopics returns the topics consumer reads (catalog names).
 func consumerTopics(consumer string) []string {
 	c, err := sla.Lookup(sla.Name(consumer))
 	if err != nil {
@@ -166,8 +167,9 @@ func (s Selection) matches(e Entry) bool {
 		(s.ToOffset == nil || e.Offset <= *s.ToOffset)
 }
 
-// refusal returns why e cannot be redriven to its consumer (nil: it can).
-func refusal(e Entry) *domain.Error {
+// refusal returns why e cannot be redriven to its consumer in namespace ns
+// (nil: it can).
+func refusal(ns topics.Namespace, e Entry) *domain.Error {
 	switch {
 	case e.ValueWithheld != "":
 		return domain.Errorf(domain.CodeValueWithheld, "the DLQ withheld this value (%s): there is nothing to hand back; "+
@@ -178,7 +180,7 @@ func refusal(e Entry) *domain.Error {
 		return domain.Errorf(domain.CodeValueWithheld, "the value may hold a plain-text secret; re-publish the event instead")
 	case len(e.Value) == 0 || len(e.Key) == 0:
 		return domain.Errorf(domain.CodeNotRedrivable, "the dead letter has no key or no value")
-	case !redrivable[e.Consumer] || !slices.Contains(consumerTopics(e.Consumer), e.SourceTopic):
+	case !redrivable[e.Consumer] || !slices.Contains(ns.Topics(consumerTopics(e.Consumer)...), e.SourceTopic):
 		return domain.Errorf(domain.CodeNotRedrivable, "the source topic %q is not one %s reads", e.SourceTopic, e.Consumer)
 	case e.SourcePartition < 0 || e.SourceOffset < 0:
 		return domain.Errorf(domain.CodeNotRedrivable, "the dead letter names no source partition and offset")

@@ -97,7 +97,7 @@ func (r *redrive) run(ctx context.Context) (Report, error) {
 	}
 	var todo []Entry
 	for _, e := range picked {
-		if why := refusal(e); why != nil {
+		if why := refusal(r.cfg.Namespace, e); why != nil {
 			r.report.Items = append(r.report.Items, Item{Entry: e, Outcome: OutcomeRefused, Code: why.Code, Reason: why.Message, Offset: -1})
 			if !r.sel.DryRun && r.c.metrics != nil {
 				r.c.metrics.refused.WithLabelValues(e.Consumer, codeLabel(why.Code)).Inc()
@@ -147,7 +147,7 @@ func (r *redrive) read(ctx context.Context, pending []pendingRow) ([]Entry, erro
 		}
 	}
 	spec := kafka.ReadSpec{
-		Topics:   []string{topics.DLQ},
+		Topics:   []string{r.cfg.Topic(topics.DLQ)},
 		ClientID: "dlq-redrive",
 		From: func(_ kafka.Partition, b kafka.Bounds) (int64, error) {
 			return max(b.Start, from), nil

@@ -29,7 +29,7 @@ func TestForOtherConsumer(t *testing.T) {
 	if dlq.ForOtherConsumer(plain, "registry") {
 		t.Fatal("a record never redriven is for every consumer")
 	}
-	e := dlq.Parse(dlq.NewRecord(plain, dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "x", Attempts: 1}))
+	e := dlq.Parse(dlq.NewRecord("", plain, dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "x", Attempts: 1}))
 	r := dlq.RedriveRecord(e, "0190a5e4-0000-7000-8000-0000000000aa")
 	if dlq.ForOtherConsumer(r, "registry") {
 		t.Fatal("a redriven record is for its consumer")
@@ -73,7 +73,7 @@ func TestRedriveRecord(t *testing.T) {
 	// A record redriven before, failing again: its old redrive headers go.
 	src.Headers = append(src.Headers, kgo.RecordHeader{Key: dlq.HeaderRedriveID, Value: []byte("old")},
 		kgo.RecordHeader{Key: dlq.HeaderRedriveConsumer, Value: []byte("mailbox-state")})
-	e := dlq.Parse(dlq.NewRecord(src, dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "x", Attempts: 3}))
+	e := dlq.Parse(dlq.NewRecord("", src, dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "x", Attempts: 3}))
 	e.Partition, e.Offset = 0, 17
 	// An entry built by hand may carry dead-letter headers: never copied.
 	e.Headers = append(e.Headers, kgo.RecordHeader{Key: dlq.HeaderConsumer, Value: []byte("forged")})
@@ -171,7 +171,7 @@ func deadLetter(t *testing.T, ctx context.Context, cl *kgo.Client, topic string,
 	t.Helper()
 	src := source(value)
 	src.Topic, src.Partition, src.Offset = topic, partition, offset
-	r := dlq.NewRecord(src, dlq.Failure{Consumer: consumer, Code: code, Err: "test", Attempts: 1})
+	r := dlq.NewRecord("", src, dlq.Failure{Consumer: consumer, Code: code, Err: "test", Attempts: 1})
 	if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +216,7 @@ func TestRedriveRefusals(t *testing.T) {
 	forge := func(edit func(r *kgo.Record)) {
 		src := source(`{"n":1}`)
 		src.Topic, src.Partition, src.Offset = topics.MailboxEvents, 1, 6
-		r := dlq.NewRecord(src, dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "x", Attempts: 1})
+		r := dlq.NewRecord("", src, dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "x", Attempts: 1})
 		edit(r)
 		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
 			t.Fatal(err)
@@ -387,7 +387,7 @@ func TestRedriveRefusesOutOfOrder(t *testing.T) {
 	}
 	defer dl.Close()
 	for _, r := range []*kgo.Record{removedA, removedB} {
-		if err := dl.ProduceSync(ctx, dlq.NewRecord(r, dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "x", Attempts: 3})).FirstErr(); err != nil {
+		if err := dl.ProduceSync(ctx, dlq.NewRecord("", r, dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "x", Attempts: 3})).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
 	}

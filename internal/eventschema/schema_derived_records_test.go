@@ -413,7 +413,7 @@ func TestDerivedMailboxStateConforms(t *testing.T) {
 			t.Fatalf("case %d: the input event is invalid: %s", i, ps)
 		}
 		m := mailboxstate.FromAdded(e, a)
-		r, err := mailboxstate.Record(m, e.Time)
+		r, err := mailboxstate.Record(topics.MailboxState, m, e.Time)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -432,7 +432,7 @@ func TestDerivedMailboxStateConforms(t *testing.T) {
 		}
 	}
 	// A tombstone has no value to validate; its headers are as documented.
-	r := mailboxstate.Tombstone(drMailbox(1), drEventID(200), drT0)
+	r := mailboxstate.Tombstone(topics.MailboxState, drMailbox(1), drEventID(200), drT0)
 	if r.Value != nil || string(r.Key) != drMailbox(1) || r.Topic != topics.MailboxState {
 		t.Errorf("tombstone %+v", r)
 	}

@@ -21,12 +21,18 @@ import (
 	"github.com/twmb/franz-go/plugin/kprom"
 
 	"github.com/mailplane/mailplane/internal/promreg"
+	"github.com/mailplane/mailplane/topics"
 )
 
 // Config is what every client needs.
 type Config struct {
 	Brokers  []string
 	ClientID string
+	// Namespace prefixes every topic, group and transactional id this
+	// configuration's users name (topics.Namespace); empty: the catalog's
+	// names. The clients do not rewrite names themselves: each user maps
+	// the catalog's names through it (Topic, Group, TransactionalID).
+	Namespace topics.Namespace
 	// Registerer, when set, receives franz-go's client metrics (kprom)
 	// under the mailplane_kafka namespace, labelled by client id and kind.
 	Registerer prometheus.Registerer
@@ -86,6 +92,15 @@ func clientMetrics(reg prometheus.Registerer, clientID, kind string) *kprom.Metr
 	labels := prometheus.Labels{"client": clientID, "kind": kind}
 	return kprom.NewMetrics("mailplane_kafka", kprom.Registerer(promreg.Lenient(prometheus.WrapRegistererWith(labels, reg))))
 }
+
+// Topic returns the catalog topic name within c's namespace.
+func (c Config) Topic(name string) string { return c.Namespace.Topic(name) }
+
+// Group returns the consumer group name within c's namespace.
+func (c Config) Group(name string) string { return c.Namespace.Group(name) }
+
+// TransactionalID returns the transactional id within c's namespace.
+func (c Config) TransactionalID(id string) string { return c.Namespace.TransactionalID(id) }
 
 // WithClientID returns c with another client id: a role's second client
 // keeps the brokers, credentials and metrics of the first.

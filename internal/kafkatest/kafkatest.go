@@ -1,25 +1,26 @@
 // Package kafkatest gives tests a Kafka broker: an in-process kfake cluster
 // per test by default, or the real broker named by MAILPLANE_TEST_BROKERS.
 //
-// Topic names are fixed by the catalog, so tests cannot share a real broker
-// concurrently: with MAILPLANE_TEST_BROKERS set, tests holding a broker run
-// one at a time within a test binary (a process-wide lock), every mailplane
-// topic is deleted before each test, and `go test` must run with -p 1 and a
-// -parallel well above the number of parallel tests of a package (make
-// test-broker passes 64): tests waiting for the lock occupy parallel slots,
-// and a holder's own parallel subtests need free ones. A test asking for a
-// second broker while it or its parent holds one fails at once. Group
-// sessions shorter than a real broker's minimum (6 s by default, in Kafka,
-// Redpanda and kfake) are refused: tests take theirs from SessionTimeout.
-// Tests that need kfake's fault hooks (black-holing a member, compaction on
-// demand) use Fake whatever the environment.
+// Config gives each test a namespace of its own (docs/namespaces.md): every
+// topic, group and transactional id the test's components use is prefixed
+// with it, so tests share a real broker and run in parallel, across
+// packages too (`make test-broker`). On kfake the namespace is there as
+// well, so every test run exercises the namespaced names. A test writing
+// or reading records itself names the topic through its configuration
+// (kcfg.Topic(topics.X)).
+//
+// Group sessions shorter than a real broker's minimum (6 s by default, in
+// Kafka, Redpanda and kfake) are refused: tests take theirs from
+// SessionTimeout. Tests that need kfake's fault hooks (black-holing a
+// member, compaction on demand) use Fake whatever the environment.
 package kafkatest
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -32,12 +33,6 @@ import (
 
 // EnvBrokers names the variable holding a real broker list.
 const EnvBrokers = "MAILPLANE_TEST_BROKERS"
-
-var (
-	realMu   sync.Mutex
-	holderMu sync.Mutex
-	holder   string // name of the test holding realMu
-)
 
 // Real reports whether tests run against the broker in MAILPLANE_TEST_BROKERS.
 func Real() bool { return os.Getenv(EnvBrokers) != "" }
@@ -55,33 +50,20 @@ func SessionTimeout(d time.Duration) time.Duration {
 	return d
 }
 
-// Brokers returns bootstrap brokers for t with the topic catalog applied
-// (statePartitions partitions for the state topics).
-func Brokers(t testing.TB, statePartitions int32) []string {
+// Config returns a client configuration for t: the brokers (a kfake of
+// t's own, or the real broker of MAILPLANE_TEST_BROKERS) with the topic
+// catalog applied (statePartitions partitions for the state topics) in a
+// fresh namespace. On a real broker the namespace's topics are deleted when
+// t ends.
+func Config(t testing.TB, statePartitions int32) kafka.Config {
 	t.Helper()
+	ns := Namespace(t)
 	var brokers []string
 	if env := os.Getenv(EnvBrokers); env != "" {
-		// A test (or its subtests) asking for a second broker while it
-		// holds the shared one would wait for itself forever.
-		holderMu.Lock()
-		nested := holder != "" && (holder == t.Name() || strings.HasPrefix(t.Name(), holder+"/"))
-		holderMu.Unlock()
-		if nested {
-			t.Fatalf("%s: %s asks for a second broker while its test holds the shared one; "+
-				"against one real broker the fixed topic names cannot be shared within a test yet", EnvBrokers, t.Name())
-		}
-		realMu.Lock()
-		holderMu.Lock()
-		holder = t.Name()
-		holderMu.Unlock()
-		t.Cleanup(func() {
-			holderMu.Lock()
-			holder = ""
-			holderMu.Unlock()
-			realMu.Unlock()
-		})
 		brokers = kafka.ParseBrokers(env)
-		resetTopics(t, brokers)
+		// Registered first, so it runs last: after the test's clients
+		// (registered later) are closed.
+		t.Cleanup(func() { deleteTopics(t, brokers, ns) })
 	} else {
 		brokers = Fake(t).ListenAddrs()
 	}
@@ -92,10 +74,22 @@ func Brokers(t testing.TB, statePartitions int32) []string {
 	defer kc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := topics.Apply(ctx, kc, topics.Catalog(topics.Config{StatePartitions: statePartitions})); err != nil {
-		t.Fatalf("apply topics: %v", err)
+	if _, err := topics.Apply(ctx, kc, topics.Catalog(topics.Config{StatePartitions: statePartitions, Namespace: ns})); err != nil {
+		t.Fatalf("%s: apply topics in namespace %s: %v", strings.Join(brokers, ","), ns, err)
 	}
-	return brokers
+	return kafka.Config{Brokers: brokers, Namespace: ns}
+}
+
+// Namespace returns a namespace no other test uses: "t" and 10 random hex
+// digits (a broker may be shared by test processes started at once, so a
+// counter would not do).
+func Namespace(t testing.TB) topics.Namespace {
+	t.Helper()
+	var b [5]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	return topics.Namespace("t" + hex.EncodeToString(b[:]))
 }
 
 // Fake starts an in-process kfake cluster for t, closed at cleanup. Group
@@ -112,58 +106,33 @@ func Fake(t testing.TB, opts ...kfake.Opt) *kfake.Cluster {
 	return emb.Cluster
 }
 
-// resetTopics deletes every mailplane topic on a real broker.
-func resetTopics(t testing.TB, brokers []string) {
-	t.Helper()
-	adm, err := kafka.NewAdmin(kafka.Config{Brokers: brokers, ClientID: "mailplane-test-reset"})
+// deleteTopics deletes the topics of namespace ns on a real broker.
+func deleteTopics(t testing.TB, brokers []string, ns topics.Namespace) {
+	adm, err := kafka.NewAdmin(kafka.Config{Brokers: brokers, ClientID: "mailplane-test-cleanup"})
 	if err != nil {
-		t.Fatal(err)
+		t.Errorf("deleting namespace %s: %v", ns, err)
+		return
 	}
 	defer adm.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	listed, err := adm.ListTopics(ctx)
-	if err != nil {
-		t.Fatalf("%s=%s: %v", EnvBrokers, strings.Join(brokers, ","), err)
+	var names []string
+	for _, s := range topics.Catalog(topics.Config{Namespace: ns}) {
+		names = append(names, s.Name)
 	}
-	var del []string
-	for _, n := range listed.Names() {
-		if strings.HasPrefix(n, "mailplane.") {
-			del = append(del, n)
-		}
-	}
-	if len(del) > 0 {
-		if _, err := adm.DeleteTopics(ctx, del...); err != nil {
-			t.Fatalf("delete topics: %v", err)
-		}
+	if _, err := adm.DeleteTopics(ctx, names...); err != nil {
+		t.Errorf("deleting namespace %s: %v", ns, err)
 	}
 }
 
-// Fetch reads the record at topic/partition/offset, failing t after 10 s.
-func Fetch(t testing.TB, brokers []string, topic string, partition int32, offset int64) *kgo.Record {
-	t.Helper()
-	cl, err := kafka.NewClient(kafka.Config{Brokers: brokers, ClientID: "mailplane-test-fetch"}, kafka.KindReader,
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {partition: kgo.NewOffset().At(offset)}}),
-	)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for {
-		fs := cl.PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			t.Fatalf("fetch %s/%d@%d: %v", topic, partition, offset, err)
-		}
-		var got *kgo.Record
-		fs.EachRecord(func(r *kgo.Record) {
-			if got == nil && r.Offset == offset {
-				got = r
-			}
-		})
-		if got != nil {
-			return got
+// InNamespace moves records a test built with the catalog's topic names
+// (topics.Encode, mailboxstate.Record(topics.MailboxState, ...)) into
+// kcfg's namespace, and returns them. Other names are left alone.
+func InNamespace(kcfg kafka.Config, recs ...*kgo.Record) []*kgo.Record {
+	for _, r := range recs {
+		if topics.IsCatalogName(r.Topic) {
+			r.Topic = kcfg.Topic(r.Topic)
 		}
 	}
+	return recs
 }

@@ -113,7 +113,7 @@ func (p *Processor) readState(ctx context.Context, ids map[string]bool) (map[str
 	pick := func(n int) []int32 {
 		// The partition of a key, as the processor's producer places it
 		// (partitioner: murmur2 of the key).
-		place := kgo.StickyKeyPartitioner(nil).ForTopic(topics.MailboxState)
+		place := kgo.StickyKeyPartitioner(nil).ForTopic(p.stateTopic)
 		seen := map[int32]bool{}
 		for id := range ids {
 			part := int32(place.Partition(&kgo.Record{Key: []byte(id)}, n))
@@ -125,7 +125,7 @@ func (p *Processor) readState(ctx context.Context, ids map[string]bool) (map[str
 		return parts
 	}
 	out := map[string]current{}
-	recs, err := p.readToEnd(ctx, "state-read", topics.MailboxState, pick, func(r *kgo.Record) {
+	recs, err := p.readToEnd(ctx, "state-read", p.stateTopic, pick, func(r *kgo.Record) {
 		if ids[string(r.Key)] {
 			m, live, err := Decode(r)
 			out[string(r.Key)] = current{m: m, live: live, err: err}

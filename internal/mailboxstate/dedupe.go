@@ -89,7 +89,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/topics"
 )
 
 // DefaultDedupeWindow is how long, in log time, the processor remembers the
@@ -179,16 +178,16 @@ func parseChangelogKey(k []byte) (group string, id uuid.UUID, ok bool) {
 }
 
 // changelogRecord remembers that e, read from r, was applied.
-func changelogRecord(group string, id uuid.UUID, e domain.Event, r *kgo.Record) *kgo.Record {
+func changelogRecord(topic, group string, id uuid.UUID, e domain.Event, r *kgo.Record) *kgo.Record {
 	v, _ := json.Marshal(entry{Offset: r.Offset, LogTime: r.Timestamp.UnixMilli(), MailboxID: e.Subject, Type: e.Type})
-	return &kgo.Record{Topic: topics.MailboxStateDedupe, Partition: r.Partition, Key: changelogKey(group, id), Value: v}
+	return &kgo.Record{Topic: topic, Partition: r.Partition, Key: changelogKey(group, id), Value: v}
 }
 
 // changelogTombstone forgets id; at is the input offset whose transaction
 // forgot it.
-func changelogTombstone(group string, partition int32, id uuid.UUID, at int64) *kgo.Record {
+func changelogTombstone(topic, group string, partition int32, id uuid.UUID, at int64) *kgo.Record {
 	return &kgo.Record{
-		Topic: topics.MailboxStateDedupe, Partition: partition, Key: changelogKey(group, id),
+		Topic: topic, Partition: partition, Key: changelogKey(group, id),
 		Headers: []kgo.RecordHeader{{Key: headerEvictedAt, Value: strconv.AppendInt(nil, at, 10)}},
 	}
 }
@@ -241,11 +240,11 @@ func (p *Processor) restore(ctx context.Context, resume map[int32]int64) (map[in
 		out[part] = newApplied()
 	}
 	pick := func(int) []int32 { return keys(resume) }
-	n, err := p.readToEnd(ctx, "restore", topics.MailboxStateDedupe, pick, func(r *kgo.Record) {
+	n, err := p.readToEnd(ctx, "restore", p.dedupeTopic, pick, func(r *kgo.Record) {
 		out[r.Partition].replay(p.cfg.group.Group, r, resume[r.Partition])
 	})
 	if err != nil {
-		return nil, fmt.Errorf("restore (%s must have as many partitions as %s): %w", topics.MailboxStateDedupe, topics.MailboxEvents, err)
+		return nil, fmt.Errorf("restore (%s must have as many partitions as %s): %w", p.dedupeTopic, p.eventsTopic, err)
 	}
 	ids := 0
 	for _, a := range out {

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/topics"
 )
 
 func fixedID(n uint64) uuid.UUID {
@@ -78,14 +79,14 @@ func TestChangelogReplay(t *testing.T) {
 	}
 	a, b, c, d := fixedID(1), fixedID(2), fixedID(3), fixedID(4)
 	log := []*kgo.Record{
-		changelogRecord(group, a, ev(a), in(10, 0)),
-		changelogRecord("other", b, ev(b), in(11, time.Second)),
-		changelogRecord(group, b, ev(b), in(12, 2*time.Second)),
-		changelogRecord(group, c, ev(c), in(13, 3*time.Second)),
-		changelogTombstone(group, 3, c, 14),
-		changelogRecord(group, a, ev(a), in(20, 10*time.Second)), // re-applied beyond the window
-		changelogRecord(group, d, ev(d), in(30, 20*time.Second)),
-		changelogTombstone(group, 3, b, 31),
+		changelogRecord(topics.MailboxStateDedupe, group, a, ev(a), in(10, 0)),
+		changelogRecord(topics.MailboxStateDedupe, "other", b, ev(b), in(11, time.Second)),
+		changelogRecord(topics.MailboxStateDedupe, group, b, ev(b), in(12, 2*time.Second)),
+		changelogRecord(topics.MailboxStateDedupe, group, c, ev(c), in(13, 3*time.Second)),
+		changelogTombstone(topics.MailboxStateDedupe, group, 3, c, 14),
+		changelogRecord(topics.MailboxStateDedupe, group, a, ev(a), in(20, 10*time.Second)), // re-applied beyond the window
+		changelogRecord(topics.MailboxStateDedupe, group, d, ev(d), in(30, 20*time.Second)),
+		changelogTombstone(topics.MailboxStateDedupe, group, 3, b, 31),
 	}
 	for _, r := range log {
 		if r.Partition != 3 || r.Topic == "" {

@@ -91,8 +91,10 @@ func WithKgoOptions(opts ...kgo.Opt) Option {
 type Processor struct {
 	kcfg kafka.Config
 	cfg  config
-	log  *slog.Logger
-	m    *metrics
+	// The topics, within kcfg's namespace.
+	eventsTopic, stateTopic, dedupeTopic string
+	log                                  *slog.Logger
+	m                                    *metrics
 	// meter measures the processor as the consumer of its tier.
 	meter *sla.Meter
 }
@@ -116,10 +118,13 @@ func New(kcfg kafka.Config, opts ...Option) (*Processor, error) {
 	if cfg.group.Group == "" {
 		cfg.group.Group = DefaultGroup
 	}
-	cfg.group.Topics = []string{topics.MailboxEvents}
 	if cfg.txnID == "" {
 		cfg.txnID = DefaultTransactionalID
 	}
+	// The group and the transactional id as the broker names them.
+	cfg.group.Group = kcfg.Group(cfg.group.Group)
+	cfg.group.Topics = []string{kcfg.Topic(topics.MailboxEvents)}
+	cfg.txnID = kcfg.TransactionalID(cfg.txnID)
 	if cfg.maxBatch <= 0 {
 		cfg.maxBatch = 2000
 	}
@@ -130,7 +135,8 @@ func New(kcfg kafka.Config, opts ...Option) (*Processor, error) {
 		kcfg.ClientID = "mailplane-mailbox-state"
 	}
 	log := cfg.logger.With("role", "mailbox-state")
-	return &Processor{kcfg: kcfg.WithLogger(log), cfg: cfg, log: log, m: newMetrics(cfg.reg), meter: sla.NewMeter(cfg.reg, sla.MailboxState)}, nil
+	return &Processor{kcfg: kcfg.WithLogger(log), cfg: cfg, log: log, m: newMetrics(cfg.reg), meter: sla.NewMeter(cfg.reg, sla.MailboxState),
+		eventsTopic: kcfg.Topic(topics.MailboxEvents), stateTopic: kcfg.Topic(topics.MailboxState), dedupeTopic: kcfg.Topic(topics.MailboxStateDedupe)}, nil
 }
 
 // Run folds until ctx is done and returns nil then. A transaction that
@@ -176,7 +182,7 @@ func (p *Processor) options(st *sessionState) []kgo.Opt {
 		kgo.TransactionalID(p.cfg.txnID),
 		kgo.TransactionTimeout(30 * time.Second),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.RecordPartitioner(partitioner{kgo.StickyKeyPartitioner(nil)}),
+		kgo.RecordPartitioner(partitioner{keyed: kgo.StickyKeyPartitioner(nil), changelog: p.dedupeTopic}),
 		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { st.forget(m); p.forget(m) }),
 		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { st.forget(m); p.forget(m) }),
 		kgo.ProducerLinger(0),
@@ -187,10 +193,13 @@ func (p *Processor) options(st *sessionState) []kgo.Opt {
 
 // partitioner places changelog records on the partition they name and every
 // other record by its key.
-type partitioner struct{ keyed kgo.Partitioner }
+type partitioner struct {
+	keyed     kgo.Partitioner
+	changelog string
+}
 
 func (p partitioner) ForTopic(t string) kgo.TopicPartitioner {
-	if t == topics.MailboxStateDedupe {
+	if t == p.changelog {
 		return samePartition{}
 	}
 	return p.keyed.ForTopic(t)
@@ -206,7 +215,8 @@ func (samePartition) Partition(r *kgo.Record, _ int) int   { return int(r.Partit
 // parts belongs to the poll loop; the group callbacks only mark partitions
 // stale, and the loop drops them before its next transaction.
 type sessionState struct {
-	parts map[int32]*applied
+	events string // the input topic
+	parts  map[int32]*applied
 	// reported is what this session added to the dedupe ids gauge (shared
 	// by the processors on one registry).
 	reported int
@@ -215,8 +225,8 @@ type sessionState struct {
 	stale map[int32]bool
 }
 
-func newSessionState() *sessionState {
-	return &sessionState{parts: map[int32]*applied{}, stale: map[int32]bool{}}
+func newSessionState(events string) *sessionState {
+	return &sessionState{events: events, parts: map[int32]*applied{}, stale: map[int32]bool{}}
 }
 
 // forget marks revoked or lost partitions: another member may fold them
@@ -224,7 +234,7 @@ func newSessionState() *sessionState {
 func (s *sessionState) forget(m map[string][]int32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, part := range m[topics.MailboxEvents] {
+	for _, part := range m[s.events] {
 		s.stale[part] = true
 	}
 }
@@ -253,7 +263,7 @@ func (s *sessionState) report(g prometheus.Gauge) {
 func (p *Processor) session(ctx context.Context) (progressed bool, err error) {
 	// A new session starts knowing nothing: it restores each partition's
 	// dedupe state from the changelog when it first folds that partition.
-	st := newSessionState()
+	st := newSessionState(p.eventsTopic)
 	defer func() {
 		clear(st.parts)
 		st.report(p.m.dedupeIDs)
@@ -377,7 +387,7 @@ func (p *Processor) transact(ctx context.Context, sess *kgo.GroupTransactSession
 	window, every := p.cfg.window.Milliseconds(), max(p.cfg.window.Milliseconds()/16, 1)
 	for _, part := range keys(first) {
 		for _, id := range st.parts[part].sweep(window, every) {
-			out = append(out, changelogTombstone(p.cfg.group.Group, part, id, last[part]))
+			out = append(out, changelogTombstone(p.dedupeTopic, p.cfg.group.Group, part, id, last[part]))
 		}
 	}
 	try := kgo.TryCommit
@@ -443,7 +453,7 @@ func (o outcome) String() string {
 // that does not decode goes to the DLQ, in the same transaction.
 func (p *Processor) fold(r *kgo.Record, a *applied, batch *batchState, out []*kgo.Record) ([]*kgo.Record, outcome) {
 	deadLetter := func(code domain.Code, msg string) ([]*kgo.Record, outcome) {
-		return append(out, dlq.NewRecord(r, dlq.Failure{Consumer: ConsumerName, Code: code, Err: msg, Attempts: 1})), outcomeDeadLettered
+		return append(out, dlq.NewRecord(p.kcfg.Namespace, r, dlq.Failure{Consumer: ConsumerName, Code: code, Err: msg, Attempts: 1})), outcomeDeadLettered
 	}
 	if dlq.ForOtherConsumer(r, ConsumerName) {
 		// Redriven from the DLQ for another consumer: that one applies it.
@@ -462,13 +472,13 @@ func (p *Processor) fold(r *kgo.Record, a *applied, batch *batchState, out []*kg
 	switch d := e.Data.(type) {
 	case *domain.MailboxAdded:
 		m := FromAdded(e, d)
-		state, err = Record(m, e.Time)
+		state, err = Record(p.stateTopic, m, e.Time)
 		if err != nil {
 			return deadLetter(domain.CodeInternal, err.Error())
 		}
 		next, kind = current{m: m, live: true}, outcomeUpserted
 	case *domain.MailboxRemoved:
-		state, kind = Tombstone(d.MailboxID, e.Key(), e.Time), outcomeTombstoned
+		state, kind = Tombstone(p.stateTopic, d.MailboxID, e.Key(), e.Time), outcomeTombstoned
 		next = current{m: domain.MailboxStateRecord{MailboxID: d.MailboxID}}
 	case *domain.MailboxDisabled:
 		var dl *dlq.Failure
@@ -499,7 +509,7 @@ func (p *Processor) fold(r *kgo.Record, a *applied, batch *batchState, out []*kg
 	if state != nil {
 		out = append(out, state)
 	}
-	return append(out, changelogRecord(p.cfg.group.Group, id, e, r)), kind
+	return append(out, changelogRecord(p.dedupeTopic, p.cfg.group.Group, id, e, r)), kind
 }
 
 type metrics struct {
@@ -532,7 +542,7 @@ func (p *Processor) foldIntoCurrent(r *kgo.Record, batch *batchState, id string,
 	if !ok {
 		return nil, cur, outcomeIgnored, nil
 	}
-	state, err := Record(m, e.Time)
+	state, err := Record(p.stateTopic, m, e.Time)
 	if err != nil {
 		return nil, current{}, 0, &dlq.Failure{Code: domain.CodeInternal, Err: err.Error()}
 	}

@@ -387,14 +387,14 @@ func TestDecodeRejects(t *testing.T) {
 	t.Parallel()
 	g := newGen(9)
 	e := g.added(g.uuid())
-	good, err := mailboxstate.Record(mailboxstate.FromAdded(e, e.Data.(*domain.MailboxAdded)), e.Time)
+	good, err := mailboxstate.Record(topics.MailboxState, mailboxstate.FromAdded(e, e.Data.(*domain.MailboxAdded)), e.Time)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, live, err := mailboxstate.Decode(good); err != nil || !live {
 		t.Fatalf("good record: live=%v err=%v", live, err)
 	}
-	if m, live, err := mailboxstate.Decode(mailboxstate.Tombstone("x", e.ID, e.Time)); err != nil || live || m.MailboxID != "x" {
+	if m, live, err := mailboxstate.Decode(mailboxstate.Tombstone(topics.MailboxState, "x", e.ID, e.Time)); err != nil || live || m.MailboxID != "x" {
 		t.Fatalf("tombstone: %+v live=%v err=%v", m, live, err)
 	}
 	for name, mut := range map[string]func(r *kgo.Record){

@@ -78,13 +78,13 @@ func headers(id, subject string, t time.Time) []kgo.RecordHeader {
 // Record returns m's mailbox.state record. The partition is left to the
 // producer's partitioner (murmur2 of the key). at is the ce_time: the time
 // of the event the record was folded from.
-func Record(m domain.MailboxStateRecord, at time.Time) (*kgo.Record, error) {
+func Record(topic string, m domain.MailboxStateRecord, at time.Time) (*kgo.Record, error) {
 	v, err := json.Marshal(m)
 	if err != nil {
 		return nil, err
 	}
 	return &kgo.Record{
-		Topic:   topics.MailboxState,
+		Topic:   topic,
 		Key:     []byte(m.MailboxID),
 		Value:   v,
 		Headers: headers(m.SourceEventID, m.MailboxID, at),
@@ -93,9 +93,9 @@ func Record(m domain.MailboxStateRecord, at time.Time) (*kgo.Record, error) {
 
 // Tombstone returns the mailbox.state tombstone of a removed mailbox: a
 // nil value, with the removal event's id and time in the headers.
-func Tombstone(mailboxID, eventID string, at time.Time) *kgo.Record {
+func Tombstone(topic, mailboxID, eventID string, at time.Time) *kgo.Record {
 	return &kgo.Record{
-		Topic:   topics.MailboxState,
+		Topic:   topic,
 		Key:     []byte(mailboxID),
 		Headers: headers(eventID, mailboxID, at),
 	}

@@ -28,7 +28,7 @@ const resealBatch = 500
 // re-sealed.
 func Reseal(ctx context.Context, kcfg kafka.Config, keyring *sealing.Keyring, pc *producer.Client, log *slog.Logger) (ResealResult, error) {
 	var res ResealResult
-	live, bad, err := ReadLive(ctx, kcfg, topics.MailboxState, log)
+	live, bad, err := ReadLive(ctx, kcfg, kcfg.Topic(topics.MailboxState), log)
 	if err != nil {
 		return res, err
 	}

@@ -32,7 +32,7 @@ func TestActivitySkipsRecordsRedrivenForOthers(t *testing.T) {
 	if a, ok := tr.decodeActivity(r); !ok || a.user != user {
 		t.Fatalf("a user.active is activity: %+v %v", a, ok)
 	}
-	dead := dlq.Parse(dlq.NewRecord(r, dlq.Failure{Consumer: string(sla.Registry), Code: domain.CodeInvalid, Err: "x", Attempts: 3}))
+	dead := dlq.Parse(dlq.NewRecord("", r, dlq.Failure{Consumer: string(sla.Registry), Code: domain.CodeInvalid, Err: "x", Attempts: 3}))
 	redriven := dlq.RedriveRecord(dead, domain.NewEventID())
 	redriven.Timestamp = now
 	if a, ok := tr.decodeActivity(redriven); ok {

@@ -57,7 +57,7 @@ func newGroupClient(kcfg kafka.Config, cfg Config, cb groupCallbacks) (*kgo.Clie
 		kgo.AdjustFetchOffsetsFn(fromStart),
 	}
 	cl, err := kafka.NewConsumer(kcfg, kafka.GroupConfig{
-		Group: cfg.Group, Topics: []string{topics.MailboxState},
+		Group: cfg.Group, Topics: []string{kcfg.Topic(topics.MailboxState)},
 		SessionTimeout: cfg.SessionTimeout, HeartbeatInterval: cfg.HeartbeatInterval,
 	}, append(opts, cfg.KgoOptions...)...)
 	if err != nil {
@@ -70,7 +70,7 @@ func newGroupClient(kcfg kafka.Config, cfg Config, cb groupCallbacks) (*kgo.Clie
 // a plain consumer.
 func newUserReader(kcfg kafka.Config, since time.Time) (*kgo.Client, error) {
 	return kafka.NewClient(kcfg.WithClientID(kcfg.ClientID+"-users"), kafka.KindReader,
-		kgo.ConsumeTopics(topics.UserEvents),
+		kgo.ConsumeTopics(kcfg.Topic(topics.UserEvents)),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(since.UnixMilli())),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.FetchMaxWait(500*time.Millisecond),

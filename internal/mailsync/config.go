@@ -25,7 +25,7 @@ type Config struct {
 	// per running worker.
 	WorkerID string
 	// Group is the consumer group on mailbox.state (default
-	// DefaultGroup).
+	// DefaultGroup), within the Kafka configuration's namespace.
 	Group string
 
 	// SessionTimeout and HeartbeatInterval are the group timings

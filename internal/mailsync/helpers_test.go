@@ -163,7 +163,7 @@ func (f *fixture) mailbox(user string, addedAgo time.Duration) domain.MailboxSta
 
 func stateRecord(t testing.TB, m domain.MailboxStateRecord) *kgo.Record {
 	t.Helper()
-	r, err := mailboxstate.Record(m, m.AddedAt)
+	r, err := mailboxstate.Record(topics.MailboxState, m, m.AddedAt)
 	if err != nil {
 		t.Fatal(err)
 	}

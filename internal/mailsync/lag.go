@@ -26,7 +26,7 @@ const commitEvery = 5 * time.Second
 // their append times, which may be months old in a compacted topic).
 func (w *Worker) measureLocked(p *partition) {
 	next := max(p.nextOffset, p.startOffset)
-	w.lag.Set(topics.MailboxState, p.id, sla.Position{Next: next, End: max(next, p.endOffset, p.fetchedEnd)})
+	w.lag.Set(w.kcfg.Topic(topics.MailboxState), p.id, sla.Position{Next: next, End: max(next, p.endOffset, p.fetchedEnd)})
 }
 
 // positionsLocked returns the live partitions' positions when they are
@@ -52,7 +52,7 @@ func (w *Worker) commitPositions(offs map[int32]kgo.EpochOffset) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), commitEvery)
-	w.cl.CommitOffsets(ctx, map[string]map[int32]kgo.EpochOffset{topics.MailboxState: offs},
+	w.cl.CommitOffsets(ctx, map[string]map[int32]kgo.EpochOffset{w.kcfg.Topic(topics.MailboxState): offs},
 		func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, _ *kmsg.OffsetCommitResponse, err error) {
 			cancel()
 			if err != nil {

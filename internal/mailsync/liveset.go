@@ -73,7 +73,7 @@ func (w *Worker) apply(fs kgo.Fetches) {
 	kicked := false
 	fs.EachPartition(func(fp kgo.FetchTopicPartition) {
 		part := w.parts[fp.Partition]
-		if part == nil || fp.Topic != topics.MailboxState {
+		if part == nil || fp.Topic != w.kcfg.Topic(topics.MailboxState) {
 			return
 		}
 		_, live := w.own.live(part.id)

@@ -19,7 +19,7 @@ import (
 // reading them. It runs while the poll loop is parked
 // (BlockRebalanceOnPoll).
 func (w *Worker) assigned(_ context.Context, _ *kgo.Client, m map[string][]int32) {
-	ids := m[topics.MailboxState]
+	ids := m[w.kcfg.Topic(topics.MailboxState)]
 	if len(ids) == 0 {
 		return
 	}
@@ -47,7 +47,7 @@ func (w *Worker) acquire(ids []int32) {
 		w.log.Error("taking epochs failed; retrying", "partitions", ids, "err", err)
 		return
 	}
-	starts, ends := listOffsets(ctx, w.adm, w.log, topics.MailboxState, ids)
+	starts, ends := listOffsets(ctx, w.adm, w.log, w.kcfg.Topic(topics.MailboxState), ids)
 	now := time.Now()
 	w.mu.Lock()
 	var loading []*partition
@@ -216,7 +216,7 @@ func (w *Worker) drop(ids []int32, reason string) {
 			continue
 		}
 		delete(w.parts, id)
-		w.lag.Forget(topics.MailboxState, id)
+		w.lag.Forget(w.kcfg.Topic(topics.MailboxState), id)
 		for _, mb := range p.boxes {
 			if w.sup.stop(mb.rec.MailboxID) {
 				counts[id]++

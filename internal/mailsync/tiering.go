@@ -72,7 +72,7 @@ func (t *tiering) followUsers(ctx context.Context, promote func([]activity)) {
 	defer t.activity.ForgetAll()
 	// Until the events that were already there at start are read, a
 	// promotion is catching up, not a latency worth measuring.
-	ends := userEnds(ctx, cl)
+	ends := userEnds(ctx, cl, t.kcfg.Topic(topics.UserEvents))
 	caughtUp := len(ends) == 0
 	t.log.Debug("following user events", "since", since, "to_catch_up", len(ends))
 	t.setCaughtUp(caughtUp)
@@ -109,11 +109,11 @@ func (t *tiering) followUsers(ctx context.Context, promote func([]activity)) {
 }
 
 // userEnds lists the end offsets of the user topic's non-empty partitions.
-func userEnds(ctx context.Context, cl *kgo.Client) map[int32]int64 {
+func userEnds(ctx context.Context, cl *kgo.Client, topic string) map[int32]int64 {
 	ends := map[int32]int64{}
 	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if listed, err := kadm.NewClient(cl).ListEndOffsets(lctx, topics.UserEvents); err == nil {
+	if listed, err := kadm.NewClient(cl).ListEndOffsets(lctx, topic); err == nil {
 		listed.Each(func(o kadm.ListedOffset) {
 			if o.Err == nil && o.Offset > 0 {
 				ends[o.Partition] = o.Offset
@@ -270,7 +270,7 @@ func (t *tiering) readTiers(ctx context.Context, ids []int32) (map[int32]map[str
 		out[id] = map[string]domain.SyncTierRecord{}
 	}
 	_, err := kafka.ReadToEnd(ctx, t.kcfg, kafka.ReadSpec{
-		Topics:     []string{topics.SyncTier},
+		Topics:     []string{t.kcfg.Topic(topics.SyncTier)},
 		Partitions: func(string, int) []int32 { return ids },
 		ClientID:   "tiers",
 	}, func(r *kgo.Record) error {

@@ -123,6 +123,8 @@ func New(kcfg kafka.Config, pool *pgxpool.Pool, runner Runner, cfg Config) (*Wor
 	if kcfg.ClientID == "" {
 		kcfg.ClientID = "mailplane-sync-" + cfg.WorkerID
 	}
+	// From here on the group is the broker's name for it.
+	cfg.Group = kcfg.Group(cfg.Group)
 	m := newMetrics(cfg.Registerer)
 	log := cfg.Logger.With("worker", cfg.WorkerID)
 	// Every client of the worker logs through its logger (the Kafka kit
@@ -211,10 +213,10 @@ func (w *Worker) connect(ctx context.Context) error {
 	cl, err := newGroupClient(w.kcfg, w.cfg, groupCallbacks{
 		assigned: w.assigned,
 		revoked: func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
-			w.drop(m[topics.MailboxState], domain.SyncLostRevoked)
+			w.drop(m[w.kcfg.Topic(topics.MailboxState)], domain.SyncLostRevoked)
 		},
 		lost: func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
-			w.drop(m[topics.MailboxState], domain.SyncLostLost)
+			w.drop(m[w.kcfg.Topic(topics.MailboxState)], domain.SyncLostLost)
 		},
 		hook: w.wd,
 	})
@@ -273,12 +275,13 @@ func (w *Worker) awaitRecordsPublished() {
 func (w *Worker) checkCoPartitioned(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	td, err := w.adm.ListTopics(ctx, topics.MailboxState, topics.SyncTier)
+	state, tier := w.kcfg.Topic(topics.MailboxState), w.kcfg.Topic(topics.SyncTier)
+	td, err := w.adm.ListTopics(ctx, state, tier)
 	if err != nil {
 		w.log.Warn("could not check that sync.tier is co-partitioned with mailbox.state", "err", err)
 		return
 	}
-	s, t := td[topics.MailboxState], td[topics.SyncTier]
+	s, t := td[state], td[tier]
 	if s.Err == nil {
 		w.m.statePartitions.Set(float64(len(s.Partitions)))
 	}
@@ -347,7 +350,7 @@ func (w *Worker) audit(d domain.Data) {
 	if w.out == nil {
 		return
 	}
-	r, err := encodeRecord(topics.SyncAudit, w.cfg.WorkerID, w.cfg.Now(), d)
+	r, err := encodeRecord(w.kcfg.Topic(topics.SyncAudit), w.cfg.WorkerID, w.cfg.Now(), d)
 	if err != nil {
 		w.log.Error("encoding an audit event", "type", d.EventType(), "err", err)
 		return

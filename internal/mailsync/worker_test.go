@@ -44,7 +44,7 @@ func TestAddRemove(t *testing.T) {
 	var worst time.Duration
 	for _, mb := range mbs[:5] {
 		start := time.Now()
-		e.produce(mailboxstate.Tombstone(mb.MailboxID, "e", time.Now()))
+		e.produce(mailboxstate.Tombstone(topics.MailboxState, mb.MailboxID, "e", time.Now()))
 		for {
 			if _, ok := rec.Running()[mb.MailboxID]; !ok {
 				break

@@ -9,6 +9,10 @@
 // every consumer of mailplane records recognises an event id it has applied,
 // so a repeat changes nothing. Only one relay of a database publishes at a
 // time (a session advisory lock); the others stand by.
+//
+// Rows hold the catalog's topic names (topics.MailboxEvents, ...), never a
+// namespaced one: the relay publishes them into the namespace of its Kafka
+// configuration, so whoever writes to the outbox needs no broker settings.
 package outbox
 
 import (
@@ -19,6 +23,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/mailplane/mailplane/topics"
 )
 
 // Channel is the Postgres notification channel Add signals on commit.
@@ -35,15 +41,19 @@ func Add(ctx context.Context, tx pgx.Tx, recs ...*kgo.Record) error {
 		return nil
 	}
 	n := len(recs)
-	topics, keys, values, headers := make([]string, n), make([][]byte, n), make([][]byte, n), make([][]byte, n)
+	names, keys, values, headers := make([]string, n), make([][]byte, n), make([][]byte, n), make([][]byte, n)
 	for i, r := range recs {
 		if r.Topic == "" {
 			return errors.New("outbox: a record without a topic")
 		}
-		topics[i], keys[i], values[i] = r.Topic, r.Key, r.Value
+		if !topics.IsCatalogName(r.Topic) {
+			// A namespaced name would be namespaced again by the relay.
+			return fmt.Errorf("outbox: topic %q is not a catalog name", r.Topic)
+		}
+		names[i], keys[i], values[i] = r.Topic, r.Key, r.Value
 		headers[i] = encodeHeaders(r.Headers)
 	}
-	if _, err := tx.Exec(ctx, addSQL, topics, keys, values, headers); err != nil {
+	if _, err := tx.Exec(ctx, addSQL, names, keys, values, headers); err != nil {
 		return fmt.Errorf("outbox: add: %w", err)
 	}
 	// Delivered at commit only, once per transaction however often called.
@@ -115,7 +125,8 @@ type Querier interface {
 }
 
 // Pending returns up to limit records waiting in the outbox, oldest first
-// (for operators and tests; the relay reads on its own connection).
+// (for operators and tests; the relay reads on its own connection), with
+// their catalog topic names.
 func Pending(ctx context.Context, q Querier, limit int) ([]*kgo.Record, error) {
 	rows, err := q.Query(ctx, `SELECT topic, key, value, headers FROM event_outbox ORDER BY seq LIMIT $1`, limit)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -20,9 +21,12 @@ import (
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/outbox"
 	"github.com/mailplane/mailplane/internal/pgtest"
+	"github.com/mailplane/mailplane/topics"
 )
 
-const topic = "outbox-test"
+// topic is a catalog topic the outbox really publishes to: outbox rows
+// hold catalog names only.
+const topic = topics.SyncAudit
 
 func setup(t *testing.T) (*pgxpool.Pool, []string) {
 	t.Helper()
@@ -221,6 +225,62 @@ func TestAddRejectsRecordWithoutTopic(t *testing.T) {
 	})
 	if err == nil {
 		t.Fatal("a record without a topic was accepted")
+	}
+}
+
+// TestOutboxNamespace: rows hold catalog names, and a relay publishes them
+// into the namespace of its Kafka configuration; a namespaced name (or any
+// name outside the catalog) is refused when queued, so it can never be
+// namespaced twice.
+func TestOutboxNamespace(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Schema(t)
+	ctx := context.Background()
+	if err := migrations.Apply(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	ns := topics.Namespace("staging")
+	c := kafkatest.Fake(t, kfake.SeedTopics(2, topic, ns.Topic(topic)))
+	for _, bad := range []string{ns.Topic(topic), "outbox-test", "mailplane.sync.audit.v2"} {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			return outbox.Add(ctx, tx, &kgo.Record{Topic: bad, Key: []byte("k"), Value: []byte("x")})
+		})
+		if err == nil || !strings.Contains(err.Error(), "not a catalog name") {
+			t.Errorf("Add to %q: %v, want a refusal", bad, err)
+		}
+	}
+	add(t, pool, true, &kgo.Record{Topic: topic, Key: []byte("k"), Value: []byte("in staging")})
+	kcfg := kafka.Config{Brokers: c.ListenAddrs(), Namespace: ns}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = outbox.NewRelay(pool, kcfg, outbox.WithPollInterval(50*time.Millisecond)).Run(rctx)
+	}()
+	defer func() { cancel(); <-done }()
+	waitEmpty(t, pool)
+	ends := func(name string) int64 {
+		adm, err := kafka.NewAdmin(kcfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer adm.Close()
+		lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
+		defer lcancel()
+		listed, err := adm.ListEndOffsets(lctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		listed.Each(func(o kadm.ListedOffset) { n += o.Offset })
+		return n
+	}
+	// One record and its transaction's commit marker.
+	if got := ends(ns.Topic(topic)); got != 2 {
+		t.Errorf("%s ends at %d, want the record and its commit marker (2)", ns.Topic(topic), got)
+	}
+	if got := ends(topic); got != 0 {
+		t.Errorf("%s (outside the namespace) ends at %d, want 0", topic, got)
 	}
 }
 

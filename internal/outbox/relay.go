@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/topics"
 )
 
 // lockSQL takes the advisory lock that elects the publishing relay. Advisory
@@ -181,7 +182,8 @@ func (r *Relay) session(ctx context.Context) error {
 	defer r.m.active.Set(0)
 	// One transactional id per outbox: the id of a new publisher fences
 	// the transactions of the one it replaced.
-	cl, err := kafka.NewProducer(r.kcfg, kgo.TransactionalID("mailplane-outbox-"+name),
+	txnID := r.kcfg.TransactionalID(topics.TxnOutboxPrefix + name)
+	cl, err := kafka.NewProducer(r.kcfg, kgo.TransactionalID(txnID),
 		kgo.TransactionTimeout(r.op+r.lease))
 	if err != nil {
 		return err
@@ -195,7 +197,7 @@ func (r *Relay) session(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("init producer id: %w", err)
 	}
-	r.log.Info("outbox relay publishing", "transactional_id", "mailplane-outbox-"+name)
+	r.log.Info("outbox relay publishing", "transactional_id", txnID)
 	if err := r.round(ctx, func(ctx context.Context) error {
 		_, err := pc.Exec(ctx, `LISTEN `+Channel)
 		return err
@@ -261,7 +263,7 @@ func (r *Relay) publish(ctx context.Context, pc *pgx.Conn, cl *kgo.Client) (int,
 				oldest = at
 			}
 			seqs = append(seqs, seq)
-			recs = append(recs, &kgo.Record{Topic: topic, Key: clone(key), Value: clone(value), Headers: hs})
+			recs = append(recs, &kgo.Record{Topic: r.kcfg.Topic(topic), Key: clone(key), Value: clone(value), Headers: hs})
 			return nil
 		})
 		return err

@@ -815,7 +815,7 @@ func (s *session) deadLetter(ctx context.Context, dls []deadLetter) (failed map[
 			d.code = domain.CodeInternal
 		}
 		f := dlq.Failure{Consumer: p.name, Code: d.code, Err: d.cause.Error(), Attempts: d.attempts}
-		recs[i] = dlq.NewRecord(d.it.rec, f)
+		recs[i] = dlq.NewRecord(p.kcfg.Namespace, d.it.rec, f)
 		byRec[recs[i]] = d
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/kafkatest"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -149,6 +150,7 @@ func BenchmarkPublishToProjected(b *testing.B) {
 		<-tick.C
 		rec, err := topics.Encode(ev)
 		must(b, err)
+		kafkatest.InNamespace(e.kcfg, rec)
 		mu.Lock()
 		sent[ev.ID] = time.Now()
 		mu.Unlock()

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/kafkatest"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -80,7 +81,7 @@ func BenchmarkRegistryCatchUp10M(b *testing.B) {
 				}
 				recs = append(recs, r)
 			}
-			chunks <- recs
+			chunks <- kafkatest.InNamespace(e.kcfg, recs...)
 		}
 	}()
 	produced := 0

@@ -36,6 +36,7 @@ func TestCloudEventsSDKKafkaRecordsApply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	topic = e.kcfg.Topic(topic)
 	cfg := sarama.NewConfig()
 	cfg.Version = sarama.V2_8_0_0
 	cfg.Producer.Return.Successes = true
@@ -141,7 +142,7 @@ func TestCloudEventsSDKKafkaRecordsApply(t *testing.T) {
 		t.Errorf("%d users projected, want %d", n, len(all))
 	}
 	dead := 0
-	if _, err := kafka.ReadToEnd(ctx, e.kcfg, kafka.ReadSpec{Topics: []string{topics.DLQ}, ClientID: "dlq"},
+	if _, err := kafka.ReadToEnd(ctx, e.kcfg, kafka.ReadSpec{Topics: []string{e.kcfg.Topic(topics.DLQ)}, ClientID: "dlq"},
 		func(*kgo.Record) error { dead++; return nil }); err != nil || dead != 0 {
 		t.Errorf("%d dead letters (%v)", dead, err)
 	}

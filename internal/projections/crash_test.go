@@ -33,6 +33,7 @@ const (
 	envCrashHelper  = "MAILPLANE_CRASH_HELPER"
 	envCrashBrokers = "MAILPLANE_CRASH_BROKERS"
 	envCrashDB      = "MAILPLANE_CRASH_DATABASE_URL"
+	envCrashNS      = "MAILPLANE_CRASH_NAMESPACE"
 	// envCrashEvents overrides how many records TestCrash produces.
 	envCrashEvents = "MAILPLANE_CRASH_EVENTS"
 )
@@ -66,7 +67,8 @@ func crashHelper() {
 	}
 	defer pool.Close()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	p, err := projections.New(kafka.Config{Brokers: kafka.ParseBrokers(os.Getenv(envCrashBrokers)), ClientID: "crash-child"},
+	p, err := projections.New(kafka.Config{Brokers: kafka.ParseBrokers(os.Getenv(envCrashBrokers)), ClientID: "crash-child",
+		Namespace: topics.Namespace(os.Getenv(envCrashNS))},
 		pool, projections.NewRegistry(),
 		projections.WithLogger(logger), projections.WithGroup(crashGroup), projections.WithBatchSize(200))
 	if err != nil {
@@ -122,6 +124,7 @@ func TestCrash(t *testing.T) {
 		}
 		recs[i] = r
 	}
+	kafkatest.InNamespace(e.kcfg, recs...)
 	// Production is spread over the kills, as at load.
 	var wg sync.WaitGroup
 	var produceErr error
@@ -205,6 +208,7 @@ func startChild(t *testing.T, kcfg kafka.Config, url string) *child {
 		envCrashHelper+"=1",
 		envCrashBrokers+"="+strings.Join(kcfg.Brokers, ","),
 		envCrashDB+"="+url,
+		envCrashNS+"="+string(kcfg.Namespace),
 	)
 	out := &mailplanetest.Output{}
 	cmd.Stdout, cmd.Stderr = out, out

@@ -36,10 +36,13 @@ func testLogger(t testing.TB) *slog.Logger {
 }
 
 // broker is an in-process kfake broker (short group sessions keep restarts
-// quick), or the real one in MAILPLANE_TEST_BROKERS, with the catalog.
+// quick), or the real one in MAILPLANE_TEST_BROKERS, with the catalog in a
+// namespace of the test's own.
 func broker(t testing.TB) kafka.Config {
 	t.Helper()
-	return kafka.Config{Brokers: kafkatest.Brokers(t, 4), ClientID: "projections-test"}
+	c := kafkatest.Config(t, 4)
+	c.ClientID = "projections-test"
+	return c
 }
 
 // env is one test's broker, schema and producer.
@@ -132,8 +135,11 @@ func (e *env) produce(events ...domain.Event) []*kgo.Record {
 	return recs
 }
 
+// produceRaw produces recs, those named by the catalog into the test's
+// namespace.
 func (e *env) produceRaw(recs ...*kgo.Record) {
 	e.t.Helper()
+	kafkatest.InNamespace(e.kcfg, recs...)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for len(recs) > 0 {
@@ -166,8 +172,11 @@ type tp struct {
 	partition int32
 }
 
+// endOffsets lists the end offsets of the catalog topics names in kcfg's
+// namespace, keyed by catalog name.
 func endOffsets(t testing.TB, kcfg kafka.Config, names []string) map[tp]int64 {
 	t.Helper()
+	names = kcfg.Namespace.Topics(names...)
 	cl, err := kafka.NewClient(kafka.Config{Brokers: kcfg.Brokers}, kafka.KindAdmin)
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +189,10 @@ func endOffsets(t testing.TB, kcfg kafka.Config, names []string) map[tp]int64 {
 		t.Fatal(err)
 	}
 	out := map[tp]int64{}
-	ends.Each(func(o kadm.ListedOffset) { out[tp{o.Topic, o.Partition}] = o.Offset })
+	ends.Each(func(o kadm.ListedOffset) {
+		base, _ := kcfg.Namespace.Base(o.Topic)
+		out[tp{base, o.Partition}] = o.Offset
+	})
 	return out
 }
 
@@ -215,7 +227,7 @@ func waitCaughtUp(t testing.TB, kcfg kafka.Config, pool *pgxpool.Pool, projector
 			return false, err
 		}
 		for k, end := range ends {
-			if end > 0 && pg[k] != end {
+			if end > 0 && pg[tp{kcfg.Topic(k.topic), k.partition}] != end {
 				return false, fmt.Errorf("%s[%d] at %d of %d", k.topic, k.partition, pg[k], end)
 			}
 		}

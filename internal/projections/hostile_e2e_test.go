@@ -70,7 +70,8 @@ func TestHostileStringsNeverStallAProjection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	client := producer.New(e.prod, producer.WithSealer(k), producer.WithSchema(eventschema.Default()), producer.WithSource("mailplane/test"))
+	client := producer.New(e.prod, producer.WithSealer(k), producer.WithSchema(eventschema.Default()), producer.WithSource("mailplane/test"),
+		producer.WithNamespace(e.kcfg.Namespace))
 	rng := rand.New(rand.NewPCG(9, 9))
 
 	org, user := "00000003-0000-4000-8000-000000000001", "00000004-0000-4000-8000-000000000001"
@@ -223,12 +224,12 @@ func engineCaughtUp(t *testing.T, kcfg kafka.Config, timeout time.Duration) {
 	waitFor(t, timeout, "the engine to reach the end of its inputs", func() (bool, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		os, err := adm.FetchOffsets(ctx, engine.DefaultGroup)
+		os, err := adm.FetchOffsets(ctx, kcfg.Group(engine.DefaultGroup))
 		if err != nil {
 			return false, err
 		}
 		for k, end := range ends {
-			o, ok := os.Lookup(k.topic, k.partition)
+			o, ok := os.Lookup(kcfg.Topic(k.topic), k.partition)
 			if end > 0 && (!ok || o.At != end) {
 				return false, fmt.Errorf("%s[%d] at %v of %d", k.topic, k.partition, o.At, end)
 			}
@@ -241,7 +242,7 @@ func engineCaughtUp(t *testing.T, kcfg kafka.Config, timeout time.Duration) {
 func deadLetters(t *testing.T, kcfg kafka.Config) map[string]bool {
 	t.Helper()
 	end := endOffsets(t, kcfg, []string{topics.DLQ})[tp{topics.DLQ, 0}]
-	cl, err := kafka.NewClient(kafka.Config{Brokers: kcfg.Brokers}, kafka.KindReader, kgo.ConsumeTopics(topics.DLQ),
+	cl, err := kafka.NewClient(kafka.Config{Brokers: kcfg.Brokers}, kafka.KindReader, kgo.ConsumeTopics(kcfg.Topic(topics.DLQ)),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		t.Fatal(err)

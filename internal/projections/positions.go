@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mailplane/mailplane/internal/sla"
+	"github.com/mailplane/mailplane/topics"
 )
 
 // Position is a projector's position on one partition, as Postgres holds
@@ -47,13 +48,14 @@ var ErrNotSeekable = errors.New("projections: the placement projection is rebuil
 
 // CheckSeekable refuses what Seek would: the placement projection
 // (ErrNotSeekable), and anything but a consumer of the table (internal/sla)
-// on one of its topics: a typo must not plant a position nobody reads.
-func CheckSeekable(projector, topic string) error {
+// on one of its topics in namespace ns: a typo must not plant a position
+// nobody reads.
+func CheckSeekable(ns topics.Namespace, projector, topic string) error {
 	if projector == "placement" {
 		return ErrNotSeekable
 	}
 	c, err := sla.Lookup(sla.Name(projector))
-	if err != nil || !slices.Contains(c.Topics, topic) {
+	if err != nil || !slices.Contains(ns.Topics(c.Topics...), topic) {
 		return fmt.Errorf("projections: %q is not a projector reading %q", projector, topic)
 	}
 	return nil
@@ -65,8 +67,8 @@ func CheckSeekable(projector, topic string) error {
 // records for good; moving back reads them again, but an event already
 // applied stays applied once (applied_events): to apply history again,
 // rebuild instead.
-func Seek(ctx context.Context, pool *pgxpool.Pool, projector, topic string, partition int32, next int64, now time.Time) (prev int64, err error) {
-	if err := CheckSeekable(projector, topic); err != nil {
+func Seek(ctx context.Context, pool *pgxpool.Pool, ns topics.Namespace, projector, topic string, partition int32, next int64, now time.Time) (prev int64, err error) {
+	if err := CheckSeekable(ns, projector, topic); err != nil {
 		return 0, err
 	}
 	if next < 0 {

@@ -31,7 +31,10 @@ type Projection interface {
 	// applied event ids in Postgres and its consumer group
 	// ("mailplane-projector-<name>"), so it never changes once deployed.
 	Name() string
-	// Topics are the topics the projection consumes.
+	// Topics are the topics the projection consumes (catalog names: the
+	// projector reads them in its Kafka configuration's namespace). Rows
+	// keyed by position (projector_offsets, a record's Topic) hold the
+	// namespaced names the broker gave the records.
 	Topics() []string
 	// Apply applies the events of recs to tx. None has been applied
 	// before. They may come from several partitions, grouped by partition,
@@ -75,7 +78,8 @@ func Events(recs []Record) []domain.Event {
 	return evs
 }
 
-// GroupName returns the consumer group of a projection's projector.
+// GroupName returns the consumer group of a projection's projector, outside
+// any namespace (the projector puts it in its Kafka configuration's).
 func GroupName(projection string) string { return "mailplane-projector-" + projection }
 
 // Permanent marks err as caused by the events being applied, not by the

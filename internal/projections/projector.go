@@ -115,8 +115,9 @@ func WithClock(now func() time.Time) Option { return func(c *config) { c.now = n
 
 // WithGroup tunes group membership: session timeout, heartbeat interval,
 // static instance id, and the group name (default
-// GroupName(projection.Name()); a replay into a fresh schema uses its own).
-// Topics are always the projection's.
+// GroupName(projection.Name()); a replay into a fresh schema uses its own),
+// outside any namespace: the projector puts the group in its Kafka
+// configuration's namespace. Topics are always the projection's.
 func WithGroup(g kafka.GroupConfig) Option { return func(c *config) { c.group = g } }
 
 // WithRevokeGrace sets how long a transaction in flight may run on once a
@@ -215,7 +216,9 @@ func New(kcfg kafka.Config, pool *pgxpool.Pool, proj Projection, opts ...Option)
 	if cfg.group.Group == "" {
 		cfg.group.Group = GroupName(proj.Name())
 	}
-	cfg.group.Topics = proj.Topics()
+	// The group and topics as the broker names them.
+	cfg.group.Group = kcfg.Group(cfg.group.Group)
+	cfg.group.Topics = kcfg.Namespace.Topics(proj.Topics()...)
 	if kcfg.ClientID == "" {
 		kcfg.ClientID = "mailplane-projector-" + proj.Name()
 	}

@@ -353,7 +353,7 @@ func TestPoisonRecords(t *testing.T) {
 	slices.SortFunc(entries, func(a, b dlq.Entry) int { return int(a.SourceOffset - b.SourceOffset) })
 	for i, en := range entries {
 		src := poisons[i]
-		if en.SourceTopic != topics.MailboxEvents || en.SourcePartition != first.Partition || en.SourceOffset != first.Offset+1+int64(i) ||
+		if en.SourceTopic != e.kcfg.Topic(topics.MailboxEvents) || en.SourcePartition != first.Partition || en.SourceOffset != first.Offset+1+int64(i) ||
 			en.Consumer != projections.RegistryName || en.ErrorCode != wantCodes[i] || en.Attempts != 1 || en.Error == "" ||
 			string(en.Key) != mailbox {
 			t.Errorf("dead letter %d: %+v", i, en)
@@ -472,7 +472,7 @@ func TestResumeFromPostgresOffsets(t *testing.T) {
 	must(t, err)
 	defer cl.Close()
 	adm := kadm.NewClient(cl)
-	group := projections.GroupName(projections.RegistryName)
+	group := e.kcfg.Group(projections.GroupName(projections.RegistryName))
 
 	// On leaving, the projector told Kafka where Postgres got to, for lag
 	// dashboards.
@@ -498,7 +498,7 @@ func TestResumeFromPostgresOffsets(t *testing.T) {
 		if i%2 == 0 {
 			at = 0
 		}
-		offs.Add(kadm.Offset{Topic: k.topic, Partition: k.partition, At: at, LeaderEpoch: -1})
+		offs.Add(kadm.Offset{Topic: e.kcfg.Topic(k.topic), Partition: k.partition, At: at, LeaderEpoch: -1})
 		i++
 	}
 	resp, err := adm.CommitOffsets(ctx, group, offs)
@@ -764,14 +764,14 @@ func TestStuckPartition(t *testing.T) {
 		otherPart = strconv.Itoa(int(r.Partition))
 	}
 	waitFor(t, 10*time.Second, "lag of the stuck partition to show", func() (bool, error) {
-		return counter(t, reg, "mailplane_consumer_lag_records", "consumer", "registry", "topic", topics.MailboxEvents, "partition", stuckPart) >= 300, nil
+		return counter(t, reg, "mailplane_consumer_lag_records", "consumer", "registry", "topic", e.kcfg.Topic(topics.MailboxEvents), "partition", stuckPart) >= 300, nil
 	})
-	first := counter(t, reg, "mailplane_consumer_lag_seconds", "consumer", "registry", "topic", topics.MailboxEvents, "partition", stuckPart)
+	first := counter(t, reg, "mailplane_consumer_lag_seconds", "consumer", "registry", "topic", e.kcfg.Topic(topics.MailboxEvents), "partition", stuckPart)
 	waitFor(t, 10*time.Second, "the stuck partition's seconds behind to grow", func() (bool, error) {
-		return counter(t, reg, "mailplane_consumer_lag_seconds", "consumer", "registry", "topic", topics.MailboxEvents, "partition", stuckPart) > first+0.5, nil
+		return counter(t, reg, "mailplane_consumer_lag_seconds", "consumer", "registry", "topic", e.kcfg.Topic(topics.MailboxEvents), "partition", stuckPart) > first+0.5, nil
 	})
 	waitFor(t, 10*time.Second, "the healthy partition to show no lag", func() (bool, error) {
-		return counter(t, reg, "mailplane_consumer_lag_records", "consumer", "registry", "topic", topics.MailboxEvents, "partition", otherPart) == 0, nil
+		return counter(t, reg, "mailplane_consumer_lag_records", "consumer", "registry", "topic", e.kcfg.Topic(topics.MailboxEvents), "partition", otherPart) == 0, nil
 	})
 	b.blocked.Store(false)
 	waitCaughtUp(t, e.kcfg, e.db.Pool, projections.RegistryName, domainTopics, catchUp)

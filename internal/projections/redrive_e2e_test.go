@@ -129,7 +129,7 @@ func TestRedriveEndToEnd(t *testing.T) {
 FROM dlq_redrives WHERE dlq_partition = $1 AND dlq_offset = $2 AND redrive_id = $3`, dead.Partition, dead.Offset, rep.RedriveID).
 		Scan(&state, &actor, &consumer, &code, &topic, &partition, &landed))
 	if state != "done" || actor != "test-ops" || consumer != projections.RegistryName || code != string(dead.ErrorCode) ||
-		topic != topics.MailboxEvents || partition != dead.SourcePartition || landed != first.Offset {
+		topic != e.kcfg.Topic(topics.MailboxEvents) || partition != dead.SourcePartition || landed != first.Offset {
 		t.Fatalf("recorded: %s %s %s %s %s/%d@%d; want done test-ops registry %s %s/%d@%d", state, actor, consumer, code, topic, partition, landed,
 			dead.ErrorCode, topics.MailboxEvents, dead.SourcePartition, first.Offset)
 	}

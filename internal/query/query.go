@@ -257,7 +257,7 @@ const tierTimeout = 5 * time.Second
 func (r *Reader) readTier(ctx context.Context, id string) (*SyncTier, error) {
 	tiers := map[string]domain.SyncTierRecord{}
 	_, err := kafka.ReadToEnd(ctx, *r.tiers, kafka.ReadSpec{
-		Topics:     []string{topics.SyncTier},
+		Topics:     []string{r.tiers.Topic(topics.SyncTier)},
 		Partitions: func(_ string, n int) []int32 { return []int32{StatePartition(id, n)} },
 		ClientID:   "query-tier",
 		Timeout:    tierTimeout,

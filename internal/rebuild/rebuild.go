@@ -278,7 +278,7 @@ func (r *Rebuild) pass(ctx context.Context, targets map[kafka.Partition]int64) e
 		return nil
 	}
 	spec := kafka.ReadSpec{
-		Topics:   r.spec.Projection.Topics(),
+		Topics:   r.cfg.Kafka.Namespace.Topics(r.spec.Projection.Topics()...),
 		ClientID: "rebuild-" + r.name,
 		From: func(p kafka.Partition, b kafka.Bounds) (int64, error) {
 			from := r.next[p]

@@ -450,7 +450,7 @@ func BenchmarkFleetRehearsal(b *testing.B) {
 		m := domain.MailboxStateRecord{MailboxID: id, OrgID: "0190a1b2-0000-7000-8000-000000000001", UserID: userID(i),
 			Address: fleetUser(i) + "@fleet.example", Provider: domain.ProviderSMTPIMAP, IMAP: ep,
 			SealedCredentials: &sealed, Enabled: true, AddedAt: added, SourceEventID: domain.NewEventID()}
-		rec, err := mailboxstate.Record(m, added)
+		rec, err := mailboxstate.Record(topics.MailboxState, m, added)
 		if err != nil {
 			t.Fatal(err)
 		}

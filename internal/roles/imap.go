@@ -23,12 +23,13 @@ import (
 // secret, never the remote server's bytes.
 type auditReporter struct {
 	kc    *kgo.Client
+	topic string // sync.audit, in the deployment's namespace
 	log   *slog.Logger
 	owner string
 }
 
 func (r *auditReporter) SyncFailed(ctx context.Context, f imapsync.Failure) {
-	rec, err := topics.EncodeTo(topics.SyncAudit, domain.Event{
+	rec, err := topics.EncodeTo(r.topic, domain.Event{
 		ID: domain.NewEventID(), Type: domain.TypeSyncFailed, Source: "mailplane/sync/" + r.owner,
 		Time: f.At.UTC(), Subject: f.MailboxID,
 		Data: &domain.SyncFailed{MailboxID: f.MailboxID, Partition: f.Partition, Epoch: f.Epoch, Owner: r.owner,
@@ -88,7 +89,7 @@ func newRunner(rc *roleConfig, kc *kgo.Client, log *slog.Logger) (mailsync.Runne
 	}
 	return imapsync.New(imapsync.Config{
 		Keyring: rc.keyring, RootCAs: pool, Logger: log, Registerer: rc.reg,
-		Reporter:     &auditReporter{kc: kc, log: log, owner: rc.syncConfig.WorkerID},
+		Reporter:     &auditReporter{kc: kc, topic: rc.kafka.Topic(topics.SyncAudit), log: log, owner: rc.syncConfig.WorkerID},
 		DisableAfter: rc.imapDisableAfter,
 		WarmupHeader: rc.imapWarmupHeader,
 		WarmupKey:    rc.imapWarmupKey,

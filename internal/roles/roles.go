@@ -227,7 +227,7 @@ func applyTopics(ctx context.Context, rc *roleConfig) error {
 	defer kc.Close()
 	tctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	rep, err := topics.Apply(tctx, kc, topics.Catalog(topics.Config{StatePartitions: rc.statePartitions}))
+	rep, err := topics.Apply(tctx, kc, topics.Catalog(topics.Config{StatePartitions: rc.statePartitions, Namespace: rc.kafka.Namespace}))
 	if err != nil {
 		return fmt.Errorf("topics: %w", err)
 	}

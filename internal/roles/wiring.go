@@ -259,7 +259,8 @@ func (p *process) buildAPI() (*api.Server, error) {
 	}
 	pgStore := projection.NewStore(p.pools.Serve)
 	limiter := workerapi.NewWorkerLimiter(pgStore, rc.newWorkerRate, rc.newWorkerBurst, p.reg)
-	pc := producer.New(kc, producer.WithSealer(rc.keyring), producer.WithSource("mailplane/api"), producer.WithRegisterer(p.reg))
+	pc := producer.New(kc, producer.WithSealer(rc.keyring), producer.WithSource("mailplane/api"), producer.WithRegisterer(p.reg),
+		producer.WithNamespace(rc.kafka.Namespace))
 	srv, err := api.New(pc,
 		api.WithAddr(rc.httpAddr),
 		api.WithAuthenticator(auth),

@@ -231,6 +231,8 @@ func New(kcfg kafka.Config, opts ...Option) (*Engine, error) {
 		kcfg.ClientID = "mailplane-placement-engine"
 	}
 	cfg.placement = placement.NewState(cfg.placement).Config()
+	// The group and the transactional id as the broker names them.
+	cfg.group, cfg.txnID = kcfg.Group(cfg.group), kcfg.TransactionalID(cfg.txnID)
 	return &Engine{kcfg: kcfg.WithLogger(cfg.logger.With("component", "placement-engine")), cfg: cfg, m: newMetrics(cfg.reg), meter: sla.NewMeter(cfg.reg, sla.PlacementEngine), log: cfg.logger.With("component", "placement-engine")}, nil
 }
 
@@ -329,7 +331,7 @@ func (e *Engine) runSession(ctx context.Context) error {
 	}
 	cl, err := kafka.NewGroupTransactSession(e.kcfg, kafka.GroupConfig{
 		Group:             e.cfg.group,
-		Topics:            topics.DomainTopics(),
+		Topics:            e.kcfg.Namespace.Topics(topics.DomainTopics()...),
 		SessionTimeout:    e.cfg.session,
 		HeartbeatInterval: e.cfg.heartbeat,
 	}, append(opts, e.cfg.kgoOpts...)...)
@@ -672,7 +674,7 @@ func (s *session) checkOffsets(ctx context.Context, r *restored) error {
 	if err != nil {
 		return fmt.Errorf("placement: fetching the group's committed offsets: %w", err)
 	}
-	for _, t := range topics.DomainTopics() {
+	for _, t := range s.e.kcfg.Namespace.Topics(topics.DomainTopics()...) {
 		found := false
 		offs.Each(func(o kadm.OffsetResponse) {
 			if o.Topic == t && o.At >= 0 {
@@ -756,7 +758,7 @@ func (s *session) decide(recs []*kgo.Record, tick bool) (b batch, err error) {
 		ev, derr := topics.Decode(r)
 		if derr != nil {
 			code := domain.ErrorCode(derr)
-			b.out = append(b.out, dlq.NewRecord(r, dlq.Failure{Consumer: DeadLetterConsumer, Code: code, Err: derr.Error(), Attempts: 1}))
+			b.out = append(b.out, dlq.NewRecord(s.e.kcfg.Namespace, r, dlq.Failure{Consumer: DeadLetterConsumer, Code: code, Err: derr.Error(), Attempts: 1}))
 			b.dead = append(b.dead, string(code))
 			s.log.Warn("input sent to the DLQ", "topic", r.Topic, "partition", r.Partition, "offset", r.Offset, "code", code)
 			continue
@@ -895,6 +897,7 @@ func (s *session) encode(out []*kgo.Record, ds []domain.PlacementDecision, cause
 		if err != nil {
 			return out, fmt.Errorf("placement: encoding %s: %w", d.EventType(), err)
 		}
+		r.Topic = s.e.kcfg.Topic(topics.PlacementDecisions)
 		out = append(out, r)
 		s.lastID = id
 	}

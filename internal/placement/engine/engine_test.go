@@ -533,7 +533,7 @@ func TestEngineSkipsRecordsRedrivenForOthers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dead := dlq.Parse(dlq.NewRecord(src, dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "check violation", Attempts: 3}))
+	dead := dlq.Parse(dlq.NewRecord("", src, dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "check violation", Attempts: 3}))
 	redriven := dlq.RedriveRecord(dead, domain.NewEventID())
 	kc, err := kafka.NewProducer(b.kcfg("redrive")) // partitions by key: the heartbeat's partition
 	if err != nil {

@@ -56,7 +56,7 @@ func ReadDecisions(ctx context.Context, kcfg kafka.Config, from int64, fn func(o
 	if from < 0 {
 		return 0, fmt.Errorf("%w: offset %d", ErrLogGap, from)
 	}
-	log := kafka.Partition{Topic: topics.PlacementDecisions, Partition: 0}
+	log := kafka.Partition{Topic: kcfg.Topic(topics.PlacementDecisions), Partition: 0}
 	spec := kafka.ReadSpec{
 		Topics:     []string{log.Topic},
 		Partitions: func(string, int) []int32 { return []int32{log.Partition} },

@@ -6,6 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/mailplane/mailplane/topics"
 )
 
 // Builder builds the placement projection from offset 0 into
@@ -18,14 +20,16 @@ import (
 // writes for the same log in any batches. Memory grows with the fleet
 // (about 200 bytes per mailbox).
 type Builder struct {
+	log   string // the decision log's name, in the namespace
 	f     *plFold
 	last  int64
 	added int64
 }
 
-// NewBuilder returns a builder at offset 0.
-func NewBuilder() *Builder {
-	return &Builder{f: newPlFold(), last: -1}
+// NewBuilder returns a builder at offset 0 of the decision log in
+// namespace ns.
+func NewBuilder(ns topics.Namespace) *Builder {
+	return &Builder{log: ns.Topic(topics.PlacementDecisions), f: newPlFold(), last: -1}
 }
 
 // Add folds recs, which follow every record added before, in log order.
@@ -121,7 +125,7 @@ func (b *Builder) Finish(ctx context.Context, tx pgx.Tx, next int64) error {
 			return fmt.Errorf("placement: copy into placement_mailboxes: %w", err)
 		}
 	}
-	return setPlacementCheckpoint(ctx, tx, next, b.f.lastID)
+	return setPlacementCheckpoint(ctx, tx, b.log, next, b.f.lastID)
 }
 
 var plOrgColumns = []string{"org_id", "plan", "dedicated_workers", "paid", "source", "plan_since_ns", "decision_offset"}

@@ -40,10 +40,14 @@ import (
 // one UPDATE per table, unnest upserts); the fold a function of the log
 // alone, so a replay reproduces the rows (Builder, or
 // ApplyDecisions over placement.ReadDecisions in batches of any size).
-type Projection struct{}
+type Projection struct {
+	log string // the decision log's name, in the namespace
+}
 
-// New returns the placement projection.
-func New() *Projection { return &Projection{} }
+// New returns the placement projection of the decision log in namespace ns.
+func New(ns topics.Namespace) *Projection {
+	return &Projection{log: ns.Topic(topics.PlacementDecisions)}
+}
 
 // Name is the placement projection's name: its projector_offsets
 // rows and its runner's client id use it, and projection.Name
@@ -54,7 +58,7 @@ const Name = "placement"
 func (*Projection) Name() string { return Name }
 
 // Topics returns the decision log.
-func (*Projection) Topics() []string { return []string{topics.PlacementDecisions} }
+func (p *Projection) Topics() []string { return []string{p.log} }
 
 // Record is one decision with its decision-log offset.
 type Record struct {
@@ -100,7 +104,7 @@ func (p *Projection) ApplyDecisions(ctx context.Context, tx pgx.Tx, recs []Recor
 		}
 		lastID = f.lastID
 	}
-	return setPlacementCheckpoint(ctx, tx, next, lastID)
+	return setPlacementCheckpoint(ctx, tx, p.log, next, lastID)
 }
 
 const (
@@ -162,15 +166,16 @@ func LockCheckpoint(ctx context.Context, tx pgx.Tx) (int64, error) {
 
 // setPlacementCheckpoint moves placement_checkpoint and, with it, the
 // projection's projector_offsets row: the position the worker API hands
-// out as change token and lag dashboards read.
-func setPlacementCheckpoint(ctx context.Context, tx pgx.Tx, next int64, lastID string) error {
+// out as change token and lag dashboards read. The row names the decision
+// log (log) as the broker does, in the deployment's namespace.
+func setPlacementCheckpoint(ctx context.Context, tx pgx.Tx, log string, next int64, lastID string) error {
 	var id any
 	if lastID != "" {
 		id = lastID
 	}
 	b := &pgx.Batch{}
 	b.Queue(setCheckpointSQL, next, id)
-	b.Queue(setOffsetsSQL, Name, topics.PlacementDecisions, next)
+	b.Queue(setOffsetsSQL, Name, log, next)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("placement: set checkpoint: %w", err)
 	}

@@ -133,7 +133,7 @@ func plApply(t testing.TB, pool *pgxpool.Pool, recs []projection.Record, next in
 	t.Helper()
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return projection.New().ApplyDecisions(ctx, tx, recs, next)
+		return projection.New("").ApplyDecisions(ctx, tx, recs, next)
 	})
 	if err != nil {
 		t.Fatalf("apply %d decisions up to %d: %v", len(recs), next, err)
@@ -290,7 +290,7 @@ func plRunRandom(t *testing.T, seed uint64, steps int) map[string]int {
 
 	// And built from memory, as a rebuild does: the very same rows.
 	built := plNewDB(t)
-	b := projection.NewBuilder()
+	b := projection.NewBuilder("")
 	err := pgx.BeginFunc(ctx, built.Pool, func(tx pgx.Tx) error {
 		for i := 0; i < len(all); i += 50 {
 			if err := b.Add(all[i:min(i+50, len(all))]); err != nil {

@@ -179,7 +179,7 @@ func NewProjector(kcfg kafka.Config, pool *pgxpool.Pool, opts ...Option) (*Proje
 		kcfg.ClientID = "mailplane-projector-" + cfg.name
 	}
 	return &Projector{
-		pool: pool, kcfg: kcfg, cfg: cfg, proj: New(), m: projections.NewRunnerMetrics(cfg.reg),
+		pool: pool, kcfg: kcfg, cfg: cfg, proj: New(kcfg.Namespace), m: projections.NewRunnerMetrics(cfg.reg),
 		meter: sla.NewMeter(cfg.reg, sla.PlacementProjection),
 		log:   cfg.logger.With("projector", cfg.name),
 	}, nil
@@ -340,12 +340,12 @@ func (p *Projector) session(ctx context.Context) error {
 		if b.safeEnd > next {
 			failed := b.position(next)
 			if err := p.commit(ctx, next, b.safeEnd, b.take()); err != nil {
-				p.meter.Set(topics.PlacementDecisions, 0, failed)
+				p.meter.Set(p.kcfg.Topic(topics.PlacementDecisions), 0, failed)
 				return err
 			}
 			next = b.safeEnd
 		}
-		p.meter.Set(topics.PlacementDecisions, 0, b.position(next))
+		p.meter.Set(p.kcfg.Topic(topics.PlacementDecisions), 0, b.position(next))
 		offsets.commit(ctx, next)
 		if derr != nil {
 			return derr
@@ -364,13 +364,15 @@ const kafkaCommitEvery = 5 * time.Second
 type offsetCommitter struct {
 	adm   *kadm.Client
 	group string
+	topic string
 	log   *slog.Logger
 	last  int64
 	at    time.Time
 }
 
 func (p *Projector) offsetCommitter(cl *kgo.Client) *offsetCommitter {
-	return &offsetCommitter{adm: kadm.NewClient(cl), group: projections.GroupName(p.cfg.name), log: p.log, last: -1}
+	return &offsetCommitter{adm: kadm.NewClient(cl), group: p.kcfg.Group(projections.GroupName(p.cfg.name)),
+		topic: p.kcfg.Topic(topics.PlacementDecisions), log: p.log, last: -1}
 }
 
 // commit records next, at most every kafkaCommitEvery; a failure is
@@ -383,7 +385,7 @@ func (o *offsetCommitter) commit(ctx context.Context, next int64) {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var offs kadm.Offsets
-	offs.AddOffset(topics.PlacementDecisions, 0, next, -1)
+	offs.AddOffset(o.topic, 0, next, -1)
 	resp, err := o.adm.CommitOffsets(cctx, o.group, offs)
 	if err == nil {
 		err = resp.Error()
@@ -408,7 +410,7 @@ func (p *Projector) reader(next int64) (*kgo.Client, error) {
 		// cluster's database) is an error, never a silent skip.
 		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{
-			topics.PlacementDecisions: {0: kgo.NewOffset().At(next)},
+			p.kcfg.Topic(topics.PlacementDecisions): {0: kgo.NewOffset().At(next)},
 		}),
 		// Decode as fetches are buffered, in the client's goroutine, so
 		// decoding the next batch overlaps the transaction of this one.

@@ -12,7 +12,6 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/workerapi"
-	"github.com/mailplane/mailplane/topics"
 )
 
 // Store reads the placement projection for its readers: it is the
@@ -32,9 +31,10 @@ import (
 // 0005_placement's (placement_assignments is a view of
 // placement_mailboxes).
 type Store struct {
-	db        TxBeginner
+	db TxBeginner
+	// projector names the position row; the placement projector has one,
+	// on the decision log's only partition, whatever the namespace.
 	projector string
-	topic     string
 }
 
 // StoreOption configures a Store.
@@ -47,7 +47,7 @@ func WithStoreProjector(name string) StoreOption { return func(s *Store) { s.pro
 // NewStore returns a store reading the placement projection through db
 // (whose connections' search_path selects the projection's schema).
 func NewStore(db TxBeginner, opts ...StoreOption) *Store {
-	s := &Store{db: db, projector: Name, topic: topics.PlacementDecisions}
+	s := &Store{db: db, projector: Name}
 	for _, o := range opts {
 		o(s)
 	}
@@ -58,7 +58,7 @@ const (
 	sqlPosition = `
 SELECT
   COALESCE((SELECT next_offset FROM projector_offsets
-            WHERE projector = $1 AND topic = $2 AND partition = 0), 0),
+            WHERE projector = $1 AND partition = 0), 0),
   COALESCE((SELECT retained_from FROM placement_assignment_retention), 0)`
 
 	sqlFull = `
@@ -100,7 +100,7 @@ func (s *Store) Assignments(ctx context.Context, workerID string, since workerap
 	}()
 
 	var next, retainedFrom int64
-	if err := tx.QueryRow(ctx, sqlPosition, s.projector, s.topic).Scan(&next, &retainedFrom); err != nil {
+	if err := tx.QueryRow(ctx, sqlPosition, s.projector).Scan(&next, &retainedFrom); err != nil {
 		return workerapi.Result{}, fmt.Errorf("placement store: read projection position: %w", err)
 	}
 	res.Token = workerapi.TokenAt(next)

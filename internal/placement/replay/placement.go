@@ -129,7 +129,7 @@ func RebuildPlacement(ctx context.Context, cfg Config) (*Placement, error) {
 	if cfg.Schema == "" {
 		cfg.Schema = rebuild.DefaultName(live, rebuild.Placement, time.Now())
 	}
-	p := &Placement{cfg: cfg, live: live, schema: cfg.Schema, proj: projection.New()}
+	p := &Placement{cfg: cfg, live: live, schema: cfg.Schema, proj: projection.New(cfg.Kafka.Namespace)}
 	if err := rebuild.Create(ctx, cfg.Live, rebuild.Placement, live, p.schema); err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
@@ -316,7 +316,7 @@ func (p *Placement) build(ctx context.Context) error {
 		readEnd, readErr = readParallel(ctx, p.cfg.Kafka, 0, chunks)
 	}()
 
-	b := projection.NewBuilder()
+	b := projection.NewBuilder(p.cfg.Kafka.Namespace)
 	writes := make(chan projection.AppendOnly, 4)
 	finish := make(chan int64, 1) // the checkpoint, once everything is folded
 	writeErr := make(chan error, 1)
@@ -557,16 +557,17 @@ func logEnd(kcfg kafka.Config) (int64, error) {
 		return 0, err
 	}
 	defer adm.Close()
-	ends, err := adm.ListCommittedOffsets(ctx, topics.PlacementDecisions)
+	log := kcfg.Topic(topics.PlacementDecisions)
+	ends, err := adm.ListCommittedOffsets(ctx, log)
 	if err == nil {
 		err = ends.Error()
 	}
 	if err != nil {
 		return 0, err
 	}
-	o, ok := ends.Lookup(topics.PlacementDecisions, 0)
+	o, ok := ends.Lookup(log, 0)
 	if !ok {
-		return 0, fmt.Errorf("replay: topic %s has no partition 0", topics.PlacementDecisions)
+		return 0, fmt.Errorf("replay: topic %s has no partition 0", log)
 	}
 	return o.Offset, nil
 }
@@ -738,7 +739,7 @@ func (p *Placement) Swap(ctx context.Context) error {
     (projector, topic, partition, next_offset, updated_at)
 SELECT $1, $2, 0, COALESCE((SELECT next_offset FROM `+pgx.Identifier{p.live, "placement_checkpoint"}.Sanitize()+`), 0), now()
 ON CONFLICT (projector, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at`,
-			projection.Name, topics.PlacementDecisions)
+			projection.Name, p.cfg.Kafka.Topic(topics.PlacementDecisions))
 		if err != nil {
 			return fmt.Errorf("replay: move the placement projector's offset: %w", err)
 		}

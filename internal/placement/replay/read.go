@@ -25,9 +25,9 @@ const readFetchBytes = 64 << 20
 // closed when the read ends. It returns the end offset.
 func readParallel(ctx context.Context, kcfg kafka.Config, from int64, out chan<- []projection.Record) (int64, error) {
 	defer close(out)
-	log := kafka.Partition{Topic: topics.PlacementDecisions, Partition: 0}
+	log := kafka.Partition{Topic: kcfg.Topic(topics.PlacementDecisions), Partition: 0}
 	spec := kafka.ReadSpec{
-		Topics:     []string{topics.PlacementDecisions},
+		Topics:     []string{log.Topic},
 		Partitions: func(string, int) []int32 { return []int32{log.Partition} },
 		From: func(_ kafka.Partition, b kafka.Bounds) (int64, error) {
 			if from > b.End || from < b.Start {
