@@ -36,7 +36,9 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	e := &env{t: t, kcfg: kafka.Config{Brokers: kafkatest.Brokers(t, 4), ClientID: "rebuild-test"}, db: pgtest.New(t)}
+	kcfg := kafkatest.Config(t, 4)
+	kcfg.ClientID = "rebuild-test"
+	e := &env{t: t, kcfg: kcfg, db: pgtest.New(t)}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := migrations.Apply(ctx, e.db.Pool); err != nil {
@@ -66,7 +68,7 @@ func (e *env) produce(evs ...domain.Event) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := e.prod.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+	if err := e.prod.ProduceSync(ctx, kafkatest.InNamespace(e.kcfg, recs...)...).FirstErr(); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -92,9 +94,11 @@ func (e *env) startLive(proj projections.Projection) {
 	})
 }
 
-// ends are the end offsets of every partition of names.
+// ends are the end offsets of every partition of the catalog topics names,
+// in the test's namespace, keyed "topic/partition" with the namespaced name.
 func (e *env) ends(names ...string) map[string]int64 {
 	e.t.Helper()
+	names = e.kcfg.Namespace.Topics(names...)
 	adm, err := kafka.NewAdmin(e.kcfg)
 	if err != nil {
 		e.t.Fatal(err)

@@ -98,7 +98,7 @@ func BenchmarkEngineLatency(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer kc.Close()
-	pc := producer.New(kc, producer.WithSource("bench"))
+	pc := producer.New(kc, producer.WithSource("bench"), producer.WithNamespace(tb.ns))
 	sent := make([]time.Time, b.N)
 	ids := make([]string, b.N)
 	var perr error

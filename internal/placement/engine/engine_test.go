@@ -19,6 +19,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/dlq"
 	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/kafkatest"
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/sla"
 	"github.com/mailplane/mailplane/topics"
@@ -332,7 +333,7 @@ func TestEngineDeadLetters(t *testing.T) {
 	// offset is a commit marker: read it with control records kept (the
 	// dlq package's List waits for a data record at the last offset).
 	cl, err := kgo.NewClient(kgo.SeedBrokers(b.brokers...), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topics.DLQ: {0: kgo.NewOffset().AtStart()}}))
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{b.ns.Topic(topics.DLQ): {0: kgo.NewOffset().AtStart()}}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,7 +348,7 @@ func TestEngineDeadLetters(t *testing.T) {
 		t.Fatal("no dead letter in the DLQ")
 	}
 	en := dlq.Parse(rec)
-	if en.Consumer != DeadLetterConsumer || en.SourceTopic != topics.WorkerEvents || en.ErrorCode != domain.CodeMissingHeader {
+	if en.Consumer != DeadLetterConsumer || en.SourceTopic != b.ns.Topic(topics.WorkerEvents) || en.ErrorCode != domain.CodeMissingHeader {
 		t.Fatalf("dead letter: %+v", en)
 	}
 }
@@ -359,7 +360,7 @@ func produceRaw(t testing.TB, b testBroker, topic, key string, value []byte) {
 		t.Fatal(err)
 	}
 	defer kc.Close()
-	if err := kc.ProduceSync(t.Context(), &kgo.Record{Topic: topic, Key: []byte(key), Value: value}).FirstErr(); err != nil {
+	if err := kc.ProduceSync(t.Context(), &kgo.Record{Topic: b.ns.Topic(topic), Key: []byte(key), Value: value}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -396,13 +397,13 @@ func TestEngineCommitsIdleInputs(t *testing.T) {
 	defer kc.Close()
 	adm := kadm.NewClient(kc)
 	waitFor(t, 30*time.Second, "the user.active offsets committed", func() bool {
-		offs, err := adm.FetchOffsets(t.Context(), DefaultGroup)
+		offs, err := adm.FetchOffsets(t.Context(), b.ns.Group(DefaultGroup))
 		if err != nil {
 			return false
 		}
 		var sum int64
 		offs.Each(func(o kadm.OffsetResponse) {
-			if o.Topic == topics.UserEvents && o.Err == nil {
+			if o.Topic == b.ns.Topic(topics.UserEvents) && o.Err == nil {
 				sum += o.At
 			}
 		})
@@ -412,11 +413,11 @@ func TestEngineCommitsIdleInputs(t *testing.T) {
 		t.Fatalf("user.active decided %d decisions", len(l))
 	}
 	stop()
-	gs, err := adm.DescribeGroups(t.Context(), DefaultGroup)
+	gs, err := adm.DescribeGroups(t.Context(), b.ns.Group(DefaultGroup))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g := gs[DefaultGroup]; len(g.Members) != 0 {
+	if g := gs[b.ns.Group(DefaultGroup)]; len(g.Members) != 0 {
 		t.Fatalf("the stopped engine is still a member: %+v", g.Members)
 	}
 }
@@ -533,7 +534,8 @@ func TestEngineSkipsRecordsRedrivenForOthers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dead := dlq.Parse(dlq.NewRecord("", src, dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "check violation", Attempts: 3}))
+	kafkatest.InNamespace(b.kcfg(""), src)
+	dead := dlq.Parse(dlq.NewRecord(b.ns, src, dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "check violation", Attempts: 3}))
 	redriven := dlq.RedriveRecord(dead, domain.NewEventID())
 	kc, err := kafka.NewProducer(b.kcfg("redrive")) // partitions by key: the heartbeat's partition
 	if err != nil {

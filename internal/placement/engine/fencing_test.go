@@ -35,6 +35,7 @@ const (
 	envBrokers = "MAILPLANE_PLACEMENT_CHILD_BROKERS"
 	envSession = "MAILPLANE_PLACEMENT_CHILD_SESSION"
 	envHB      = "MAILPLANE_PLACEMENT_CHILD_HEARTBEAT"
+	envNS      = "MAILPLANE_PLACEMENT_CHILD_NAMESPACE"
 	envSlow    = "MAILPLANE_PLACEMENT_CHILD_SLOW_COMMIT"
 )
 
@@ -69,7 +70,7 @@ func childEngine() {
 	if os.Getenv("MAILPLANE_TEST_LOG") != "" {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("child", name)
 	}
-	e, err := New(kafka.Config{Brokers: strings.Split(os.Getenv(envBrokers), ","), ClientID: "child-" + name},
+	e, err := New(kafka.Config{Brokers: strings.Split(os.Getenv(envBrokers), ","), ClientID: "child-" + name, Namespace: topics.Namespace(os.Getenv(envNS))},
 		WithSessionTimeout(session), WithHeartbeatInterval(hb), WithLogger(logger),
 		WithClock(func() time.Time { return t0 }), // the test's events are at t0: ticks never expire them
 		WithTickInterval(50*time.Millisecond),
@@ -133,7 +134,7 @@ func spawn(t *testing.T, b testBroker, name string, env ...string) *child {
 	cmd := exec.Command(os.Args[0], "-test.count=1")
 	cmd.Env = append(append(os.Environ(), env...),
 		envChild+"="+name, envBrokers+"="+strings.Join(b.brokers, ","),
-		envSession+"="+b.session.String(), envHB+"="+b.hb.String())
+		envSession+"="+b.session.String(), envHB+"="+b.hb.String(), envNS+"="+string(b.ns))
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -244,11 +245,11 @@ func waitMembers(t *testing.T, b testBroker, n int) {
 	waitFor(t, 30*time.Second, fmt.Sprintf("a stable group of %d", n), func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		gs, err := adm.DescribeGroups(ctx, DefaultGroup)
+		gs, err := adm.DescribeGroups(ctx, b.ns.Group(DefaultGroup))
 		if err != nil {
 			return false
 		}
-		g, ok := gs[DefaultGroup]
+		g, ok := gs[b.ns.Group(DefaultGroup)]
 		return ok && g.Err == nil && g.State == "Stable" && len(g.Members) == n
 	})
 }
@@ -449,18 +450,18 @@ func TestZombieFenced(t *testing.T) {
 func rawLog(t *testing.T, b testBroker) []*kgo.Record {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(b.brokers...), kgo.KeepControlRecords(),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topics.PlacementDecisions: {0: kgo.NewOffset().AtStart()}}))
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{b.ns.Topic(topics.PlacementDecisions): {0: kgo.NewOffset().AtStart()}}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topics.PlacementDecisions)
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, b.ns.Topic(topics.PlacementDecisions))
 	if err != nil {
 		t.Fatal(err)
 	}
-	end, _ := ends.Lookup(topics.PlacementDecisions, 0)
+	end, _ := ends.Lookup(b.ns.Topic(topics.PlacementDecisions), 0)
 	var out []*kgo.Record
 	for last := int64(-1); last < end.Offset-1; {
 		fs := cl.PollFetches(ctx)

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -34,6 +33,7 @@ var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 // MAILPLANE_TEST_BROKERS (sessions then use the broker's 6 s minimum).
 type testBroker struct {
 	brokers []string
+	ns      topics.Namespace // the test's (kafkatest.Config)
 	session time.Duration
 	hb      time.Duration
 	cluster *kfake.Cluster // nil on a real broker
@@ -42,22 +42,9 @@ type testBroker struct {
 
 func newTestBroker(t testing.TB) testBroker {
 	t.Helper()
-	if os.Getenv(kafkatest.EnvBrokers) != "" {
-		// kafkatest recreated the topics; the engine group's offsets and
-		// the transactional id may remain from an earlier test: drop the
-		// group so this test's engines start from the new topics' start.
-		brokers := kafkatest.Brokers(t, 4)
-		kc, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer kc.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := kadm.NewClient(kc).DeleteGroups(ctx, DefaultGroup); err != nil {
-			t.Fatalf("deleting the engine group: %v", err)
-		}
-		return testBroker{brokers: brokers, session: 6 * time.Second, hb: 500 * time.Millisecond, tr: &Transcript{}}
+	if kafkatest.Real() {
+		kcfg := kafkatest.Config(t, 4)
+		return testBroker{brokers: kcfg.Brokers, ns: kcfg.Namespace, session: 6 * time.Second, hb: 500 * time.Millisecond, tr: &Transcript{}}
 	}
 	c := kafkatest.Fake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	brokers := c.ListenAddrs()
@@ -68,10 +55,11 @@ func newTestBroker(t testing.TB) testBroker {
 	defer kc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := topics.Apply(ctx, kc, topics.Catalog(topics.Config{StatePartitions: 4})); err != nil {
+	ns := kafkatest.Namespace(t)
+	if _, err := topics.Apply(ctx, kc, topics.Catalog(topics.Config{StatePartitions: 4, Namespace: ns})); err != nil {
 		t.Fatal(err)
 	}
-	tb := testBroker{brokers: brokers, session: time.Second, hb: 100 * time.Millisecond, cluster: c, tr: &Transcript{}}
+	tb := testBroker{brokers: brokers, ns: ns, session: time.Second, hb: 100 * time.Millisecond, cluster: c, tr: &Transcript{}}
 	// Measuring failover with other group timings (e.g. the defaults, 6s
 	// and 500ms): MAILPLANE_PLACEMENT_TEST_SESSION and _HEARTBEAT.
 	if d, err := time.ParseDuration(os.Getenv("MAILPLANE_PLACEMENT_TEST_SESSION")); err == nil {
@@ -84,7 +72,7 @@ func newTestBroker(t testing.TB) testBroker {
 }
 
 func (b testBroker) kcfg(id string) kafka.Config {
-	return kafka.Config{Brokers: b.brokers, ClientID: id}
+	return kafka.Config{Brokers: b.brokers, ClientID: id, Namespace: b.ns}
 }
 
 // fakeClock is a settable clock.
@@ -170,7 +158,7 @@ func newPublisher(t testing.TB, b testBroker) *publisher {
 	}
 	t.Cleanup(kc.Close)
 	p := &publisher{t: t, all: map[string]domain.Event{}}
-	p.c = producer.New(kc, producer.WithSource("test"), producer.WithClock(func() time.Time { return p.at }))
+	p.c = producer.New(kc, producer.WithSource("test"), producer.WithClock(func() time.Time { return p.at }), producer.WithNamespace(b.ns))
 	return p
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/kafkatest"
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -95,6 +96,7 @@ func TestFarFutureRecordDoesNotPinWorker(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec.Timestamp = at2099
+	kafkatest.InNamespace(b.kcfg(""), rec)
 	kc, err := kafka.NewProducer(b.kcfg("attacker"))
 	if err != nil {
 		t.Fatal(err)

@@ -20,8 +20,9 @@ import (
 // projection reaches the end of the log.
 func TestPlacementProjectorPassesLegacyHostileText(t *testing.T) {
 	t.Parallel()
-	brokers := kafkatest.Brokers(t, 4)
-	kcfg := kafka.Config{Brokers: brokers, ClientID: "placement-projector-test"}
+	kcfg := kafkatest.Config(t, 4)
+	kcfg.ClientID = "placement-projector-test"
+	brokers := kcfg.Brokers
 	db := plNewDB(t)
 	worker := plWorkerID(1)
 	reg := &domain.PlacementWorkerRegistered{
@@ -43,11 +44,11 @@ func TestPlacementProjectorPassesLegacyHostileText(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	if err := cl.ProduceSync(context.Background(), r).FirstErr(); err != nil {
+	if err := cl.ProduceSync(context.Background(), kafkatest.InNamespace(kcfg, r)...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	// A later heartbeat of the same worker, decided by a fixed engine.
-	plProduce(t, brokers, []domain.PlacementDecision{&domain.PlacementWorkerChanged{
+	plProduce(t, kcfg, []domain.PlacementDecision{&domain.PlacementWorkerChanged{
 		PlacementMeta: domain.PlacementMeta{At: plT0.Add(time.Second), Reason: domain.ReasonHeartbeat},
 		WorkerID:      worker, Tier: domain.TierSharedPremium, Egress: domain.EgressColdSMTP, Address: "10.0.0.2:25", Capacity: 16,
 	}})

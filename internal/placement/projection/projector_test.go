@@ -24,9 +24,9 @@ import (
 
 // plProduce writes decisions to the decision log (not transactionally: a
 // read_committed reader sees them at once) and returns their records.
-func plProduce(t testing.TB, brokers []string, ds []domain.PlacementDecision) []*kgo.Record {
+func plProduce(t testing.TB, kcfg kafka.Config, ds []domain.PlacementDecision) []*kgo.Record {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kcfg.Brokers...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func plProduce(t testing.TB, brokers []string, ds []domain.PlacementDecision) []
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+	if err := cl.ProduceSync(ctx, kafkatest.InNamespace(kcfg, recs...)...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	return recs
@@ -137,8 +137,9 @@ func metricNumber(m *dto.Metric) float64 {
 // projection stays before it, retrying, with the lag showing.
 func TestPlacementProjectorTakesTurnsAndNeverSkips(t *testing.T) {
 	t.Parallel()
-	brokers := kafkatest.Brokers(t, 4)
-	kcfg := kafka.Config{Brokers: brokers, ClientID: "placement-projector-test"}
+	kcfg := kafkatest.Config(t, 4)
+	kcfg.ClientID = "placement-projector-test"
+	brokers := kcfg.Brokers
 	db := plNewDB(t)
 
 	st := placement.NewState(plTestConfig)
@@ -149,7 +150,7 @@ func TestPlacementProjectorTakesTurnsAndNeverSkips(t *testing.T) {
 		ds = append(ds, st.Apply(g.next(&now))...)
 	}
 	half := len(ds) / 2
-	plProduce(t, brokers, ds[:half])
+	plProduce(t, kcfg, ds[:half])
 
 	var mu sync.Mutex
 	commits := map[int]int{}
@@ -166,7 +167,7 @@ func TestPlacementProjectorTakesTurnsAndNeverSkips(t *testing.T) {
 	}
 	mu.Unlock()
 	stop1()
-	plProduce(t, brokers, ds[half:])
+	plProduce(t, kcfg, ds[half:])
 	plWaitCheckpoint(t, db.Pool, int64(len(ds)))
 	mu.Lock()
 	if commits[1]+commits[2] != len(ds) || commits[2] != len(ds)-half {
@@ -178,9 +179,9 @@ func TestPlacementProjectorTakesTurnsAndNeverSkips(t *testing.T) {
 	adm := kadm.NewClient(plClient(t, brokers))
 	deadline := time.Now().Add(15 * time.Second)
 	for {
-		offs, err := adm.FetchOffsets(context.Background(), projections.GroupName("placement"))
+		offs, err := adm.FetchOffsets(context.Background(), kcfg.Group(projections.GroupName("placement")))
 		if err == nil {
-			if o, ok := offs.Lookup(topics.PlacementDecisions, 0); ok && o.At == int64(len(ds)) {
+			if o, ok := offs.Lookup(kcfg.Topic(topics.PlacementDecisions), 0); ok && o.At == int64(len(ds)) {
 				break
 			}
 		}
@@ -200,7 +201,7 @@ func TestPlacementProjectorTakesTurnsAndNeverSkips(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: topics.PlacementDecisions, Key: []byte("x"), Value: []byte("{")}).FirstErr(); err != nil {
+	if err := cl.ProduceSync(context.Background(), &kgo.Record{Topic: kcfg.Topic(topics.PlacementDecisions), Key: []byte("x"), Value: []byte("{")}).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	now = now.Add(time.Minute)
@@ -208,7 +209,7 @@ func TestPlacementProjectorTakesTurnsAndNeverSkips(t *testing.T) {
 	for len(more) == 0 {
 		more = st.Apply(g.next(&now))
 	}
-	plProduce(t, brokers, more)
+	plProduce(t, kcfg, more)
 	reg := prometheus.NewRegistry()
 	db2 := plNewDB(t)
 	plStartProjector(t, kcfg, db2.Pool, projection.WithRegisterer(reg))
@@ -236,8 +237,9 @@ func TestPlacementProjectorTakesTurnsAndNeverSkips(t *testing.T) {
 // boundaries, so the tables never show half an input.
 func TestPlacementProjectorCommitsWholeInputs(t *testing.T) {
 	t.Parallel()
-	brokers := kafkatest.Brokers(t, 4)
-	kcfg := kafka.Config{Brokers: brokers, ClientID: "placement-projector-test"}
+	kcfg := kafkatest.Config(t, 4)
+	kcfg.ClientID = "placement-projector-test"
+	brokers := kcfg.Brokers
 	db := plNewDB(t)
 	st := placement.NewState(plTestConfig)
 	g := newPlGen(7)
@@ -261,7 +263,7 @@ func TestPlacementProjectorCommitsWholeInputs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+	if err := cl.ProduceSync(context.Background(), kafkatest.InNamespace(kcfg, recs...)...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex

@@ -78,7 +78,8 @@ func benchDecisions(n int) []domain.PlacementDecision {
 // benchLog writes ds to the decision log and returns the brokers.
 func benchLog(b *testing.B, ds []domain.PlacementDecision) kafka.Config {
 	b.Helper()
-	kcfg := kafka.Config{Brokers: kafkatest.Brokers(b, 4), ClientID: "bench"}
+	kcfg := kafkatest.Config(b, 4)
+	kcfg.ClientID = "bench"
 	appendLog(b, kcfg, ds)
 	return kcfg
 }
@@ -105,7 +106,7 @@ func appendLog(b *testing.B, kcfg kafka.Config, ds []domain.PlacementDecision) {
 			}
 			recs = append(recs, r)
 		}
-		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		if err := cl.ProduceSync(ctx, kafkatest.InNamespace(kcfg, recs...)...).FirstErr(); err != nil {
 			b.Fatal(err)
 		}
 	}

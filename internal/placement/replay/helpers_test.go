@@ -93,7 +93,9 @@ func (e *env) pubNow() time.Time {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
-	e := &env{t: t, kcfg: kafka.Config{Brokers: kafkatest.Brokers(t, 4), ClientID: "replay-test"}, db: pgtest.New(t),
+	kcfg := kafkatest.Config(t, 4)
+	kcfg.ClientID = "replay-test"
+	e := &env{t: t, kcfg: kcfg, db: pgtest.New(t),
 		clock: &clock{now: t0}, cfg: placementConfig, events: map[string]domain.Event{}}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -107,7 +109,7 @@ func newEnv(t testing.TB) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close)
-	e.pub = producer.New(kc, producer.WithSource("test"), producer.WithClock(e.pubNow))
+	e.pub = producer.New(kc, producer.WithSource("test"), producer.WithClock(e.pubNow), producer.WithNamespace(e.kcfg.Namespace))
 	return e
 }
 
@@ -213,11 +215,11 @@ func (e *env) logEnd() int64 {
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ends, err := kadm.NewClient(cl).ListCommittedOffsets(ctx, topics.PlacementDecisions)
+	ends, err := kadm.NewClient(cl).ListCommittedOffsets(ctx, e.kcfg.Topic(topics.PlacementDecisions))
 	if err != nil || ends.Error() != nil {
 		e.t.Fatalf("log end: %v %v", err, ends.Error())
 	}
-	o, _ := ends.Lookup(topics.PlacementDecisions, 0)
+	o, _ := ends.Lookup(e.kcfg.Topic(topics.PlacementDecisions), 0)
 	return o.Offset
 }
 
@@ -237,11 +239,11 @@ func (e *env) engineBehind() string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	adm := kadm.NewClient(cl)
-	ends, err := adm.ListEndOffsets(ctx, topics.DomainTopics()...)
+	ends, err := adm.ListEndOffsets(ctx, e.kcfg.Namespace.Topics(topics.DomainTopics()...)...)
 	if err != nil {
 		return err.Error()
 	}
-	committed, err := adm.FetchOffsets(ctx, engine.DefaultGroup)
+	committed, err := adm.FetchOffsets(ctx, e.kcfg.Group(engine.DefaultGroup))
 	if err != nil {
 		return err.Error()
 	}
