@@ -83,8 +83,9 @@ func BenchmarkIngestBatch(b *testing.B) {
 func BenchmarkRawProduce(b *testing.B) {
 	for _, par := range []int{1, 4} {
 		b.Run(map[int]string{1: "serial", 4: "concurrent4"}[par], func(b *testing.B) {
-			brokers := kafkatest.Brokers(b, 4)
-			kc, err := kafka.NewProducer(kafka.Config{Brokers: brokers, ClientID: "bench-raw"})
+			kcfg := kafkatest.Config(b, 4)
+			kcfg.ClientID = "bench-raw"
+			kc, err := kafka.NewProducer(kcfg)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -101,7 +102,7 @@ func BenchmarkRawProduce(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				recs = append(recs, r)
+				recs = append(recs, kafkatest.InNamespace(kcfg, r)...)
 				size += len(mustJSON(b, ev))
 			}
 			produce := func() {

@@ -79,6 +79,7 @@ func TestCloudEventsSDKClientIsAccepted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	topic, _ := topics.ForType(domain.TypeUserActive)
+	topic = e.ns.Topic(topic)
 	if _, err := kafka.ReadToEnd(ctx, kafka.Config{Brokers: e.brokers}, kafka.ReadSpec{Topics: []string{topic}, ClientID: "sdk"},
 		func(r *kgo.Record) error { found[string(r.Key)] = r; return nil }); err != nil {
 		t.Fatal(err)

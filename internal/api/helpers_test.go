@@ -47,6 +47,7 @@ const (
 type env struct {
 	t       testing.TB
 	brokers []string
+	ns      topics.Namespace // the test's
 	kc      *kgo.Client
 	adm     *kadm.Client
 	keyring *sealing.Keyring
@@ -78,17 +79,19 @@ func newKeyring(t testing.TB) *sealing.Keyring {
 	return k
 }
 
-// startBroker gives t a broker with the topic catalog applied: an
-// in-process kfake cluster (or the real broker named by
-// MAILPLANE_TEST_BROKERS, see kafkatest), or the given fake cluster.
-func startBroker(t testing.TB, fake *kfake.Cluster) ([]string, *kgo.Client, *kadm.Client) {
+// startBroker gives t a broker with the topic catalog applied in a
+// namespace of its own: an in-process kfake cluster (or the real broker
+// named by MAILPLANE_TEST_BROKERS, see kafkatest), or the given fake
+// cluster.
+func startBroker(t testing.TB, fake *kfake.Cluster) (kafka.Config, *kgo.Client, *kadm.Client) {
 	t.Helper()
-	var brokers []string
+	var kcfg kafka.Config
 	if fake != nil {
-		brokers = fake.ListenAddrs()
+		kcfg = kafka.Config{Brokers: fake.ListenAddrs(), Namespace: kafkatest.Namespace(t)}
 	} else {
-		brokers = kafkatest.Brokers(t, 4)
+		kcfg = kafkatest.Config(t, 4)
 	}
+	brokers := kcfg.Brokers
 	if fake != nil {
 		// A client of its own: a client's cached metadata can still say
 		// "unknown topic" for a while after it created the topic.
@@ -98,7 +101,7 @@ func startBroker(t testing.TB, fake *kfake.Cluster) ([]string, *kgo.Client, *kad
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_, err = topics.Apply(ctx, ac, topics.Catalog(topics.Config{StatePartitions: 4}))
+		_, err = topics.Apply(ctx, ac, topics.Catalog(topics.Config{StatePartitions: 4, Namespace: kcfg.Namespace}))
 		ac.Close()
 		if err != nil {
 			t.Fatal(err)
@@ -109,7 +112,7 @@ func startBroker(t testing.TB, fake *kfake.Cluster) ([]string, *kgo.Client, *kad
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close)
-	return brokers, kc, kadm.NewClient(kc)
+	return kcfg, kc, kadm.NewClient(kc)
 }
 
 func newEnv(t testing.TB, eo envOpts) *env {
@@ -125,9 +128,11 @@ func newEnv(t testing.TB, eo envOpts) *env {
 		WithHealthTimeout(time.Second),
 	}
 	if !eo.noBroker {
-		e.brokers, e.kc, e.adm = startBroker(t, eo.fake)
+		var kcfg kafka.Config
+		kcfg, e.kc, e.adm = startBroker(t, eo.fake)
+		e.brokers, e.ns = kcfg.Brokers, kcfg.Namespace
 		if prod == nil {
-			prod = producer.New(e.kc, producer.WithSealer(e.keyring), producer.WithRegisterer(e.reg))
+			prod = producer.New(e.kc, producer.WithSealer(e.keyring), producer.WithRegisterer(e.reg), producer.WithNamespace(e.ns))
 		}
 		opts = append(opts, WithBrokerCheck(e.kc))
 	}
@@ -245,7 +250,7 @@ func (e *env) watermarks() map[string]map[int32]int64 {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	los, err := e.adm.ListEndOffsets(ctx, eventTopics()...)
+	los, err := e.adm.ListEndOffsets(ctx, e.ns.Topics(eventTopics()...)...)
 	if err != nil {
 		e.t.Fatal(err)
 	}

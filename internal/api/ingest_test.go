@@ -48,6 +48,7 @@ func (e *env) checkLanded(rc Receipt, want domain.Event) *kgo.Record {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	wantTopic = e.ns.Topic(wantTopic)
 	if rc.Topic != wantTopic || rc.ID != want.ID || rc.Type != want.Type || rc.Offset < 0 {
 		e.t.Fatalf("receipt %+v for event %s (%s), want topic %s", rc, want.ID, want.Type, wantTopic)
 	}
@@ -243,10 +244,10 @@ func TestIngestWarmupObservedTopic(t *testing.T) {
 	if len(ar.Events) != 2 {
 		t.Fatalf("receipts %+v", ar.Events)
 	}
-	if got := ar.Events[0].Topic; got != topics.MailboxObservations {
+	if got := ar.Events[0].Topic; got != e.ns.Topic(topics.MailboxObservations) {
 		t.Errorf("warmup_observed landed on %s, want %s", got, topics.MailboxObservations)
 	}
-	if got := ar.Events[1].Topic; got != topics.MailboxEvents {
+	if got := ar.Events[1].Topic; got != e.ns.Topic(topics.MailboxEvents) {
 		t.Errorf("mailbox.disabled landed on %s, want %s", got, topics.MailboxEvents)
 	}
 	rec := e.checkLanded(ar.Events[0], e.expectEvent(mustJSON(t, obs)))

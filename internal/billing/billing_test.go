@@ -81,7 +81,7 @@ func TestWebhookProducesPlanChanges(t *testing.T) {
 		// subscription only the newest event applies.
 		body := mustJSON(t, stripeEvent(c.id, c.typ, set(c.obj, "id", fmt.Sprintf("sub_Case%d", i))))
 		ev, rc := e.accepted(c.name, req{body: body})
-		if rc.Topic != topics.OrgEvents || rc.Type != domain.TypeOrgPlanChanged {
+		if rc.Topic != e.ns.Topic(topics.OrgEvents) || rc.Type != domain.TypeOrgPlanChanged {
 			t.Errorf("%s: receipt %+v", c.name, rc)
 		}
 		want := c.want

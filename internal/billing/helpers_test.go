@@ -69,17 +69,20 @@ type env struct {
 	base  string
 	http  *http.Client
 	start map[string]map[int32]int64
+	ns    topics.Namespace // the test's
 }
 
 func newEnv(t testing.TB, cfg billing.Config, opts ...billing.Option) *env {
 	t.Helper()
-	brokers := kafkatest.Brokers(t, 4)
-	kc, err := kafka.NewProducer(kafka.Config{Brokers: brokers, ClientID: "billing-test"})
+	kcfg := kafkatest.Config(t, 4)
+	kcfg.ClientID = "billing-test"
+	brokers := kcfg.Brokers
+	kc, err := kafka.NewProducer(kcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close)
-	srv, err := api.New(producer.New(kc), api.WithAuthenticator(apiAuth(t)), api.WithRegisterer(prometheus.NewRegistry()))
+	srv, err := api.New(producer.New(kc, producer.WithNamespace(kcfg.Namespace)), api.WithAuthenticator(apiAuth(t)), api.WithRegisterer(prometheus.NewRegistry()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +98,7 @@ func newEnv(t testing.TB, cfg billing.Config, opts ...billing.Option) *env {
 	}
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	e := &env{t: t, db: db, adm: kadm.NewClient(kc), brk: brokers, base: ts.URL, http: ts.Client()}
+	e := &env{t: t, ns: kcfg.Namespace, db: db, adm: kadm.NewClient(kc), brk: brokers, base: ts.URL, http: ts.Client()}
 	e.start = e.endOffsets()
 	return e
 }
@@ -106,7 +109,7 @@ func (e *env) endOffsets() map[string]map[int32]int64 {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	los, err := e.adm.ListEndOffsets(ctx, topics.DomainTopics()...)
+	los, err := e.adm.ListEndOffsets(ctx, e.ns.Topics(topics.DomainTopics()...)...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -115,10 +118,12 @@ func (e *env) endOffsets() map[string]map[int32]int64 {
 		if o.Err != nil {
 			e.t.Fatalf("end offset of %s/%d: %v", o.Topic, o.Partition, o.Err)
 		}
-		if out[o.Topic] == nil {
-			out[o.Topic] = map[int32]int64{}
+		// Keyed by catalog name.
+		base, _ := e.ns.Base(o.Topic)
+		if out[base] == nil {
+			out[base] = map[int32]int64{}
 		}
-		out[o.Topic][o.Partition] = o.Offset
+		out[base][o.Partition] = o.Offset
 	})
 	if len(out) != len(topics.DomainTopics()) {
 		e.t.Fatalf("end offsets of %d topics", len(out))

@@ -33,6 +33,7 @@ type env struct {
 	t       *testing.T
 	pool    *pgxpool.Pool
 	brokers []string
+	kcfg    kafka.Config // the brokers, in the test's namespace
 	prod    *kgo.Client
 }
 
@@ -44,15 +45,16 @@ func newEnv(t *testing.T) *env {
 	if err := migrations.Apply(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	brokers := kafkatest.Brokers(t, 4)
+	kcfg := kafkatest.Config(t, 4)
+	brokers := kcfg.Brokers
 	// Record timestamps are the test's clock, months from the wall clock:
 	// no delivery timeout, which kgo reads from them.
-	prod, err := kafka.NewProducer(kafka.Config{Brokers: brokers}, kgo.RecordDeliveryTimeout(0))
+	prod, err := kafka.NewProducer(kcfg, kgo.RecordDeliveryTimeout(0))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(prod.Close)
-	return &env{t: t, pool: pool, brokers: brokers, prod: prod}
+	return &env{t: t, pool: pool, brokers: brokers, kcfg: kcfg, prod: prod}
 }
 
 // run starts a goroutine until the test ends.
@@ -73,7 +75,7 @@ func (e *env) startScorer(m *health.Metrics, opts ...health.ScorerOption) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	p, err := projections.New(kafka.Config{Brokers: e.brokers}, e.pool, s,
+	p, err := projections.New(e.kcfg, e.pool, s,
 		projections.WithGroup(kafka.GroupConfig{SessionTimeout: kafkatest.SessionTimeout(2 * time.Second), HeartbeatInterval: 200 * time.Millisecond}),
 		projections.WithCommitted(m.Committed), projections.WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
@@ -84,7 +86,7 @@ func (e *env) startScorer(m *health.Metrics, opts ...health.ScorerOption) {
 
 func (e *env) startRelay() {
 	e.t.Helper()
-	run(e.t, outbox.NewRelay(e.pool, kafka.Config{Brokers: e.brokers}, outbox.WithPollInterval(50*time.Millisecond)).Run)
+	run(e.t, outbox.NewRelay(e.pool, e.kcfg, outbox.WithPollInterval(50*time.Millisecond)).Run)
 }
 
 func observation(mailbox string, i int, junk bool, at time.Time) domain.Event {
@@ -120,7 +122,7 @@ func (e *env) publishAt(at time.Time, evs ...domain.Event) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := e.prod.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+	if err := e.prod.ProduceSync(ctx, kafkatest.InNamespace(e.kcfg, recs...)...).FirstErr(); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -128,7 +130,7 @@ func (e *env) publishAt(at time.Time, evs ...domain.Event) {
 // scored consumes n health_scored events of mailbox from the mailbox topic.
 func (e *env) scored(mailbox string, n int) []*domain.MailboxHealthScored {
 	e.t.Helper()
-	cl, err := kafka.NewClient(kafka.Config{Brokers: e.brokers}, kafka.KindReader, kgo.ConsumeTopics(topics.MailboxEvents),
+	cl, err := kafka.NewClient(kafka.Config{Brokers: e.brokers}, kafka.KindReader, kgo.ConsumeTopics(e.kcfg.Topic(topics.MailboxEvents)),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		e.t.Fatal(err)
@@ -236,7 +238,7 @@ func TestScorerEmitsOnStateChange(t *testing.T) {
 	}
 	// Exactly one event for sender: no more in the topic.
 	var all int
-	cl, _ := kafka.NewClient(kafka.Config{Brokers: e.brokers}, kafka.KindReader, kgo.ConsumeTopics(topics.MailboxEvents), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	cl, _ := kafka.NewClient(kafka.Config{Brokers: e.brokers}, kafka.KindReader, kgo.ConsumeTopics(e.kcfg.Topic(topics.MailboxEvents)), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()

@@ -136,3 +136,33 @@ func InNamespace(kcfg kafka.Config, recs ...*kgo.Record) []*kgo.Record {
 	}
 	return recs
 }
+
+// Fetch reads the record at topic/partition/offset (topic as the broker
+// names it: a receipt's, or kcfg.Topic(topics.X)).
+func Fetch(t testing.TB, brokers []string, topic string, partition int32, offset int64) *kgo.Record {
+	t.Helper()
+	cl, err := kafka.NewClient(kafka.Config{Brokers: brokers, ClientID: "mailplane-test-fetch"}, kafka.KindReader,
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {partition: kgo.NewOffset().At(offset)}}),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("fetch %s/%d@%d: %v", topic, partition, offset, err)
+		}
+		var got *kgo.Record
+		fs.EachRecord(func(r *kgo.Record) {
+			if got == nil && r.Offset == offset {
+				got = r
+			}
+		})
+		if got != nil {
+			return got
+		}
+	}
+}

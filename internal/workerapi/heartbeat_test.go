@@ -69,7 +69,7 @@ func TestHeartbeatProduced(t *testing.T) {
 			t.Fatalf("%s: %d receipts", c.name, len(ar.Events))
 		}
 		rc := ar.Events[0]
-		if rc.Topic != workerTopic || rc.Type != domain.TypeWorkerHeartbeat || !domain.IsUUIDv7(rc.ID) {
+		if rc.Topic != e.kcfg.Topic(workerTopic) || rc.Type != domain.TypeWorkerHeartbeat || !domain.IsUUIDv7(rc.ID) {
 			t.Fatalf("%s: receipt %+v", c.name, rc)
 		}
 		rec := e.fetch(rc.Topic, rc.Partition, rc.Offset)

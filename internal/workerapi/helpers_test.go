@@ -68,6 +68,7 @@ type env struct {
 	t     testing.TB
 	adm   *kadm.Client
 	kc    *kgo.Client
+	kcfg  kafka.Config
 	brk   []string
 	base  string
 	http  *http.Client
@@ -82,13 +83,15 @@ func newEnv(t testing.TB, opts ...workerapi.Option) *env {
 // newEnvWith is newEnv with extra api.Server options (an admission hook).
 func newEnvWith(t testing.TB, apiOpts []api.Option, opts ...workerapi.Option) *env {
 	t.Helper()
-	brokers := kafkatest.Brokers(t, 4)
-	kc, err := kafka.NewProducer(kafka.Config{Brokers: brokers, ClientID: "workerapi-test"})
+	kcfg := kafkatest.Config(t, 4)
+	kcfg.ClientID = "workerapi-test"
+	brokers := kcfg.Brokers
+	kc, err := kafka.NewProducer(kcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close)
-	srv, err := api.New(producer.New(kc),
+	srv, err := api.New(producer.New(kc, producer.WithNamespace(kcfg.Namespace)),
 		append([]api.Option{api.WithAuthenticator(testAuth(t)),
 			api.WithRegisterer(prometheus.NewRegistry())}, apiOpts...)...,
 	)
@@ -100,7 +103,7 @@ func newEnvWith(t testing.TB, apiOpts []api.Option, opts ...workerapi.Option) *e
 	}
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	e := &env{t: t, adm: kadm.NewClient(kc), kc: kc, brk: brokers, base: ts.URL, http: ts.Client()}
+	e := &env{t: t, kcfg: kcfg, adm: kadm.NewClient(kc), kc: kc, brk: brokers, base: ts.URL, http: ts.Client()}
 	e.start = e.endOffsets()
 	return e
 }
@@ -110,7 +113,7 @@ func (e *env) endOffsets() map[int32]int64 {
 	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	los, err := e.adm.ListEndOffsets(ctx, workerTopic)
+	los, err := e.adm.ListEndOffsets(ctx, e.kcfg.Topic(workerTopic))
 	if err != nil {
 		e.t.Fatal(err)
 	}
