@@ -35,10 +35,10 @@ func keyring(t *testing.T) *sealing.Keyring {
 	return k
 }
 
-func newSim(t *testing.T, brokers []string, srv *devfleet.Server, opts ...devfleet.Option) *devfleet.Simulator {
+func newSim(t *testing.T, kcfg kafka.Config, srv *devfleet.Server, opts ...devfleet.Option) *devfleet.Simulator {
 	t.Helper()
 	opts = append([]devfleet.Option{devfleet.WithLogger(quietLog())}, opts...)
-	sim, err := devfleet.New(kafka.Config{Brokers: brokers, ClientID: "devfleet-test"}, keyring(t), srv, opts...)
+	sim, err := devfleet.New(kcfg.WithClientID("devfleet-test"), keyring(t), srv, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,10 +46,12 @@ func newSim(t *testing.T, brokers []string, srv *devfleet.Server, opts ...devfle
 	return sim
 }
 
-// readAll returns the events on topic, from its start to its end now.
-func readAll(t *testing.T, brokers []string, topic string) []domain.Event {
+// readAll returns the events on topic (a catalog name, in the test's
+// namespace), from its start to its end now.
+func readAll(t *testing.T, kcfg kafka.Config, topic string) []domain.Event {
 	t.Helper()
-	kc, err := kafka.NewClient(kafka.Config{Brokers: brokers}, kafka.KindAdmin)
+	topic = kcfg.Topic(topic)
+	kc, err := kafka.NewClient(kcfg, kafka.KindAdmin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +68,7 @@ func readAll(t *testing.T, brokers []string, topic string) []domain.Event {
 		want += int(o.Offset)
 		parts[o.Partition] = kgo.NewOffset().AtStart()
 	})
-	cl, err := kafka.NewClient(kafka.Config{Brokers: brokers}, kafka.KindReader, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}))
+	cl, err := kafka.NewClient(kcfg, kafka.KindReader, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: parts}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,10 +92,10 @@ func readAll(t *testing.T, brokers []string, topic string) []domain.Event {
 
 func TestSimulatorPublishesSetupOnceAndHeartbeats(t *testing.T) {
 	t.Parallel()
-	brokers := kafkatest.Brokers(t, 4)
+	kcfg := kafkatest.Config(t, 4)
 	srv := startServer(t)
 	kr := keyring(t)
-	sim := newSim(t, brokers, srv)
+	sim := newSim(t, kcfg, srv)
 	ctx := context.Background()
 
 	n, err := sim.Setup(ctx)
@@ -107,11 +109,11 @@ func TestSimulatorPublishesSetupOnceAndHeartbeats(t *testing.T) {
 	if n, err := sim.Setup(ctx); err != nil || n != 0 {
 		t.Fatalf("second setup published %d (%v)", n, err)
 	}
-	if n, err := newSim(t, brokers, srv).Setup(ctx); err != nil || n != 0 {
+	if n, err := newSim(t, kcfg, srv).Setup(ctx); err != nil || n != 0 {
 		t.Fatalf("restarted setup published %d (%v)", n, err)
 	}
 
-	orgs := readAll(t, brokers, topics.OrgEvents)
+	orgs := readAll(t, kcfg, topics.OrgEvents)
 	if len(orgs) != 2 {
 		t.Fatalf("%d org events", len(orgs))
 	}
@@ -127,7 +129,7 @@ func TestSimulatorPublishesSetupOnceAndHeartbeats(t *testing.T) {
 		t.Fatalf("plans %v", plans)
 	}
 
-	boxes := readAll(t, brokers, topics.MailboxEvents)
+	boxes := readAll(t, kcfg, topics.MailboxEvents)
 	if len(boxes) != 6 {
 		t.Fatalf("%d mailbox events", len(boxes))
 	}
@@ -163,7 +165,7 @@ func TestSimulatorPublishesSetupOnceAndHeartbeats(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	beats := readAll(t, brokers, topics.WorkerEvents)
+	beats := readAll(t, kcfg, topics.WorkerEvents)
 	if len(beats) != 2*len(devfleet.Workers()) {
 		t.Fatalf("%d heartbeats", len(beats))
 	}
@@ -181,7 +183,7 @@ func TestSimulatorPublishesSetupOnceAndHeartbeats(t *testing.T) {
 	// A listed port different from the one registered re-registers the
 	// endpoint: a server on another port makes the setup publish again.
 	srv2 := startServer(t)
-	if n, err := newSim(t, brokers, srv2).Setup(ctx); err != nil || n != len(devfleet.Mailboxes()) {
+	if n, err := newSim(t, kcfg, srv2).Setup(ctx); err != nil || n != len(devfleet.Mailboxes()) {
 		t.Fatalf("setup for a server on another port published %d (%v), want the %d mailboxes", n, err, len(devfleet.Mailboxes()))
 	}
 }
@@ -194,7 +196,7 @@ func TestSimulatorWarmupDeterministic(t *testing.T) {
 	run := func(seed uint64, rounds int) ([]devfleet.Delivery, *devfleet.Server) {
 		srv := startServer(t)
 		// No broker needed to deliver mail: the client connects lazily.
-		sim := newSim(t, []string{"127.0.0.1:1"}, srv, devfleet.WithSeed(seed), devfleet.WithRunID("test"),
+		sim := newSim(t, kafka.Config{Brokers: []string{"127.0.0.1:1"}}, srv, devfleet.WithSeed(seed), devfleet.WithRunID("test"),
 			devfleet.WithClock(clock), devfleet.WithWarmupPerTick(6))
 		var all []devfleet.Delivery
 		for range rounds {
@@ -294,9 +296,9 @@ func TestSimulatorWarmupDeterministic(t *testing.T) {
 // and warmup rounds, until its context ends.
 func TestSimulatorRun(t *testing.T) {
 	t.Parallel()
-	brokers := kafkatest.Brokers(t, 4)
+	kcfg := kafkatest.Config(t, 4)
 	srv := startServer(t)
-	sim := newSim(t, brokers, srv, devfleet.WithHeartbeatInterval(50*time.Millisecond),
+	sim := newSim(t, kcfg, srv, devfleet.WithHeartbeatInterval(50*time.Millisecond),
 		devfleet.WithWarmupInterval(20*time.Millisecond), devfleet.WithWarmupPerTick(2), devfleet.WithSeed(9))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -323,8 +325,8 @@ func TestSimulatorRun(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		beats := countRecords(t, brokers, topics.WorkerEvents)
-		added := countRecords(t, brokers, topics.MailboxEvents)
+		beats := countRecords(t, kcfg, topics.WorkerEvents)
+		added := countRecords(t, kcfg, topics.MailboxEvents)
 		if n > 3+2 && beats >= 3*len(devfleet.Workers()) && added == len(devfleet.Mailboxes()) {
 			break
 		}
@@ -344,9 +346,10 @@ func TestSimulatorRun(t *testing.T) {
 	}
 }
 
-func countRecords(t *testing.T, brokers []string, topic string) int {
+func countRecords(t *testing.T, kcfg kafka.Config, topic string) int {
 	t.Helper()
-	kc, err := kafka.NewClient(kafka.Config{Brokers: brokers}, kafka.KindAdmin)
+	topic = kcfg.Topic(topic)
+	kc, err := kafka.NewClient(kcfg, kafka.KindAdmin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,7 +379,7 @@ func TestFixedEventID(t *testing.T) {
 func TestSimulatorWarmupHeaderName(t *testing.T) {
 	t.Parallel()
 	srv := startServer(t)
-	sim := newSim(t, []string{"127.0.0.1:1"}, srv, devfleet.WithWarmupHeader("X-Dev-Warm"), devfleet.WithWarmupPerTick(6))
+	sim := newSim(t, kafka.Config{Brokers: []string{"127.0.0.1:1"}}, srv, devfleet.WithWarmupHeader("X-Dev-Warm"), devfleet.WithWarmupPerTick(6))
 	ds, err := sim.Warmup(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -26,8 +26,8 @@ import (
 // heartbeat is refused and nothing reaches the log.
 func TestSimulatedWorkersUseTheirCredentials(t *testing.T) {
 	t.Parallel()
-	brokers := kafkatest.Brokers(t, 4)
-	kc, err := kafka.NewProducer(kafka.Config{Brokers: brokers, ClientID: "devfleet-api"})
+	kcfg := kafkatest.Config(t, 4)
+	kc, err := kafka.NewProducer(kcfg.WithClientID("devfleet-api"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func TestSimulatedWorkersUseTheirCredentials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := api.New(producer.New(kc), api.WithAuthenticator(auth), api.WithRegisterer(prometheus.NewRegistry()))
+	srv, err := api.New(producer.New(kc, producer.WithNamespace(kcfg.Namespace)), api.WithAuthenticator(auth), api.WithRegisterer(prometheus.NewRegistry()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,20 +49,20 @@ func TestSimulatedWorkersUseTheirCredentials(t *testing.T) {
 	imapSrv := startServer(t)
 	ctx := context.Background()
 
-	forged := newSim(t, brokers, imapSrv, devfleet.WithWorkerAPI(ts.URL, []byte("another-fleet-secret-0123456789abcdef")))
+	forged := newSim(t, kcfg, imapSrv, devfleet.WithWorkerAPI(ts.URL, []byte("another-fleet-secret-0123456789abcdef")))
 	if err := forged.Heartbeat(ctx); err == nil {
 		t.Fatal("heartbeats under another fleet's secret were accepted")
 	}
-	if evs := readAll(t, brokers, topics.WorkerEvents); len(evs) != 0 {
+	if evs := readAll(t, kcfg, topics.WorkerEvents); len(evs) != 0 {
 		t.Fatalf("%d events on the log after refused heartbeats", len(evs))
 	}
 
-	sim := newSim(t, brokers, imapSrv, devfleet.WithWorkerAPI(ts.URL, secret))
+	sim := newSim(t, kcfg, imapSrv, devfleet.WithWorkerAPI(ts.URL, secret))
 	if err := sim.Heartbeat(ctx); err != nil {
 		t.Fatal(err)
 	}
 	var got, want []string
-	for _, e := range readAll(t, brokers, topics.WorkerEvents) {
+	for _, e := range readAll(t, kcfg, topics.WorkerEvents) {
 		if e.Type != domain.TypeWorkerHeartbeat {
 			t.Fatalf("event %s", e.Type)
 		}

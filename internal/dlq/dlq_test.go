@@ -212,9 +212,9 @@ func TestListNoBroker(t *testing.T) {
 // transaction marker at the end of the log does not stall the listing.
 func TestListTransactional(t *testing.T) {
 	t.Parallel()
-	brokers := kafkatest.Brokers(t, 4)
-	cfg := kafka.Config{Brokers: brokers, ClientID: "dlq-txn-test"}
-	cl, err := kafka.NewProducer(cfg, kgo.TransactionalID("dlq-test"))
+	cfg := kafkatest.Config(t, 4)
+	cfg.ClientID = "dlq-txn-test"
+	cl, err := kafka.NewProducer(cfg, kgo.TransactionalID(cfg.TransactionalID("dlq-test")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +225,7 @@ func TestListTransactional(t *testing.T) {
 		if err := cl.BeginTransaction(); err != nil {
 			t.Fatal(err)
 		}
-		r := dlq.NewRecord("", source(`{}`), dlq.Failure{Consumer: consumer, Code: domain.CodeMalformedJSON, Err: "bad", Attempts: 1})
+		r := dlq.NewRecord(cfg.Namespace, source(`{}`), dlq.Failure{Consumer: consumer, Code: domain.CodeMalformedJSON, Err: "bad", Attempts: 1})
 		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
 			t.Fatal(err)
 		}

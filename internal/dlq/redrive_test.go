@@ -148,7 +148,8 @@ func TestRedriveNeedsOps(t *testing.T) {
 // redriveEnv is a broker with the catalog and a migrated schema.
 func redriveEnv(t *testing.T) (kafka.Config, *pgtest.DB, *kgo.Client) {
 	t.Helper()
-	cfg := kafka.Config{Brokers: kafkatest.Brokers(t, 4), ClientID: "dlq-redrive-test"}
+	cfg := kafkatest.Config(t, 4)
+	cfg.ClientID = "dlq-redrive-test"
 	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
@@ -166,23 +167,23 @@ func redriveEnv(t *testing.T) (kafka.Config, *pgtest.DB, *kgo.Client) {
 var ops = &domain.Caller{Name: "test-ops", Scopes: []string{domain.ScopeOps}, Source: "/ops"}
 
 // deadLetter produces the dead letter of a record at topic/partition/offset
-// and returns it as listed.
-func deadLetter(t *testing.T, ctx context.Context, cl *kgo.Client, topic string, partition int32, offset int64, value, consumer string, code domain.Code) dlq.Entry {
+// (topic a catalog name, in cfg's namespace) and returns it as listed.
+func deadLetter(t *testing.T, ctx context.Context, cfg kafka.Config, cl *kgo.Client, topic string, partition int32, offset int64, value, consumer string, code domain.Code) dlq.Entry {
 	t.Helper()
 	src := source(value)
-	src.Topic, src.Partition, src.Offset = topic, partition, offset
-	r := dlq.NewRecord("", src, dlq.Failure{Consumer: consumer, Code: code, Err: "test", Attempts: 1})
+	src.Topic, src.Partition, src.Offset = cfg.Topic(topic), partition, offset
+	r := dlq.NewRecord(cfg.Namespace, src, dlq.Failure{Consumer: consumer, Code: code, Err: "test", Attempts: 1})
 	if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	r.Topic = topics.DLQ
 	return dlq.Parse(r)
 }
 
 // redrivenCopies returns the offsets of the records in topic/partition
-// carrying redrive id.
+// (topic a catalog name, in cfg's namespace) carrying redrive id.
 func redrivenCopies(t *testing.T, ctx context.Context, cfg kafka.Config, topic string, partition int32, id string) []int64 {
 	t.Helper()
+	topic = cfg.Topic(topic)
 	var out []int64
 	spec := kafka.ReadSpec{Topics: []string{topic}, Partitions: func(string, int) []int32 { return []int32{partition} }}
 	if _, err := kafka.ReadToEnd(ctx, cfg, spec, func(r *kgo.Record) error {
@@ -206,7 +207,7 @@ func TestRedriveRefusals(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 
-	withheld := deadLetter(t, ctx, cl, topics.MailboxEvents, 1, 5, `{"mailbox_id":"x","credentials":{"password":"hunter2"}}`, "registry", domain.CodeInvalid)
+	withheld := deadLetter(t, ctx, cfg, cl, topics.MailboxEvents, 1, 5, `{"mailbox_id":"x","credentials":{"password":"hunter2"}}`, "registry", domain.CodeInvalid)
 	if withheld.ValueWithheld == "" {
 		t.Fatal("the DLQ kept a secret")
 	}
@@ -215,8 +216,8 @@ func TestRedriveRefusals(t *testing.T) {
 	// the decision log), no value.
 	forge := func(edit func(r *kgo.Record)) {
 		src := source(`{"n":1}`)
-		src.Topic, src.Partition, src.Offset = topics.MailboxEvents, 1, 6
-		r := dlq.NewRecord("", src, dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "x", Attempts: 1})
+		src.Topic, src.Partition, src.Offset = cfg.Topic(topics.MailboxEvents), 1, 6
+		r := dlq.NewRecord(cfg.Namespace, src, dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "x", Attempts: 1})
 		edit(r)
 		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
 			t.Fatal(err)
@@ -226,14 +227,14 @@ func TestRedriveRefusals(t *testing.T) {
 	forge(func(r *kgo.Record) {
 		for i := range r.Headers {
 			if r.Headers[i].Key == dlq.HeaderSourceTopic {
-				r.Headers[i].Value = []byte(topics.PlacementDecisions)
+				r.Headers[i].Value = []byte(cfg.Topic(topics.PlacementDecisions))
 			}
 		}
 	})
 	forge(func(r *kgo.Record) { r.Value = nil })
 	// Not the selection's: another consumer's, another code.
-	deadLetter(t, ctx, cl, topics.MailboxEvents, 1, 7, `{"n":2}`, "mailbox-state", domain.CodeInvalid)
-	deadLetter(t, ctx, cl, topics.MailboxEvents, 1, 8, `{"n":3}`, "registry", domain.CodeUnknownType)
+	deadLetter(t, ctx, cfg, cl, topics.MailboxEvents, 1, 7, `{"n":2}`, "mailbox-state", domain.CodeInvalid)
+	deadLetter(t, ctx, cfg, cl, topics.MailboxEvents, 1, 8, `{"n":3}`, "registry", domain.CodeUnknownType)
 
 	sel := dlq.Selection{Consumer: "registry", Code: domain.CodeInvalid}
 	rep, err := dlq.Redrive(ctx, cfg, db.Pool, ops, sel)
@@ -281,8 +282,8 @@ func TestRedriveCompletesPending(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 
-	deadLetter(t, ctx, cl, topics.MailboxEvents, 2, 10, `{"n":1}`, "registry", domain.CodeInvalid)
-	deadLetter(t, ctx, cl, topics.MailboxEvents, 2, 11, `{"n":2}`, "registry", domain.CodeInvalid)
+	deadLetter(t, ctx, cfg, cl, topics.MailboxEvents, 2, 10, `{"n":1}`, "registry", domain.CodeInvalid)
+	deadLetter(t, ctx, cfg, cl, topics.MailboxEvents, 2, 11, `{"n":2}`, "registry", domain.CodeInvalid)
 	entries, err := dlq.List(ctx, cfg, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -370,7 +371,7 @@ func TestRedriveRefusesOutOfOrder(t *testing.T) {
 	}
 	defer manual.Close()
 	produce := func(key, value string, headers ...kgo.RecordHeader) *kgo.Record {
-		r := &kgo.Record{Topic: topics.MailboxEvents, Partition: 3, Key: []byte(key), Value: []byte(value), Headers: headers}
+		r := &kgo.Record{Topic: cfg.Topic(topics.MailboxEvents), Partition: 3, Key: []byte(key), Value: []byte(value), Headers: headers}
 		if err := manual.ProduceSync(ctx, r).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
@@ -387,7 +388,7 @@ func TestRedriveRefusesOutOfOrder(t *testing.T) {
 	}
 	defer dl.Close()
 	for _, r := range []*kgo.Record{removedA, removedB} {
-		if err := dl.ProduceSync(ctx, dlq.NewRecord("", r, dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "x", Attempts: 3})).FirstErr(); err != nil {
+		if err := dl.ProduceSync(ctx, dlq.NewRecord(cfg.Namespace, r, dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "x", Attempts: 3})).FirstErr(); err != nil {
 			t.Fatal(err)
 		}
 	}
