@@ -42,26 +42,27 @@ type redriveOut struct {
 func TestDLQRedriveCommand(t *testing.T) {
 	t.Parallel()
 	bin := mailplanetest.Build(t)
-	brokers := kafkatest.Brokers(t, 4)
+	kcfg := kafkatest.Config(t, 4)
+	brokers := kcfg.Brokers
 	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	if err := migrations.Apply(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}
-	kc, err := kafka.NewProducer(kafka.Config{Brokers: brokers})
+	kc, err := kafka.NewProducer(kcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer kc.Close()
 	src := func(offset int64, value string) *kgo.Record {
-		return &kgo.Record{Topic: topics.MailboxEvents, Partition: 1, Offset: offset,
+		return &kgo.Record{Topic: kcfg.Topic(topics.MailboxEvents), Partition: 1, Offset: offset,
 			Key: []byte("0190a5b2-4c5e-7b1a-9c3d-00000000e001"), Value: []byte(value),
 			Headers: []kgo.RecordHeader{{Key: topics.HeaderType, Value: []byte(domain.TypeMailboxRemoved)}}}
 	}
-	good := dlq.NewRecord("", src(3, `{"mailbox_id":"0190a5b2-4c5e-7b1a-9c3d-00000000e001","reason":"x"}`),
+	good := dlq.NewRecord(kcfg.Namespace, src(3, `{"mailbox_id":"0190a5b2-4c5e-7b1a-9c3d-00000000e001","reason":"x"}`),
 		dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "check violation", Attempts: 3})
-	secret := dlq.NewRecord("", src(4, `{"mailbox_id":"0190a5b2-4c5e-7b1a-9c3d-00000000e001","credentials":{"password":"p"}}`),
+	secret := dlq.NewRecord(kcfg.Namespace, src(4, `{"mailbox_id":"0190a5b2-4c5e-7b1a-9c3d-00000000e001","credentials":{"password":"p"}}`),
 		dlq.Failure{Consumer: "registry", Code: domain.CodePlaintextSecret, Err: "plain-text secret", Attempts: 1})
 	if err := kc.ProduceSync(ctx, good, secret).FirstErr(); err != nil {
 		t.Fatal(err)
@@ -69,7 +70,7 @@ func TestDLQRedriveCommand(t *testing.T) {
 
 	run := func(args ...string) (string, string, int) {
 		t.Helper()
-		cmd := exec.Command(bin, append(args, "--brokers", strings.Join(brokers, ","))...)
+		cmd := exec.Command(bin, append(args, "--brokers", strings.Join(brokers, ","), "--kafka-namespace", string(kcfg.Namespace))...)
 		cmd.Env = []string{"PATH=/usr/bin:/bin", "DATABASE_URL=" + db.URL}
 		cmd.Stdin = strings.NewReader("y\n") // not a terminal: never read as a yes
 		var out, errb bytes.Buffer
@@ -127,7 +128,7 @@ func TestDLQRedriveCommand(t *testing.T) {
 			}
 		}
 	}
-	got := kafkatest.Fetch(t, brokers, topics.MailboxEvents, 1, landed)
+	got := kafkatest.Fetch(t, brokers, kcfg.Topic(topics.MailboxEvents), 1, landed)
 	if !bytes.Equal(got.Value, good.Value) || !bytes.Equal(got.Key, good.Key) {
 		t.Fatalf("redriven record %q %q", got.Key, got.Value)
 	}

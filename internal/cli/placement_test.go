@@ -33,7 +33,8 @@ func plID(kind, i int) string { return fmt.Sprintf("0000000%d-0000-4000-8000-%01
 func TestReplayAndShowCommands(t *testing.T) {
 	t.Parallel()
 	bin := mailplanetest.Build(t)
-	brokers := kafkatest.Brokers(t, 4)
+	kcfg := kafkatest.Config(t, 4)
+	brokers := kcfg.Brokers
 	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -85,7 +86,7 @@ func TestReplayAndShowCommands(t *testing.T) {
 		}
 		recs = append(recs, r)
 	}
-	if err := kc.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+	if err := kc.ProduceSync(ctx, kafkatest.InNamespace(kcfg, recs...)...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
 	live := make([]projection.Record, len(recs))
@@ -97,14 +98,15 @@ func TestReplayAndShowCommands(t *testing.T) {
 		live[i] = projection.Record{Offset: r.Offset, Decision: d}
 	}
 	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-		return projection.New("").ApplyDecisions(ctx, tx, live, int64(len(live)))
+		return projection.New(kcfg.Namespace).ApplyDecisions(ctx, tx, live, int64(len(live)))
 	}); err != nil {
 		t.Fatal(err)
 	}
 
 	run := func(args ...string) (string, string, int) {
 		cmd := exec.Command(bin, args...)
-		cmd.Env = []string{"PATH=/usr/bin:/bin", "DATABASE_URL=" + db.URL, "MAILPLANE_BROKERS=" + strings.Join(brokers, ",")}
+		cmd.Env = []string{"PATH=/usr/bin:/bin", "DATABASE_URL=" + db.URL, "MAILPLANE_BROKERS=" + strings.Join(brokers, ","),
+			"MAILPLANE_KAFKA_NAMESPACE=" + string(kcfg.Namespace)}
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb
 		err := cmd.Run()

@@ -33,20 +33,20 @@ import (
 // stands. The placement projection is never moved.
 func TestProjectorSeekMovesWhatConsoleCannot(t *testing.T) {
 	t.Parallel()
-	brokers := kafkatest.Brokers(t, 4)
+	kcfg := kafkatest.Config(t, 4)
+	brokers := kcfg.Brokers
 	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	if err := migrations.Apply(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}
-	kcfg := kafka.Config{Brokers: brokers}
 	kc, err := kafka.NewProducer(kcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer kc.Close()
-	pc := producer.New(kc, producer.WithSource("test/seek"))
+	pc := producer.New(kc, producer.WithSource("test/seek"), producer.WithNamespace(kcfg.Namespace))
 	const org = "0190a5b2-4c5e-7b1a-9c3d-00000000c0c0"
 	publish := func(plan domain.Plan) producer.Receipt {
 		t.Helper()
@@ -87,7 +87,7 @@ func TestProjectorSeekMovesWhatConsoleCannot(t *testing.T) {
 		}
 	}
 	cliArgs := func(args ...string) []string {
-		return append(args, "--brokers", brokers[0], "--database-url", db.URL)
+		return append(args, "--brokers", brokers[0], "--kafka-namespace", string(kcfg.Namespace), "--database-url", db.URL)
 	}
 
 	stop := run()
@@ -98,18 +98,18 @@ func TestProjectorSeekMovesWhatConsoleCannot(t *testing.T) {
 	// Console's reset moves the group's offsets, not the projector.
 	adm := kadm.NewClient(kc)
 	var reset kadm.Offsets
-	reset.AddOffset(topics.OrgEvents, first.Partition, first.Offset+5, -1)
-	if _, err := adm.CommitOffsets(ctx, projections.GroupName("registry"), reset); err != nil {
+	reset.AddOffset(kcfg.Topic(topics.OrgEvents), first.Partition, first.Offset+5, -1)
+	if _, err := adm.CommitOffsets(ctx, kcfg.Group(projections.GroupName("registry")), reset); err != nil {
 		t.Fatal(err)
 	}
 	skipped := publish(domain.PlanPremium)
 	var out bytes.Buffer
-	err = cli.Projector(ctx, cliArgs("seek", "--projector", "registry", "--topic", topics.OrgEvents,
+	err = cli.Projector(ctx, cliArgs("seek", "--projector", "registry", "--topic", kcfg.Topic(topics.OrgEvents),
 		"--partition", fmt.Sprint(skipped.Partition), "--end"), &out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := fmt.Sprintf("registry %s/%d: %d -> %d\n", topics.OrgEvents, skipped.Partition, first.Offset+1, skipped.Offset+1); out.String() != want {
+	if want := fmt.Sprintf("registry %s/%d: %d -> %d\n", kcfg.Topic(topics.OrgEvents), skipped.Partition, first.Offset+1, skipped.Offset+1); out.String() != want {
 		t.Fatalf("seek printed %q, want %q", out.String(), want)
 	}
 
@@ -126,7 +126,7 @@ func TestProjectorSeekMovesWhatConsoleCannot(t *testing.T) {
 	if err := cli.Projector(ctx, cliArgs("positions", "--projector", "registry"), &out); err != nil {
 		t.Fatal(err)
 	}
-	row := regexp.MustCompile(fmt.Sprintf(`(?m)^registry +%s +%d +%d +%d +0 +`, regexp.QuoteMeta(topics.OrgEvents), skipped.Partition, skipped.Offset+2, skipped.Offset+2))
+	row := regexp.MustCompile(fmt.Sprintf(`(?m)^registry +%s +%d +%d +%d +0 +`, regexp.QuoteMeta(kcfg.Topic(topics.OrgEvents)), skipped.Partition, skipped.Offset+2, skipped.Offset+2))
 	if !row.MatchString(out.String()) {
 		t.Errorf("positions:\n%s\nwant a row matching %s", out.String(), row)
 	}
@@ -146,34 +146,34 @@ func TestProjectorSeekMovesWhatConsoleCannot(t *testing.T) {
 	}
 	found := false
 	for _, r := range rows {
-		if r.Topic == topics.OrgEvents && r.Partition == skipped.Partition {
+		if r.Topic == kcfg.Topic(topics.OrgEvents) && r.Partition == skipped.Partition {
 			found = r.Position == skipped.Offset+2 && r.End != nil && *r.End == skipped.Offset+2 && r.Behind != nil && *r.Behind == 0
 		}
 	}
 	if !found {
-		t.Errorf("positions --format json has no caught-up row for %s/%d:\n%s", topics.OrgEvents, skipped.Partition, out.String())
+		t.Errorf("positions --format json has no caught-up row for %s/%d:\n%s", kcfg.Topic(topics.OrgEvents), skipped.Partition, out.String())
 	}
 
 	// Hostile or mistaken seeks are refused and move nothing.
 	for _, bad := range [][]string{
-		{"seek", "--projector", "sync", "--topic", topics.MailboxState, "--partition", "0", "--offset", "0"},
-		{"seek", "--projector", "registry", "--topic", topics.MailboxObservations, "--partition", "0", "--offset", "0"},
-		{"seek", "--projector", "registry", "--topic", topics.OrgEvents, "--partition", "99", "--offset", "0"},
-		{"seek", "--projector", "registry", "--topic", topics.OrgEvents, "--partition", fmt.Sprint(skipped.Partition), "--offset", fmt.Sprint(skipped.Offset + 100)},
-		{"seek", "--projector", "registry", "--topic", topics.OrgEvents, "--partition", "0", "--offset", "0", "--end"},
-		{"seek", "--projector", "registry", "--topic", topics.OrgEvents, "--partition", "0"},
+		{"seek", "--projector", "sync", "--topic", kcfg.Topic(topics.MailboxState), "--partition", "0", "--offset", "0"},
+		{"seek", "--projector", "registry", "--topic", kcfg.Topic(topics.MailboxObservations), "--partition", "0", "--offset", "0"},
+		{"seek", "--projector", "registry", "--topic", kcfg.Topic(topics.OrgEvents), "--partition", "99", "--offset", "0"},
+		{"seek", "--projector", "registry", "--topic", kcfg.Topic(topics.OrgEvents), "--partition", fmt.Sprint(skipped.Partition), "--offset", fmt.Sprint(skipped.Offset + 100)},
+		{"seek", "--projector", "registry", "--topic", kcfg.Topic(topics.OrgEvents), "--partition", "0", "--offset", "0", "--end"},
+		{"seek", "--projector", "registry", "--topic", kcfg.Topic(topics.OrgEvents), "--partition", "0"},
 	} {
 		if err := cli.Projector(ctx, cliArgs(bad...), io.Discard); err == nil {
 			t.Errorf("%v was accepted", bad)
 		}
 	}
 	if pos, err := projections.Positions(ctx, db.Pool, ""); err != nil || slices.ContainsFunc(pos, func(p projections.Position) bool {
-		return p.Projector != "registry" || p.Topic == topics.MailboxObservations
+		return p.Projector != "registry" || p.Topic == kcfg.Topic(topics.MailboxObservations)
 	}) {
 		t.Errorf("a refused seek planted a position: %+v %v", pos, err)
 	}
 
-	err = cli.Projector(ctx, cliArgs("seek", "--projector", "placement", "--topic", topics.PlacementDecisions, "--partition", "0", "--offset", "3"), &out)
+	err = cli.Projector(ctx, cliArgs("seek", "--projector", "placement", "--topic", kcfg.Topic(topics.PlacementDecisions), "--partition", "0", "--offset", "3"), &out)
 	if !errors.Is(err, projections.ErrNotSeekable) {
 		t.Errorf("seeking the placement projection: %v, want ErrNotSeekable", err)
 	}

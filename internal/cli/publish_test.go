@@ -15,10 +15,11 @@ import (
 func TestPublishCommand(t *testing.T) {
 	t.Parallel()
 	bin := mailplanetest.Build(t)
-	brokers := strings.Join(kafkatest.Brokers(t, 4), ",")
+	kcfg := kafkatest.Config(t, 4)
+	brokers := strings.Join(kcfg.Brokers, ",")
 	key := "cli-1:" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{3}, 32))
 	run := func(stdin string, args ...string) (string, string, int) {
-		cmd := exec.Command(bin, append(args, "--brokers", brokers, "--data-dir", t.TempDir())...)
+		cmd := exec.Command(bin, append(args, "--brokers", brokers, "--kafka-namespace", string(kcfg.Namespace), "--data-dir", t.TempDir())...)
 		cmd.Env = []string{"PATH=/usr/bin:/bin"}
 		cmd.Stdin = strings.NewReader(stdin)
 		var out, errb bytes.Buffer
@@ -43,7 +44,7 @@ func TestPublishCommand(t *testing.T) {
 		Topic  string `json:"topic"`
 		Offset int64  `json:"offset"`
 	}
-	if code != 0 || json.Unmarshal([]byte(stdout), &receipt) != nil || receipt.Topic != "mailplane.worker.events.v1" || receipt.Offset != 0 {
+	if code != 0 || json.Unmarshal([]byte(stdout), &receipt) != nil || receipt.Topic != kcfg.Topic("mailplane.worker.events.v1") || receipt.Offset != 0 {
 		t.Fatalf("valid heartbeat from stdin: exit %d, stdout %s, stderr %s", code, stdout, stderr)
 	}
 

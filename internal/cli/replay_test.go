@@ -110,14 +110,14 @@ func TestReplayCommands(t *testing.T) {
 	for _, name := range []string{"registry", "health"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			brokers := kafkatest.Brokers(t, 4)
+			kcfg := kafkatest.Config(t, 4)
+			brokers := kcfg.Brokers
 			db := pgtest.New(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			if err := migrations.Apply(ctx, db.Pool); err != nil {
 				t.Fatal(err)
 			}
-			kcfg := kafka.Config{Brokers: brokers}
 			var proj projections.Projection = projections.NewRegistry()
 			table, alter, probe := "mailboxes",
 				`UPDATE mailboxes SET address = 'drifted@example.com' WHERE mailbox_id = $1`,
@@ -162,7 +162,7 @@ func TestReplayCommands(t *testing.T) {
 				r.Timestamp = ev.Time
 				recs = append(recs, r)
 			}
-			if err := prod.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			if err := prod.ProduceSync(ctx, kafkatest.InNamespace(kcfg, recs...)...).FirstErr(); err != nil {
 				t.Fatal(err)
 			}
 			// The live projector has applied every record.
@@ -182,7 +182,7 @@ func TestReplayCommands(t *testing.T) {
 
 			run := func(args ...string) (string, string, int) {
 				cmd := exec.Command(bin, args...)
-				cmd.Env = []string{"PATH=/usr/bin:/bin", "DATABASE_URL=" + db.URL, "MAILPLANE_BROKERS=" + strings.Join(brokers, ",")}
+				cmd.Env = []string{"PATH=/usr/bin:/bin", "DATABASE_URL=" + db.URL, "MAILPLANE_BROKERS=" + strings.Join(brokers, ","), "MAILPLANE_KAFKA_NAMESPACE=" + string(kcfg.Namespace)}
 				var out, errb bytes.Buffer
 				cmd.Stdout, cmd.Stderr = &out, &errb
 				err := cmd.Run()
@@ -234,7 +234,7 @@ func TestReplayCommands(t *testing.T) {
 				t.Fatalf("script (util-linux) is needed to run the command on a terminal: %v", err)
 			}
 			tty := exec.Command(scriptBin, "-qec", strings.Join([]string{bin, "replay", name, "--schema", s(0)}, " "), "/dev/null")
-			tty.Env = []string{"PATH=/usr/bin:/bin", "DATABASE_URL=" + db.URL, "MAILPLANE_BROKERS=" + strings.Join(brokers, ","), "TERM=dumb"}
+			tty.Env = []string{"PATH=/usr/bin:/bin", "DATABASE_URL=" + db.URL, "MAILPLANE_BROKERS=" + strings.Join(brokers, ","), "MAILPLANE_KAFKA_NAMESPACE=" + string(kcfg.Namespace), "TERM=dumb"}
 			if out, err := tty.CombinedOutput(); err != nil || !strings.Contains(string(out), "replay "+name+" [") ||
 				!strings.Contains(string(out), "100.0%") || !strings.Contains(string(out), "done in") {
 				t.Errorf("replay on a terminal: %v, no progress drawn:\n%q", err, out)
