@@ -28,8 +28,8 @@ const benchBatch = 1000
 // BenchmarkPublish measures the typed client (validate, encode, produce with
 // acks=all, wait) in batches of 1000. Compare with BenchmarkRawProduce.
 func BenchmarkPublish(b *testing.B) {
-	kc, _ := newBroker(b)
-	c := producer.New(kc)
+	kc, kcfg := newBroker(b)
+	c := producer.New(kc, producer.WithNamespace(kcfg.Namespace))
 	evs := benchEvents(c, benchBatch)
 	ctx := context.Background()
 	b.ResetTimer()
@@ -45,8 +45,8 @@ func BenchmarkPublish(b *testing.B) {
 // BenchmarkRawProduce produces the same records, pre-encoded, straight
 // through kgo: the broker limit the typed client is compared against.
 func BenchmarkRawProduce(b *testing.B) {
-	kc, _ := newBroker(b)
-	c := producer.New(kc)
+	kc, kcfg := newBroker(b)
+	c := producer.New(kc, producer.WithNamespace(kcfg.Namespace))
 	evs := benchEvents(c, benchBatch)
 	recs := make([]*kgo.Record, len(evs))
 	for i, e := range evs {

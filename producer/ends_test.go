@@ -20,9 +20,13 @@ func eventTopics() []string {
 	return ts
 }
 
-// kadmEnds sums the end offsets of each topic domain events go to.
-func kadmEnds(ctx context.Context, kc *kgo.Client) (map[string]int64, error) {
-	ends, err := kadm.NewClient(kc).ListEndOffsets(ctx, eventTopics()...)
+// kadmEnds sums the end offsets of each topic domain events go to, in
+// namespace ns; a topic the broker does not know is an error, not zero.
+func kadmEnds(ctx context.Context, kc *kgo.Client, ns topics.Namespace) (map[string]int64, error) {
+	ends, err := kadm.NewClient(kc).ListEndOffsets(ctx, ns.Topics(eventTopics()...)...)
+	if err == nil {
+		err = ends.Error()
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -29,15 +29,18 @@ const (
 	workerID  = "0190a5b2-0000-7000-8000-0000000000c1"
 )
 
-func newBroker(t testing.TB) (*kgo.Client, []string) {
+// newBroker returns a producer client and the test's configuration: the
+// brokers with the catalog in a namespace of the test's own.
+func newBroker(t testing.TB) (*kgo.Client, kafka.Config) {
 	t.Helper()
-	brokers := kafkatest.Brokers(t, 4)
-	kc, err := kafka.NewProducer(kafka.Config{Brokers: brokers, ClientID: "test"})
+	kcfg := kafkatest.Config(t, 4)
+	kcfg.ClientID = "test"
+	kc, err := kafka.NewProducer(kcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close)
-	return kc, brokers
+	return kc, kcfg
 }
 
 func testKeyring(t testing.TB) *sealing.Keyring {
@@ -57,9 +60,10 @@ func mailboxAdded() domain.MailboxAdded {
 	}
 }
 
-func consumeAll(t *testing.T, brokers []string, topic string, n int) []*kgo.Record {
+// consumeAll reads n records of topic (a catalog name, in kcfg's namespace).
+func consumeAll(t *testing.T, kcfg kafka.Config, topic string, n int) []*kgo.Record {
 	t.Helper()
-	cl, err := kafka.NewClient(kafka.Config{Brokers: brokers}, kafka.KindReader, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	cl, err := kafka.NewClient(kcfg, kafka.KindReader, kgo.ConsumeTopics(kcfg.Topic(topic)), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,19 +83,19 @@ func consumeAll(t *testing.T, brokers []string, topic string, n int) []*kgo.Reco
 
 func TestPublishSealsAndRoundTrips(t *testing.T) {
 	t.Parallel()
-	kc, brokers := newBroker(t)
+	kc, kcfg := newBroker(t)
 	keys := testKeyring(t)
-	c := producer.New(kc, producer.WithSealer(keys), producer.WithSource("test"))
+	c := producer.New(kc, producer.WithNamespace(kcfg.Namespace), producer.WithSealer(keys), producer.WithSource("test"))
 	ctx := context.Background()
 
 	r, err := c.PublishMailboxAdded(ctx, mailboxAdded())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Topic != topics.MailboxEvents || r.Offset != 0 || !domain.IsUUIDv7(r.ID) {
+	if r.Topic != kcfg.Topic(topics.MailboxEvents) || r.Offset != 0 || !domain.IsUUIDv7(r.ID) {
 		t.Fatalf("receipt %+v", r)
 	}
-	recs := consumeAll(t, brokers, topics.MailboxEvents, 1)
+	recs := consumeAll(t, kcfg, topics.MailboxEvents, 1)
 	rec := recs[0]
 	if bytes.Contains(rec.Value, []byte("correct horse")) {
 		t.Fatal("plain-text password on the log")
@@ -123,8 +127,8 @@ func TestPublishSealsAndRoundTrips(t *testing.T) {
 
 func TestPublishRefusesPlainSecretWithoutSealer(t *testing.T) {
 	t.Parallel()
-	kc, _ := newBroker(t)
-	_, err := producer.New(kc).PublishMailboxAdded(context.Background(), mailboxAdded())
+	kc, kcfg := newBroker(t)
+	_, err := producer.New(kc, producer.WithNamespace(kcfg.Namespace)).PublishMailboxAdded(context.Background(), mailboxAdded())
 	if domain.ErrorCode(err) != domain.CodePlaintextSecret {
 		t.Fatalf("err = %v, want plaintext_secret", err)
 	}
@@ -132,8 +136,8 @@ func TestPublishRefusesPlainSecretWithoutSealer(t *testing.T) {
 
 func TestPublishBatchIsAllOrNothing(t *testing.T) {
 	t.Parallel()
-	kc, _ := newBroker(t)
-	c := producer.New(kc, producer.WithSealer(testKeyring(t)))
+	kc, kcfg := newBroker(t)
+	c := producer.New(kc, producer.WithNamespace(kcfg.Namespace), producer.WithSealer(testKeyring(t)))
 	good := c.NewEvent(&domain.UserActive{UserID: userID, Source: domain.ActivityLogin})
 	bad := c.NewEvent(&domain.WorkerHeartbeat{WorkerID: workerID, Tier: domain.TierDedicated, Egress: domain.EgressColdSMTP, Address: "10.0.0.1"})
 	_, err := c.Publish(context.Background(), good, bad)
@@ -141,15 +145,15 @@ func TestPublishBatchIsAllOrNothing(t *testing.T) {
 	if !errors.As(err, &be) || len(be.Events) != 1 || be.Events[0].Index != 1 || !be.Events[0].Problems.Has(domain.CodeTierNotAllowed) {
 		t.Fatalf("err = %v", err)
 	}
-	assertNothingProduced(t, kc, "a refused batch")
+	assertNothingProduced(t, kc, kcfg.Namespace, "a refused batch")
 }
 
-// assertNothingProduced fails t if any topic holds a record.
-func assertNothingProduced(t *testing.T, kc *kgo.Client, after string) {
+// assertNothingProduced fails t if any topic of namespace ns holds a record.
+func assertNothingProduced(t *testing.T, kc *kgo.Client, ns topics.Namespace, after string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	ends, err := kadmEnds(ctx, kc)
+	ends, err := kadmEnds(ctx, kc, ns)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,8 +168,8 @@ func assertNothingProduced(t *testing.T, kc *kgo.Client, after string) {
 // records in any order across partitions.
 func TestPublishReceiptsMatchEvents(t *testing.T) {
 	t.Parallel()
-	kc, brokers := newBroker(t)
-	c := producer.New(kc)
+	kc, kcfg := newBroker(t)
+	c := producer.New(kc, producer.WithNamespace(kcfg.Namespace))
 	var evs []domain.Event
 	for i := range 200 {
 		evs = append(evs, c.NewEvent(&domain.UserActive{UserID: fmt.Sprintf("0190a5b2-0000-7000-8000-%012x", i), Source: domain.ActivityLogin}))
@@ -178,7 +182,7 @@ func TestPublishReceiptsMatchEvents(t *testing.T) {
 	for _, r := range rs {
 		at[fmt.Sprintf("%d/%d", r.Partition, r.Offset)] = r.ID
 	}
-	for _, rec := range consumeAll(t, brokers, topics.UserEvents, len(evs)) {
+	for _, rec := range consumeAll(t, kcfg, topics.UserEvents, len(evs)) {
 		id, _ := topics.Header(rec, topics.HeaderID)
 		if got := at[fmt.Sprintf("%d/%d", rec.Partition, rec.Offset)]; got != id {
 			t.Fatalf("receipt at %d/%d names %s, the record there is %s", rec.Partition, rec.Offset, got, id)
@@ -192,8 +196,8 @@ func TestPublishReceiptsMatchEvents(t *testing.T) {
 // published schemas.
 func TestPublishDisabledAndWarmupObserved(t *testing.T) {
 	t.Parallel()
-	kc, brokers := newBroker(t)
-	c := producer.New(kc, producer.WithSchema(eventschema.Default()), producer.WithSource("test"))
+	kc, kcfg := newBroker(t)
+	c := producer.New(kc, producer.WithNamespace(kcfg.Namespace), producer.WithSchema(eventschema.Default()), producer.WithSource("test"))
 	ctx := context.Background()
 	since := time.Date(2026, 5, 1, 10, 0, 0, 0, time.UTC)
 	landed := time.Date(2026, 5, 1, 11, 59, 58, 123000000, time.UTC)
@@ -210,17 +214,17 @@ func TestPublishDisabledAndWarmupObserved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r1.Topic != topics.MailboxEvents || r1.Type != domain.TypeMailboxDisabled {
+	if r1.Topic != kcfg.Topic(topics.MailboxEvents) || r1.Type != domain.TypeMailboxDisabled {
 		t.Errorf("mailbox.disabled receipt %+v", r1)
 	}
-	if r2.Topic != topics.MailboxObservations || r2.Type != domain.TypeWarmupObserved {
+	if r2.Topic != kcfg.Topic(topics.MailboxObservations) || r2.Type != domain.TypeWarmupObserved {
 		t.Errorf("warmup_observed receipt %+v", r2)
 	}
 	for _, tc := range []struct {
 		topic string
 		want  domain.Data
 	}{{topics.MailboxEvents, &dis}, {topics.MailboxObservations, &obs}} {
-		rec := consumeAll(t, brokers, tc.topic, 1)[0]
+		rec := consumeAll(t, kcfg, tc.topic, 1)[0]
 		if string(rec.Key) != mailboxID {
 			t.Errorf("%s: key %q, want the mailbox %s", tc.topic, rec.Key, mailboxID)
 		}
@@ -247,7 +251,7 @@ func TestPublishDisabledAndWarmupObserved(t *testing.T) {
 	if _, err := c.PublishMailboxDisabled(ctx, domain.MailboxDisabled{MailboxID: mailboxID, Cause: "expired", Reason: "r"}); domain.ErrorCode(err) != domain.CodeInvalid {
 		t.Errorf("bad cause: err = %v, want invalid", err)
 	}
-	ends, err := kadm.NewClient(kc).ListEndOffsets(ctx, topics.MailboxEvents, topics.MailboxObservations)
+	ends, err := kadm.NewClient(kc).ListEndOffsets(ctx, kcfg.Topic(topics.MailboxEvents), kcfg.Topic(topics.MailboxObservations))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,8 +268,8 @@ func TestPublishDisabledAndWarmupObserved(t *testing.T) {
 // produced.
 func TestPublishRefusesSealedCredentials(t *testing.T) {
 	t.Parallel()
-	kc, _ := newBroker(t)
-	c := producer.New(kc, producer.WithSealer(testKeyring(t)))
+	kc, kcfg := newBroker(t)
+	c := producer.New(kc, producer.WithNamespace(kcfg.Namespace), producer.WithSealer(testKeyring(t)))
 	copied := mailboxAdded()
 	copied.Credentials = nil
 	copied.IMAP = domain.IMAPEndpoint{Host: "attacker.example", Port: 143, TLS: domain.TLSNone, Username: copied.IMAP.Username}
@@ -278,5 +282,5 @@ func TestPublishRefusesSealedCredentials(t *testing.T) {
 	if _, err := c.PublishMailboxAdded(context.Background(), none); domain.ErrorCode(err) != domain.CodeCredentialsRequired {
 		t.Errorf("no credentials: %v", err)
 	}
-	assertNothingProduced(t, kc, "refused publishes")
+	assertNothingProduced(t, kc, kcfg.Namespace, "refused publishes")
 }

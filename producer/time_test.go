@@ -17,9 +17,9 @@ import (
 // nothing reaches the log.
 func TestPublishRefusesFutureTime(t *testing.T) {
 	t.Parallel()
-	kc, _ := newBroker(t)
+	kc, kcfg := newBroker(t)
 	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
-	c := producer.New(kc, producer.WithClock(func() time.Time { return now }))
+	c := producer.New(kc, producer.WithNamespace(kcfg.Namespace), producer.WithClock(func() time.Time { return now }))
 	hb := &domain.WorkerHeartbeat{WorkerID: workerID, Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP, Address: "10.0.0.1:25", Stopping: true}
 	for _, at := range []time.Time{time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC), now.Add(domain.MaxFutureSkew + time.Millisecond)} {
 		ev := c.NewEvent(hb)
@@ -30,7 +30,7 @@ func TestPublishRefusesFutureTime(t *testing.T) {
 			t.Fatalf("time %s: err = %v, want time_in_future", at, err)
 		}
 	}
-	assertNothingProduced(t, kc, "refused future-dated events")
+	assertNothingProduced(t, kc, kcfg.Namespace, "refused future-dated events")
 }
 
 // TestRecordTimestampIsTheClients: the record timestamp, which rules run on,
@@ -38,16 +38,16 @@ func TestPublishRefusesFutureTime(t *testing.T) {
 // ce_time for audit.
 func TestRecordTimestampIsTheClients(t *testing.T) {
 	t.Parallel()
-	kc, brokers := newBroker(t)
+	kc, kcfg := newBroker(t)
 	now := time.Now().UTC().Truncate(time.Millisecond)
-	c := producer.New(kc, producer.WithClock(func() time.Time { return now }))
+	c := producer.New(kc, producer.WithNamespace(kcfg.Namespace), producer.WithClock(func() time.Time { return now }))
 	claimed := now.Add(-2 * time.Hour).Truncate(time.Second)
 	ev := c.NewEvent(&domain.WorkerHeartbeat{WorkerID: workerID, Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP, Address: "10.0.0.1:25"})
 	ev.Time = claimed
 	if _, err := c.Publish(context.Background(), ev); err != nil {
 		t.Fatal(err)
 	}
-	rec := consumeAll(t, brokers, topics.WorkerEvents, 1)[0]
+	rec := consumeAll(t, kcfg, topics.WorkerEvents, 1)[0]
 	if !rec.Timestamp.Equal(now) {
 		t.Errorf("record timestamp %s, want the client's clock %s", rec.Timestamp, now)
 	}

@@ -76,8 +76,9 @@ func TestPythonAnalystReadsCommittedRecords(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	brokers := kafkatest.Brokers(t, 4)
-	kcfg := kafka.Config{Brokers: brokers, ClientID: "analyst-test"}
+	kcfg := kafkatest.Config(t, 4)
+	kcfg.ClientID = "analyst-test"
+	brokers := kcfg.Brokers
 	db := pgtest.New(t)
 	if err := migrations.Apply(ctx, db.Pool); err != nil {
 		t.Fatal(err)
@@ -100,7 +101,7 @@ func TestPythonAnalystReadsCommittedRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close)
-	pub := producer.New(kc, producer.WithSource("/analyst-test"))
+	pub := producer.New(kc, producer.WithSource("/analyst-test"), producer.WithNamespace(kcfg.Namespace))
 	fence := mailsync.NewFence(db.Pool, nil, 0)
 
 	// Round one: two workers and a mailbox; the fence takes partitions.
@@ -136,7 +137,7 @@ func TestPythonAnalystReadsCommittedRecords(t *testing.T) {
 
 	apiURL, token := startAPI(t, pub)
 	cmd := exec.CommandContext(ctx, python, script, "--brokers", strings.Join(brokers, ","), "--schemas", apiURL,
-		"--group", "analytics-test", "--timeout", "60")
+		"--group", "analytics-test", "--namespace", string(kcfg.Namespace), "--timeout", "60")
 	cmd.Env = append(os.Environ(), "MAILPLANE_API_TOKEN="+token)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -178,7 +179,8 @@ func TestPythonAnalystReadsCommittedRecords(t *testing.T) {
 			t.Errorf("%s: offset %d after %d", pk, r.Offset, off)
 		}
 		lastOffset[pk] = r.Offset
-		switch r.Topic {
+		base, _ := kcfg.Namespace.Base(r.Topic)
+		switch base {
 		case topics.PlacementDecisions:
 			if !strings.HasPrefix(r.Type, "mailplane.placement.") || r.Extensions["causeid"] == "" || r.Extensions["causecount"] == "" {
 				t.Errorf("decision %s: type %s, extensions %v", r.ID, r.Type, r.Extensions)
@@ -190,15 +192,15 @@ func TestPythonAnalystReadsCommittedRecords(t *testing.T) {
 		default:
 			t.Errorf("read.py read topic %s", r.Topic)
 		}
-		perTopic[r.Topic] = append(perTopic[r.Topic], r.ID)
+		perTopic[base] = append(perTopic[base], r.ID)
 	}
 	for _, topic := range []string{topics.PlacementDecisions, topics.SyncAudit} {
 		g, w := slices.Sorted(slices.Values(perTopic[topic])), slices.Sorted(slices.Values(want[topic]))
 		if !slices.Equal(g, w) {
 			t.Errorf("%s: read.py saw %d records %v, read_committed holds %d %v", topic, len(g), g, len(w), w)
 		}
-		if summary.Summary.Records[topic] != len(w) {
-			t.Errorf("%s: summary counts %d, want %d", topic, summary.Summary.Records[topic], len(w))
+		if n := summary.Summary.Records[kcfg.Topic(topic)]; n != len(w) {
+			t.Errorf("%s: summary counts %d, want %d", kcfg.Topic(topic), n, len(w))
 		}
 	}
 	if n := len(want[topics.SyncAudit]); n != 5 {
@@ -308,10 +310,11 @@ const gzipCodec = 1
 func committed(t *testing.T, ctx context.Context, kcfg kafka.Config) map[string][]string {
 	t.Helper()
 	out := map[string][]string{}
-	_, err := kafka.ReadToEnd(ctx, kcfg, kafka.ReadSpec{Topics: []string{topics.PlacementDecisions, topics.SyncAudit}, ClientID: "committed"},
+	_, err := kafka.ReadToEnd(ctx, kcfg, kafka.ReadSpec{Topics: kcfg.Namespace.Topics(topics.PlacementDecisions, topics.SyncAudit), ClientID: "committed"},
 		func(r *kgo.Record) error {
 			id, _ := topics.Header(r, topics.HeaderID)
-			out[r.Topic] = append(out[r.Topic], id)
+			base, _ := kcfg.Namespace.Base(r.Topic)
+			out[base] = append(out[base], id)
 			if c := r.Attrs.CompressionType(); c != gzipCodec {
 				t.Errorf("%s: record %s in a batch compressed with codec %d, not gzip: read.py would not be reading gzip", r.Topic, id, c)
 			}
@@ -332,7 +335,7 @@ func waitDecided(t *testing.T, ctx context.Context, kcfg kafka.Config, eventID s
 	t.Helper()
 	waitFor(t, ctx, "the decisions on "+eventID, func() bool {
 		n, count := 0, -1
-		_, err := kafka.ReadToEnd(ctx, kcfg, kafka.ReadSpec{Topics: []string{topics.PlacementDecisions}, ClientID: "wait"},
+		_, err := kafka.ReadToEnd(ctx, kcfg, kafka.ReadSpec{Topics: []string{kcfg.Topic(topics.PlacementDecisions)}, ClientID: "wait"},
 			func(r *kgo.Record) error {
 				if c, _ := topics.Header(r, topics.HeaderCauseID); c == eventID {
 					n++
@@ -351,7 +354,7 @@ func waitAudit(t *testing.T, ctx context.Context, kcfg kafka.Config, n int) {
 	t.Helper()
 	waitFor(t, ctx, fmt.Sprintf("%d audit records", n), func() bool {
 		got := 0
-		_, err := kafka.ReadToEnd(ctx, kcfg, kafka.ReadSpec{Topics: []string{topics.SyncAudit}, ClientID: "wait"},
+		_, err := kafka.ReadToEnd(ctx, kcfg, kafka.ReadSpec{Topics: []string{kcfg.Topic(topics.SyncAudit)}, ClientID: "wait"},
 			func(*kgo.Record) error { got++; return nil })
 		return err == nil && got >= n
 	})
@@ -379,12 +382,12 @@ func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
 func abortTransaction(t *testing.T, ctx context.Context, kcfg kafka.Config) []string {
 	t.Helper()
 	newest := map[string]*kgo.Record{}
-	_, err := kafka.ReadToEnd(ctx, kcfg, kafka.ReadSpec{Topics: []string{topics.PlacementDecisions, topics.SyncAudit}, ClientID: "newest"},
+	_, err := kafka.ReadToEnd(ctx, kcfg, kafka.ReadSpec{Topics: kcfg.Namespace.Topics(topics.PlacementDecisions, topics.SyncAudit), ClientID: "newest"},
 		func(r *kgo.Record) error { newest[r.Topic] = r; return nil })
 	if err != nil || len(newest) != 2 {
 		t.Fatalf("newest records: %v (%d topics)", err, len(newest))
 	}
-	cl, err := kafka.NewProducer(kcfg, kgo.TransactionalID("analyst-test-aborted"))
+	cl, err := kafka.NewProducer(kcfg, kgo.TransactionalID(kcfg.TransactionalID("analyst-test-aborted")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +396,7 @@ func abortTransaction(t *testing.T, ctx context.Context, kcfg kafka.Config) []st
 		t.Fatal(err)
 	}
 	var ids []string
-	for _, topic := range []string{topics.PlacementDecisions, topics.SyncAudit} {
+	for _, topic := range kcfg.Namespace.Topics(topics.PlacementDecisions, topics.SyncAudit) {
 		src := newest[topic]
 		r := &kgo.Record{Topic: topic, Partition: src.Partition, Key: src.Key, Value: src.Value}
 		fresh := domain.NewEventID()
@@ -421,7 +424,7 @@ func seeUncommitted(t *testing.T, ctx context.Context, kcfg kafka.Config, ids []
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(kcfg.Brokers...), kgo.FetchIsolationLevel(kgo.ReadUncommitted()),
-		kgo.ConsumeTopics(topics.PlacementDecisions, topics.SyncAudit), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		kgo.ConsumeTopics(kcfg.Namespace.Topics(topics.PlacementDecisions, topics.SyncAudit)...), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,7 @@
 
     read.py --brokers 127.0.0.1:19092 --schemas http://127.0.0.1:8080 \
         [--topic mailplane.placement.decisions.v1 --topic mailplane.sync.audit.v1] \
-        [--group analytics-me] [--timeout 60]
+        [--group analytics-me] [--namespace staging] [--timeout 60]
 
 Needs Debian's python3-confluent-kafka and python3-jsonschema. Reads each
 topic from its start to its end (the last stable offset: records of
@@ -102,14 +102,17 @@ def main():
     ap.add_argument("--schemas", required=True, help="mailplane API base URL (serves /v1/schemas/{type})")
     ap.add_argument("--topic", action="append", help="repeatable; default: the decision log and the audit topic")
     ap.add_argument("--group", default="analytics-read-py")
+    ap.add_argument("--namespace", default="",
+                    help="the deployment's MAILPLANE_KAFKA_NAMESPACE: prefixes the default topics and the group")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds to reach every partition's end")
     args = ap.parse_args()
-    topics = args.topic or DEFAULT_TOPICS
+    prefix = args.namespace + "." if args.namespace else ""
+    topics = args.topic or [prefix + t for t in DEFAULT_TOPICS]
     schemas = Schemas(args.schemas, os.environ.get("MAILPLANE_API_TOKEN", ""))
 
     consumer = Consumer({
         "bootstrap.servers": args.brokers,
-        "group.id": args.group,
+        "group.id": prefix + args.group,
         "isolation.level": "read_committed",  # librdkafka's default, said out loud
         "enable.auto.commit": False,
         "enable.partition.eof": True,
