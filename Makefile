@@ -27,9 +27,9 @@ test: ## everything CI runs: vet, then every test (real Postgres, kfake, kcat, D
 	$(GO) test -count=1 -timeout 15m $(PKGS)
 
 .PHONY: test-broker
-test-broker: ## the suites against the real broker in MAILPLANE_TEST_BROKERS (one package at a time)
+test-broker: ## the suites against the real broker in MAILPLANE_TEST_BROKERS, in parallel, each test in a namespace of its own
 	@test -n "$$MAILPLANE_TEST_BROKERS" || { echo "set MAILPLANE_TEST_BROKERS (e.g. 127.0.0.1:19092 with docker compose up redpanda)"; exit 1; }
-	$(GO) test -p 1 -parallel 64 -count=1 -timeout 30m $(PKGS)
+	$(GO) test -count=1 -timeout 30m $(PKGS)
 
 .PHONY: race
 race: ## the tests under the race detector

@@ -36,7 +36,7 @@ func TestHealthLoop(t *testing.T) {
 	dc := dovecottest.Start(t)
 	dc.AddUser(t, "ann", "ann-secret-1")
 	dc.AddUser(t, "bob", "bob-secret-2")
-	brokers := kafkatest.Brokers(t, 4)
+	kcfg := kafkatest.Config(t, 4)
 	db := pgtest.New(t)
 
 	caFile := filepath.Join(t.TempDir(), "ca.pem")
@@ -57,7 +57,7 @@ func TestHealthLoop(t *testing.T) {
 	sc.PollWarm = 300 * time.Millisecond
 	rc := &roleConfig{
 		log:   slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		kafka: kafka.Config{Brokers: brokers}, databaseURL: db.URL, keyring: keyring, statePartitions: 4,
+		kafka: kcfg, databaseURL: db.URL, keyring: keyring, statePartitions: 4,
 		engine: true, stateProc: true, project: true,
 		syncWorkers: 1, syncConfig: sc, syncRunner: "imap", imapCAFile: caFile, imapDisableAfter: time.Hour,
 		// Dovecot listens on loopback, which IMAP reaches only when allowlisted.
@@ -67,12 +67,12 @@ func TestHealthLoop(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 
-	kc, err := kafka.NewProducer(kafka.Config{Brokers: brokers})
+	kc, err := kafka.NewProducer(kcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(kc.Close)
-	pc := producer.New(kc, producer.WithSealer(keyring), producer.WithSource("test/healthloop"))
+	pc := producer.New(kc, producer.WithSealer(keyring), producer.WithSource("test/healthloop"), producer.WithNamespace(kcfg.Namespace))
 	publish := func(ds ...domain.Data) {
 		t.Helper()
 		evs := make([]domain.Event, len(ds))
@@ -124,7 +124,7 @@ func TestHealthLoop(t *testing.T) {
 
 	// Both are placed on clean workers, one each (lowest utilisation).
 	var annWorker string
-	waitDecision(t, brokers, "ann placed", func(d domain.PlacementDecision) bool {
+	waitDecision(t, kcfg, "ann placed", func(d domain.PlacementDecision) bool {
 		if a, ok := d.(*domain.PlacementAssigned); ok && a.MailboxID == ann {
 			annWorker = a.WorkerID
 			return true
@@ -132,7 +132,7 @@ func TestHealthLoop(t *testing.T) {
 		return false
 	})
 	// Sync runs both mailboxes under an epoch.
-	waitRecord(t, brokers, topics.SyncAudit, "sync ownership acquired", func(r *kgo.Record) bool {
+	waitRecord(t, kcfg, topics.SyncAudit, "sync ownership acquired", func(r *kgo.Record) bool {
 		return strings.Contains(headerValue(r, topics.HeaderType), "ownership_acquired")
 	})
 
@@ -140,9 +140,9 @@ func TestHealthLoop(t *testing.T) {
 	deliverWarmup(t, dc, ann, "bob", nil)
 
 	// 1. Observations, reported by bob's runner, about ann.
-	checkWarmupObserved(t, brokers, ann, bob)
+	checkWarmupObserved(t, kcfg, ann, bob)
 	// 2. The scorer's verdict on the mailbox topic.
-	waitRecord(t, brokers, topics.MailboxEvents, "ann scored quarantined", func(r *kgo.Record) bool {
+	waitRecord(t, kcfg, topics.MailboxEvents, "ann scored quarantined", func(r *kgo.Record) bool {
 		ev, err := topics.Decode(r)
 		if err != nil {
 			t.Fatal(err)
@@ -152,19 +152,19 @@ func TestHealthLoop(t *testing.T) {
 	})
 	// 3. The engine moves ann to a quarantine-pool worker, not the one it
 	// was on, and bob stays where he was.
-	waitDecision(t, brokers, "ann's band changed to quarantine", func(d domain.PlacementDecision) bool {
+	waitDecision(t, kcfg, "ann's band changed to quarantine", func(d domain.PlacementDecision) bool {
 		b, ok := d.(*domain.PlacementBandChanged)
 		return ok && b.MailboxID == ann && b.FromBand == domain.RiskClean && b.ToBand == domain.RiskQuarantine && b.Health == domain.HealthQuarantined
 	})
 	var promoted string
-	waitDecision(t, brokers, "a worker promoted into the quarantine pool", func(d domain.PlacementDecision) bool {
+	waitDecision(t, kcfg, "a worker promoted into the quarantine pool", func(d domain.PlacementDecision) bool {
 		if p, ok := d.(*domain.PlacementWorkerPromoted); ok && p.ToPool == domain.RiskQuarantine {
 			promoted = p.WorkerID
 			return true
 		}
 		return false
 	})
-	waitDecision(t, brokers, "ann migrated to the quarantine pool", func(d domain.PlacementDecision) bool {
+	waitDecision(t, kcfg, "ann migrated to the quarantine pool", func(d domain.PlacementDecision) bool {
 		m, ok := d.(*domain.PlacementMigrated)
 		if !ok || m.MailboxID != ann {
 			return false
@@ -196,9 +196,9 @@ func headerValue(r *kgo.Record, key string) string {
 
 // waitRecord reads topic from the start until match holds, failing after
 // 60 s.
-func waitRecord(t *testing.T, brokers []string, topic, what string, match func(*kgo.Record) bool) {
+func waitRecord(t *testing.T, kcfg kafka.Config, topic, what string, match func(*kgo.Record) bool) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kcfg.Brokers...), kgo.ConsumeTopics(kcfg.Topic(topic)),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		t.Fatal(err)
@@ -219,9 +219,9 @@ func waitRecord(t *testing.T, brokers []string, topic, what string, match func(*
 	}
 }
 
-func waitDecision(t *testing.T, brokers []string, what string, match func(domain.PlacementDecision) bool) {
+func waitDecision(t *testing.T, kcfg kafka.Config, what string, match func(domain.PlacementDecision) bool) {
 	t.Helper()
-	waitRecord(t, brokers, topics.PlacementDecisions, what, func(r *kgo.Record) bool {
+	waitRecord(t, kcfg, topics.PlacementDecisions, what, func(r *kgo.Record) bool {
 		d, err := topics.DecodeDecision(r)
 		if err != nil {
 			t.Fatalf("decision: %v", err)
@@ -259,11 +259,11 @@ func deliverWarmup(t *testing.T, dc *dovecottest.Server, sender, user string, ke
 
 // checkWarmupObserved waits for the 20 observations of deliverWarmup's
 // messages, reported by recipient's runner about sender, 6 in Junk.
-func checkWarmupObserved(t *testing.T, brokers []string, sender, recipient string) {
+func checkWarmupObserved(t *testing.T, kcfg kafka.Config, sender, recipient string) {
 	t.Helper()
 	junk := 0
 	seen := map[string]bool{}
-	waitRecord(t, brokers, topics.MailboxObservations, "20 warmup observations", func(r *kgo.Record) bool {
+	waitRecord(t, kcfg, topics.MailboxObservations, "20 warmup observations", func(r *kgo.Record) bool {
 		ev, err := topics.Decode(r)
 		if err != nil {
 			t.Fatalf("observation: %v", err)

@@ -73,7 +73,8 @@ func testKeyring(t *testing.T, active string, ids ...string) *sealing.Keyring {
 // delivered after the rotation lands in imap_messages).
 func TestKeyRotationEndToEnd(t *testing.T) {
 	t.Parallel()
-	brokers := kafkatest.Brokers(t, 4)
+	kcfg := kafkatest.Config(t, 4)
+	kcfg.ClientID = "rotation-test"
 	db := pgtest.New(t)
 	srv, err := devfleet.Start(t.Context(), devfleet.WithAddr("127.0.0.1:0"))
 	if err != nil {
@@ -83,7 +84,6 @@ func TestKeyRotationEndToEnd(t *testing.T) {
 	host, ps, _ := net.SplitHostPort(srv.Addr())
 	port, _ := strconv.Atoi(ps)
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	kcfg := kafka.Config{Brokers: brokers, ClientID: "rotation-test"}
 
 	k1 := testKeyring(t, "k1", "k1")
 	kc, err := kafka.NewProducer(kcfg)
@@ -93,7 +93,7 @@ func TestKeyRotationEndToEnd(t *testing.T) {
 	t.Cleanup(kc.Close)
 	boxes := devfleet.Mailboxes()
 	var evs []domain.Event
-	pc1 := producer.New(kc, producer.WithSealer(k1), producer.WithSource("test/rotation"))
+	pc1 := producer.New(kc, producer.WithSealer(k1), producer.WithSource("test/rotation"), producer.WithNamespace(kcfg.Namespace))
 	for _, m := range boxes {
 		evs = append(evs, pc1.NewEvent(&domain.MailboxAdded{MailboxID: m.ID, OrgID: m.OrgID, UserID: m.UserID, Address: m.Address,
 			Provider: domain.ProviderSMTPIMAP, IMAP: domain.IMAPEndpoint{Host: host, Port: port, TLS: domain.TLSNone, Username: m.Address},
@@ -104,7 +104,7 @@ func TestKeyRotationEndToEnd(t *testing.T) {
 	}
 	stateUnder := func(key string) func() bool {
 		return func() bool {
-			live, bad, err := mailboxstate.ReadLive(t.Context(), kcfg, topics.MailboxState, log)
+			live, bad, err := mailboxstate.ReadLive(t.Context(), kcfg, kcfg.Topic(topics.MailboxState), log)
 			if err != nil || bad > 0 || len(live) != len(boxes) {
 				return false
 			}
@@ -117,18 +117,18 @@ func TestKeyRotationEndToEnd(t *testing.T) {
 		}
 	}
 	// The state processor folds the registrations: every mailbox under k1.
-	stop := startRoles(t, &roleConfig{log: log, kafka: kafka.Config{Brokers: brokers}, databaseURL: db.URL, statePartitions: 4, stateProc: true})
+	stop := startRoles(t, &roleConfig{log: log, kafka: kcfg.WithClientID(""), databaseURL: db.URL, statePartitions: 4, stateProc: true})
 	waitFor(t, 60*time.Second, "every mailbox in mailbox.state under k1", stateUnder("k1"))
 
 	// k2 added and active; reseal; the processor folds the rotations.
 	k12 := testKeyring(t, "k2", "k1", "k2")
-	res, err := mailboxstate.Reseal(t.Context(), kcfg, k12, producer.New(kc, producer.WithSource("mailplane/cli")), log)
+	res, err := mailboxstate.Reseal(t.Context(), kcfg, k12, producer.New(kc, producer.WithSource("mailplane/cli"), producer.WithNamespace(kcfg.Namespace)), log)
 	if err != nil || res.Resealed != len(boxes) || res.Failed != 0 || res.Live != len(boxes) {
 		t.Fatalf("reseal: %+v, %v", res, err)
 	}
 	waitFor(t, 60*time.Second, "every mailbox in mailbox.state under k2", stateUnder("k2"))
 	// Idempotent: nothing left to re-seal.
-	if res, err := mailboxstate.Reseal(t.Context(), kcfg, k12, producer.New(kc), log); err != nil || res.Resealed != 0 || res.Current != len(boxes) {
+	if res, err := mailboxstate.Reseal(t.Context(), kcfg, k12, producer.New(kc, producer.WithNamespace(kcfg.Namespace)), log); err != nil || res.Resealed != 0 || res.Current != len(boxes) {
 		t.Fatalf("second reseal: %+v, %v", res, err)
 	}
 	stop()
@@ -145,7 +145,7 @@ func TestKeyRotationEndToEnd(t *testing.T) {
 	sc.WorkerID = "rotation-sync"
 	sc.SessionTimeout, sc.HeartbeatInterval = kafkatest.SessionTimeout(time.Second), 200*time.Millisecond
 	sc.PollWarm = 300 * time.Millisecond
-	startRoles(t, &roleConfig{log: log, kafka: kafka.Config{Brokers: brokers}, databaseURL: db.URL, keyring: k2only, statePartitions: 4,
+	startRoles(t, &roleConfig{log: log, kafka: kcfg.WithClientID(""), databaseURL: db.URL, keyring: k2only, statePartitions: 4,
 		stateProc: true, syncWorkers: 1, syncConfig: sc, syncRunner: "imap", imapDisableAfter: time.Hour,
 		imapTransport: domain.MustTransportPolicy(host)})
 	waitFor(t, 90*time.Second, "every mailbox synced the message delivered after the rotation", func() bool {

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
 	"github.com/mailplane/mailplane/internal/opshttp"
 	"github.com/mailplane/mailplane/internal/pgtest"
@@ -23,7 +22,7 @@ import (
 // metrics.
 func TestOpsListenerHealthShape(t *testing.T) {
 	t.Parallel()
-	brokers := kafkatest.Brokers(t, 4)
+	kcfg := kafkatest.Config(t, 4)
 	db := pgtest.New(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -32,7 +31,7 @@ func TestOpsListenerHealthShape(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	startRoles(t, &roleConfig{log: log, kafka: kafka.Config{Brokers: brokers}, databaseURL: db.URL, statePartitions: 4,
+	startRoles(t, &roleConfig{log: log, kafka: kcfg, databaseURL: db.URL, statePartitions: 4,
 		stateProc: true, opsAddr: addr})
 
 	var body string

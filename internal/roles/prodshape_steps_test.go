@@ -14,6 +14,7 @@ import (
 	"github.com/mailplane/mailplane/internal/access"
 	"github.com/mailplane/mailplane/internal/api"
 	"github.com/mailplane/mailplane/internal/health"
+	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/internal/opshttp"
 	"github.com/mailplane/mailplane/internal/projections"
@@ -83,7 +84,7 @@ func (e *prodShape) healthLoop(ctx context.Context) {
 		annWorker, _ = e.placedOn(ctx, ann)
 		return annWorker != ""
 	})
-	checkWarmupObserved(t, e.brokers, ann, bob)
+	checkWarmupObserved(t, kafka.Config{Brokers: e.brokers, Namespace: e.ns}, ann, bob)
 	waitUntil(wctx, t, "ann moved to a quarantine-pool worker (assignments API)", func(ctx context.Context) bool {
 		w, band := e.placedOn(ctx, ann)
 		return w != "" && w != annWorker && band == domain.RiskQuarantine
@@ -139,11 +140,12 @@ func (e *prodShape) engineFailover(ctx context.Context) {
 	t.Logf("engine: a new mailbox flowed end to end %s after it was added", e.waitFlowed(ctx, id, "after the engine kill").Round(10*time.Millisecond))
 }
 
-// groupShares returns whether group is stable and the partitions each
-// member holds.
+// groupShares returns whether group (outside the namespace) is stable and
+// the partitions each member holds.
 func (e *prodShape) groupShares(ctx context.Context, group string) (bool, []int) {
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	group = e.ns.Group(group)
 	dg, err := e.adm.DescribeGroups(dctx, group)
 	if err != nil || dg[group].Err != nil {
 		return false, nil

@@ -36,6 +36,7 @@ import (
 	"github.com/mailplane/mailplane/internal/pgcluster"
 	"github.com/mailplane/mailplane/internal/srtest"
 	"github.com/mailplane/mailplane/internal/workerapi"
+	"github.com/mailplane/mailplane/topics"
 )
 
 // prodShape is the production shape of TestProductionShape: every
@@ -49,6 +50,9 @@ type prodShape struct {
 	pg      *pgcluster.Cluster
 	db      *pgxpool.Pool // the test's own reads of the projections
 	brokers []string
+	// ns is the namespace every service runs in (MAILPLANE_KAFKA_NAMESPACE):
+	// the production shape works in one as it does without.
+	ns topics.Namespace
 	// broker is the in-process broker (nil against a real one), persisted
 	// under brokerDir so that it can be restarted on the same port.
 	broker    *kafka.Embedded
@@ -100,11 +104,12 @@ func startProdShape(t *testing.T) *prodShape {
 		}
 	}
 	if kafkatest.Real() {
-		e.brokers = kafkatest.Brokers(t, parts) // the topics job then finds no drift
+		kcfg := kafkatest.Config(t, parts) // the topics job then finds no drift
+		e.brokers, e.ns = kcfg.Brokers, kcfg.Namespace
 	} else {
 		e.brokerDir = t.TempDir()
 		e.startBroker(t, freeAddr(t))
-		e.brokers = e.broker.Addrs()
+		e.brokers, e.ns = e.broker.Addrs(), kafkatest.Namespace(t)
 	}
 	adm, err := kafka.NewAdmin(kafka.Config{Brokers: e.brokers, ClientID: "prodshape-test"})
 	if err != nil {
@@ -124,7 +129,7 @@ func startProdShape(t *testing.T) *prodShape {
 	registry := srtest.Start(t)
 	for _, s := range services {
 		for i := range s.replicas {
-			host := map[string]string{"MAILPLANE_BROKERS": strings.Join(e.brokers, ","), "DATABASE_URL": e.pg.URL(),
+			host := map[string]string{"MAILPLANE_BROKERS": strings.Join(e.brokers, ","), "MAILPLANE_KAFKA_NAMESPACE": string(e.ns), "DATABASE_URL": e.pg.URL(),
 				"MAILPLANE_SCHEMA_REGISTRY_URL": registry.URL}
 			if !s.job {
 				// The test's Dovecot: its CA, and loopback allowlisted
