@@ -10,7 +10,7 @@ import (
 // BrokerFlags are the bootstrap brokers and how to authenticate to them.
 type BrokerFlags struct {
 	brokers, mechanism, user, password, caFile, compression, namespace *string
-	tls                                                     *bool
+	tls                                                                *bool
 }
 
 // RegisterBrokerFlags registers the broker settings on fs.
