@@ -568,6 +568,7 @@ func (m *mailboxRun) connect(ctx context.Context) (*conn, error) {
 		return nil, err
 	}
 	m.r.metrics.open.WithLabelValues(string(m.currentTier())).Inc()
+	c.hold()
 	if err := m.authSucceeded(ctx); err != nil {
 		m.disconnect(c)
 		return nil, err

@@ -103,6 +103,7 @@ func (m *mailboxRun) syncFolder(ctx context.Context, c *conn, f folder) error {
 	if known && cur.uidValidity != sel.UIDValidity {
 		m.log.Info("uidvalidity changed: folder resynced", "folder", f.name, "from", cur.uidValidity, "to", sel.UIDValidity)
 		cur = cursor{folder: f.name, role: f.role, uidValidity: sel.UIDValidity}
+		c.hold()
 		if err := m.resetFolder(ctx, cur); err != nil {
 			return err
 		}
@@ -143,6 +144,7 @@ func (m *mailboxRun) syncFolder(ctx context.Context, c *conn, f folder) error {
 		}
 		cur.modseq = 0
 	}
+	c.hold()
 	if err := m.writeFlags(ctx, cur, updates); err != nil {
 		return err
 	}
@@ -178,6 +180,7 @@ func (m *mailboxRun) reconcile(ctx context.Context, c *conn, f folder, cur curso
 			uids = append(uids, int64(u))
 		}
 	}
+	c.hold()
 	return m.deleteMissing(ctx, cur, uids)
 }
 
@@ -208,6 +211,7 @@ func (m *mailboxRun) fetchNew(ctx context.Context, c *conn, f folder, cur *curso
 		if len(batch) == 0 {
 			return nil
 		}
+		c.hold()
 		err := m.writeMessages(ctx, cur, batch)
 		if err == nil && incremental {
 			now := m.r.cfg.Now()
