@@ -22,6 +22,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -371,6 +372,7 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 	}
 	time.Sleep(3 * time.Second) // let the ramp's garbage and sockets settle
 	after := snapMem(false)     // the RSS as the OS charges it, the ramp's leftovers included
+	writeHeapProfile(b)
 	hwm := vmHWMKiB()
 
 	// Quiet interval: nothing arrives; every mailbox sits in IDLE.
@@ -391,6 +393,14 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 	connsPer := float64(st1.Sessions) / float64(n)
 	loginsPer := float64(st1.Logins) / float64(n)
 	rssQuiet := vmRSSKiB()
+	// The steady state: a long-running worker collects at least every two
+	// minutes (the runtime's forced GC), and each collection halves the
+	// stacks that use under a quarter of their size, so the deep stacks
+	// of the ramp's first syncs shrink over a few collections.
+	for range 3 {
+		runtime.GC()
+	}
+	steady := snapMem(false)
 	scavenged := snapMem(true)
 	srvCPU := float64(st1.CPUNanos-st0.CPUNanos) / float64(wall) * 100
 
@@ -410,6 +420,9 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 	b.ReportMetric(float64(peakSessions)/float64(n), "peak_conns/hot_mailbox")
 	b.ReportMetric(loginsPer, "logins/hot_mailbox")
 	b.ReportMetric(float64(after.unreturned)/(1<<20), "unreturned_heap_MiB")
+	b.ReportMetric(perHot(steady.heap, before.heap), "steady_heap_KiB/hot_mailbox")
+	b.ReportMetric(perHot(steady.stack, before.stack), "steady_stack_KiB/hot_mailbox")
+	b.ReportMetric(float64(steady.rss)/(1<<20), "steady_rss_MiB")
 	b.ReportMetric(float64(st1.RSSKiB)/1024, "server_rss_MiB")
 	b.ReportMetric(float64(st1.RSSKiB)/float64(n), "server_KiB/hot_mailbox")
 	b.ReportMetric(idleCPU, "idle_cpu_%")
@@ -422,12 +435,30 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 	fails, why := w.rep.total()
 	b.Logf("%s: %d hot mailboxes in IDLE after %.1fs (failures during ramp-up: %d %s); runner RSS %.0f MiB (before %.0f MiB, peak %.0f MiB, %.0f MiB at the end of the quiet interval, %.0f MiB once freed memory is returned to the OS), "+
 		"heap %.0f MiB, stacks %.0f MiB, %d goroutines; idle CPU %.2f%% of a core over %s (server %.2f%%); "+
-		"free heap not yet returned to the OS %.0f MiB; %.2f connections and %.2f logins per mailbox at the server (peak %.2f during the ramp); "+
+		"free heap not yet returned to the OS %.0f MiB; after 4 collections: heap %.0f MiB, stacks %.0f MiB, RSS %.0f MiB; %.2f connections and %.2f logins per mailbox at the server (peak %.2f during the ramp); "+
 		"server RSS %d MiB; RLIMIT_NOFILE %d; new mail → row over %d samples: p50 %.1f ms, p90 %.1f ms, p99 %.1f ms, max %.1f ms; load average %s",
 		mode, st1.Idling, ramp.Seconds(), fails, why, float64(after.rss)/(1<<20), float64(before.rss)/(1<<20), float64(hwm)/1024, float64(rssQuiet)/1024, float64(scavenged.rss)/(1<<20),
 		float64(after.heap)/(1<<20), float64(after.stack)/(1<<20), after.goroutines, idleCPU, wall.Round(time.Millisecond), srvCPU,
-		float64(after.unreturned)/(1<<20), connsPer, loginsPer, float64(peakSessions)/float64(n),
+		float64(after.unreturned)/(1<<20), float64(steady.heap)/(1<<20), float64(steady.stack)/(1<<20), float64(steady.rss)/(1<<20), connsPer, loginsPer, float64(peakSessions)/float64(n),
 		st1.RSSKiB/1024, nofile, len(lat.all), ms(lat.p50), ms(lat.p90), ms(lat.p99), ms(lat.max), loadAvg())
+}
+
+// writeHeapProfile writes the heap profile to MAILPLANE_BENCH_HEAPPROFILE,
+// if set: where a hot mailbox's memory goes (go tool pprof -sample_index
+// inuse_space).
+func writeHeapProfile(b *testing.B) {
+	path := os.Getenv("MAILPLANE_BENCH_HEAPPROFILE")
+	if path == "" {
+		return
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		b.Fatal(err)
+	}
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
