@@ -5,9 +5,9 @@
 // Per tier (changes take effect at once, without a restart; a hot session
 // ends the command under way first, then logs out):
 //   - hot: one connection per mailbox, in IDLE on INBOX; EXISTS, EXPUNGE
-//     or FETCH wake it and INBOX is synced incrementally. Every PollWarm
-//     the IDLE is ended and the special-use folders (Junk, Sent) are
-//     checked on the same connection: a STATUS of each, and a SELECT and
+//     or FETCH wake it and INBOX is synced incrementally. Every PollWarm,
+//     and on such a wake-up, the IDLE is ended and the special-use folders
+//     (Junk, Sent) are checked on the same connection: a STATUS of each, and a SELECT and
 //     sync only of those that changed since their last sync (on servers
 //     without CONDSTORE, whose STATUS shows no flag changes, a full sync
 //     once per IdleRefresh); then INBOX is re-selected and IDLE re-issued.
@@ -472,11 +472,15 @@ func (m *mailboxRun) idleSession(ctx context.Context, changed <-chan struct{}) (
 	special = special[1:] // INBOX first, always
 	refresh := m.r.cfg.IdleRefresh
 	interval := m.job.PollInterval(domain.SyncTierWarm)
+	woke := false // the server woke the last IDLE: INBOX changed
 	for {
 		m.mu.Lock()
 		due := m.lastSpecial.Add(interval)
 		m.mu.Unlock()
-		if now := time.Now(); !now.Before(due) {
+		// Checked when due, and on a wake-up too (two STATUS commands
+		// beside the INBOX sync it costs anyway): mail arriving at INBOX
+		// and Junk together, as a warmup round does, is seen together.
+		if now := time.Now(); woke || !now.Before(due) {
 			// A full check (SELECT, flags) on servers without CONDSTORE
 			// once per refresh: STATUS does not show their flag changes.
 			full := !c.has(imap.CapCondStore) && now.Sub(m.lastSpecialFull) >= refresh
@@ -491,6 +495,7 @@ func (m *mailboxRun) idleSession(ctx context.Context, changed <-chan struct{}) (
 			}
 			due = now.Add(interval)
 		}
+		woke = false
 		c.drain()
 		if err := m.syncHeld(ctx, c, inbox); err != nil {
 			return synced, err
@@ -520,6 +525,7 @@ func (m *mailboxRun) idleSession(ctx context.Context, changed <-chan struct{}) (
 			// our DONE.)
 			dropped = true
 		case <-c.notify:
+			woke = true
 		case <-changed:
 		case <-t.C:
 		}
