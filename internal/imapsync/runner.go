@@ -477,15 +477,21 @@ func (m *mailboxRun) idleSession(ctx context.Context, changed <-chan struct{}) (
 		m.mu.Lock()
 		due := m.lastSpecial.Add(interval)
 		m.mu.Unlock()
-		// Checked when due, and on a wake-up too (two STATUS commands
-		// beside the INBOX sync it costs anyway): mail arriving at INBOX
+		// Checked when due, and on a wake-up too (STATUS commands beside
+		// the INBOX sync the wake-up costs anyway): mail arriving at INBOX
 		// and Junk together, as a warmup round does, is seen together.
-		if now := time.Now(); woke || !now.Before(due) {
+		// After a wake-up INBOX is synced first, so that its new mail
+		// waits for no other folder; STATUS leaves INBOX selected, so the
+		// IDLE follows at once unless a folder had to be selected.
+		now := time.Now()
+		check := woke || !now.Before(due)
+		checked := func() error {
 			// A full check (SELECT, flags) on servers without CONDSTORE
 			// once per refresh: STATUS does not show their flag changes.
 			full := !c.has(imap.CapCondStore) && now.Sub(m.lastSpecialFull) >= refresh
-			if err := m.checkSpecial(ctx, c, special, full); err != nil {
-				return synced, err
+			selected, err := m.checkSpecial(ctx, c, special, full)
+			if err != nil {
+				return err
 			}
 			m.mu.Lock()
 			m.lastSpecial = now
@@ -494,13 +500,29 @@ func (m *mailboxRun) idleSession(ctx context.Context, changed <-chan struct{}) (
 				m.lastSpecialFull = now
 			}
 			due = now.Add(interval)
+			if selected && woke {
+				// INBOX again, to IDLE on it (and what arrived meanwhile).
+				c.drain()
+				return m.syncHeld(ctx, c, inbox)
+			}
+			return nil
 		}
-		woke = false
+		if check && !woke {
+			if err := checked(); err != nil {
+				return synced, err
+			}
+		}
 		c.drain()
 		if err := m.syncHeld(ctx, c, inbox); err != nil {
 			return synced, err
 		}
 		synced = true
+		if check && woke {
+			if err := checked(); err != nil {
+				return synced, err
+			}
+		}
+		woke = false
 		if closed(changed) {
 			return synced, nil
 		}

@@ -62,29 +62,31 @@ func (s folderState) unchangedBy(st *imap.StatusData, condstore bool) bool {
 
 // checkSpecial brings the special-use folders up to date on a hot
 // connection between IDLE rounds: a STATUS of each (allowed on a folder
-// other than the selected one, and never sent during IDLE), and a SELECT
-// and sync only of those that changed since their last sync, or of all
-// when full.
-func (m *mailboxRun) checkSpecial(ctx context.Context, c *conn, folders []folder, full bool) error {
+// other than the selected one, and never sent during IDLE), and a SELECT and
+// sync only of those that changed since their last sync, or of all when
+// full. selected reports whether it selected any (INBOX is no longer
+// selected then).
+func (m *mailboxRun) checkSpecial(ctx context.Context, c *conn, folders []folder, full bool) (selected bool, err error) {
 	condstore := c.has(imap.CapCondStore)
 	for _, f := range folders {
 		if was, ok := m.seen[f.name]; ok && !full {
 			c.arm()
 			st, err := c.c.Status(f.name, &imap.StatusOptions{NumMessages: true, UIDNext: true, UIDValidity: true, HighestModSeq: condstore}).Wait()
 			if err != nil {
-				return classify("status "+f.name, err, ctx)
+				return selected, classify("status "+f.name, err, ctx)
 			}
 			if was.unchangedBy(st, condstore) {
 				m.r.metrics.specialChecks.WithLabelValues("unchanged").Inc()
 				continue
 			}
 		}
+		selected = true
 		if err := m.syncHeld(ctx, c, f); err != nil {
-			return err
+			return selected, err
 		}
 		m.r.metrics.specialChecks.WithLabelValues("synced").Inc()
 	}
-	return nil
+	return selected, nil
 }
 
 // syncFolder selects f (read-only), checks UIDVALIDITY, fetches messages
