@@ -7,11 +7,13 @@
 //   - hot: one connection per mailbox, in IDLE on INBOX; EXISTS, EXPUNGE
 //     or FETCH wake it and INBOX is synced incrementally. Every PollWarm,
 //     and on such a wake-up, the IDLE is ended and the special-use folders
-//     (Junk, Sent) are checked on the same connection: a STATUS of each, and a SELECT and
-//     sync only of those that changed since their last sync (on servers
-//     without CONDSTORE, whose STATUS shows no flag changes, a full sync
-//     once per IdleRefresh); then INBOX is re-selected and IDLE re-issued.
-//     An IDLE lasts at most Config.IdleRefresh (at most 25 min).
+//     (Junk, Sent) are checked on the same connection: a STATUS of each,
+//     and a SELECT and sync only of those that changed since their last
+//     sync (on servers without CONDSTORE, whose STATUS shows no flag
+//     changes, a full sync once per IdleRefresh); then IDLE again on INBOX
+//     (re-selected if another folder was). An IDLE lasts at most
+//     Config.IdleRefresh (at most 25 min). No goroutine of its own beyond
+//     the Run's, go-imap's reader and its IDLE's.
 //   - warm / cold: connect, sync INBOX and the special-use folders,
 //     disconnect, every PollWarm / PollCold.
 //
@@ -27,8 +29,8 @@
 // go-imap v2 takes no context: every command runs under a deadline set on
 // the socket (Config.CommandTimeout; IdleRefresh + IdleMargin while in
 // IDLE), ctx being done closes the socket, and the connection's end is
-// watched during IDLE, so a dropped, half-open or black-holed connection is noticed and
-// replaced, after a backoff with jitter.
+// watched during IDLE, so a dropped, half-open or black-holed connection
+// is noticed and replaced, after a backoff with jitter.
 package imapsync
 
 import (
