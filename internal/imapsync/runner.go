@@ -463,6 +463,11 @@ func (m *mailboxRun) idleSession(ctx context.Context, changed <-chan struct{}) (
 		return false, err
 	}
 	defer m.disconnect(c)
+	if closed(changed) {
+		// Demoted while connecting (the pacer's wait can be long): no
+		// sync round for a tier that is over.
+		return false, nil
+	}
 	inbox := folder{name: "INBOX", role: RoleInbox}
 	if !c.has(imap.CapIdle) && !c.has(imap.CapIMAP4rev2) {
 		return false, &Error{Kind: KindProtocol, Op: "idle", Reason: "server does not support IDLE"}
