@@ -75,7 +75,9 @@ type Config struct {
 	Registerer prometheus.Registerer
 
 	// IdleRefresh: an IDLE is ended and re-issued this often (INBOX is
-	// re-selected and synced in between). Default and maximum 25 min.
+	// re-selected and synced in between), and on servers without
+	// CONDSTORE the special-use folders of a hot mailbox are selected
+	// rather than checked by STATUS this often. Default and maximum 25 min.
 	IdleRefresh time.Duration
 	// IdleMargin is added to IdleRefresh for the socket's read deadline
 	// while in IDLE (default 30 s).
