@@ -10,7 +10,8 @@ package imapsync_test
 // Scale and durations can be changed through the environment:
 // MAILPLANE_BENCH_HOT (5000), MAILPLANE_BENCH_WARM (10000),
 // MAILPLANE_BENCH_QUIET (20s), MAILPLANE_BENCH_WARM_WINDOW (30s),
-// MAILPLANE_BENCH_LATENCY_SAMPLES (500).
+// MAILPLANE_BENCH_LATENCY_SAMPLES (500); MAILPLANE_BENCH_HEAPPROFILE names a
+// file for the hot runner's heap profile after the ramp.
 
 import (
 	"context"
