@@ -10,7 +10,8 @@ package imapsync_test
 // Scale and durations can be changed through the environment:
 // MAILPLANE_BENCH_HOT (5000), MAILPLANE_BENCH_WARM (10000),
 // MAILPLANE_BENCH_QUIET (20s), MAILPLANE_BENCH_WARM_WINDOW (30s),
-// MAILPLANE_BENCH_LATENCY_SAMPLES (500).
+// MAILPLANE_BENCH_LATENCY_SAMPLES (500); MAILPLANE_BENCH_HEAPPROFILE names a
+// file for the hot runner's heap profile after the ramp.
 
 import (
 	"context"
@@ -22,6 +23,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -293,7 +295,10 @@ func cpuNanos() int64 {
 
 type memSnap struct {
 	rss, heap, stack uint64 // bytes; heap: HeapInuse after a GC
-	goroutines       int
+	// unreturned is heap memory free in the runtime but not returned to
+	// the OS yet (HeapIdle - HeapReleased): part of the RSS, no live data.
+	unreturned uint64
+	goroutines int
 }
 
 // snapMem snapshots the process's memory after a GC; scavenge first
@@ -306,7 +311,8 @@ func snapMem(scavenge bool) memSnap {
 	}
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return memSnap{rss: uint64(vmRSSKiB()) * 1024, heap: ms.HeapInuse, stack: ms.StackInuse, goroutines: runtime.NumGoroutine()}
+	return memSnap{rss: uint64(vmRSSKiB()) * 1024, heap: ms.HeapInuse, stack: ms.StackInuse,
+		unreturned: ms.HeapIdle - ms.HeapReleased, goroutines: runtime.NumGoroutine()}
 }
 
 // loadAvg is the machine's 1-minute load average: other work shares the
@@ -349,8 +355,12 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 
 	b.ResetTimer()
 	w.start()
-	ramp := waitUntil(b, 10*time.Minute, fmt.Sprintf("%d mailboxes in IDLE", n), func() (bool, string) {
+	// The server's session count, sampled during the ramp: a mailbox with
+	// a second connection (a poll alongside the IDLE) shows here.
+	peakSessions := int64(0)
+	ramp := waitUntil(b, 15*time.Minute, fmt.Sprintf("%d mailboxes in IDLE", n), func() (bool, string) {
 		st := srv.stats(b)
+		peakSessions = max(peakSessions, st.Sessions)
 		open := int64(w.metric("mailplane_imap_connections_open", map[string]string{"tier": "hot"}))
 		cursors := w.count(`SELECT count(*) FROM imap_folder_cursors`)
 		fails, why := w.rep.total()
@@ -363,6 +373,7 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 	}
 	time.Sleep(3 * time.Second) // let the ramp's garbage and sockets settle
 	after := snapMem(false)     // the RSS as the OS charges it, the ramp's leftovers included
+	writeHeapProfile(b)
 	hwm := vmHWMKiB()
 
 	// Quiet interval: nothing arrives; every mailbox sits in IDLE.
@@ -377,7 +388,20 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 			w.metric("mailplane_imap_connects_total", nil)-conn0, fail1-fail0, why)
 	}
 	idleCPU := float64(cpu1-cpu0) / float64(wall) * 100
+	// Connections held at the server per hot mailbox in the steady state,
+	// and logins per mailbox since the start (1: no reconnect, no second
+	// connection for the special-use folders).
+	connsPer := float64(st1.Sessions) / float64(n)
+	loginsPer := float64(st1.Logins) / float64(n)
 	rssQuiet := vmRSSKiB()
+	// The steady state: a long-running worker collects at least every two
+	// minutes (the runtime's forced GC), and each collection halves the
+	// stacks that use under a quarter of their size, so the deep stacks
+	// of the ramp's first syncs shrink over a few collections.
+	for range 3 {
+		runtime.GC()
+	}
+	steady := snapMem(false)
 	scavenged := snapMem(true)
 	srvCPU := float64(st1.CPUNanos-st0.CPUNanos) / float64(wall) * 100
 
@@ -393,6 +417,15 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 	b.ReportMetric(perHot(after.heap, before.heap), "heap_KiB/hot_mailbox")
 	b.ReportMetric(perHot(after.stack, before.stack), "stack_KiB/hot_mailbox")
 	b.ReportMetric(float64(after.goroutines-before.goroutines)/float64(n), "goroutines/hot_mailbox")
+	b.ReportMetric(connsPer, "conns/hot_mailbox")
+	b.ReportMetric(float64(peakSessions)/float64(n), "peak_conns/hot_mailbox")
+	b.ReportMetric(loginsPer, "logins/hot_mailbox")
+	b.ReportMetric(float64(after.unreturned)/(1<<20), "unreturned_heap_MiB")
+	b.ReportMetric(perHot(steady.heap, before.heap), "steady_heap_KiB/hot_mailbox")
+	b.ReportMetric(perHot(steady.stack, before.stack), "steady_stack_KiB/hot_mailbox")
+	b.ReportMetric(float64(steady.rss)/(1<<20), "steady_rss_MiB")
+	b.ReportMetric(float64(st1.RSSKiB)/1024, "server_rss_MiB")
+	b.ReportMetric(float64(st1.RSSKiB)/float64(n), "server_KiB/hot_mailbox")
 	b.ReportMetric(idleCPU, "idle_cpu_%")
 	b.ReportMetric(srvCPU, "server_idle_cpu_%")
 	b.ReportMetric(ramp.Seconds(), "ramp_s")
@@ -403,10 +436,30 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 	fails, why := w.rep.total()
 	b.Logf("%s: %d hot mailboxes in IDLE after %.1fs (failures during ramp-up: %d %s); runner RSS %.0f MiB (before %.0f MiB, peak %.0f MiB, %.0f MiB at the end of the quiet interval, %.0f MiB once freed memory is returned to the OS), "+
 		"heap %.0f MiB, stacks %.0f MiB, %d goroutines; idle CPU %.2f%% of a core over %s (server %.2f%%); "+
+		"free heap not yet returned to the OS %.0f MiB; after 4 collections: heap %.0f MiB, stacks %.0f MiB, RSS %.0f MiB; %.2f connections and %.2f logins per mailbox at the server (peak %.2f during the ramp); "+
 		"server RSS %d MiB; RLIMIT_NOFILE %d; new mail → row over %d samples: p50 %.1f ms, p90 %.1f ms, p99 %.1f ms, max %.1f ms; load average %s",
 		mode, st1.Idling, ramp.Seconds(), fails, why, float64(after.rss)/(1<<20), float64(before.rss)/(1<<20), float64(hwm)/1024, float64(rssQuiet)/1024, float64(scavenged.rss)/(1<<20),
 		float64(after.heap)/(1<<20), float64(after.stack)/(1<<20), after.goroutines, idleCPU, wall.Round(time.Millisecond), srvCPU,
+		float64(after.unreturned)/(1<<20), float64(steady.heap)/(1<<20), float64(steady.stack)/(1<<20), float64(steady.rss)/(1<<20), connsPer, loginsPer, float64(peakSessions)/float64(n),
 		st1.RSSKiB/1024, nofile, len(lat.all), ms(lat.p50), ms(lat.p90), ms(lat.p99), ms(lat.max), loadAvg())
+}
+
+// writeHeapProfile writes the heap profile to MAILPLANE_BENCH_HEAPPROFILE,
+// if set: where a hot mailbox's memory goes (go tool pprof -sample_index
+// inuse_space).
+func writeHeapProfile(b *testing.B) {
+	path := os.Getenv("MAILPLANE_BENCH_HEAPPROFILE")
+	if path == "" {
+		return
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		b.Fatal(err)
+	}
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -48,7 +48,14 @@ type conn struct {
 	notify chan struct{}
 }
 
-func (c *conn) arm()                   { c.raw.arm(c.cmdTO) }
+func (c *conn) arm() { c.raw.arm(c.cmdTO) }
+
+// hold lifts the deadline while the run waits on its own database between
+// commands: the client's reader reads all the time, so a deadline passing
+// during a long wait for the pool (a worker's whole fleet syncing at once)
+// would drop a healthy connection. The next command arms it again.
+func (c *conn) hold() { _ = c.raw.Conn.SetDeadline(time.Time{}) }
+
 func (c *conn) armFor(d time.Duration) { c.raw.arm(d) }
 func (c *conn) has(cp imap.Cap) bool   { return c.c.Caps().Has(cp) }
 func (c *conn) signal() {

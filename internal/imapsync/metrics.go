@@ -18,6 +18,9 @@ type metrics struct {
 	// heldThroughStore counts syncs retried on their connection after a
 	// database failure (syncHeld).
 	heldThroughStore prometheus.Counter
+	// specialChecks counts a hot session's checks of a special-use
+	// folder, by outcome (unchanged: a STATUS sufficed; synced).
+	specialChecks *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -47,9 +50,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Refresh tokens an OAuth provider rotated on use, sealed and recorded (credentials_rotated)."}),
 		heldThroughStore: prometheus.NewCounter(prometheus.CounterOpts{Name: "mailplane_imap_store_retries_held_total",
 			Help: "Folder syncs retried on the same IMAP connection after a database failure, instead of reconnecting."}),
+		specialChecks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mailplane_imap_hot_special_checks_total",
+			Help: "Special-use folder checks of hot mailboxes between IDLE rounds, by outcome (unchanged: STATUS matched the last sync; synced: selected and synced)."}, []string{"outcome"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.open, m.connects, m.failures, m.idles, m.messages, m.resets, m.lag, m.expunged, m.warmupObserved, m.warmupRejected, m.rotations, m.heldThroughStore)
+		reg.MustRegister(m.open, m.connects, m.failures, m.idles, m.messages, m.resets, m.lag, m.expunged, m.warmupObserved, m.warmupRejected, m.rotations, m.heldThroughStore, m.specialChecks)
 	}
 	return m
 }

@@ -2,12 +2,18 @@
 // mailsync.Runner on go-imap v2 and writes message metadata and per-folder
 // cursors to Postgres through the job's fenced writer.
 //
-// Per tier (changes take effect at once, without a restart):
-//   - hot: one persistent connection in IDLE on INBOX, re-issued every
-//     Config.IdleRefresh (at most 25 min); EXISTS, EXPUNGE or FETCH wake it
-//     and INBOX is synced incrementally. Alongside, the special-use folders
-//     (Junk, Sent) are polled every PollWarm on a second, short-lived
-//     connection. A mailbox never holds more than these two.
+// Per tier (changes take effect at once, without a restart; a hot session
+// ends the command under way first, then logs out):
+//   - hot: one connection per mailbox, in IDLE on INBOX; EXISTS, EXPUNGE
+//     or FETCH wake it and INBOX is synced incrementally. Every PollWarm,
+//     and on such a wake-up, the IDLE is ended and the special-use folders
+//     (Junk, Sent) are checked on the same connection: a STATUS of each,
+//     and a SELECT and sync only of those that changed since their last
+//     sync (on servers without CONDSTORE, whose STATUS shows no flag
+//     changes, a full sync once per IdleRefresh); then IDLE again on INBOX
+//     (re-selected if another folder was). An IDLE lasts at most
+//     Config.IdleRefresh (at most 25 min). No goroutine of its own beyond
+//     the Run's, go-imap's reader and its IDLE's.
 //   - warm / cold: connect, sync INBOX and the special-use folders,
 //     disconnect, every PollWarm / PollCold.
 //
@@ -22,9 +28,9 @@
 //
 // go-imap v2 takes no context: every command runs under a deadline set on
 // the socket (Config.CommandTimeout; IdleRefresh + IdleMargin while in
-// IDLE), ctx being done closes the socket, and the IDLE command's Wait is
-// watched, so a dropped, half-open or black-holed connection is noticed and
-// replaced, after a backoff with jitter.
+// IDLE), ctx being done closes the socket, and the connection's end is
+// watched during IDLE, so a dropped, half-open or black-holed connection
+// is noticed and replaced, after a backoff with jitter.
 package imapsync
 
 import (
@@ -69,7 +75,9 @@ type Config struct {
 	Registerer prometheus.Registerer
 
 	// IdleRefresh: an IDLE is ended and re-issued this often (INBOX is
-	// re-selected and synced in between). Default and maximum 25 min.
+	// re-selected and synced in between), and on servers without
+	// CONDSTORE the special-use folders of a hot mailbox are selected
+	// rather than checked by STATUS this often. Default and maximum 25 min.
 	IdleRefresh time.Duration
 	// IdleMargin is added to IdleRefresh for the socket's read deadline
 	// while in IDLE (default 30 s).
@@ -227,6 +235,13 @@ type mailboxRun struct {
 	newest      time.Time
 	lastPoll    time.Time // last complete poll of all folders
 	lastSpecial time.Time // last complete poll of the special-use folders
+	// lastSpecialFull is the hot session's last check of the special-use
+	// folders by SELECT rather than STATUS.
+	lastSpecialFull time.Time
+	// seen is each folder's state as of its last complete sync: a hot
+	// session's STATUS that matches it needs no SELECT. Used by the run's
+	// one goroutine only.
+	seen        map[string]folderState
 	disableSent bool
 	authFailing bool
 	access      *accessToken // OAuth mailboxes: the current access token
@@ -254,23 +269,14 @@ func (m *mailboxRun) run(ctx context.Context) error {
 		m.mu.Lock()
 		m.tier = tier
 		m.mu.Unlock()
-		tctx, cancel := context.WithCancel(ctx)
-		stop := make(chan struct{})
-		go func() {
-			select {
-			case <-changed:
-				cancel()
-			case <-stop:
-			}
-		}()
 		var err error
 		if tier == domain.SyncTierHot {
-			err = m.hot(tctx)
+			// The hot session watches changed itself, in the waits between
+			// its commands: no goroutine per hot mailbox for it.
+			err = m.hot(ctx, changed)
 		} else {
-			err = m.poller(tctx, tier, false)
+			err = m.polled(ctx, tier, changed)
 		}
-		close(stop)
-		cancel()
 		if errors.Is(err, mailsync.ErrFenced) {
 			return err
 		}
@@ -281,15 +287,29 @@ func (m *mailboxRun) run(ctx context.Context) error {
 	}
 }
 
-// poller syncs every interval on a short-lived connection: all folders
-// (warm, cold) or only the special-use ones (alongside a hot IDLE).
-func (m *mailboxRun) poller(ctx context.Context, tier domain.SyncTier, specialOnly bool) error {
+// polled runs the warm or cold poller until ctx is done or the tier
+// changes; a change cancels a poll under way.
+func (m *mailboxRun) polled(ctx context.Context, tier domain.SyncTier, changed <-chan struct{}) error {
+	tctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-changed:
+			cancel()
+		case <-stop:
+		}
+	}()
+	return m.poller(tctx, tier)
+}
+
+// poller syncs every folder every interval on a short-lived connection
+// (warm, cold).
+func (m *mailboxRun) poller(ctx context.Context, tier domain.SyncTier) error {
 	interval := m.job.PollInterval(tier)
 	m.mu.Lock()
 	last := m.lastPoll
-	if specialOnly {
-		last = m.lastSpecial
-	}
 	m.mu.Unlock()
 	next := last.Add(interval)
 	failures := 0
@@ -306,7 +326,7 @@ func (m *mailboxRun) poller(ctx context.Context, tier domain.SyncTier, specialOn
 		if ctx.Err() != nil {
 			return nil
 		}
-		err := m.pollOnce(ctx, specialOnly)
+		err := m.pollOnce(ctx)
 		if errors.Is(err, mailsync.ErrFenced) {
 			return err
 		}
@@ -317,12 +337,9 @@ func (m *mailboxRun) poller(ctx context.Context, tier domain.SyncTier, specialOn
 			// LOGOUT returns, and the next tier's poller must not log in
 			// again for a poll that just completed.
 			m.mu.Lock()
-			if specialOnly {
-				m.lastSpecial = now
-			} else {
-				m.lastPoll, m.lastSpecial = now, now
-			}
+			m.lastPoll, m.lastSpecial = now, now
 			m.mu.Unlock()
+			m.lastSpecialFull = now
 		}
 		if ctx.Err() != nil {
 			return nil
@@ -338,7 +355,7 @@ func (m *mailboxRun) poller(ctx context.Context, tier domain.SyncTier, specialOn
 }
 
 // pollOnce connects, syncs the folders and disconnects.
-func (m *mailboxRun) pollOnce(ctx context.Context, specialOnly bool) error {
+func (m *mailboxRun) pollOnce(ctx context.Context) error {
 	c, err := m.connect(ctx)
 	if err != nil {
 		return err
@@ -349,9 +366,6 @@ func (m *mailboxRun) pollOnce(ctx context.Context, specialOnly bool) error {
 		return err
 	}
 	for _, f := range folders {
-		if specialOnly && f.role == RoleInbox {
-			continue
-		}
 		if err := m.syncHeld(ctx, c, f); err != nil {
 			return err
 		}
@@ -359,53 +373,47 @@ func (m *mailboxRun) pollOnce(ctx context.Context, specialOnly bool) error {
 	m.mu.Lock()
 	none := m.newest.IsZero()
 	m.mu.Unlock()
-	if none && !specialOnly {
+	if none {
 		m.job.ReportNoMail()
 	}
 	return nil
 }
 
-// hot holds INBOX in IDLE and polls the special-use folders alongside.
-func (m *mailboxRun) hot(ctx context.Context) error {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := m.poller(ctx, domain.SyncTierWarm, true); err != nil {
-			cancel(err)
-		}
-	}()
+// hot holds INBOX in IDLE and checks the special-use folders on the same
+// connection between IDLE rounds, until ctx is done or the tier changes.
+func (m *mailboxRun) hot(ctx context.Context, changed <-chan struct{}) error {
 	failures := 0
-	var err error
-	for ctx.Err() == nil {
-		var synced bool
-		synced, err = m.idleSession(ctx)
+	for ctx.Err() == nil && !closed(changed) {
+		synced, err := m.idleSession(ctx, changed)
 		if errors.Is(err, mailsync.ErrFenced) {
-			cancel(err)
-			break
+			return err
 		}
-		if ctx.Err() != nil {
+		if err == nil || ctx.Err() != nil || closed(changed) {
 			break
 		}
 		if synced {
 			failures = 0 // the connection worked for a while
 		}
 		failures++
-		d := m.failed(ctx, err, failures, m.r.cfg.BackoffMax)
-		t := time.NewTimer(d)
+		t := time.NewTimer(m.failed(ctx, err, failures, m.r.cfg.BackoffMax))
 		select {
 		case <-ctx.Done():
+		case <-changed:
 		case <-t.C:
 		}
 		t.Stop()
 	}
-	wg.Wait()
-	if cause := context.Cause(ctx); errors.Is(cause, mailsync.ErrFenced) {
-		return cause
-	}
 	return nil
+}
+
+// closed reports whether ch is closed (a tier change, here).
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // storeFailure reports whether err is our database's, not the IMAP
@@ -446,63 +454,130 @@ func (m *mailboxRun) syncHeld(ctx context.Context, c *conn, f folder) error {
 	}
 }
 
-// idleSession runs one IDLE connection until it fails or ctx is done.
-// synced reports whether INBOX was synced on it at least once.
-func (m *mailboxRun) idleSession(ctx context.Context) (synced bool, err error) {
+// idleSession runs one hot connection until it fails, ctx is done (nil)
+// or the tier changes (nil). A round: the special-use folders when due
+// (checkSpecial), INBOX synced, then IDLE until INBOX changes, the next
+// special-use check is due, the refresh, or the end. synced reports
+// whether INBOX was synced on it at least once.
+func (m *mailboxRun) idleSession(ctx context.Context, changed <-chan struct{}) (synced bool, err error) {
 	c, err := m.connect(ctx)
 	if err != nil {
 		return false, err
 	}
 	defer m.disconnect(c)
+	if closed(changed) {
+		// Demoted while connecting (the pacer's wait can be long): no
+		// sync round for a tier that is over.
+		return false, nil
+	}
 	inbox := folder{name: "INBOX", role: RoleInbox}
 	if !c.has(imap.CapIdle) && !c.has(imap.CapIMAP4rev2) {
 		return false, &Error{Kind: KindProtocol, Op: "idle", Reason: "server does not support IDLE"}
 	}
+	special, err := m.discover(ctx, c)
+	if err != nil {
+		return false, err
+	}
+	special = special[1:] // INBOX first, always
 	refresh := m.r.cfg.IdleRefresh
+	interval := m.job.PollInterval(domain.SyncTierWarm)
+	woke := false // the server woke the last IDLE: INBOX changed
 	for {
+		m.mu.Lock()
+		due := m.lastSpecial.Add(interval)
+		m.mu.Unlock()
+		// Checked when due, and on a wake-up too (STATUS commands beside
+		// the INBOX sync the wake-up costs anyway): mail arriving at INBOX
+		// and Junk together, as a warmup round does, is seen together.
+		// After a wake-up INBOX is synced first, so that its new mail
+		// waits for no other folder; STATUS leaves INBOX selected, so the
+		// IDLE follows at once unless a folder had to be selected.
+		now := time.Now()
+		check := woke || !now.Before(due)
+		checked := func() error {
+			// A full check (SELECT, flags) on servers without CONDSTORE
+			// once per refresh: STATUS does not show their flag changes.
+			full := !c.has(imap.CapCondStore) && now.Sub(m.lastSpecialFull) >= refresh
+			selected, err := m.checkSpecial(ctx, c, special, full)
+			if err != nil {
+				return err
+			}
+			m.mu.Lock()
+			m.lastSpecial = now
+			m.mu.Unlock()
+			if full {
+				m.lastSpecialFull = now
+			}
+			due = now.Add(interval)
+			if selected && woke {
+				// INBOX again, to IDLE on it (and what arrived meanwhile).
+				c.drain()
+				return m.syncHeld(ctx, c, inbox)
+			}
+			return nil
+		}
+		if check && !woke {
+			if err := checked(); err != nil {
+				return synced, err
+			}
+		}
 		c.drain()
 		if err := m.syncHeld(ctx, c, inbox); err != nil {
 			return synced, err
 		}
 		synced = true
+		if check && woke {
+			if err := checked(); err != nil {
+				return synced, err
+			}
+		}
+		woke = false
+		if closed(changed) {
+			return synced, nil
+		}
+		// Each IDLE lasts at most refresh, and ends when the special-use
+		// check is due.
+		wait := min(refresh, time.Until(due))
 		m.r.metrics.idles.Inc()
-		c.armFor(refresh + m.r.cfg.IdleMargin)
+		c.armFor(wait + m.r.cfg.IdleMargin)
 		c.idling = true
 		idle, err := c.c.Idle()
 		if err != nil {
 			return synced, classify("idle", err, ctx)
 		}
-		waited := make(chan error, 1)
-		go func() { waited <- idle.Wait() }()
-		t := time.NewTimer(refresh)
-		var ended error
+		t := time.NewTimer(max(wait, 0))
+		dropped := false
 		select {
 		case <-ctx.Done():
-		case err := <-waited:
-			// The IDLE ended without our DONE: the server hung up (BYE,
-			// kick, restart) or the socket broke.
-			if err == nil {
-				err = errors.New("server ended IDLE")
-			}
-			ended = err
+		case <-c.c.Closed():
+			// The connection ended under the IDLE: the server hung up
+			// (BYE, kick, restart), the socket broke or its deadline
+			// passed. (The IDLE command ends only with the connection or
+			// our DONE.)
+			dropped = true
 		case <-c.notify:
+			woke = true
+		case <-changed:
 		case <-t.C:
 		}
 		t.Stop()
 		if ctx.Err() != nil {
 			return synced, nil
 		}
-		if ended != nil {
-			return synced, &Error{Kind: KindNetwork, Op: "idle", Reason: "connection dropped during IDLE", Err: ended}
+		if dropped {
+			return synced, &Error{Kind: KindNetwork, Op: "idle", Reason: "connection dropped during IDLE", Err: errors.New("connection closed")}
 		}
 		c.arm()
 		if err := idle.Close(); err != nil {
 			return synced, classify("idle done", err, ctx)
 		}
-		if err := <-waited; err != nil {
+		if err := idle.Wait(); err != nil {
 			return synced, classify("idle done", err, ctx)
 		}
 		c.idling = false
+		if closed(changed) {
+			return synced, nil
+		}
 	}
 }
 
@@ -530,6 +605,7 @@ func (m *mailboxRun) connect(ctx context.Context) (*conn, error) {
 		return nil, err
 	}
 	m.r.metrics.open.WithLabelValues(string(m.currentTier())).Inc()
+	c.hold()
 	if err := m.authSucceeded(ctx); err != nil {
 		m.disconnect(c)
 		return nil, err

@@ -16,6 +16,7 @@ import (
 
 	"github.com/emersion/go-imap/v2"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/imapsync"
@@ -315,6 +316,7 @@ var cases = []struct {
 	{"expunged message removed", testExpunge},
 	{"database down keeps the connection", testStoreDownKeepsConnection},
 	{"demoted by its own poll: no second login", testDemotedByOwnPoll},
+	{"hot holds one connection; junk checked on it", testHotOneConnection},
 }
 
 // TestRunner runs every case against imapmemserver and Dovecot.
@@ -781,4 +783,73 @@ func testDemotedByOwnPoll(t *testing.T, srv testServer) {
 	if err := h.stop(); err != nil {
 		t.Errorf("Run returned %v after its context ended, want nil", err)
 	}
+}
+
+// A hot mailbox holds exactly one connection (one login) however many
+// special-use checks run: they are made on the IDLE connection between
+// IDLE rounds, by STATUS while nothing changed. Junk mail that arrives
+// while in IDLE is stored at the next check, within one poll interval, and
+// INBOX mail still arrives through IDLE.
+func testHotOneConnection(t *testing.T, srv testServer) {
+	const poll = time.Second
+	reg := prometheus.NewRegistry()
+	h := setup(t, srv, domain.SyncTierHot, func(c *imapsync.Config, j *mailsync.Job) {
+		c.Registerer = reg
+		// No full check (of servers without CONDSTORE) during the test.
+		c.IdleRefresh = time.Minute
+		j.PollWarm = poll
+	}, "")
+	h.start()
+	checks := func(outcome string) float64 {
+		return counterValue(t, reg, "mailplane_imap_hot_special_checks_total", outcome)
+	}
+	waitFor(t, 20*time.Second, "three special-use checks by STATUS", func() (bool, string) {
+		fs, _ := h.rep.snapshot()
+		return checks("unchanged") >= 3, fmt.Sprintf("unchanged %v synced %v, failures %v", checks("unchanged"), checks("synced"), fs)
+	})
+	synced := checks("synced")
+	at := time.Now()
+	srv.deliver(t, user, srv.junk(), readMsg(t, "junk1.eml"))
+	// One poll interval, plus the time a check takes on a loaded machine.
+	r := h.waitMessage("warm-2@warm.example", poll+3*time.Second)
+	t.Logf("junk mail stored %s after delivery (poll interval %s)", time.Since(at), poll)
+	if r.role != "junk" || !folderIs(r.folder, srv.junk()) {
+		t.Errorf("row %+v", r)
+	}
+	srv.deliver(t, user, "INBOX", readMsg(t, "new1.eml"))
+	h.waitMessage("dave-4@example.com", 5*time.Second)
+	// Counted once the check is done, just after the row's commit.
+	waitFor(t, 5*time.Second, "the junk check counted", func() (bool, string) {
+		return checks("synced") > synced, fmt.Sprint(checks("synced")-synced, " folders synced")
+	})
+	if got := checks("synced") - synced; got != 1 {
+		t.Errorf("%v special-use folders selected for one junk delivery, want 1 (the other's STATUS unchanged)", got)
+	}
+	if _, peak, total := h.proxy.Stats(); peak != 1 || total != 1 {
+		fs, _ := h.rep.snapshot()
+		t.Errorf("hot mailbox opened %d connections, %d at once; want exactly one (failures: %v)", total, peak, fs)
+	}
+}
+
+// counterValue is the value of the counter name with a label of value v
+// in reg (0 before it counted anything).
+func counterValue(t *testing.T, reg *prometheus.Registry, name, v string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetValue() == v {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -44,6 +44,51 @@ type flagUpdate struct {
 	modseq uint64
 }
 
+// folderState is a folder's state as a SELECT or STATUS reports it.
+type folderState struct {
+	uidValidity uint32
+	uidNext     imap.UID
+	messages    uint32
+	modseq      uint64 // CONDSTORE servers only
+}
+
+// unchangedBy reports whether st (a STATUS answer) shows the folder as it
+// was: no message added, removed or (with CONDSTORE) changed. A server
+// that leaves an item out shows a change.
+func (s folderState) unchangedBy(st *imap.StatusData, condstore bool) bool {
+	return st.UIDValidity == s.uidValidity && st.UIDNext != 0 && st.UIDNext == s.uidNext &&
+		st.NumMessages != nil && *st.NumMessages == s.messages && (!condstore || st.HighestModSeq == s.modseq)
+}
+
+// checkSpecial brings the special-use folders up to date on a hot
+// connection between IDLE rounds: a STATUS of each (allowed on a folder
+// other than the selected one, and never sent during IDLE), and a SELECT and
+// sync only of those that changed since their last sync, or of all when
+// full. selected reports whether it selected any (INBOX is no longer
+// selected then).
+func (m *mailboxRun) checkSpecial(ctx context.Context, c *conn, folders []folder, full bool) (selected bool, err error) {
+	condstore := c.has(imap.CapCondStore)
+	for _, f := range folders {
+		if was, ok := m.seen[f.name]; ok && !full {
+			c.arm()
+			st, err := c.c.Status(f.name, &imap.StatusOptions{NumMessages: true, UIDNext: true, UIDValidity: true, HighestModSeq: condstore}).Wait()
+			if err != nil {
+				return selected, classify("status "+f.name, err, ctx)
+			}
+			if was.unchangedBy(st, condstore) {
+				m.r.metrics.specialChecks.WithLabelValues("unchanged").Inc()
+				continue
+			}
+		}
+		selected = true
+		if err := m.syncHeld(ctx, c, f); err != nil {
+			return selected, err
+		}
+		m.r.metrics.specialChecks.WithLabelValues("synced").Inc()
+	}
+	return selected, nil
+}
+
 // syncFolder selects f (read-only), checks UIDVALIDITY, fetches messages
 // above the cursor and flag changes, and writes them with the cursor.
 func (m *mailboxRun) syncFolder(ctx context.Context, c *conn, f folder) error {
@@ -53,10 +98,14 @@ func (m *mailboxRun) syncFolder(ctx context.Context, c *conn, f folder) error {
 	if err != nil {
 		return classify("select "+f.name, err, ctx)
 	}
+	// Forgotten until this sync completes: a STATUS compared with it must
+	// not pass over what a failed sync left unstored.
+	delete(m.seen, f.name)
 	cur, known := m.cursor(f.name)
 	if known && cur.uidValidity != sel.UIDValidity {
 		m.log.Info("uidvalidity changed: folder resynced", "folder", f.name, "from", cur.uidValidity, "to", sel.UIDValidity)
 		cur = cursor{folder: f.name, role: f.role, uidValidity: sel.UIDValidity}
+		c.hold()
 		if err := m.resetFolder(ctx, cur); err != nil {
 			return err
 		}
@@ -97,12 +146,19 @@ func (m *mailboxRun) syncFolder(ctx context.Context, c *conn, f folder) error {
 		}
 		cur.modseq = 0
 	}
+	c.hold()
 	if err := m.writeFlags(ctx, cur, updates); err != nil {
 		return err
 	}
 	if cur.stored != int(sel.NumMessages) {
-		return m.reconcile(ctx, c, f, cur)
+		if err := m.reconcile(ctx, c, f, cur); err != nil {
+			return err
+		}
 	}
+	if m.seen == nil {
+		m.seen = map[string]folderState{}
+	}
+	m.seen[f.name] = folderState{uidValidity: sel.UIDValidity, uidNext: sel.UIDNext, messages: sel.NumMessages, modseq: sel.HighestModSeq}
 	return nil
 }
 
@@ -126,6 +182,7 @@ func (m *mailboxRun) reconcile(ctx context.Context, c *conn, f folder, cur curso
 			uids = append(uids, int64(u))
 		}
 	}
+	c.hold()
 	return m.deleteMissing(ctx, cur, uids)
 }
 
@@ -156,6 +213,7 @@ func (m *mailboxRun) fetchNew(ctx context.Context, c *conn, f folder, cur *curso
 		if len(batch) == 0 {
 			return nil
 		}
+		c.hold()
 		err := m.writeMessages(ctx, cur, batch)
 		if err == nil && incremental {
 			now := m.r.cfg.Now()
