@@ -37,6 +37,10 @@ func TestNewRecordRoundTrip(t *testing.T) {
 	if r.Topic != topics.DLQ {
 		t.Fatalf("topic %s", r.Topic)
 	}
+	// A dead letter goes to the DLQ of its consumer's namespace.
+	if got := dlq.NewRecord("staging", src, dlq.Failure{Consumer: "registry", Code: domain.CodeInvalid, Err: "x", Attempts: 1}).Topic; got != "staging."+topics.DLQ {
+		t.Errorf("in namespace staging: topic %s", got)
+	}
 	e := dlq.Parse(r)
 	if e.SourceTopic != src.Topic || e.SourcePartition != 3 || e.SourceOffset != 42 ||
 		e.Consumer != "registry" || e.ErrorCode != domain.CodeMalformedJSON || e.Error != "bad" ||
