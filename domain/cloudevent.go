@@ -277,6 +277,7 @@ func ParseStructured(raw []byte, now time.Time, seal SealFunc) (Event, Problems)
 func parseStructuredFast(raw []byte) (Attributes, Data, bool) {
 	var a Attributes
 	var d Data
+	var later []byte // data that came before type
 	s := scanner{b: raw, strict: true}
 	var seen uint32
 	ok := s.object(func(name []byte) bool {
@@ -303,9 +304,16 @@ func parseStructuredFast(raw []byte) (Attributes, Data, bool) {
 			if !once(&seen, 1<<8) {
 				return false
 			}
+			if a.Type == "" {
+				// Encoders that sort members (any map) put data first:
+				// find its end now, decode it once type is known.
+				var ok bool
+				later, ok = s.skipObject()
+				return ok
+			}
 			var known bool
 			if d, known = NewData(a.Type); !known {
-				return false // no type yet, or not one of ours
+				return false // not one of ours
 			}
 			return s.data(d)
 		default:
@@ -313,11 +321,20 @@ func parseStructuredFast(raw []byte) (Attributes, Data, bool) {
 		}
 		return once(&seen, bit) && s.str(dst)
 	})
-	if !ok || d == nil {
+	if !ok {
 		return Attributes{}, nil, false
 	}
 	s.ws()
 	if s.i != len(s.b) {
+		return Attributes{}, nil, false
+	}
+	if later != nil {
+		var known bool
+		if d, known = NewData(a.Type); !known || !decodeFastStrict(d, later) {
+			return Attributes{}, nil, false
+		}
+	}
+	if d == nil {
 		return Attributes{}, nil, false
 	}
 	return a, d, true

@@ -283,6 +283,35 @@ func (s *scanner) object(member func(name []byte) bool) bool {
 	}
 }
 
+// skipObject returns the bytes of the object at the scanner's position,
+// found by its braces and strings alone: whether they are well-formed is
+// for whoever decodes them (which must then consume all of them).
+func (s *scanner) skipObject() ([]byte, bool) {
+	s.ws()
+	if s.i >= len(s.b) || s.b[s.i] != '{' {
+		return nil, false
+	}
+	start, depth := s.i, 0
+	for ; s.i < len(s.b); s.i++ {
+		switch s.b[s.i] {
+		case '"':
+			for s.i++; s.i < len(s.b) && s.b[s.i] != '"'; s.i++ {
+				if s.b[s.i] == '\\' {
+					s.i++
+				}
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth--; depth == 0 {
+				s.i++
+				return s.b[start:s.i], true
+			}
+		}
+	}
+	return nil, false
+}
+
 // once marks bit as seen, reporting false if it was already.
 func once(seen *uint32, bit uint32) bool {
 	if *seen&bit != 0 {

@@ -1,6 +1,7 @@
 package domain
 
 import (
+	"encoding/json"
 	"reflect"
 	"strings"
 	"testing"
@@ -222,6 +223,18 @@ func TestParseStructuredFastAgrees(t *testing.T) {
 	}
 	if !checkStructuredFastAgrees(t, raw) {
 		t.Fatalf("%s missed the fast path", raw)
+	}
+	// Encoders that sort members (a map) put data before type.
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	sorted, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !checkStructuredFastAgrees(t, sorted) {
+		t.Fatalf("%s missed the fast path", sorted)
 	}
 	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
 	seal := func(plain, aad []byte) (SealedSecret, error) {
