@@ -11,8 +11,10 @@ import (
 	"fmt"
 	"io/fs"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
@@ -174,6 +176,12 @@ func join(path, name string) string { return path + "." + name }
 // repeatedName returns the field path of the first member name repeated in
 // one object of well-formed JSON data.
 func repeatedName(data []byte) (string, bool) {
+	// Names without escapes (all that encoding/json writes from a Go
+	// value, which is what ingest validates) are compared as bytes in one
+	// pass; anything else is decoded token by token.
+	if path, found, ok := repeatedNamePlain(data); ok {
+		return path, found
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	path, ok, _ := scanRepeated(dec, "data")
 	return path, ok
@@ -213,4 +221,147 @@ func scanRepeated(dec *json.Decoder, path string) (string, bool, error) {
 		return "", false, err
 	}
 	return "", false, nil
+}
+
+// repeatedNamePlain is repeatedName for data whose member names have no
+// escapes and are valid UTF-8, where a name's bytes are the name; ok false
+// for anything else (then the caller decodes). data has been parsed as
+// JSON already; anything unexpected gives up rather than judge.
+func repeatedNamePlain(data []byte) (path string, found, ok bool) {
+	sc := dupScanner{b: data}
+	p, found, ok := sc.value()
+	if !ok || found {
+		return "data" + p, found, ok
+	}
+	sc.ws()
+	return "", false, sc.i == len(sc.b)
+}
+
+type dupScanner struct {
+	b []byte
+	i int
+}
+
+func (s *dupScanner) ws() {
+	for s.i < len(s.b) && (s.b[s.i] == ' ' || s.b[s.i] == '\t' || s.b[s.i] == '\n' || s.b[s.i] == '\r') {
+		s.i++
+	}
+}
+
+// str reads a string and reports whether it had an escape.
+func (s *dupScanner) str() (raw []byte, escaped, ok bool) {
+	s.i++ // the opening quote
+	start := s.i
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case '"':
+			s.i++
+			return s.b[start : s.i-1], escaped, true
+		case '\\':
+			escaped = true
+			s.i++
+		}
+		s.i++
+	}
+	return nil, false, false
+}
+
+// value reads one value; path is the repeated name's path below it.
+func (s *dupScanner) value() (path string, found, ok bool) {
+	s.ws()
+	if s.i >= len(s.b) {
+		return "", false, false
+	}
+	switch s.b[s.i] {
+	case '{':
+		s.i++
+		var small [16][]byte
+		names := small[:0]
+		var many map[string]bool // past 16 names, so no object costs n²
+		for first := true; ; first = false {
+			s.ws()
+			if s.i < len(s.b) && s.b[s.i] == '}' && first {
+				s.i++
+				return "", false, true
+			}
+			if s.i >= len(s.b) || s.b[s.i] != '"' {
+				return "", false, false
+			}
+			name, escaped, ok := s.str()
+			if !ok || escaped || !utf8.Valid(name) {
+				return "", false, false
+			}
+			dup := false
+			if many != nil {
+				dup = many[string(name)]
+				many[string(name)] = true
+			} else {
+				dup = slices.ContainsFunc(names, func(n []byte) bool { return bytes.Equal(n, name) })
+				if names = append(names, name); len(names) > len(small) {
+					many = make(map[string]bool, 2*len(names))
+					for _, n := range names {
+						many[string(n)] = true
+					}
+				}
+			}
+			if dup {
+				return "." + string(name), true, true
+			}
+			s.ws()
+			if s.i >= len(s.b) || s.b[s.i] != ':' {
+				return "", false, false
+			}
+			s.i++
+			if p, found, ok := s.value(); !ok || found {
+				return "." + string(name) + p, found, ok
+			}
+			s.ws()
+			if s.i >= len(s.b) {
+				return "", false, false
+			}
+			switch s.b[s.i] {
+			case ',':
+				s.i++
+			case '}':
+				s.i++
+				return "", false, true
+			default:
+				return "", false, false
+			}
+		}
+	case '[':
+		s.i++
+		for n := 0; ; n++ {
+			s.ws()
+			if s.i < len(s.b) && s.b[s.i] == ']' && n == 0 {
+				s.i++
+				return "", false, true
+			}
+			if p, found, ok := s.value(); !ok || found {
+				return "." + strconv.Itoa(n) + p, found, ok
+			}
+			s.ws()
+			if s.i >= len(s.b) {
+				return "", false, false
+			}
+			switch s.b[s.i] {
+			case ',':
+				s.i++
+			case ']':
+				s.i++
+				return "", false, true
+			default:
+				return "", false, false
+			}
+		}
+	case '"':
+		_, _, ok := s.str()
+		return "", false, ok
+	}
+	// A number, true, false or null: up to the structure that follows.
+	start := s.i
+	for s.i < len(s.b) && !strings.ContainsRune(",]} \t\n\r", rune(s.b[s.i])) {
+		s.i++
+	}
+	return "", false, s.i > start
 }
