@@ -174,6 +174,11 @@ func plainRow(n int) map[string]any {
 
 func jsonLine(t *testing.T, v any) string {
 	t.Helper()
+	return jsonLineTB(t, v)
+}
+
+func jsonLineTB(t testing.TB, v any) string {
+	t.Helper()
 	b, err := json.Marshal(v)
 	if err != nil {
 		t.Fatal(err)
