@@ -7,6 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -46,6 +48,7 @@ func Import(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	seed := fs.String("id-seed", "", "mixed into plain rows' event ids: another seed re-sends the same rows as new events (changed credentials)")
 	retries := fs.Int("retries", 5, "resends of a request that failed in transport or got 429/5xx (same event ids)")
 	format := fs.String("format", FormatText, "summary format: text or json")
+	plainHTTP := fs.Bool("insecure-http", false, "allow an http:// API on another host than this one (the rows' credentials then cross the network in clear)")
 	apiURL := config.APIURL.String(fs)
 	tokens := config.APITokens.String(fs)
 	source := config.Source.String(fs)
@@ -75,6 +78,9 @@ func Import(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	}
 	if *apiURL == "" {
 		return usageError("--api is required: the URL of a running mailplane API (e.g. http://127.0.0.1:8080)")
+	}
+	if err := checkImportURL(*apiURL, *plainHTTP); err != nil {
+		return err
 	}
 	token := firstToken(*tokens)
 	if token == "" {
@@ -128,6 +134,23 @@ func Import(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		return &ExitCodeError{Code: ExitPartial, Err: fmt.Errorf("%d of %d rows were refused (listed above)", s.Refused, s.Rows)}
 	}
 	return nil
+}
+
+// checkImportURL refuses an API URL that is not http(s), and plain http to
+// another host than this one unless allowed: the input holds passwords.
+func checkImportURL(raw string, plainHTTP bool) error {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return usageError(fmt.Sprintf("--api must be an http(s) URL such as https://mailplane.example.com, not %q", raw))
+	}
+	if u.Scheme == "https" || plainHTTP {
+		return nil
+	}
+	host := u.Hostname()
+	if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
+		return nil
+	}
+	return usageError("--api is plain http to another host: the rows' credentials would cross the network in clear; use https, or --insecure-http if the network is yours")
 }
 
 // inputFormat resolves --input: auto reads the file's extension, else the

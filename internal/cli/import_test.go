@@ -416,3 +416,27 @@ func writeTemp(t *testing.T, s string) string {
 	}
 	return p
 }
+
+// TestImportRefusesPlainHTTPElsewhere: the input holds passwords, so plain
+// http is for this host only, unless asked for.
+func TestImportRefusesPlainHTTPElsewhere(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		url   string
+		plain bool
+		ok    bool
+	}{
+		{"http://127.0.0.1:8080", false, true}, {"http://localhost:8080", false, true}, {"http://[::1]:8080", false, true},
+		{"https://api.example.com", false, true}, {"http://api.example.com", false, false}, {"http://10.0.0.7:8080", false, false},
+		{"http://api.example.com", true, true}, {"ftp://api.example.com", true, false}, {"api.example.com", false, false},
+	} {
+		err := checkImportURL(tc.url, tc.plain)
+		if (err == nil) != tc.ok || (err != nil && ExitCode(err) != ExitUsage) {
+			t.Errorf("%s (insecure-http %v): %v", tc.url, tc.plain, err)
+		}
+	}
+	code, _, errOut := runImport(t, writeTemp(t, "{}\n"), "--api", "http://api.example.com", "--api-token", importToken)
+	if code != ExitUsage || !strings.Contains(errOut, "in clear") {
+		t.Errorf("exit %d: %s", code, errOut)
+	}
+}
