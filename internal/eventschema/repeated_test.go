@@ -1,9 +1,13 @@
 package eventschema
 
 import (
+	"reflect"
+
 	"bytes"
 	"encoding/json"
 	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/mailplane/mailplane/domain"
 )
@@ -75,5 +79,62 @@ func FuzzRepeatedName(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		checkRepeatedAgrees(t, data)
+	})
+}
+
+// checkPlainDocAgrees fails if plainDoc takes data that the parser it
+// stands in for refuses or reads differently.
+func checkPlainDocAgrees(t *testing.T, data []byte) bool {
+	t.Helper()
+	doc, ok := plainDoc(data)
+	if !ok {
+		return false
+	}
+	want, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
+	if err != nil {
+		t.Fatalf("%q: plainDoc took what the parser refuses: %v", data, err)
+	}
+	if !reflect.DeepEqual(doc, want) {
+		t.Fatalf("%q: plainDoc %#v, the parser %#v", data, doc, want)
+	}
+	if _, found := repeatedName(data); found {
+		t.Fatalf("%q: plainDoc took a repeated name", data)
+	}
+	return true
+}
+
+func TestPlainDocAgrees(t *testing.T) {
+	t.Parallel()
+	samples := append([]string{
+		`{"n":-0.5e+3,"z":0,"big":123456789012345678901234567890,"s":"ünï","t":true,"f":false,"x":null,"a":[],"o":{}}`,
+		`{"n":01}`, `{"n":1.}`, `{"n":.5}`, `{"n":-}`, `{"n":1e}`, `{"n":tru}`, `{"n":nul}`,
+		`{"s":"a\nb"}`, "{\"s\":\"a\tb\"}", `{"s":"\u00e9"}`, "{\"s\":\"\xff\"}",
+	}, repeatedSamples...)
+	plain := 0
+	for _, s := range samples {
+		if checkPlainDocAgrees(t, []byte(s)) {
+			plain++
+		}
+	}
+	if plain < 8 {
+		t.Errorf("only %d samples took plainDoc", plain)
+	}
+	// What ingest validates (encoding/json's output of a Go value) takes it.
+	b, err := json.Marshal(map[string]any{"user_id": "0190a5b2-0000-7000-8000-000000000001", "source": "login", "n": 1.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !checkPlainDocAgrees(t, b) {
+		t.Errorf("%s missed plainDoc", b)
+	}
+}
+
+func FuzzPlainDoc(f *testing.F) {
+	for _, s := range repeatedSamples {
+		f.Add([]byte(s))
+	}
+	f.Add([]byte(`{"n":-0.5e+3,"s":"ü","a":[1,{"b":null}],"t":true}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		checkPlainDocAgrees(t, data)
 	})
 }
