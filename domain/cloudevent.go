@@ -268,8 +268,8 @@ func ParseStructured(raw []byte, now time.Time, seal SealFunc) (Event, Problems)
 
 // parseStructuredFast reads the plain form of a structured-mode CloudEvent
 // in one pass, its data decoded strictly in place (decodeFastStrict): the
-// attributes of the spec, each once, as strings without escapes, type
-// before data, data an object, no extensions. Anything else (ok false) is
+// attributes of the spec, each once, as strings without escapes, data an
+// object (before or after type), no extensions. Anything else (ok false) is
 // for parseEnvelope and DecodeData, which then find what is wrong with it;
 // what it accepts they read the same (TestParseStructuredFastAgrees,
 // FuzzParseStructuredFast). It saves ingest the generic walks over each
