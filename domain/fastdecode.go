@@ -20,42 +20,64 @@ import (
 // or reports false. (A type switch, not an interface, keeps the scanner on
 // the stack.)
 func decodeFast(d Data, raw []byte) bool {
-	s := scanner{b: raw}
-	var ok bool
-	switch d := d.(type) {
-	case *MailboxAdded:
-		ok = d.decodeFast(&s)
-	case *MailboxRemoved:
-		ok = d.decodeFast(&s)
-	case *MailboxHealthScored:
-		ok = d.decodeFast(&s)
-	case *MailboxDisabled:
-		ok = d.decodeFast(&s)
-	case *CredentialsRotated:
-		ok = d.decodeFast(&s)
-	case *WarmupObserved:
-		ok = d.decodeFast(&s)
-	case *OrgPlanChanged:
-		ok = d.decodeFast(&s)
-	case *UserActive:
-		ok = d.decodeFast(&s)
-	case *WorkerHeartbeat:
-		ok = d.decodeFast(&s)
-	case *WorkerHealthSampled:
-		ok = d.decodeFast(&s)
-	}
-	if !ok {
+	return decodeWhole(d, raw, false)
+}
+
+// decodeFastStrict is decodeFast for strict (ingest) decoding: on top of
+// the plain form it takes plain credentials (mailbox.added from
+// producers), and it gives up on what strictShape would refuse or rewrite
+// (a timestamp outside RFC 3339's own grammar, a float that rounds onto an
+// integer it is not), leaving those to the strict path proper. Whatever it
+// accepts, the strict path decodes to the same value with no problem
+// (TestStrictFastAgrees, FuzzStrictFastDecode).
+func decodeFastStrict(d Data, raw []byte) bool {
+	return decodeWhole(d, raw, true)
+}
+
+// decodeWhole decodes all of raw, nothing after the value but whitespace.
+func decodeWhole(d Data, raw []byte, strict bool) bool {
+	s := scanner{b: raw, strict: strict}
+	if !s.data(d) {
 		return false
 	}
 	s.ws()
 	return s.i == len(s.b)
 }
 
+// data decodes one value at the scanner's position into the zero value d.
+func (s *scanner) data(d Data) bool {
+	var ok bool
+	switch d := d.(type) {
+	case *MailboxAdded:
+		ok = d.decodeFast(s)
+	case *MailboxRemoved:
+		ok = d.decodeFast(s)
+	case *MailboxHealthScored:
+		ok = d.decodeFast(s)
+	case *MailboxDisabled:
+		ok = d.decodeFast(s)
+	case *CredentialsRotated:
+		ok = d.decodeFast(s)
+	case *WarmupObserved:
+		ok = d.decodeFast(s)
+	case *OrgPlanChanged:
+		ok = d.decodeFast(s)
+	case *UserActive:
+		ok = d.decodeFast(s)
+	case *WorkerHeartbeat:
+		ok = d.decodeFast(s)
+	case *WorkerHealthSampled:
+		ok = d.decodeFast(s)
+	}
+	return ok
+}
+
 // scanner reads the plain JSON form; every method reports false on
-// anything outside it.
+// anything outside it. strict: decoding at ingest (decodeFastStrict).
 type scanner struct {
-	b []byte
-	i int
+	b      []byte
+	i      int
+	strict bool
 }
 
 func (s *scanner) ws() {
@@ -212,6 +234,12 @@ func (s *scanner) float64(v *float64) bool {
 	if err != nil {
 		return false
 	}
+	if s.strict {
+		// strictShape would rewrite it (see unroundedFloat).
+		if _, rewrite := unroundedFloat(string(lit), 64); rewrite {
+			return false
+		}
+	}
 	*v = f
 	return true
 }
@@ -220,8 +248,12 @@ func (s *scanner) float64(v *float64) bool {
 func (s *scanner) time(v *time.Time) bool {
 	s.ws()
 	start := s.i
-	if _, ok := s.rawString(); !ok {
+	str, ok := s.rawString()
+	if !ok {
 		return false
+	}
+	if s.strict && !rfc3339Pattern.Match(str) {
+		return false // strictShape refuses it, with its own message
 	}
 	return v.UnmarshalJSON(s.b[start:s.i]) == nil
 }
@@ -249,6 +281,35 @@ func (s *scanner) object(member func(name []byte) bool) bool {
 		}
 		return s.next('}')
 	}
+}
+
+// skipObject returns the bytes of the object at the scanner's position,
+// found by its braces and strings alone: whether they are well-formed is
+// for whoever decodes them (which must then consume all of them).
+func (s *scanner) skipObject() ([]byte, bool) {
+	s.ws()
+	if s.i >= len(s.b) || s.b[s.i] != '{' {
+		return nil, false
+	}
+	start, depth := s.i, 0
+	for ; s.i < len(s.b); s.i++ {
+		switch s.b[s.i] {
+		case '"':
+			for s.i++; s.i < len(s.b) && s.b[s.i] != '"'; s.i++ {
+				if s.b[s.i] == '\\' {
+					s.i++
+				}
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth--; depth == 0 {
+				s.i++
+				return s.b[start:s.i], true
+			}
+		}
+	}
+	return nil, false
 }
 
 // once marks bit as seen, reporting false if it was already.
@@ -284,8 +345,29 @@ func (m *MailboxAdded) decodeFast(s *scanner) bool {
 			}
 			m.SealedCredentials = new(SealedSecret)
 			return m.SealedCredentials.decodeFast(s)
+		case "credentials":
+			// Plain credentials come from producers only, at ingest
+			// (strict); on the log they are a fault that encoding/json
+			// decodes and Validate reports.
+			if !s.strict || !once(&seen, 1<<8) {
+				return false
+			}
+			m.Credentials = new(Credentials)
+			return m.Credentials.decodeFast(s)
 		}
-		// Plain credentials among them: encoding/json reads those.
+		return false
+	})
+}
+
+func (c *Credentials) decodeFast(s *scanner) bool {
+	var seen uint32
+	return s.object(func(name []byte) bool {
+		switch string(name) { // no allocation
+		case "password":
+			return once(&seen, 1<<0) && s.str(&c.Password)
+		case "oauth_refresh_token":
+			return once(&seen, 1<<1) && s.str(&c.OAuthRefreshToken)
+		}
 		return false
 	})
 }

@@ -35,6 +35,7 @@ Operate:
   schemas register every record type's reader schema into the Schema Registry (--registry, --dry-run)
   migrate          apply database migrations
   publish TYPE     publish one event (data as --data JSON or on stdin)
+  import [FILE]    stream a fleet of mailboxes (JSON lines or CSV, with credentials) to the API (--api, exit 5: rows refused)
   token            make an API caller's token and its tokens-file line (--name, --scopes, --source)
   token worker     print a sending worker's credential (--worker-id)
   credentials reseal  re-seal every live mailbox's credentials under the active key (to retire a key)
@@ -89,6 +90,8 @@ func run(ctx context.Context, cmd string, args []string) int {
 		err = cli.Migrate(ctx, args)
 	case "publish":
 		err = cli.Publish(ctx, args)
+	case "import":
+		err = cli.Import(ctx, args, os.Stdin, os.Stdout, os.Stderr)
 	case "token":
 		err = cli.Token(args, os.Stdout)
 	case "credentials":

@@ -261,6 +261,115 @@ func (s *Server) parseBatch(body []byte, now time.Time) ([]item, *domain.Error) 
 	if trimmed[0] != '[' {
 		return nil, domain.Errorf(domain.CodeMalformedJSON, "a batch must be a JSON array of CloudEvents")
 	}
+	if items, ok := s.parseBatchFast(trimmed, now); ok {
+		return items, nil
+	}
+	return s.parseBatchStream(trimmed, now)
+}
+
+// parseBatchFast parses a well-formed batch of at most maxBatch events
+// without the streaming decoder (which scans each element twice): it
+// splits the array by its structure alone, parses each element, and
+// checks that an element is valid JSON only when its parse found problems
+// (one that parsed cleanly was read whole). ok false: anything else,
+// which parseBatchStream then reads and refuses as it always has.
+// The elements are slices of the body, which the handler wipes.
+func (s *Server) parseBatchFast(trimmed []byte, now time.Time) ([]item, bool) {
+	raws, ok := splitArray(trimmed, s.cfg.maxBatch)
+	if !ok || len(raws) == 0 {
+		return nil, false
+	}
+	items := make([]item, len(raws))
+	for i, raw := range raws {
+		items[i] = s.parseStructured(raw, now)
+	}
+	for i := range items {
+		if len(items[i].problems) > 0 && !json.Valid(raws[i]) {
+			return nil, false
+		}
+	}
+	return items, true
+}
+
+// splitArray splits a JSON array into its elements by brackets, strings
+// and commas alone, without checking the elements; ok false when the
+// array's own structure is off or it has more than limit elements.
+func splitArray(b []byte, limit int) ([][]byte, bool) {
+	i := skipWS(b, 1)
+	if i < len(b) && b[i] == ']' {
+		return nil, skipWS(b, i+1) == len(b)
+	}
+	var out [][]byte
+	for {
+		if len(out) == limit {
+			return nil, false
+		}
+		end, ok := skipValue(b, i)
+		if !ok {
+			return nil, false
+		}
+		out = append(out, b[i:end])
+		i = skipWS(b, end)
+		if i >= len(b) {
+			return nil, false
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case ']':
+			return out, skipWS(b, i+1) == len(b)
+		default:
+			return nil, false
+		}
+	}
+}
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipValue returns the end of the value starting at b[i], found by
+// brackets and strings (a scalar ends where the array's structure goes on).
+func skipValue(b []byte, i int) (int, bool) {
+	start, depth := i, 0
+	for ; i < len(b); i++ {
+		switch b[i] {
+		case '"':
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+			if i >= len(b) {
+				return 0, false
+			}
+			if depth == 0 {
+				return i + 1, true
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return i, i > start // a scalar's end, or a stray bracket
+			}
+			if depth--; depth == 0 {
+				return i + 1, true
+			}
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return i, i > start
+			}
+		}
+	}
+	return 0, false
+}
+
+// parseBatchStream is the streaming parse of a batch, which tells what is
+// wrong with one parseBatchFast would not take.
+func (s *Server) parseBatchStream(trimmed []byte, now time.Time) ([]item, *domain.Error) {
 	dec := json.NewDecoder(bytes.NewReader(trimmed))
 	if _, err := dec.Token(); err != nil {
 		return nil, domain.Errorf(domain.CodeMalformedJSON, "a batch must be a JSON array of CloudEvents")

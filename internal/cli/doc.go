@@ -1,5 +1,5 @@
 // Package cli holds mailplane's operator commands and what they print:
-// topics, migrate, publish, token, credentials, acls, dlq, replay
+// topics, migrate, publish, import, token, credentials, acls, dlq, replay
 // (registry, placement, health, cleanup), placement show and newid. Each
 // command parses its own flags (settings from package config) and returns
 // an error for the exit code; cmd/mailplane only dispatches to them.

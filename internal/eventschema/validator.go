@@ -10,9 +10,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
@@ -99,18 +102,25 @@ func (v *Validator) Validate(eventType string, data []byte) domain.Problems {
 		ps.Add("data", domain.CodeRequired, "is required")
 		return ps
 	}
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
-	if err != nil {
-		ps.Add("data", domain.CodeMalformedJSON, "malformed JSON: %v", err)
-		return ps
+	// The plain form (no escapes, no repeated names: what encoding/json
+	// writes from a Go value, all ingest validates) is read in one pass;
+	// anything else by the parser and the checks below.
+	doc, ok := plainDoc(data)
+	if !ok {
+		var err error
+		if doc, err = jsonschema.UnmarshalJSON(bytes.NewReader(data)); err != nil {
+			ps.Add("data", domain.CodeMalformedJSON, "malformed JSON: %v", err)
+			return ps
+		}
+		// A repeated member name makes an object mean different things to
+		// different readers (this parser keeps the last one); ingest
+		// refuses it.
+		if path, ok := repeatedName(data); ok {
+			ps.Add(path, domain.CodeMalformedJSON, "field appears more than once")
+			return ps
+		}
 	}
-	// A repeated member name makes an object mean different things to
-	// different readers (this parser keeps the last one); ingest refuses it.
-	if path, ok := repeatedName(data); ok {
-		ps.Add(path, domain.CodeMalformedJSON, "field appears more than once")
-		return ps
-	}
-	err = s.Validate(doc)
+	err := s.Validate(doc)
 	if err == nil {
 		return nil
 	}
@@ -174,6 +184,12 @@ func join(path, name string) string { return path + "." + name }
 // repeatedName returns the field path of the first member name repeated in
 // one object of well-formed JSON data.
 func repeatedName(data []byte) (string, bool) {
+	// Names without escapes (all that encoding/json writes from a Go
+	// value, which is what ingest validates) are compared as bytes in one
+	// pass; anything else is decoded token by token.
+	if path, found, ok := repeatedNamePlain(data); ok {
+		return path, found
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	path, ok, _ := scanRepeated(dec, "data")
 	return path, ok
@@ -214,3 +230,204 @@ func scanRepeated(dec *json.Decoder, path string) (string, bool, error) {
 	}
 	return "", false, nil
 }
+
+// repeatedNamePlain is repeatedName for data whose member names have no
+// escapes and are valid UTF-8, where a name's bytes are the name; ok false
+// for anything else (then the caller decodes). data has been parsed as
+// JSON already; anything unexpected gives up rather than judge.
+func repeatedNamePlain(data []byte) (path string, found, ok bool) {
+	sc := dupScanner{b: data}
+	_, p, found, ok := sc.value()
+	if !ok || found {
+		return "data" + p, found, ok
+	}
+	sc.ws()
+	return "", false, sc.i == len(sc.b)
+}
+
+// plainDoc reads data as jsonschema.UnmarshalJSON does (objects as
+// map[string]any, numbers as json.Number) when it is in the plain form:
+// strings and names without escapes, in valid UTF-8, no repeated name.
+// ok false for anything else, which the caller then parses and checks
+// (TestPlainDocAgrees, FuzzPlainDoc).
+func plainDoc(data []byte) (any, bool) {
+	sc := dupScanner{b: data, strict: true}
+	v, _, found, ok := sc.value()
+	if !ok || found {
+		return nil, false
+	}
+	sc.ws()
+	return v, sc.i == len(sc.b)
+}
+
+// dupScanner reads JSON values, finding repeated names. strict: also
+// give up on what it would otherwise pass over unchecked (escapes and
+// invalid UTF-8 in strings, malformed numbers and literals), so that what
+// it accepts is well-formed JSON.
+type dupScanner struct {
+	b      []byte
+	i      int
+	strict bool
+}
+
+func (s *dupScanner) ws() {
+	for s.i < len(s.b) && (s.b[s.i] == ' ' || s.b[s.i] == '\t' || s.b[s.i] == '\n' || s.b[s.i] == '\r') {
+		s.i++
+	}
+}
+
+// str reads a string and reports whether it had an escape.
+func (s *dupScanner) str() (raw []byte, escaped, ok bool) {
+	s.i++ // the opening quote
+	start := s.i
+	for s.i < len(s.b) {
+		switch c := s.b[s.i]; {
+		case c == '"':
+			s.i++
+			return s.b[start : s.i-1], escaped, true
+		case c == '\\':
+			escaped = true
+			s.i++
+		case c < 0x20 && s.strict:
+			return nil, false, false
+		}
+		s.i++
+	}
+	return nil, false, false
+}
+
+// value reads one value; path is the repeated name's path below it.
+func (s *dupScanner) value() (v any, path string, found, ok bool) {
+	s.ws()
+	if s.i >= len(s.b) {
+		return nil, "", false, false
+	}
+	switch s.b[s.i] {
+	case '{':
+		s.i++
+		var small [16][]byte
+		names := small[:0]
+		var many map[string]bool // past 16 names, so no object costs n²
+		var obj map[string]any
+		if s.strict {
+			obj = map[string]any{}
+		}
+		for first := true; ; first = false {
+			s.ws()
+			if s.i < len(s.b) && s.b[s.i] == '}' && first {
+				s.i++
+				return obj, "", false, true
+			}
+			if s.i >= len(s.b) || s.b[s.i] != '"' {
+				return nil, "", false, false
+			}
+			name, escaped, ok := s.str()
+			if !ok || escaped || !utf8.Valid(name) {
+				return nil, "", false, false
+			}
+			dup := false
+			if many != nil {
+				dup = many[string(name)]
+				many[string(name)] = true
+			} else {
+				dup = slices.ContainsFunc(names, func(n []byte) bool { return bytes.Equal(n, name) })
+				if names = append(names, name); len(names) > len(small) {
+					many = make(map[string]bool, 2*len(names))
+					for _, n := range names {
+						many[string(n)] = true
+					}
+				}
+			}
+			if dup {
+				return nil, "." + string(name), true, true
+			}
+			s.ws()
+			if s.i >= len(s.b) || s.b[s.i] != ':' {
+				return nil, "", false, false
+			}
+			s.i++
+			mv, p, found, ok := s.value()
+			if !ok || found {
+				return nil, "." + string(name) + p, found, ok
+			}
+			if obj != nil {
+				obj[string(name)] = mv
+			}
+			s.ws()
+			if s.i >= len(s.b) {
+				return nil, "", false, false
+			}
+			switch s.b[s.i] {
+			case ',':
+				s.i++
+			case '}':
+				s.i++
+				return obj, "", false, true
+			default:
+				return nil, "", false, false
+			}
+		}
+	case '[':
+		s.i++
+		var arr []any
+		if s.strict {
+			arr = []any{}
+		}
+		for n := 0; ; n++ {
+			s.ws()
+			if s.i < len(s.b) && s.b[s.i] == ']' && n == 0 {
+				s.i++
+				return arr, "", false, true
+			}
+			ev, p, found, ok := s.value()
+			if !ok || found {
+				return nil, "." + strconv.Itoa(n) + p, found, ok
+			}
+			if s.strict {
+				arr = append(arr, ev)
+			}
+			s.ws()
+			if s.i >= len(s.b) {
+				return nil, "", false, false
+			}
+			switch s.b[s.i] {
+			case ',':
+				s.i++
+			case ']':
+				s.i++
+				return arr, "", false, true
+			default:
+				return nil, "", false, false
+			}
+		}
+	case '"':
+		raw, escaped, ok := s.str()
+		if s.strict && (!ok || escaped || !utf8.Valid(raw)) {
+			return nil, "", false, false
+		}
+		return string(raw), "", false, ok
+	}
+	// A number, true, false or null: up to the structure that follows.
+	start := s.i
+	for s.i < len(s.b) && !strings.ContainsRune(",]} \t\n\r", rune(s.b[s.i])) {
+		s.i++
+	}
+	lit := s.b[start:s.i]
+	if !s.strict {
+		return nil, "", false, s.i > start
+	}
+	switch string(lit) {
+	case "true":
+		return true, "", false, true
+	case "false":
+		return false, "", false, true
+	case "null":
+		return nil, "", false, true
+	}
+	if !jsonNumber.Match(lit) {
+		return nil, "", false, false
+	}
+	return json.Number(lit), "", false, true
+}
+
+var jsonNumber = regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?$`)
