@@ -65,6 +65,8 @@ type config struct {
 	committed   func(events []domain.Event)
 	syncCommit  bool
 	concurrency int
+	// dedupeWindow: how long applied event ids are kept (dedupe.go).
+	dedupeWindow time.Duration
 }
 
 // WithSynchronousCommit makes every transaction wait for its WAL flush. The
@@ -206,6 +208,9 @@ func New(kcfg kafka.Config, pool *pgxpool.Pool, proj Projection, opts ...Option)
 	if cfg.revokeGrace <= 0 {
 		cfg.revokeGrace = 5 * time.Second
 	}
+	if cfg.dedupeWindow <= 0 {
+		cfg.dedupeWindow = DefaultDedupeWindow
+	}
 	if cfg.logger == nil {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
@@ -305,8 +310,16 @@ func (p *Projector) Run(ctx context.Context) error {
 	s.cl = cl
 	p.log.InfoContext(ctx, "projector starting", "group", p.cfg.group.Group, "topics", p.cfg.group.Topics)
 
+	// The prune has its own connection and goroutine: its deletes never
+	// wait for the poll loop, nor the poll loop for them.
+	pruneCtx, stopPrune := context.WithCancel(ctx)
+	var pruning sync.WaitGroup
+	pruning.Go(func() { p.pruneLoop(pruneCtx) })
+
 	s.poll(ctx)
 
+	stopPrune()
+	pruning.Wait()
 	s.shutdown()
 	cl.CloseAllowingRebalance()
 	p.meter.ForgetAll()
