@@ -111,7 +111,8 @@ func WithBatchSize(n int) Option { return func(c *config) { c.batchSize = n } }
 // WithRetry sets the retry policy; zero fields keep their defaults.
 func WithRetry(p RetryPolicy) Option { return func(c *config) { c.retry = p } }
 
-// WithClock sets the clock stamped on projector_offsets.updated_at. Rows a
+// WithClock sets the clock stamped on projector_offsets.updated_at and
+// applied_events.applied_at (the dedupe window's clock). Rows a
 // projection writes take their times from events, never from this clock.
 func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
 
