@@ -39,17 +39,17 @@ package projections
 //
 // The prune runs in the projector (one member at a time: an advisory lock
 // per projector), when Run starts and every W/16 after, deleting in
-// batches of pruneBatch ids, each batch its own short transaction, so it
-// never holds locks the projector's transactions wait for. Deletes walk
-// the applied_at index from its oldest end.
+// batches of pruneBatch ids, each batch its own short transaction. It
+// never waits for a lock a projector transaction holds: it raises the
+// floors of the offset rows no transaction holds (SKIP LOCKED) and comes
+// back for the others, and deletes ids only once every floor is raised.
+// Deletes walk the applied_at index from its oldest end.
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // DefaultDedupeWindow is how long a projector remembers an applied event's
@@ -72,7 +72,10 @@ func (c *config) pruneEvery() time.Duration { return max(c.dedupeWindow/16, time
 func (c *config) pruneSlack() time.Duration { return 2 * c.txTimeout }
 
 const (
-	pruneLockSQL = `SELECT pg_try_advisory_xact_lock(hashtextextended('mailplane.applied_events.' || $1, 0))`
+	// One lock per projector and schema: a rebuild's schema in the same
+	// database prunes on its own.
+	pruneLockSQL   = `SELECT pg_try_advisory_lock(hashtextextended('mailplane.applied_events.' || current_schema() || '.' || $1, 0))`
+	pruneUnlockSQL = `SELECT pg_advisory_unlock(hashtextextended('mailplane.applied_events.' || current_schema() || '.' || $1, 0))`
 
 	markSQL = `INSERT INTO applied_event_marks (projector, topic, partition, marked_at, next_offset)
 SELECT projector, topic, partition, $2, next_offset FROM projector_offsets WHERE projector = $1
@@ -80,17 +83,26 @@ ON CONFLICT (projector, marked_at, topic, partition) DO UPDATE SET next_offset =
 
 	newestOldMarkSQL = `SELECT max(marked_at) FROM applied_event_marks WHERE projector = $1 AND marked_at <= $2`
 
-	// The floor is the highest offset marked up to the mark; a position a
-	// seek left below it moves up to it (the projector sees its fence
-	// move and skips forward).
-	raiseFloorSQL = `UPDATE projector_offsets AS o
-SET forgotten_below = GREATEST(o.forgotten_below, m.high),
-    next_offset = GREATEST(o.next_offset, m.high),
-    updated_at = CASE WHEN o.next_offset < m.high THEN $3 ELSE o.updated_at END
-FROM (SELECT topic, partition, max(next_offset) AS high FROM applied_event_marks
-      WHERE projector = $1 AND marked_at <= $2 GROUP BY topic, partition) AS m
-WHERE o.projector = $1 AND o.topic = m.topic AND o.partition = m.partition
-  AND (o.forgotten_below < m.high OR o.next_offset < m.high)`
+	// highs is each partition's highest offset marked up to the mark ($2);
+	// stale are the offset rows below it.
+	highsSQL = `WITH highs AS (SELECT topic, partition, max(next_offset) AS high FROM applied_event_marks
+    WHERE projector = $1 AND marked_at <= $2 GROUP BY topic, partition)`
+	staleSQL = `SELECT o.topic, o.partition, h.high FROM projector_offsets AS o JOIN highs AS h USING (topic, partition)
+    WHERE o.projector = $1 AND (o.forgotten_below < h.high OR o.next_offset < h.high)`
+
+	// The floor rises to the high; a position a seek left below it moves
+	// up to it (the projector sees its fence move and skips forward).
+	// Rows a projector transaction holds are skipped, never waited for:
+	// the prune tries them again shortly.
+	raiseFloorSQL = highsSQL + `, stale AS (` + staleSQL + ` FOR UPDATE OF o SKIP LOCKED)
+UPDATE projector_offsets AS o
+SET forgotten_below = GREATEST(o.forgotten_below, s.high),
+    next_offset = GREATEST(o.next_offset, s.high),
+    updated_at = CASE WHEN o.next_offset < s.high THEN $3 ELSE o.updated_at END
+FROM stale AS s
+WHERE o.projector = $1 AND o.topic = s.topic AND o.partition = s.partition`
+
+	countStaleSQL = highsSQL + ` SELECT count(*) FROM (` + staleSQL + `) AS s`
 
 	dropMarksSQL = `DELETE FROM applied_event_marks WHERE projector = $1 AND marked_at <= $2`
 
@@ -98,12 +110,21 @@ WHERE o.projector = $1 AND o.topic = m.topic AND o.partition = m.partition
     SELECT ctid FROM applied_events WHERE projector = $1 AND applied_at < $2 ORDER BY applied_at LIMIT $3))`
 )
 
+// raiseTries bounds how often one prune tries the offset rows that
+// projector transactions held, raiseWait apart, before it leaves the ids
+// for the next prune.
+const (
+	raiseTries = 100
+	raiseWait  = 20 * time.Millisecond
+)
+
 // Pruned is what one prune did.
 type Pruned struct {
 	// Skipped: another member of the projector was pruning.
 	Skipped bool
 	// Before is the time before which ids were forgotten (zero: no mark
-	// was old enough yet, nothing was forgotten).
+	// was old enough yet, or the floors could not all be raised: nothing
+	// was forgotten).
 	Before time.Time
 	// IDs is how many ids were deleted.
 	IDs int64
@@ -115,51 +136,80 @@ type Pruned struct {
 // for tools and tests. It is safe while the projector runs, from any
 // member: one prunes at a time, the others skip.
 func (p *Projector) Prune(ctx context.Context) (Pruned, error) {
-	now := p.cfg.now().UTC()
-	var res Pruned
-	var mark time.Time
-	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-		var locked bool
-		if err := tx.QueryRow(ctx, pruneLockSQL, p.name).Scan(&locked); err != nil {
-			return err
-		}
-		if !locked {
-			res.Skipped = true
-			return nil
-		}
-		if _, err := tx.Exec(ctx, markSQL, p.name, now); err != nil {
-			return fmt.Errorf("mark positions: %w", err)
-		}
-		var m *time.Time
-		if err := tx.QueryRow(ctx, newestOldMarkSQL, p.name, now.Add(-p.cfg.dedupeWindow)).Scan(&m); err != nil {
-			return fmt.Errorf("find a mark: %w", err)
-		}
-		if m == nil {
-			return nil
-		}
-		mark = *m
-		if _, err := tx.Exec(ctx, raiseFloorSQL, p.name, mark, now); err != nil {
-			return fmt.Errorf("raise floors: %w", err)
-		}
-		if _, err := tx.Exec(ctx, dropMarksSQL, p.name, mark); err != nil {
-			return fmt.Errorf("drop marks: %w", err)
-		}
-		return nil
-	})
+	res, err := p.prune(ctx)
 	if err != nil {
 		return res, fmt.Errorf("projections: prune %s: %w", p.name, err)
 	}
-	if res.Skipped || mark.IsZero() {
+	return res, nil
+}
+
+func (p *Projector) prune(ctx context.Context) (res Pruned, err error) {
+	now := p.cfg.now().UTC()
+	conn, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return res, err
+	}
+	defer conn.Release()
+	var locked bool
+	if err := conn.QueryRow(ctx, pruneLockSQL, p.name).Scan(&locked); err != nil {
+		return res, err
+	}
+	if !locked {
+		res.Skipped = true
 		return res, nil
+	}
+	defer func() {
+		// A session lock outlives an error; a connection that cannot
+		// unlock is closed, which unlocks.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, uerr := conn.Exec(uctx, pruneUnlockSQL, p.name); uerr != nil {
+			_ = conn.Conn().Close(uctx)
+		}
+	}()
+	if _, err := conn.Exec(ctx, markSQL, p.name, now); err != nil {
+		return res, fmt.Errorf("mark positions: %w", err)
+	}
+	var m *time.Time
+	if err := conn.QueryRow(ctx, newestOldMarkSQL, p.name, now.Add(-p.cfg.dedupeWindow)).Scan(&m); err != nil {
+		return res, fmt.Errorf("find a mark: %w", err)
+	}
+	if m == nil {
+		return res, nil
+	}
+	mark := *m
+	for try := 0; ; try++ {
+		if _, err := conn.Exec(ctx, raiseFloorSQL, p.name, mark, now); err != nil {
+			return res, fmt.Errorf("raise floors: %w", err)
+		}
+		var stale int
+		if err := conn.QueryRow(ctx, countStaleSQL, p.name, mark).Scan(&stale); err != nil {
+			return res, fmt.Errorf("raise floors: %w", err)
+		}
+		if stale == 0 {
+			break
+		}
+		if try+1 == raiseTries {
+			p.log.Info("offset rows stayed locked; pruning applied event ids later", "rows", stale)
+			return res, nil
+		}
+		select {
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case <-time.After(raiseWait):
+		}
+	}
+	if _, err := conn.Exec(ctx, dropMarksSQL, p.name, mark); err != nil {
+		return res, fmt.Errorf("drop marks: %w", err)
 	}
 	// The floors are committed: the ids below them may go. A mark taken
 	// in an earlier prune whose deletes were cut short is older than this
 	// one, so what it left is deleted now.
 	res.Before = mark.Add(-p.cfg.pruneSlack())
 	for {
-		tag, err := p.pool.Exec(ctx, pruneIDsSQL, p.name, res.Before, pruneBatch)
+		tag, err := conn.Exec(ctx, pruneIDsSQL, p.name, res.Before, pruneBatch)
 		if err != nil {
-			return res, fmt.Errorf("projections: prune %s: delete ids: %w", p.name, err)
+			return res, fmt.Errorf("delete ids: %w", err)
 		}
 		n := tag.RowsAffected()
 		res.IDs += n

@@ -114,7 +114,7 @@ func TestDedupeWindow(t *testing.T) {
 	res, err = p.Prune(t.Context())
 	must(t, err)
 	if res.IDs != int64(len(first)) {
-		t.Fatalf("prune past the window forgot %d ids, want %d", res.IDs, len(first))
+		t.Fatalf("prune past the window forgot %d ids, want %d (%+v)", res.IDs, len(first), res)
 	}
 	if n := appliedIDs(t, e, keys(first)...); n != 0 {
 		t.Fatalf("%d ids older than the window are still kept", n)
