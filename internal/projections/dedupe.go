@@ -30,7 +30,8 @@ package projections
 // partition's forgotten_below to the highest offset marked up to M, and
 // only then deletes the ids applied before M less a slack (twice the
 // transaction timeout, so that every transaction stamped before it had
-// committed by M). A record below forgotten_below has been applied and may
+// committed by M; the members' clocks must agree to within that slack,
+// as NTP keeps them). A record below forgotten_below has been applied and may
 // have lost its id; the position may not go below it (a check on
 // projector_offsets; Seek says so), and if a seek back already took it
 // there, the prune moves the position up to the floor, so the projector
