@@ -61,6 +61,9 @@ const DefaultDedupeWindow = 7 * 24 * time.Hour
 // pruneBatch is the most ids one delete removes.
 const pruneBatch = 10_000
 
+// pruneTimeout bounds one prune run by the projector.
+const pruneTimeout = 10 * time.Minute
+
 // WithDedupeWindow sets how long applied event ids are remembered (see
 // the dedupe rule in dedupe.go). Zero or less keeps the default.
 func WithDedupeWindow(d time.Duration) Option { return func(c *config) { c.dedupeWindow = d } }
@@ -226,7 +229,11 @@ func (p *Projector) pruneLoop(ctx context.Context) {
 	t := time.NewTicker(p.cfg.pruneEvery())
 	defer t.Stop()
 	for {
-		res, err := p.Prune(ctx)
+		// Bounded, so a connection that hangs cannot stop the pruning; a
+		// prune cut short leaves its ids to the next.
+		pctx, cancel := context.WithTimeout(ctx, pruneTimeout)
+		res, err := p.Prune(pctx)
+		cancel()
 		switch {
 		case err != nil && ctx.Err() == nil:
 			p.log.Warn("pruning applied event ids failed; trying again later", "err", err)
