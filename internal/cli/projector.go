@@ -31,7 +31,9 @@ in Console or rpk therefore moves nothing: seek does.
   seek       move one partition's position; a running projector reads on from
              there at its next transaction. Forward skips records for good.
              Back reads them again, but an event applied once stays applied
-             once: to apply history again, rebuild instead. The placement
+             once (by its id within the 7-day dedupe window; seek refuses to
+             go below the records whose ids were pruned): to apply history
+             again, rebuild instead. The placement
              projection is never moved: mailplane replay placement.`
 
 // Projector is `mailplane projector positions|seek`.

@@ -74,8 +74,9 @@ func ForOtherConsumer(r *kgo.Record, consumer string) bool {
 // redrivable are the consumers whose dead letters may be redriven. A
 // redrive writes only to the topics its consumer reads (internal/sla's
 // table). Each dedupes by event key, so a record redriven twice is applied
-// once: the projectors for ever (applied_events), the mailbox.state
-// processor within its dedupe window (internal/mailboxstate/dedupe.go).
+// once within their dedupe windows: the projectors (applied_events,
+// internal/projections/dedupe.go), the mailbox.state processor
+// (internal/mailboxstate/dedupe.go).
 var redrivable = map[string]bool{
 	string(sla.Registry):     true,
 	string(sla.Health):       true,

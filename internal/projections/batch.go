@@ -464,11 +464,11 @@ ON CONFLICT (projector, topic, partition) DO NOTHING`
 	// run again with recordAppliedCheckedSQL, which skips those and
 	// returns the others. (ON CONFLICT costs a second index probe per row,
 	// over twice the insert.)
-	recordAppliedSQL = `INSERT INTO applied_events (projector, event_id)
-SELECT $1, unnest($2::uuid[])`
+	recordAppliedSQL = `INSERT INTO applied_events (projector, event_id, applied_at)
+SELECT $1, unnest($2::uuid[]), $3`
 
-	recordAppliedCheckedSQL = `INSERT INTO applied_events (projector, event_id)
-SELECT $1, unnest($2::uuid[])
+	recordAppliedCheckedSQL = `INSERT INTO applied_events (projector, event_id, applied_at)
+SELECT $1, unnest($2::uuid[]), $3
 ON CONFLICT DO NOTHING
 RETURNING event_id`
 
@@ -587,9 +587,9 @@ func (p *Projector) prologue(all, fromStart moves, ids [][16]byte, checked bool)
 		sorted := slices.Clone(ids)
 		slices.SortFunc(sorted, func(a, b [16]byte) int { return bytes.Compare(a[:], b[:]) })
 		if checked {
-			batch.Queue(recordAppliedCheckedSQL, p.name, sorted)
+			batch.Queue(recordAppliedCheckedSQL, p.name, sorted, now)
 		} else {
-			batch.Queue(recordAppliedSQL, p.name, sorted)
+			batch.Queue(recordAppliedSQL, p.name, sorted, now)
 		}
 	}
 	return batch

@@ -53,6 +53,12 @@ func BenchmarkProjection(b *testing.B) {
 		}
 		mu.Unlock()
 	}))
+	cpu, cpuOK := newCPUMeter(b, pool)
+	var pg0, go0 time.Duration
+	if cpuOK {
+		pg0 = cpu.postgres(b)
+	}
+	go0 = processCPU(b)
 	b.ResetTimer()
 	start := time.Now()
 	stop := start2(b, p)
@@ -63,6 +69,11 @@ func BenchmarkProjection(b *testing.B) {
 	}
 	projectSecs := time.Since(start).Seconds()
 	b.StopTimer()
+	goCPU := processCPU(b) - go0
+	var pgCPU time.Duration
+	if cpuOK {
+		pgCPU = cpu.postgres(b) - pg0
+	}
 	stop()
 	// Steady state: from the first commit to the last, so joining the
 	// group and the first fetch (a fixed cost) do not count.
@@ -84,6 +95,10 @@ func BenchmarkProjection(b *testing.B) {
 		data = append(data, vals)
 	}
 	must(b, rows.Err())
+	var copyPG0 time.Duration
+	if cpuOK {
+		copyPG0 = cpu.postgres(b)
+	}
 	copyStart := time.Now()
 	tx, err := pool.Begin(ctx)
 	must(b, err)
@@ -91,6 +106,19 @@ func BenchmarkProjection(b *testing.B) {
 	must(b, err)
 	must(b, tx.Commit(ctx))
 	copySecs := time.Since(copyStart).Seconds()
+	if cpuOK {
+		// CPU per 100,000 rows on each side: the projection's Postgres
+		// work against the COPY's, and the process's (projector and the
+		// in-process broker serving its fetches).
+		per := 100_000 / float64(b.N)
+		copyPG := (cpu.postgres(b) - copyPG0).Seconds() * per
+		b.ReportMetric(pgCPU.Seconds()*per, "pg_cpu_s/100k")
+		b.ReportMetric(copyPG, "copy_pg_cpu_s/100k")
+		if pgCPU > 0 {
+			b.ReportMetric(copyPG/(pgCPU.Seconds()*per), "pg_cpu_ratio")
+		}
+	}
+	b.ReportMetric(goCPU.Seconds()*100_000/float64(b.N), "go_cpu_s/100k")
 	if int(n) != b.N {
 		b.Fatalf("copied %d rows, want %d", n, b.N)
 	}

@@ -15,6 +15,7 @@ type metrics struct {
 	dlq          *prometheus.CounterVec
 	duplicates   *prometheus.CounterVec
 	retries      *prometheus.CounterVec
+	pruned       *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -40,11 +41,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "mailplane_projector_retries_total",
 			Help: "Failed batch attempts that were retried, by kind (transient, permanent, fenced).",
 		}, []string{"projector", "kind"}),
+		pruned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mailplane_projector_applied_ids_pruned_total",
+			Help: "Applied event ids forgotten by a projector's prune, older than its dedupe window.",
+		}, []string{"projector"}),
 	}
 	m.applied = promreg.MustRegister(reg, m.applied)
 	m.batchSeconds = promreg.MustRegister(reg, m.batchSeconds)
 	m.dlq = promreg.MustRegister(reg, m.dlq)
 	m.duplicates = promreg.MustRegister(reg, m.duplicates)
 	m.retries = promreg.MustRegister(reg, m.retries)
+	m.pruned = promreg.MustRegister(reg, m.pruned)
 	return m
 }

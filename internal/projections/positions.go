@@ -66,7 +66,8 @@ func CheckSeekable(ns topics.Namespace, projector, topic string) error {
 // offset row is its fence) and reads on from next. Moving forward skips
 // records for good; moving back reads them again, but an event already
 // applied stays applied once (applied_events): to apply history again,
-// rebuild instead.
+// rebuild instead. It refuses with ErrBelowFloor to move below the
+// records whose ids the dedupe window has forgotten (dedupe.go).
 func Seek(ctx context.Context, pool *pgxpool.Pool, ns topics.Namespace, projector, topic string, partition int32, next int64, now time.Time) (prev int64, err error) {
 	if err := CheckSeekable(ns, projector, topic); err != nil {
 		return 0, err
@@ -83,16 +84,33 @@ func Seek(ctx context.Context, pool *pgxpool.Pool, ns topics.Namespace, projecto
 		if !known {
 			return fmt.Errorf("projector %q has no position anywhere: not a projector, or it never ran", projector)
 		}
-		err := tx.QueryRow(ctx, `SELECT next_offset FROM projector_offsets WHERE projector = $1 AND topic = $2 AND partition = $3 FOR UPDATE`,
-			projector, topic, partition).Scan(&prev)
+		var floor int64
+		err := tx.QueryRow(ctx, `SELECT next_offset, forgotten_below FROM projector_offsets WHERE projector = $1 AND topic = $2 AND partition = $3 FOR UPDATE`,
+			projector, topic, partition).Scan(&prev, &floor)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return err
+		}
+		if next < floor {
+			return fmt.Errorf("%w (%s partition %d: offsets below %d)", ErrBelowFloor, topic, partition, floor)
+		}
+		if next < prev {
+			// The ids of what lies between are what refuses it when read
+			// again: the prune must not forget them without raising the
+			// floor past prev (dedupe.go).
+			if _, err := tx.Exec(ctx, `INSERT INTO applied_event_marks (projector, topic, partition, marked_at, next_offset) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (projector, marked_at, topic, partition) DO UPDATE SET next_offset = GREATEST(applied_event_marks.next_offset, EXCLUDED.next_offset)`,
+				projector, topic, partition, now, prev); err != nil {
+				return err
+			}
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO projector_offsets (projector, topic, partition, next_offset, updated_at) VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (projector, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at`,
 			projector, topic, partition, next, now)
 		return err
 	})
+	if errors.Is(err, ErrBelowFloor) {
+		return 0, err
+	}
 	if err != nil {
 		return 0, fmt.Errorf("projections: seek: %w", err)
 	}

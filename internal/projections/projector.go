@@ -65,6 +65,8 @@ type config struct {
 	committed   func(events []domain.Event)
 	syncCommit  bool
 	concurrency int
+	// dedupeWindow: how long applied event ids are kept (dedupe.go).
+	dedupeWindow time.Duration
 }
 
 // WithSynchronousCommit makes every transaction wait for its WAL flush. The
@@ -109,7 +111,8 @@ func WithBatchSize(n int) Option { return func(c *config) { c.batchSize = n } }
 // WithRetry sets the retry policy; zero fields keep their defaults.
 func WithRetry(p RetryPolicy) Option { return func(c *config) { c.retry = p } }
 
-// WithClock sets the clock stamped on projector_offsets.updated_at. Rows a
+// WithClock sets the clock stamped on projector_offsets.updated_at and
+// applied_events.applied_at (the dedupe window's clock). Rows a
 // projection writes take their times from events, never from this clock.
 func WithClock(now func() time.Time) Option { return func(c *config) { c.now = now } }
 
@@ -206,6 +209,9 @@ func New(kcfg kafka.Config, pool *pgxpool.Pool, proj Projection, opts ...Option)
 	}
 	if cfg.revokeGrace <= 0 {
 		cfg.revokeGrace = 5 * time.Second
+	}
+	if cfg.dedupeWindow <= 0 {
+		cfg.dedupeWindow = DefaultDedupeWindow
 	}
 	if cfg.logger == nil {
 		cfg.logger = slog.New(slog.DiscardHandler)
@@ -308,8 +314,16 @@ func (p *Projector) Run(ctx context.Context) error {
 	s.cl = cl
 	p.log.InfoContext(ctx, "projector starting", "group", p.cfg.group.Group, "topics", p.cfg.group.Topics)
 
+	// The prune has its own connection and goroutine: its deletes never
+	// wait for the poll loop, nor the poll loop for them.
+	pruneCtx, stopPrune := context.WithCancel(ctx)
+	var pruning sync.WaitGroup
+	pruning.Go(func() { p.pruneLoop(pruneCtx) })
+
 	s.poll(ctx)
 
+	stopPrune()
+	pruning.Wait()
 	s.shutdown()
 	cl.CloseAllowingRebalance()
 	p.meter.ForgetAll()
