@@ -205,6 +205,10 @@ func NewPartialState(cfg Config, snap Snapshot) (*State, error) {
 
 func newStateFrom(cfg Config, snap Snapshot, partial bool) (*State, error) {
 	s := NewState(cfg)
+	// Sized once: a million-mailbox map grown from empty rehashes ~20 times.
+	s.workers = make(map[string]*placementWorker, len(snap.Workers))
+	s.mailboxes = make(map[string]*placementMailbox, len(snap.Mailboxes))
+	s.orgs = make(map[string]*placementOrg, len(snap.Orgs))
 	for _, v := range snap.Orgs {
 		o := s.org(v.ID)
 		o.recorded, o.plan, o.dedicated, o.paid, o.planSince = v.Recorded, v.Plan, v.DedicatedWorkers, v.Paid, v.PlanSince
@@ -273,7 +277,7 @@ func (s *State) loadMailbox(v MailboxView) error {
 	if w == nil {
 		return fmt.Errorf("mailbox %s on unknown worker %s", v.ID, v.WorkerID)
 	}
-	s.attach(m, w)
+	link(m, w) // newStateFrom reindexes every worker once, after its mailboxes
 	return nil
 }
 
