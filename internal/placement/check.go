@@ -219,8 +219,14 @@ func newStateFrom(cfg Config, snap Snapshot, partial bool) (*State, error) {
 			return nil, err
 		}
 	}
-	for _, v := range snap.Mailboxes {
-		if err := s.loadMailbox(v); err != nil {
+	// One allocation for every mailbox rather than one each: at a million
+	// mailboxes, a million fewer objects to allocate and for the collector
+	// to mark. The block lives while any of its mailboxes does, so the
+	// mailboxes removed after a restore keep their ~170 bytes until the
+	// next restore (at most the restored count).
+	slab := make([]placementMailbox, len(snap.Mailboxes))
+	for i, v := range snap.Mailboxes {
+		if err := s.loadMailbox(&slab[i], v); err != nil {
 			return nil, err
 		}
 	}
@@ -258,11 +264,12 @@ func (s *State) loadWorker(v WorkerView) error {
 	return nil
 }
 
-func (s *State) loadMailbox(v MailboxView) error {
+// loadMailbox loads v into m, which is zero.
+func (s *State) loadMailbox(m *placementMailbox, v MailboxView) error {
 	if s.mailboxes[v.ID] != nil {
 		return fmt.Errorf("mailbox %s twice", v.ID)
 	}
-	m := &placementMailbox{
+	*m = placementMailbox{
 		id: v.ID, org: s.org(v.OrgID), weight: v.Weight, band: v.Band, candidate: v.Candidate,
 		candidateSince: v.CandidateSince,
 	}

@@ -48,10 +48,6 @@ func (LogSnapshotter) Load(context.Context) (Checkpoint, error) { return Checkpo
 // ErrLogGap is returned when a checkpoint points outside the decision log.
 var ErrLogGap = errors.New("placement: checkpoint offset outside the decision log")
 
-// readFetchBytes sizes the restore's fetches: a large log reads faster in
-// large ones.
-const readFetchBytes = 64 << 20
-
 // ReadDecisions reads the decision log (read_committed) from offset from up
 // to its last stable offset as of the call, calling fn for each decision in
 // order, and returns that end offset. ctx bounds the whole read. The
@@ -77,7 +73,6 @@ func ReadDecisions(ctx context.Context, kcfg kafka.Config, from int64, fn func(o
 			}
 			return from, nil
 		},
-		FetchMaxBytes: readFetchBytes,
 	}
 	type decoded struct {
 		offset int64
@@ -133,11 +128,16 @@ func restore(ctx context.Context, kcfg kafka.Config, cfg placement.Config, snap 
 		return nil, fmt.Errorf("placement: checkpoint at offset %d: %w", ck.NextOffset, err)
 	}
 	r := &restored{state: st, lastID: ck.LastDecisionID, checkpoint: ck.NextOffset, loadTook: loaded.Sub(start)}
+	r.nonEmpty = len(ck.State.Workers)+len(ck.State.Mailboxes)+len(ck.State.Orgs) > 0
 	seen := make(map[string]bool, len(ck.State.Workers))
+	r.workers = make([]string, 0, len(ck.State.Workers))
 	for _, w := range ck.State.Workers {
 		seen[w.ID] = true
 		r.workers = append(r.workers, w.ID)
 	}
+	// The views are in the state now: let the collector have them while
+	// the log is read (a million mailboxes' views are ~200 MiB).
+	ck.State = placement.Snapshot{}
 	built := time.Now()
 	r.stateTook = built.Sub(loaded)
 	r.end, err = ReadDecisions(ctx, kcfg, ck.NextOffset, func(_ int64, d topics.Decision) error {
@@ -156,6 +156,6 @@ func restore(ctx context.Context, kcfg kafka.Config, cfg placement.Config, snap 
 		return nil, err
 	}
 	r.logTook = time.Since(built)
-	r.nonEmpty = r.decisions > 0 || len(ck.State.Workers)+len(ck.State.Mailboxes)+len(ck.State.Orgs) > 0
+	r.nonEmpty = r.nonEmpty || r.decisions > 0
 	return r, nil
 }
