@@ -266,14 +266,17 @@ func (s *State) loadWorker(v WorkerView) error {
 
 // loadMailbox loads v into m, which is zero.
 func (s *State) loadMailbox(m *placementMailbox, v MailboxView) error {
-	if s.mailboxes[v.ID] != nil {
+	// One probe of the big map, not a lookup and then an insert: a
+	// duplicate leaves the count unchanged (and fails the whole load).
+	n := len(s.mailboxes)
+	s.mailboxes[v.ID] = m
+	if len(s.mailboxes) == n {
 		return fmt.Errorf("mailbox %s twice", v.ID)
 	}
 	*m = placementMailbox{
 		id: v.ID, org: s.org(v.OrgID), weight: v.Weight, band: v.Band, candidate: v.Candidate,
 		candidateSince: v.CandidateSince,
 	}
-	s.mailboxes[m.id] = m
 	s.linkOrg(m)
 	if v.WorkerID == "" {
 		m.pendingReason, m.pendingSince = v.PendingReason, v.PendingSince
