@@ -302,14 +302,17 @@ func procMemory() (hwm, rss float64, err error) {
 	return hwm, rss, sc.Err()
 }
 
-// runRestoreChild runs this test binary as a restore child and returns
-// its result.
-func runRestoreChild(b *testing.B, mode string, kcfg kafka.Config, dbURL string) restoreResult {
+// runRestoreChild runs bin (this test binary, or another build of it) as
+// a restore child and returns its result.
+func runRestoreChild(b *testing.B, bin, mode string, kcfg kafka.Config, dbURL string) restoreResult {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 11*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	cmd := exec.CommandContext(ctx, bin, "-test.run=^$")
 	cmd.Env = append(os.Environ(), restoreChildEnv+"="+mode, restoreBrokersEnv+"="+strings.Join(kcfg.Brokers, ","), restoreDBEnv+"="+dbURL)
+	if bin != os.Args[0] {
+		cmd.Env = append(cmd.Env, "MAILPLANE_BENCH_RESTORE_PROFILE=") // profiles are this binary's
+	}
 	var stdout bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, b.Output()
 	if err := cmd.Run(); err != nil {
@@ -460,26 +463,52 @@ func BenchmarkEngineRestore1M(b *testing.B) {
 	runtime.GC()
 
 	b.ResetTimer()
-	raw := runRestoreChild(b, restoreModeRaw, kcfg, "")
-	fromLog := runRestoreChild(b, restoreModeLog, kcfg, "")
-	fromCk := runRestoreChild(b, restoreModeCheckpoint, kcfg, pgtest.URLWithSchema(b, schema))
+	// MAILPLANE_BENCH_RESTORE_COMPARE names another build of this test
+	// binary (the code before a change): its children run right after
+	// this binary's, on the same log and checkpoint, so both face the same
+	// machine (which other work shares). MAILPLANE_BENCH_RESTORE_ROUNDS
+	// repeats the whole sequence.
+	bins := []string{os.Args[0]}
+	if c := os.Getenv("MAILPLANE_BENCH_RESTORE_COMPARE"); c != "" {
+		bins = append(bins, c)
+	}
+	rounds := 1
+	if s := os.Getenv("MAILPLANE_BENCH_RESTORE_ROUNDS"); s != "" {
+		var err error
+		if rounds, err = strconv.Atoi(s); err != nil || rounds < 1 {
+			b.Fatalf("MAILPLANE_BENCH_RESTORE_ROUNDS=%q: want a count of at least 1", s)
+		}
+	}
+	ckURL := pgtest.URLWithSchema(b, schema)
+	var first [3]restoreResult // this binary's first round: the reported metrics
+	for round := range rounds {
+		for i, bin := range bins {
+			raw := runRestoreChild(b, bin, restoreModeRaw, kcfg, "")
+			fromLog := runRestoreChild(b, bin, restoreModeLog, kcfg, "")
+			fromCk := runRestoreChild(b, bin, restoreModeCheckpoint, kcfg, ckURL)
+			if raw.Records != logLen || fromLog.Records != logLen || fromCk.Records != logLen-rb.Decisions() {
+				b.Fatalf("%s: records: raw %d, from the log %d (want %d), from the checkpoint %d (want %d)",
+					bin, raw.Records, fromLog.Records, logLen, fromCk.Records, logLen-rb.Decisions())
+			}
+			// Both restores hold the same state: the same workers and pending mailboxes.
+			if fromLog.Workers != 10_000 || fromCk.Workers != fromLog.Workers || fromCk.Pending != fromLog.Pending {
+				b.Fatalf("%s: workers %d from the log, %d from the checkpoint (want 10000); pending %d and %d",
+					bin, fromLog.Workers, fromCk.Workers, fromLog.Pending, fromCk.Pending)
+			}
+			b.Logf("round %d, %s: both restores: %d workers, %d mailboxes pending", round+1, bin, fromLog.Workers, fromLog.Pending)
+			for _, r := range []restoreResult{raw, fromLog, fromCk} {
+				b.Logf("%-10s %8.3f s (to active %6.3f s; checkpoint load %6.3f s, state %6.3f s, log %6.3f s; child CPU %6.2f s), %8d records, heap in use %7.1f MiB (alloc %7.1f), peak RSS %7.1f MiB, RSS after %7.1f MiB",
+					r.Mode, r.Seconds, r.ToActiveSeconds, r.Phases["checkpoint_load"], r.Phases["state_build"], r.Phases["log_fold"], r.CPUSeconds,
+					r.Records, r.HeapInuseMiB, r.HeapAllocMiB, r.VmHWMMiB, r.VmRSSMiB)
+			}
+			if round == 0 && i == 0 {
+				first = [3]restoreResult{raw, fromLog, fromCk}
+				b.Logf("log: %d records, %.1f MiB (keys, values, headers)", raw.Records, float64(raw.Bytes)/(1<<20))
+			}
+		}
+	}
 	b.StopTimer()
-	if raw.Records != logLen || fromLog.Records != logLen || fromCk.Records != logLen-rb.Decisions() {
-		b.Fatalf("records: raw %d, from the log %d (want %d), from the checkpoint %d (want %d)",
-			raw.Records, fromLog.Records, logLen, fromCk.Records, logLen-rb.Decisions())
-	}
-	// Both restores hold the same state: the same workers and pending mailboxes.
-	if fromLog.Workers != 10_000 || fromCk.Workers != fromLog.Workers || fromCk.Pending != fromLog.Pending {
-		b.Fatalf("workers %d from the log, %d from the checkpoint (want 10000); pending %d and %d",
-			fromLog.Workers, fromCk.Workers, fromLog.Pending, fromCk.Pending)
-	}
-	b.Logf("both restores: %d workers, %d mailboxes pending", fromLog.Workers, fromLog.Pending)
-	for _, r := range []restoreResult{raw, fromLog, fromCk} {
-		b.Logf("%-10s %8.3f s (to active %6.3f s; checkpoint load %6.3f s, state %6.3f s, log %6.3f s; child CPU %6.2f s), %8d records, heap in use %7.1f MiB (alloc %7.1f), peak RSS %7.1f MiB, RSS after %7.1f MiB",
-			r.Mode, r.Seconds, r.ToActiveSeconds, r.Phases["checkpoint_load"], r.Phases["state_build"], r.Phases["log_fold"], r.CPUSeconds,
-			r.Records, r.HeapInuseMiB, r.HeapAllocMiB, r.VmHWMMiB, r.VmRSSMiB)
-	}
-	b.Logf("log: %d records, %.1f MiB (keys, values, headers)", raw.Records, float64(raw.Bytes)/(1<<20))
+	raw, fromLog, fromCk := first[0], first[1], first[2]
 	b.ReportMetric(fromLog.Seconds, "log-s")
 	b.ReportMetric(fromCk.Seconds, "checkpoint-s")
 	b.ReportMetric(raw.Seconds, "raw-read-s")
