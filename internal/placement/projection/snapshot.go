@@ -57,9 +57,10 @@ func (s *Snapshotter) Load(ctx context.Context) (ck engine.Checkpoint, err error
 // decision id it stands at. Fields the restore derives (a mailbox's
 // degraded flag, an org's bindings, shortfall and counts, and orgs never
 // recorded, which exist only through their mailboxes) are left zero.
-// Workers and orgs are sorted by id; mailboxes come in the table's order
-// (the state does not depend on it, and sorting a million rows costs
-// Postgres seconds: docs/capacity.md).
+// Workers and orgs are sorted by id (the uuid, not its text: no collation
+// to apply); mailboxes come in the table's order (the state does not
+// depend on it, and sorting a million rows costs Postgres seconds:
+// docs/capacity.md).
 func LoadSnapshot(ctx context.Context, tx pgx.Tx) (engine.Checkpoint, error) {
 	c, err := ReadCheckpoint(ctx, tx)
 	if err != nil {
@@ -69,7 +70,7 @@ func LoadSnapshot(ctx context.Context, tx pgx.Tx) (engine.Checkpoint, error) {
 
 	rows, _ := tx.Query(ctx, `SELECT worker_id::text, base_tier, tier, egress, address, pool, dedicated_org::text, releasing, health,
     first_seen_ns, last_seen_ns, live, stopping, load_milli, capacity, mailboxes
-FROM placement_workers ORDER BY worker_id`)
+FROM placement_workers w ORDER BY w.worker_id`)
 	var (
 		v        placement.WorkerView
 		org      *string
@@ -102,7 +103,7 @@ FROM placement_workers ORDER BY worker_id`)
 		return engine.Checkpoint{}, fmt.Errorf("placement snapshot: mailboxes: %w", err)
 	}
 
-	rows, _ = tx.Query(ctx, `SELECT org_id::text, plan, dedicated_workers, paid, plan_since_ns FROM placement_orgs ORDER BY org_id`)
+	rows, _ = tx.Query(ctx, `SELECT org_id::text, plan, dedicated_workers, paid, plan_since_ns FROM placement_orgs o ORDER BY o.org_id`)
 	var (
 		o     placement.OrgView
 		since int64
