@@ -187,7 +187,8 @@ func (s *State) Counts() (workers, mailboxes, refused int) {
 
 // NewStateFromSnapshot rebuilds a state from a snapshot (e.g. the
 // projection of the decision log at a recorded offset). Loads are recomputed
-// from the mailboxes and must agree with the snapshot's.
+// from the mailboxes and must agree with the snapshot's. The views may come
+// in any order: the state is the same.
 func NewStateFromSnapshot(cfg Config, snap Snapshot) (*State, error) {
 	return newStateFrom(cfg, snap, false)
 }
