@@ -585,6 +585,16 @@ func (s *State) refreshOrgClass(o *placementOrg) {
 }
 
 func (s *State) attach(m *placementMailbox, w *placementWorker) {
+	link(m, w)
+	delete(s.pending, m.id)
+	m.pendingReason, m.pendingSince = "", time.Time{}
+	s.reindex(w)
+}
+
+// link puts m on w's list and counts it, leaving the indexes to the
+// caller: attach reindexes w at once, a restore once per worker after
+// its last mailbox.
+func link(m *placementMailbox, w *placementWorker) {
 	m.worker = w
 	m.wPrev, m.wNext = nil, w.head
 	if w.head != nil {
@@ -596,9 +606,6 @@ func (s *State) attach(m *placementMailbox, w *placementWorker) {
 	if w.tier != domain.TierDedicated {
 		m.org.shared++
 	}
-	delete(s.pending, m.id)
-	m.pendingReason, m.pendingSince = "", time.Time{}
-	s.reindex(w)
 }
 
 func (s *State) detach(m *placementMailbox) {

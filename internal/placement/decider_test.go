@@ -3,8 +3,10 @@ package placement
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -1033,7 +1035,13 @@ func TestPlacementRestoreFromSnapshotDecidesAlike(t *testing.T) {
 func plRestoreDecidesAlike(t *testing.T, cfg Config) {
 	h := newPlHarness(t, cfg)
 	plPropertyRun(h, 11, 300)
-	restored, err := NewStateFromSnapshot(cfg, h.live.Snapshot())
+	// The projection hands its mailboxes over in table order (a
+	// sequential scan), not by id: the state must not depend on it.
+	snap := h.live.Snapshot()
+	rand.New(rand.NewPCG(13, 0)).Shuffle(len(snap.Mailboxes), func(i, j int) {
+		snap.Mailboxes[i], snap.Mailboxes[j] = snap.Mailboxes[j], snap.Mailboxes[i]
+	})
+	restored, err := NewStateFromSnapshot(cfg, snap)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1061,5 +1069,28 @@ func plRestoreDecidesAlike(t *testing.T, cfg Config) {
 	}
 	if !reflect.DeepEqual(restored.Snapshot(), h.live.Snapshot()) {
 		t.Fatal("states diverged")
+	}
+}
+
+// A snapshot naming a mailbox twice, or one on a worker it does not hold,
+// restores nothing.
+func TestPlacementRestoreRefusesABrokenSnapshot(t *testing.T) {
+	t.Parallel()
+	h := newPlHarness(t, Config{})
+	plPropertyRun(h, 5, 100)
+	snap := h.live.Snapshot()
+	if len(snap.Mailboxes) == 0 {
+		t.Fatal("the run placed no mailbox")
+	}
+	dup := snap
+	dup.Mailboxes = append(slices.Clone(snap.Mailboxes), snap.Mailboxes[len(snap.Mailboxes)/2])
+	if _, err := NewStateFromSnapshot(Config{}, dup); err == nil || !strings.Contains(err.Error(), "twice") {
+		t.Errorf("a mailbox twice: %v", err)
+	}
+	lost := snap
+	lost.Mailboxes = slices.Clone(snap.Mailboxes)
+	lost.Mailboxes[0].WorkerID, lost.Mailboxes[0].PendingReason = plWorker(999_999), ""
+	if _, err := NewStateFromSnapshot(Config{}, lost); err == nil || !strings.Contains(err.Error(), "unknown worker") {
+		t.Errorf("a mailbox on an unknown worker: %v", err)
 	}
 }

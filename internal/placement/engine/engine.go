@@ -653,7 +653,8 @@ func (s *session) restore(ctx context.Context) error {
 	e.m.restoreLen.Set(float64(r.decisions))
 	workers, mailboxes, refused := s.st.Counts()
 	s.log.Info("placement engine active", "restored_from", r.checkpoint, "log_end", r.end, "decisions_folded", r.decisions,
-		"workers", workers, "mailboxes", mailboxes, "refused", refused, "took", took, "restores", s.restores)
+		"workers", workers, "mailboxes", mailboxes, "refused", refused, "took", took, "restores", s.restores,
+		"checkpoint_load", r.loadTook, "state_build", r.stateTook, "log_fold", r.logTook)
 	e.active.Store(true)
 	e.m.active.Set(1)
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -51,7 +52,9 @@ var ErrLogGap = errors.New("placement: checkpoint offset outside the decision lo
 // to its last stable offset as of the call, calling fn for each decision in
 // order, and returns that end offset. ctx bounds the whole read. The
 // decision log has one partition; its total order is the engine's. A
-// checkpoint outside the log is ErrLogGap, never a silent skip.
+// checkpoint outside the log is ErrLogGap, never a silent skip. Records
+// are decoded on several goroutines (kafka.ReadDecoded: decoding is most
+// of a large read's work); fn is called from one goroutine, in log order.
 func ReadDecisions(ctx context.Context, kcfg kafka.Config, from int64, fn func(offset int64, d topics.Decision) error) (end int64, err error) {
 	if from < 0 {
 		return 0, fmt.Errorf("%w: offset %d", ErrLogGap, from)
@@ -71,13 +74,23 @@ func ReadDecisions(ctx context.Context, kcfg kafka.Config, from int64, fn func(o
 			return from, nil
 		},
 	}
-	bounds, err := kafka.ReadToEnd(ctx, kcfg, spec, func(r *kgo.Record) error {
+	type decoded struct {
+		offset int64
+		d      topics.Decision
+	}
+	decode := func(r *kgo.Record) (decoded, error) {
 		d, err := topics.DecodeDecision(r)
 		if err != nil {
-			return fmt.Errorf("placement: decision at offset %d: %w", r.Offset, err)
+			return decoded{}, fmt.Errorf("placement: decision at offset %d: %w", r.Offset, err)
 		}
-		if err := fn(r.Offset, d); err != nil {
-			return fmt.Errorf("placement: decision at offset %d (%s): %w", r.Offset, d.Data.EventType(), err)
+		return decoded{r.Offset, d}, nil
+	}
+	bounds, err := kafka.ReadDecoded(ctx, kcfg, spec, decode, func(ds []decoded) error {
+		for i := range ds {
+			if err := fn(ds[i].offset, ds[i].d); err != nil {
+				return fmt.Errorf("placement: decision at offset %d (%s): %w", ds[i].offset, ds[i].d.Data.EventType(), err)
+			}
+			ds[i] = decoded{} // the chunk is not read again: let the decision go
 		}
 		return nil
 	})
@@ -96,25 +109,37 @@ type restored struct {
 	decisions  int      // decisions folded from the log
 	checkpoint int64    // where the log was read from
 	nonEmpty   bool     // the checkpoint or the log held committed decisions
+	// Where the time went: loading the checkpoint, building the state
+	// from it, reading and folding the log after it.
+	loadTook, stateTook, logTook time.Duration
 }
 
 // restore loads the checkpoint and folds the decision log from its offset to
 // the log's end.
 func restore(ctx context.Context, kcfg kafka.Config, cfg placement.Config, snap Snapshotter) (*restored, error) {
+	start := time.Now()
 	ck, err := snap.Load(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("placement: loading the checkpoint: %w", err)
 	}
+	loaded := time.Now()
 	st, err := placement.NewStateFromSnapshot(cfg, ck.State)
 	if err != nil {
 		return nil, fmt.Errorf("placement: checkpoint at offset %d: %w", ck.NextOffset, err)
 	}
-	r := &restored{state: st, lastID: ck.LastDecisionID, checkpoint: ck.NextOffset}
+	r := &restored{state: st, lastID: ck.LastDecisionID, checkpoint: ck.NextOffset, loadTook: loaded.Sub(start)}
+	r.nonEmpty = len(ck.State.Workers)+len(ck.State.Mailboxes)+len(ck.State.Orgs) > 0
 	seen := make(map[string]bool, len(ck.State.Workers))
+	r.workers = make([]string, 0, len(ck.State.Workers))
 	for _, w := range ck.State.Workers {
 		seen[w.ID] = true
 		r.workers = append(r.workers, w.ID)
 	}
+	// The views are in the state now: let the collector have them while
+	// the log is read (a million mailboxes' views are ~200 MiB).
+	ck.State = placement.Snapshot{}
+	built := time.Now()
+	r.stateTook = built.Sub(loaded)
 	r.end, err = ReadDecisions(ctx, kcfg, ck.NextOffset, func(_ int64, d topics.Decision) error {
 		if err := st.ApplyDecision(d.Data); err != nil {
 			return err
@@ -130,6 +155,7 @@ func restore(ctx context.Context, kcfg kafka.Config, cfg placement.Config, snap 
 	if err != nil {
 		return nil, err
 	}
-	r.nonEmpty = r.decisions > 0 || len(ck.State.Workers)+len(ck.State.Mailboxes)+len(ck.State.Orgs) > 0
+	r.logTook = time.Since(built)
+	r.nonEmpty = r.nonEmpty || r.decisions > 0
 	return r, nil
 }

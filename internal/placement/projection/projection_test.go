@@ -20,6 +20,7 @@ import (
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/internal/workerapi"
 	"github.com/mailplane/mailplane/topics"
@@ -158,6 +159,38 @@ func plRestored(t testing.TB, pool *pgxpool.Pool) (*placement.State, projection.
 		t.Fatalf("restore from the projection: %v", err)
 	}
 	return st, projection.Checkpoint{NextOffset: ck.NextOffset, LastDecisionID: ck.LastDecisionID}
+}
+
+// plSameOverSimpleProtocol loads the snapshot again over the simple
+// protocol (as behind a transaction pooler), where Postgres answers in
+// text rather than the binary uuids and bigints LoadSnapshot decodes by
+// hand, and wants the same checkpoint.
+func plSameOverSimpleProtocol(t testing.TB, pool *pgxpool.Pool, want engine.Checkpoint) {
+	t.Helper()
+	ctx := context.Background()
+	cfg := pool.Config().ConnConfig.Copy()
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	got, err := projection.LoadSnapshot(ctx, tx)
+	if err != nil {
+		t.Fatalf("over the simple protocol: %v", err)
+	}
+	byID := func(a, b placement.MailboxView) int { return strings.Compare(a.ID, b.ID) }
+	slices.SortFunc(got.State.Mailboxes, byID)
+	want.State.Mailboxes = slices.Clone(want.State.Mailboxes)
+	slices.SortFunc(want.State.Mailboxes, byID)
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("the snapshot over the simple protocol\n%s\nover the extended one\n%s", plJSON(got), plJSON(want))
+	}
 }
 
 func plJSON(v any) string {
@@ -308,6 +341,18 @@ func plRunRandom(t *testing.T, seed uint64, steps int) map[string]int {
 	if diff := plDiffSchemas(t, pool, db.Schema, built.Schema); diff != "" {
 		t.Fatalf("projecting in batches and building from memory differ:\n%s", diff)
 	}
+	// Once per run (a connection each): the final projection read over
+	// the simple protocol too.
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	ck, err := projection.LoadSnapshot(ctx, tx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plSameOverSimpleProtocol(t, pool, ck)
 	return types
 }
 

@@ -15,6 +15,8 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -71,14 +73,20 @@ type restoreResult struct {
 	Seconds float64 `json:"seconds"`
 	// ToActiveSeconds: from Run to Active (group join included).
 	ToActiveSeconds float64 `json:"to_active_seconds"`
-	Records         int64   `json:"records"`        // decisions folded; raw: records read
-	Bytes           int64   `json:"bytes"`          // raw: key+value+header bytes read
-	Workers         int     `json:"workers"`        // mailplane_placement_workers, summed
-	Pending         int     `json:"pending"`        // mailplane_placement_pending, summed
-	HeapInuseMiB    float64 `json:"heap_inuse_mib"` // after runtime.GC, the engine still holding its state
-	HeapAllocMiB    float64 `json:"heap_alloc_mib"`
-	VmHWMMiB        float64 `json:"vmhwm_mib"` // peak RSS of the child process
-	VmRSSMiB        float64 `json:"vmrss_mib"` // RSS after the restore
+	Records         int64   `json:"records"` // decisions folded; raw: records read
+	Bytes           int64   `json:"bytes"`   // raw: key+value+header bytes read
+	Workers         int     `json:"workers"` // mailplane_placement_workers, summed
+	Pending         int     `json:"pending"` // mailplane_placement_pending, summed
+	// Phases: the engine's own breakdown of Seconds (checkpoint_load,
+	// state_build, log_fold), in seconds.
+	Phases       map[string]float64 `json:"phases,omitempty"`
+	HeapInuseMiB float64            `json:"heap_inuse_mib"` // after runtime.GC, the engine still holding its state
+	HeapAllocMiB float64            `json:"heap_alloc_mib"`
+	VmHWMMiB     float64            `json:"vmhwm_mib"` // peak RSS of the child process
+	VmRSSMiB     float64            `json:"vmrss_mib"` // RSS after the restore
+	// CPUSeconds: user and system time of the whole child (getrusage):
+	// less at the mercy of the machine's other work than Seconds.
+	CPUSeconds float64 `json:"cpu_seconds"`
 }
 
 const restoreResultPrefix = "RESTORE-RESULT "
@@ -111,7 +119,11 @@ func restoreChild(mode string) error {
 		}
 		res.Seconds, res.Records, res.Bytes = time.Since(start).Seconds(), n, size
 	case restoreModeLog, restoreModeCheckpoint:
-		opts := []engine.Option{engine.WithTickInterval(time.Hour)}
+		// The engine's log line on becoming active breaks the restore
+		// down (checkpoint load, state build, log fold).
+		phases := &phaseHandler{phases: map[string]float64{}}
+		res.Phases = phases.phases
+		opts := []engine.Option{engine.WithTickInterval(time.Hour), engine.WithLogger(slog.New(phases))}
 		if mode == restoreModeCheckpoint {
 			pool, err := pgxpool.New(ctx, os.Getenv(restoreDBEnv))
 			if err != nil {
@@ -181,11 +193,41 @@ func restoreChild(mode string) error {
 	if res.VmHWMMiB, res.VmRSSMiB, err = procMemory(); err != nil {
 		return err
 	}
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return err
+	}
+	res.CPUSeconds = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 	out, err := json.Marshal(res)
 	if err != nil {
 		return err
 	}
 	fmt.Println(restoreResultPrefix + string(out))
+	return nil
+}
+
+// phaseHandler keeps the durations of the engine's "placement engine
+// active" log line: where its restore's time went.
+type phaseHandler struct {
+	mu     sync.Mutex
+	phases map[string]float64
+}
+
+func (h *phaseHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *phaseHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *phaseHandler) WithGroup(string) slog.Handler            { return h }
+func (h *phaseHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message != "placement engine active" {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Value.Kind() == slog.KindDuration {
+			h.phases[a.Key] = a.Value.Duration().Seconds()
+		}
+		return true
+	})
 	return nil
 }
 
@@ -260,14 +302,17 @@ func procMemory() (hwm, rss float64, err error) {
 	return hwm, rss, sc.Err()
 }
 
-// runRestoreChild runs this test binary as a restore child and returns
-// its result.
-func runRestoreChild(b *testing.B, mode string, kcfg kafka.Config, dbURL string) restoreResult {
+// runRestoreChild runs bin (this test binary, or another build of it) as
+// a restore child and returns its result.
+func runRestoreChild(b *testing.B, bin, mode string, kcfg kafka.Config, dbURL string) restoreResult {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 11*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	cmd := exec.CommandContext(ctx, bin, "-test.run=^$")
 	cmd.Env = append(os.Environ(), restoreChildEnv+"="+mode, restoreBrokersEnv+"="+strings.Join(kcfg.Brokers, ","), restoreDBEnv+"="+dbURL)
+	if bin != os.Args[0] {
+		cmd.Env = append(cmd.Env, "MAILPLANE_BENCH_RESTORE_PROFILE=") // profiles are this binary's
+	}
 	var stdout bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, b.Output()
 	if err := cmd.Run(); err != nil {
@@ -418,28 +463,58 @@ func BenchmarkEngineRestore1M(b *testing.B) {
 	runtime.GC()
 
 	b.ResetTimer()
-	raw := runRestoreChild(b, restoreModeRaw, kcfg, "")
-	fromLog := runRestoreChild(b, restoreModeLog, kcfg, "")
-	fromCk := runRestoreChild(b, restoreModeCheckpoint, kcfg, pgtest.URLWithSchema(b, schema))
+	// MAILPLANE_BENCH_RESTORE_COMPARE names another build of this test
+	// binary (the code before a change): its children run right after
+	// this binary's, on the same log and checkpoint, so both face the same
+	// machine (which other work shares). MAILPLANE_BENCH_RESTORE_ROUNDS
+	// repeats the whole sequence.
+	bins := []string{os.Args[0]}
+	if c := os.Getenv("MAILPLANE_BENCH_RESTORE_COMPARE"); c != "" {
+		bins = append(bins, c)
+	}
+	rounds := 1
+	if s := os.Getenv("MAILPLANE_BENCH_RESTORE_ROUNDS"); s != "" {
+		var err error
+		if rounds, err = strconv.Atoi(s); err != nil || rounds < 1 {
+			b.Fatalf("MAILPLANE_BENCH_RESTORE_ROUNDS=%q: want a count of at least 1", s)
+		}
+	}
+	ckURL := pgtest.URLWithSchema(b, schema)
+	var first [3]restoreResult // this binary's first round: the reported metrics
+	for round := range rounds {
+		for i, bin := range bins {
+			raw := runRestoreChild(b, bin, restoreModeRaw, kcfg, "")
+			fromLog := runRestoreChild(b, bin, restoreModeLog, kcfg, "")
+			fromCk := runRestoreChild(b, bin, restoreModeCheckpoint, kcfg, ckURL)
+			if raw.Records != logLen || fromLog.Records != logLen || fromCk.Records != logLen-rb.Decisions() {
+				b.Fatalf("%s: records: raw %d, from the log %d (want %d), from the checkpoint %d (want %d)",
+					bin, raw.Records, fromLog.Records, logLen, fromCk.Records, logLen-rb.Decisions())
+			}
+			// Both restores hold the same state: the same workers and pending mailboxes.
+			if fromLog.Workers != 10_000 || fromCk.Workers != fromLog.Workers || fromCk.Pending != fromLog.Pending {
+				b.Fatalf("%s: workers %d from the log, %d from the checkpoint (want 10000); pending %d and %d",
+					bin, fromLog.Workers, fromCk.Workers, fromLog.Pending, fromCk.Pending)
+			}
+			b.Logf("round %d, %s: both restores: %d workers, %d mailboxes pending", round+1, bin, fromLog.Workers, fromLog.Pending)
+			for _, r := range []restoreResult{raw, fromLog, fromCk} {
+				b.Logf("%-10s %8.3f s (to active %6.3f s; checkpoint load %6.3f s, state %6.3f s, log %6.3f s; child CPU %6.2f s), %8d records, heap in use %7.1f MiB (alloc %7.1f), peak RSS %7.1f MiB, RSS after %7.1f MiB",
+					r.Mode, r.Seconds, r.ToActiveSeconds, r.Phases["checkpoint_load"], r.Phases["state_build"], r.Phases["log_fold"], r.CPUSeconds,
+					r.Records, r.HeapInuseMiB, r.HeapAllocMiB, r.VmHWMMiB, r.VmRSSMiB)
+			}
+			if round == 0 && i == 0 {
+				first = [3]restoreResult{raw, fromLog, fromCk}
+				b.Logf("log: %d records, %.1f MiB (keys, values, headers)", raw.Records, float64(raw.Bytes)/(1<<20))
+			}
+		}
+	}
 	b.StopTimer()
-	if raw.Records != logLen || fromLog.Records != logLen || fromCk.Records != logLen-rb.Decisions() {
-		b.Fatalf("records: raw %d, from the log %d (want %d), from the checkpoint %d (want %d)",
-			raw.Records, fromLog.Records, logLen, fromCk.Records, logLen-rb.Decisions())
-	}
-	// Both restores hold the same state: the same workers and pending mailboxes.
-	if fromLog.Workers != 10_000 || fromCk.Workers != fromLog.Workers || fromCk.Pending != fromLog.Pending {
-		b.Fatalf("workers %d from the log, %d from the checkpoint (want 10000); pending %d and %d",
-			fromLog.Workers, fromCk.Workers, fromLog.Pending, fromCk.Pending)
-	}
-	b.Logf("both restores: %d workers, %d mailboxes pending", fromLog.Workers, fromLog.Pending)
-	for _, r := range []restoreResult{raw, fromLog, fromCk} {
-		b.Logf("%-10s %8.3f s (to active %6.3f s), %8d records, heap in use %7.1f MiB (alloc %7.1f), peak RSS %7.1f MiB, RSS after %7.1f MiB",
-			r.Mode, r.Seconds, r.ToActiveSeconds, r.Records, r.HeapInuseMiB, r.HeapAllocMiB, r.VmHWMMiB, r.VmRSSMiB)
-	}
-	b.Logf("log: %d records, %.1f MiB (keys, values, headers)", raw.Records, float64(raw.Bytes)/(1<<20))
+	raw, fromLog, fromCk := first[0], first[1], first[2]
 	b.ReportMetric(fromLog.Seconds, "log-s")
 	b.ReportMetric(fromCk.Seconds, "checkpoint-s")
 	b.ReportMetric(raw.Seconds, "raw-read-s")
+	b.ReportMetric(fromLog.CPUSeconds, "log-cpu-s")
+	b.ReportMetric(fromCk.CPUSeconds, "checkpoint-cpu-s")
+	b.ReportMetric(raw.CPUSeconds, "raw-read-cpu-s")
 	b.ReportMetric(fromLog.HeapInuseMiB, "log-heap-MiB")
 	b.ReportMetric(fromCk.HeapInuseMiB, "checkpoint-heap-MiB")
 	b.ReportMetric(fromLog.VmHWMMiB, "log-peak-rss-MiB")
