@@ -304,102 +304,9 @@ func (s *dupScanner) value() (v any, path string, found, ok bool) {
 	}
 	switch s.b[s.i] {
 	case '{':
-		s.i++
-		var small [16][]byte
-		names := small[:0]
-		var many map[string]bool // past 16 names, so no object costs n²
-		var obj map[string]any
-		if s.strict {
-			obj = map[string]any{}
-		}
-		for first := true; ; first = false {
-			s.ws()
-			if s.i < len(s.b) && s.b[s.i] == '}' && first {
-				s.i++
-				return obj, "", false, true
-			}
-			if s.i >= len(s.b) || s.b[s.i] != '"' {
-				return nil, "", false, false
-			}
-			name, escaped, ok := s.str()
-			if !ok || escaped || !utf8.Valid(name) {
-				return nil, "", false, false
-			}
-			dup := false
-			if many != nil {
-				dup = many[string(name)]
-				many[string(name)] = true
-			} else {
-				dup = slices.ContainsFunc(names, func(n []byte) bool { return bytes.Equal(n, name) })
-				if names = append(names, name); len(names) > len(small) {
-					many = make(map[string]bool, 2*len(names))
-					for _, n := range names {
-						many[string(n)] = true
-					}
-				}
-			}
-			if dup {
-				return nil, "." + string(name), true, true
-			}
-			s.ws()
-			if s.i >= len(s.b) || s.b[s.i] != ':' {
-				return nil, "", false, false
-			}
-			s.i++
-			mv, p, found, ok := s.value()
-			if !ok || found {
-				return nil, "." + string(name) + p, found, ok
-			}
-			if obj != nil {
-				obj[string(name)] = mv
-			}
-			s.ws()
-			if s.i >= len(s.b) {
-				return nil, "", false, false
-			}
-			switch s.b[s.i] {
-			case ',':
-				s.i++
-			case '}':
-				s.i++
-				return obj, "", false, true
-			default:
-				return nil, "", false, false
-			}
-		}
+		return s.object()
 	case '[':
-		s.i++
-		var arr []any
-		if s.strict {
-			arr = []any{}
-		}
-		for n := 0; ; n++ {
-			s.ws()
-			if s.i < len(s.b) && s.b[s.i] == ']' && n == 0 {
-				s.i++
-				return arr, "", false, true
-			}
-			ev, p, found, ok := s.value()
-			if !ok || found {
-				return nil, "." + strconv.Itoa(n) + p, found, ok
-			}
-			if s.strict {
-				arr = append(arr, ev)
-			}
-			s.ws()
-			if s.i >= len(s.b) {
-				return nil, "", false, false
-			}
-			switch s.b[s.i] {
-			case ',':
-				s.i++
-			case ']':
-				s.i++
-				return arr, "", false, true
-			default:
-				return nil, "", false, false
-			}
-		}
+		return s.array()
 	case '"':
 		raw, escaped, ok := s.str()
 		if s.strict && (!ok || escaped || !utf8.Valid(raw)) {
@@ -407,7 +314,115 @@ func (s *dupScanner) value() (v any, path string, found, ok bool) {
 		}
 		return string(raw), "", false, ok
 	}
-	// A number, true, false or null: up to the structure that follows.
+	return s.literal()
+}
+
+// object reads an object, the scanner at its '{'.
+func (s *dupScanner) object() (v any, path string, found, ok bool) {
+	s.i++
+	var small [16][]byte
+	names := small[:0]
+	var many map[string]bool // past 16 names, so no object costs n²
+	var obj map[string]any
+	if s.strict {
+		obj = map[string]any{}
+	}
+	for first := true; ; first = false {
+		s.ws()
+		if s.i < len(s.b) && s.b[s.i] == '}' && first {
+			s.i++
+			return obj, "", false, true
+		}
+		if s.i >= len(s.b) || s.b[s.i] != '"' {
+			return nil, "", false, false
+		}
+		name, escaped, ok := s.str()
+		if !ok || escaped || !utf8.Valid(name) {
+			return nil, "", false, false
+		}
+		dup := false
+		if many != nil {
+			dup = many[string(name)]
+			many[string(name)] = true
+		} else {
+			dup = slices.ContainsFunc(names, func(n []byte) bool { return bytes.Equal(n, name) })
+			if names = append(names, name); len(names) > len(small) {
+				many = make(map[string]bool, 2*len(names))
+				for _, n := range names {
+					many[string(n)] = true
+				}
+			}
+		}
+		if dup {
+			return nil, "." + string(name), true, true
+		}
+		s.ws()
+		if s.i >= len(s.b) || s.b[s.i] != ':' {
+			return nil, "", false, false
+		}
+		s.i++
+		mv, p, found, ok := s.value()
+		if !ok || found {
+			return nil, "." + string(name) + p, found, ok
+		}
+		if obj != nil {
+			obj[string(name)] = mv
+		}
+		s.ws()
+		if s.i >= len(s.b) {
+			return nil, "", false, false
+		}
+		switch s.b[s.i] {
+		case ',':
+			s.i++
+		case '}':
+			s.i++
+			return obj, "", false, true
+		default:
+			return nil, "", false, false
+		}
+	}
+}
+
+// array reads an array, the scanner at its '['.
+func (s *dupScanner) array() (v any, path string, found, ok bool) {
+	s.i++
+	var arr []any
+	if s.strict {
+		arr = []any{}
+	}
+	for n := 0; ; n++ {
+		s.ws()
+		if s.i < len(s.b) && s.b[s.i] == ']' && n == 0 {
+			s.i++
+			return arr, "", false, true
+		}
+		ev, p, found, ok := s.value()
+		if !ok || found {
+			return nil, "." + strconv.Itoa(n) + p, found, ok
+		}
+		if s.strict {
+			arr = append(arr, ev)
+		}
+		s.ws()
+		if s.i >= len(s.b) {
+			return nil, "", false, false
+		}
+		switch s.b[s.i] {
+		case ',':
+			s.i++
+		case ']':
+			s.i++
+			return arr, "", false, true
+		default:
+			return nil, "", false, false
+		}
+	}
+}
+
+// literal reads a number, true, false or null.
+func (s *dupScanner) literal() (v any, path string, found, ok bool) {
+	// Up to the structure that follows.
 	start := s.i
 	for s.i < len(s.b) && !strings.ContainsRune(",]} \t\n\r", rune(s.b[s.i])) {
 		s.i++

@@ -537,48 +537,55 @@ func (m *mailboxRun) idleSession(ctx context.Context, changed <-chan struct{}) (
 		}
 		// Each IDLE lasts at most refresh, and ends when the special-use
 		// check is due.
-		wait := min(refresh, time.Until(due))
-		m.r.metrics.idles.Inc()
-		c.armFor(wait + m.r.cfg.IdleMargin)
-		c.idling = true
-		idle, err := c.c.Idle()
-		if err != nil {
-			return synced, classify("idle", err, ctx)
-		}
-		t := time.NewTimer(max(wait, 0))
-		dropped := false
-		select {
-		case <-ctx.Done():
-		case <-c.c.Closed():
-			// The connection ended under the IDLE: the server hung up
-			// (BYE, kick, restart), the socket broke or its deadline
-			// passed. (The IDLE command ends only with the connection or
-			// our DONE.)
-			dropped = true
-		case <-c.notify:
-			woke = true
-		case <-changed:
-		case <-t.C:
-		}
-		t.Stop()
-		if ctx.Err() != nil {
-			return synced, nil
-		}
-		if dropped {
-			return synced, &Error{Kind: KindNetwork, Op: "idle", Reason: "connection dropped during IDLE", Err: errors.New("connection closed")}
-		}
-		c.arm()
-		if err := idle.Close(); err != nil {
-			return synced, classify("idle done", err, ctx)
-		}
-		if err := idle.Wait(); err != nil {
-			return synced, classify("idle done", err, ctx)
-		}
-		c.idling = false
-		if closed(changed) {
-			return synced, nil
+		var done bool
+		if woke, done, err = m.idle(ctx, c, changed, min(refresh, time.Until(due))); err != nil || done {
+			return synced, err
 		}
 	}
+}
+
+// idle IDLEs on INBOX on c for at most wait. It reports whether the server
+// woke it (INBOX changed), and done when the session is over (ctx done, or
+// the tier changed).
+func (m *mailboxRun) idle(ctx context.Context, c *conn, changed <-chan struct{}, wait time.Duration) (woke, done bool, err error) {
+	m.r.metrics.idles.Inc()
+	c.armFor(wait + m.r.cfg.IdleMargin)
+	c.idling = true
+	idle, err := c.c.Idle()
+	if err != nil {
+		return false, false, classify("idle", err, ctx)
+	}
+	t := time.NewTimer(max(wait, 0))
+	dropped := false
+	select {
+	case <-ctx.Done():
+	case <-c.c.Closed():
+		// The connection ended under the IDLE: the server hung up
+		// (BYE, kick, restart), the socket broke or its deadline
+		// passed. (The IDLE command ends only with the connection or
+		// our DONE.)
+		dropped = true
+	case <-c.notify:
+		woke = true
+	case <-changed:
+	case <-t.C:
+	}
+	t.Stop()
+	if ctx.Err() != nil {
+		return false, true, nil
+	}
+	if dropped {
+		return false, false, &Error{Kind: KindNetwork, Op: "idle", Reason: "connection dropped during IDLE", Err: errors.New("connection closed")}
+	}
+	c.arm()
+	if err := idle.Close(); err != nil {
+		return false, false, classify("idle done", err, ctx)
+	}
+	if err := idle.Wait(); err != nil {
+		return false, false, classify("idle done", err, ctx)
+	}
+	c.idling = false
+	return woke, closed(changed), nil
 }
 
 // connect opens a connection, reporting and recording authentication

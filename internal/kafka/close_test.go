@@ -40,3 +40,21 @@ func TestCloseWhileTheBrokerIsAway(t *testing.T) {
 		t.Errorf("Close took %s with the broker away, want under 500ms", took)
 	}
 }
+
+// CloseWithin waits for a close that finishes, and gives up on one that
+// does not (a leave held by the coordinator) after its bound.
+func TestCloseWithin(t *testing.T) {
+	t.Parallel()
+	if !kafka.CloseWithin(time.Second, func() {}) {
+		t.Error("a close that returned at once was reported unfinished")
+	}
+	release := make(chan struct{})
+	defer close(release)
+	start := time.Now()
+	if kafka.CloseWithin(50*time.Millisecond, func() { <-release }) {
+		t.Error("a close still blocked was reported finished")
+	}
+	if d := time.Since(start); d < 50*time.Millisecond {
+		t.Errorf("gave up after %s, before its bound", d)
+	}
+}

@@ -271,3 +271,23 @@ func NewGroupTransactSession(cfg Config, g GroupConfig, extra ...kgo.Opt) (*kgo.
 	}
 	return sess, nil
 }
+
+// CloseWithin runs closeClient (a group client's Close, which leaves the group)
+// and waits for it at most d, reporting whether it finished. franz-go's
+// leave waits for a JoinGroup in flight, which the coordinator holds until
+// its rebalance completes (up to the rebalance timeout, a minute by
+// default): a process shutting down must not wait that long. Past d the
+// close goes on in the background until the process exits, and the
+// coordinator expires the member's session on its own.
+func CloseWithin(d time.Duration, closeClient func()) bool {
+	done := make(chan struct{})
+	go func() { closeClient(); close(done) }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}

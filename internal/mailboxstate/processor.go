@@ -275,11 +275,7 @@ func (p *Processor) session(ctx context.Context) (progressed bool, err error) {
 	}
 	defer func() {
 		// Leaving the group can wait on the coordinator; never for ever.
-		done := make(chan struct{})
-		go func() { sess.Close(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
+		if !kafka.CloseWithin(15*time.Second, sess.Close) {
 			p.log.Warn("closing the transactional client took over 15s; abandoning it")
 		}
 	}()

@@ -245,11 +245,7 @@ func (w *Worker) startRelay(ctx context.Context) (stop func()) {
 // LeaveGroup, so the next owners find every write of ours committed.
 func (w *Worker) leave() {
 	w.sup.close()
-	closed := make(chan struct{})
-	go func() { w.cl.CloseAllowingRebalance(); close(closed) }()
-	select {
-	case <-closed:
-	case <-time.After(w.cfg.RebalanceTimeout):
+	if !kafka.CloseWithin(w.cfg.RebalanceTimeout, w.cl.CloseAllowingRebalance) {
 		w.log.Warn("leaving the group did not finish in time; stopping runners anyway")
 	}
 	w.dropAll()

@@ -325,11 +325,21 @@ func (p *Projector) Run(ctx context.Context) error {
 	stopPrune()
 	pruning.Wait()
 	s.shutdown()
-	cl.CloseAllowingRebalance()
+	// Everything applied is committed: leaving the group only hands the
+	// partitions over sooner than the session's expiry would.
+	if !kafka.CloseWithin(leaveTimeout, cl.CloseAllowingRebalance) {
+		p.log.Warn("leaving the group did not finish in time; its session will expire instead", "waited", leaveTimeout)
+	}
 	p.meter.ForgetAll()
 	p.log.Info("projector stopped")
 	return nil
 }
+
+// leaveTimeout bounds leaving the group at the end of Run: a process
+// stopping must be gone well within its grace period (compose's, and the
+// production-shape test's 10 s), and a leave can wait on the coordinator
+// for a rebalance timeout (kafka.CloseWithin).
+const leaveTimeout = 3 * time.Second
 
 // Close stops a running Run and waits for it to return; later Runs fail
 // with ErrClosed. It is safe to call more than once.

@@ -236,6 +236,11 @@ func New(kcfg kafka.Config, opts ...Option) (*Engine, error) {
 	return &Engine{kcfg: kcfg.WithLogger(cfg.logger.With("component", "placement-engine")), cfg: cfg, m: newMetrics(cfg.reg), meter: sla.NewMeter(cfg.reg, sla.PlacementEngine), log: cfg.logger.With("component", "placement-engine")}, nil
 }
 
+// leaveTimeout bounds leaving the group when a session ends: a stopping
+// process must be gone within its grace period, and a leave can wait on
+// the coordinator for a rebalance timeout (kafka.CloseWithin).
+const leaveTimeout = 3 * time.Second
+
 // Active reports whether this engine is the active one (restored and
 // deciding).
 func (e *Engine) Active() bool { return e.active.Load() }
@@ -343,7 +348,11 @@ func (e *Engine) runSession(ctx context.Context) error {
 	defer func() {
 		e.active.Store(false)
 		e.m.active.Set(0)
-		cl.Close()
+		// The transaction in flight is finished or aborted by now; the
+		// leave only hands over sooner than the session's expiry would.
+		if !kafka.CloseWithin(leaveTimeout, cl.Close) {
+			e.log.Warn("leaving the engine group did not finish in time; its session will expire instead", "waited", leaveTimeout)
+		}
 	}()
 	return s.loop(ctx)
 }
