@@ -36,7 +36,7 @@ func DerivedID(at time.Time, separator string, parts ...string) string {
 	u[6] = 0x70 | u[6]&0x0f // version 7
 	u[8] = 0x80 | u[8]&0x3f // variant 10
 
-	return formatUUID(u)
+	return FormatUUID(u)
 }
 
 // NewEventID returns a fresh event id: a UUIDv7 (RFC 9562) from the wall
@@ -69,7 +69,7 @@ func NewEventID() string {
 	u[6] = 0x70 | byte(seq>>8)&0x0f // version 7, counter high bits
 	u[7] = byte(seq)
 	u[8] = 0x80 | u[8]&0x3f // variant 10
-	return formatUUID(u)
+	return FormatUUID(u)
 }
 
 var idClock struct {
@@ -78,7 +78,9 @@ var idClock struct {
 	seq uint16
 }
 
-func formatUUID(u [16]byte) string {
+// FormatUUID renders a UUID's 16 bytes in the canonical lower-case
+// 8-4-4-4-12 form.
+func FormatUUID(u [16]byte) string {
 	var out [36]byte
 	hex.Encode(out[0:8], u[0:4])
 	out[8] = '-'

@@ -3,7 +3,6 @@ package projection
 import (
 	"context"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -192,17 +191,7 @@ func (d *rawDecoder) uuid(raw [][]byte, i int, in map[string]string) string {
 	var s string
 	switch {
 	case d.formats[i] == pgx.BinaryFormatCode && len(b) == 16:
-		var buf [36]byte
-		hex.Encode(buf[0:8], b[0:4])
-		buf[8] = '-'
-		hex.Encode(buf[9:13], b[4:6])
-		buf[13] = '-'
-		hex.Encode(buf[14:18], b[6:8])
-		buf[18] = '-'
-		hex.Encode(buf[19:23], b[8:10])
-		buf[23] = '-'
-		hex.Encode(buf[24:], b[10:])
-		s = string(buf[:])
+		s = domain.FormatUUID([16]byte(b))
 	case d.formats[i] == pgx.TextFormatCode && len(b) == 36:
 		s = string(b)
 	default:
