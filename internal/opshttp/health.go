@@ -80,7 +80,11 @@ func (h *Health) Check(ctx context.Context) (int, HealthResponse) {
 	var wg sync.WaitGroup
 	for name, check := range h.checks {
 		if check == nil {
+			// Under the lock too: checks started earlier in this loop
+			// are writing their results already.
+			mu.Lock()
 			resp.Checks[name] = CheckResult{Status: HealthDisabled}
+			mu.Unlock()
 			continue
 		}
 		wg.Go(func() {

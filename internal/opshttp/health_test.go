@@ -158,3 +158,26 @@ func TestServeStopsWithContext(t *testing.T) {
 		t.Fatal("Serve did not return after its context ended")
 	}
 }
+
+// TestHealthDisabledBesideRunningChecks: a disabled check's result is
+// recorded while the others' goroutines record theirs (a concurrent map
+// write crashed the process in CI before).
+func TestHealthDisabledBesideRunningChecks(t *testing.T) {
+	t.Parallel()
+	checks := map[string]opshttp.Check{}
+	for i := range 32 {
+		name := string(rune('a'+i%26)) + strings.Repeat("x", i/26)
+		if i%2 == 0 {
+			checks[name] = nil
+			continue
+		}
+		checks[name] = func(context.Context) error { return nil }
+	}
+	h := opshttp.NewHealth(time.Second, checks)
+	for range 50 {
+		status, resp := h.Check(context.Background())
+		if status != http.StatusOK || len(resp.Checks) != len(checks) {
+			t.Fatalf("status %d, %d results of %d checks", status, len(resp.Checks), len(checks))
+		}
+	}
+}
