@@ -241,12 +241,20 @@ func (w *Worker) startRelay(ctx context.Context) (stop func()) {
 	return func() { cancel(); <-done }
 }
 
+// leaveTimeout bounds the leave at shutdown (kafka.CloseWithin).
+const leaveTimeout = 5 * time.Second
+
 // leave revokes every partition (stopping its runners) before the
 // LeaveGroup, so the next owners find every write of ours committed.
 func (w *Worker) leave() {
 	w.sup.close()
-	if !kafka.CloseWithin(w.cfg.RebalanceTimeout, w.cl.CloseAllowingRebalance) {
-		w.log.Warn("leaving the group did not finish in time; stopping runners anyway")
+	// The revoke in the leave stops the runners first; when the leave
+	// waits on the coordinator (a JoinGroup it holds for a rebalance),
+	// the runners are stopped here instead, and the fence keeps whatever
+	// they might still write from landing (a process stopping must be gone
+	// within its grace period).
+	if !kafka.CloseWithin(min(w.cfg.RebalanceTimeout, leaveTimeout), w.cl.CloseAllowingRebalance) {
+		w.log.Warn("leaving the group did not finish in time; stopping runners anyway", "waited", min(w.cfg.RebalanceTimeout, leaveTimeout))
 	}
 	w.dropAll()
 }
