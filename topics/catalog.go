@@ -169,14 +169,17 @@ func DomainTopics() []string {
 
 // IsCatalogName reports whether name is one of the catalog's topic names
 // (outside any namespace).
-func IsCatalogName(name string) bool {
+func IsCatalogName(name string) bool { return catalogNames[name] }
+
+// catalogNames is the catalog's names, built once: outbox.Add asks for
+// every record it queues.
+var catalogNames = func() map[string]bool {
+	m := map[string]bool{}
 	for _, s := range catalog(Config{}) {
-		if s.Name == name {
-			return true
-		}
+		m[s.Name] = true
 	}
-	return false
-}
+	return m
+}()
 
 // RecordTypes returns the ce_types of the records on topic (a catalog
 // name), sorted; package
