@@ -191,6 +191,7 @@ func BenchmarkIngestType(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			r.Topic = e.ns.Topic(r.Topic)
 			recs = append(recs, r)
 		}
 		produce := func() {
