@@ -119,6 +119,7 @@ func (w *Worker) housekeeping() {
 	now := time.Now()
 	tripped := w.wd.isTripped()
 	var acquire, resume []int32
+	var ready []*partition
 	w.mu.Lock()
 	for id, p := range w.parts {
 		c, _ := w.own.get(id)
@@ -138,13 +139,14 @@ func (w *Worker) housekeeping() {
 				w.suspendLocked(p, 0, domain.SyncSuspendedWatchdog, w.wd.lastWritesBy())
 				continue
 			}
-			w.goLiveLocked(p, now)
+			ready = append(ready, p)
 		case partSuspended:
 			if !tripped && w.sup.aliveIn(id) == 0 && w.wd.confirmedSince(c.suspendedAt) {
 				resume = append(resume, id)
 			}
 		}
 	}
+	w.goLiveLocked(ready, now)
 	positions := w.positionsLocked(now)
 	w.mu.Unlock()
 	w.commitPositions(positions)
@@ -156,20 +158,36 @@ func (w *Worker) housekeeping() {
 	}
 }
 
-// goLiveLocked starts the runners of a partition read to its end, after
-// deciding its mailboxes' tiers.
-func (w *Worker) goLiveLocked(p *partition, now time.Time) {
-	took, first := w.own.goLive(p.id, now)
-	w.recordAgainLocked(p)
+// goLiveLocked starts the runners of partitions read to their end, after
+// deciding their mailboxes' tiers. The tiers of all of them are decided in
+// one evaluation (the hot budget is the worker's, over every live mailbox):
+// one per partition made a cold start of 64 partitions of 25,000
+// mailboxes quadratic, about 20 s with the worker's lock held
+// (BENCHMARKS.md, "Fleet rehearsal").
+func (w *Worker) goLiveLocked(parts []*partition, now time.Time) {
+	var live []*partition
+	for _, p := range parts {
+		took, first := w.own.goLive(p.id, now)
+		if c, _ := w.own.get(p.id); c.state != partLive {
+			continue
+		}
+		w.recordAgainLocked(p)
+		if first {
+			w.m.rebalanceSeconds.WithLabelValues("assigned").Observe(took.Seconds())
+		}
+		live = append(live, p)
+	}
+	if len(live) == 0 {
+		return
+	}
 	w.evaluateLocked(false)
-	for _, mb := range p.boxes {
-		w.startLocked(mb)
+	for _, p := range live {
+		for _, mb := range p.boxes {
+			w.startLocked(mb)
+		}
+		c, _ := w.own.get(p.id)
+		w.log.Info("partition live", "partition", p.id, "epoch", c.epoch, "mailboxes", len(p.boxes), "since_assigned", now.Sub(c.assignedAt))
 	}
-	if first {
-		w.m.rebalanceSeconds.WithLabelValues("assigned").Observe(took.Seconds())
-	}
-	c, _ := w.own.get(p.id)
-	w.log.Info("partition live", "partition", p.id, "epoch", c.epoch, "mailboxes", len(p.boxes), "since_assigned", now.Sub(c.assignedAt))
 }
 
 // resume takes new epochs for suspended partitions the group confirmed
@@ -185,6 +203,7 @@ func (w *Worker) resume(ids []int32) {
 	now := time.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	var ready []*partition
 	for _, id := range ids {
 		p := w.parts[id]
 		c, _ := w.own.get(id)
@@ -195,9 +214,10 @@ func (w *Worker) resume(ids []int32) {
 		// A partition suspended while it was still being read goes back
 		// to reading; housekeeping turns it live when it is read.
 		if p.tiersLoaded && p.caughtUp(now, w.cfg.LoadStallTimeout, w.log) {
-			w.goLiveLocked(p, now)
+			ready = append(ready, p)
 		}
 	}
+	w.goLiveLocked(ready, now)
 }
 
 // drop releases partitions the group took away, stops their runners and

@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -89,6 +90,15 @@ func (r *rehearsal) start(id string) *worker {
 	w := &worker{id: id, cmd: cmd, out: &mailplanetest.Output{}, status: filepath.Join(r.dir, id+".json")}
 	cmd.Env = append(slices.Clone(r.env), envWorker+"=1", envID+"="+id, envStatus+"="+w.status)
 	cmd.Stdout, cmd.Stderr = w.out, w.out
+	if dir := os.Getenv(envOut); dir != "" {
+		f, err := os.Create(filepath.Join(dir, id+".log"))
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		r.t.Cleanup(func() { f.Close() })
+		cmd.Stdout = io.MultiWriter(w.out, f)
+		cmd.Stderr = cmd.Stdout
+	}
 	if err := cmd.Start(); err != nil {
 		r.t.Fatal(err)
 	}
@@ -506,6 +516,7 @@ func BenchmarkFleetRehearsal(b *testing.B) {
 
 	// 1. Cold start: four workers at once.
 	start := time.Now()
+	t.Logf("[cold start] began at %s", start.UTC().Format(time.StampMilli))
 	for i := 1; i <= 4; i++ {
 		r.start(fmt.Sprintf("w%d", i))
 	}
@@ -599,6 +610,7 @@ func BenchmarkFleetRehearsal(b *testing.B) {
 		before, _ := r.waitSettled(time.Now(), "before "+phase, time.Minute, nil)
 		logins := srv.loginsOf()
 		at := act()
+		t.Logf("[%s] began at %s", phase, at.UTC().Format(time.StampMilli))
 		after, took := r.waitSettled(at, phase, limit, done)
 		moved := movedBetween(before.owner, after.owner)
 		nMoved := 0

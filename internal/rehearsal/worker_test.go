@@ -7,8 +7,13 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"net"
+	"net/http"
+	_ "net/http/pprof" // servePprof
 	"os"
 	"os/signal"
+	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -36,6 +41,9 @@ const (
 	envRate     = "MAILPLANE_REHEARSAL_CONNECT_RATE"
 	envSession  = "MAILPLANE_REHEARSAL_SESSION"
 	envNoWrites = "MAILPLANE_REHEARSAL_NO_WRITES"
+	envLogLevel = "MAILPLANE_REHEARSAL_LOG_LEVEL" // the workers' slog level (warn)
+	envOut      = "MAILPLANE_REHEARSAL_OUT"       // a directory: each worker's whole output goes to <id>.log there
+	envPprof    = "MAILPLANE_REHEARSAL_PPROF"     // "1": serve net/http/pprof (block and mutex profiles on); its address in <out>/<id>.pprof
 	workerUp    = "rehearsal worker: ready"
 	keyID       = "rehearsal-1"
 )
@@ -249,7 +257,13 @@ func workerMain() {
 	}
 	defer pool.Close()
 	id := os.Getenv(envID)
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("worker", id)
+	level := slog.LevelWarn
+	if l := os.Getenv(envLogLevel); l != "" {
+		if err := level.UnmarshalText([]byte(l)); err != nil {
+			log.Fatalf("%s: %v", envLogLevel, err)
+		}
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("worker", id)
 	var inner mailsync.Runner
 	failures := &failureCounter{}
 	switch os.Getenv(envRunner) {
@@ -308,6 +322,13 @@ func workerMain() {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}()
+	if os.Getenv(envPprof) == "1" {
+		at := path + ".pprof"
+		if dir := os.Getenv(envOut); dir != "" {
+			at = filepath.Join(dir, id+".pprof")
+		}
+		servePprof(at)
+	}
 	fmt.Println(workerUp)
 	if err := w.Run(ctx); err != nil {
 		log.Fatal(err)
@@ -326,4 +347,18 @@ func raiseNoFile() uint64 {
 	_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl)
 	_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl)
 	return rl.Cur
+}
+
+// servePprof serves net/http/pprof on a loopback port written to file,
+// with the block and mutex profiles on: what an ownership change waits on
+// is what the rehearsal is there to find.
+func servePprof(file string) {
+	runtime.SetBlockProfileRate(int(time.Millisecond))
+	runtime.SetMutexProfileFraction(10)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	writeAtomic(file, []byte(ln.Addr().String()))
+	go func() { _ = http.Serve(ln, nil) }()
 }
