@@ -161,6 +161,7 @@ var (
 	ColdAfter      = register(Setting{"tier-cold-after", "TIER_COLD_AFTER", "168h", "a mailbox with no mail, session or registration for this long is cold"})
 	HotBudget      = register(Setting{"hot-budget-per-worker", "HOT_BUDGET_PER_WORKER", "2000", "most hot mailboxes per sync worker; the least recently active session-less ones are demoted"})
 	ConnectRate    = register(Setting{"sync-connect-rate", "MAILPLANE_SYNC_CONNECT_RATE", "50", "IMAP connection setups per second per IMAP host and sync worker (burst the same); every warm or cold poll is one"})
+	PollsInFlight  = register(Setting{"sync-polls-in-flight", "MAILPLANE_SYNC_POLLS_IN_FLIGHT", "256", "warm and cold polls a sync worker runs at once (each holds an IMAP connection and writes through the runner pool); the rest wait their turn"})
 	WarmupHeader   = register(Setting{"warmup-header", "MAILPLANE_WARMUP_HEADER", "X-Mailplane-Warmup", "header marking warmup messages (value: mailbox=<sender id>; id=<warmup id>); where they land is health evidence"})
 	WarmupKey      = register(Setting{"warmup-key", "MAILPLANE_WARMUP_KEY", "", "key warmup headers must be signed with (HMAC-SHA256, sig=); unsigned or forged headers are ignored; required by `mailplane sync` (dev mode keeps one in its data dir)"})
 	InsecureWarmup = register(Setting{"insecure-unsigned-warmup", "MAILPLANE_INSECURE_UNSIGNED_WARMUP", "false", "sync: run without a warmup key, counting unsigned warmup headers (anyone who can mail a monitored mailbox then moves senders between risk pools); never in production"})

@@ -356,6 +356,11 @@ func (m *mailboxRun) poller(ctx context.Context, tier domain.SyncTier) error {
 
 // pollOnce connects, syncs the folders and disconnects.
 func (m *mailboxRun) pollOnce(ctx context.Context) error {
+	release, err := m.job.PollSlot(ctx)
+	if err != nil {
+		return err
+	}
+	defer release() // after the disconnect below
 	c, err := m.connect(ctx)
 	if err != nil {
 		return err

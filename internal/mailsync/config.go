@@ -80,6 +80,10 @@ type Config struct {
 	// 15,000 polls per 300 s. Rate 0 or less: no pacing.
 	ConnectRatePerHost  float64
 	ConnectBurstPerHost int
+	// PollsInFlight bounds the warm and cold polls the worker runs at once
+	// (Job.PollSlot; MAILPLANE_SYNC_POLLS_IN_FLIGHT, default 256); less
+	// than 0: unbounded.
+	PollsInFlight int
 
 	// RestartBackoff and RestartMaxBackoff pace the restart of a runner
 	// that returned an error (defaults 1s and 60s, with jitter).
@@ -134,6 +138,7 @@ func DefaultConfig() Config {
 		TierUnknownGrace:    10 * time.Minute,
 		ConnectRatePerHost:  50,
 		ConnectBurstPerHost: 50,
+		PollsInFlight:       256,
 		RestartBackoff:      time.Second,
 		RestartMaxBackoff:   time.Minute,
 		WriteIdleTimeout:    5 * time.Second,
@@ -177,6 +182,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.ConnectBurstPerHost <= 0 {
 		c.ConnectBurstPerHost = d.ConnectBurstPerHost
+	}
+	if c.PollsInFlight == 0 {
+		c.PollsInFlight = d.PollsInFlight
 	}
 	def(&c.RestartBackoff, d.RestartBackoff)
 	def(&c.RestartMaxBackoff, d.RestartMaxBackoff)

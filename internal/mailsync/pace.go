@@ -5,6 +5,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sync/semaphore"
 )
 
 // hostPacer paces connection setup per IMAP host with a token bucket per
@@ -78,4 +80,36 @@ func (p *hostPacer) pruneLocked(now time.Time) {
 			delete(p.buckets, h)
 		}
 	}
+}
+
+// pollSlots bounds the polls a worker runs at once. The connection pacing
+// bounds how fast polls start, not how many are open: when the runners'
+// store is slower than the pace (a cold start of 25,000 mailboxes per
+// worker, each first poll writing its cursors), polls that started keep
+// their IMAP connections open while they wait, and at 100,000 mailboxes
+// four workers held 10,000 connections each, filling the IMAP server's
+// file table (BENCHMARKS.md, "Fleet rehearsal"). Slots are handed out first
+// come, first served.
+type pollSlots struct {
+	sem *semaphore.Weighted // nil: unbounded
+}
+
+func newPollSlots(n int) pollSlots {
+	if n <= 0 {
+		return pollSlots{}
+	}
+	return pollSlots{sem: semaphore.NewWeighted(int64(n))}
+}
+
+// acquire waits for a slot; release gives it back (once, however often it
+// is called).
+func (p pollSlots) acquire(ctx context.Context) (release func(), err error) {
+	if p.sem == nil {
+		return func() {}, ctx.Err()
+	}
+	if err := p.sem.Acquire(ctx, 1); err != nil {
+		return func() {}, err
+	}
+	var once sync.Once
+	return func() { once.Do(func() { p.sem.Release(1) }) }, nil
 }

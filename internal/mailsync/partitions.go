@@ -42,12 +42,15 @@ func (w *Worker) assigned(_ context.Context, _ *kgo.Client, m map[string][]int32
 func (w *Worker) acquire(ids []int32) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.acquireTimeout())
 	defer cancel()
-	epochs, err := w.own.takeEpochs(ctx, ids, time.Now())
+	start := time.Now()
+	epochs, err := w.own.takeEpochs(ctx, ids, start)
 	if err != nil {
 		w.log.Error("taking epochs failed; retrying", "partitions", ids, "err", err)
 		return
 	}
+	took := time.Since(start)
 	starts, ends := listOffsets(ctx, w.adm, w.log, w.kcfg.Topic(topics.MailboxState), ids)
+	w.log.Info("epochs taken", "partitions", len(ids), "took", took, "offsets_listed_in", time.Since(start)-took)
 	now := time.Now()
 	w.mu.Lock()
 	var loading []*partition
@@ -85,16 +88,19 @@ func (w *Worker) loadTiers(parts []*partition) {
 	// The epochs are taken, so every tier record of the previous owners is
 	// committed to the outbox; wait (briefly, and only while a relay is
 	// publishing) until they are published, so that the latest are read.
+	start := time.Now()
 	actx, acancel := context.WithTimeout(ctx, tierOutboxWait)
 	if err := awaitPublished(actx, w.pool, tierOutboxStall, topics.SyncTier); err != nil {
 		w.log.Warn("sync.tier records still in the outbox; reading what is published (tiers may be older)",
 			"partitions", ids, "err", err)
 	}
 	acancel()
+	published := time.Now()
 	recs, err := w.tiers.readTiers(ctx, ids)
 	if err != nil {
 		w.log.Warn("reading sync.tier failed; starting with default tiers", "partitions", ids, "err", err)
 	}
+	w.log.Info("sync.tier read", "partitions", len(ids), "outbox_wait", published.Sub(start), "read", time.Since(published))
 	w.mu.Lock()
 	for _, p := range parts {
 		if w.parts[p.id] != p {

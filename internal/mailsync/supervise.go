@@ -26,6 +26,7 @@ import (
 type supervisor struct {
 	runner              Runner
 	pacer               *hostPacer
+	polls               pollSlots
 	log                 *slog.Logger
 	m                   *metrics
 	backoff, maxBackoff time.Duration
@@ -49,7 +50,7 @@ type runHandle struct {
 }
 
 func newSupervisor(runner Runner, cfg Config, log *slog.Logger, m *metrics) *supervisor {
-	s := &supervisor{runner: runner, pacer: newHostPacer(cfg.ConnectRatePerHost, cfg.ConnectBurstPerHost),
+	s := &supervisor{runner: runner, pacer: newHostPacer(cfg.ConnectRatePerHost, cfg.ConnectBurstPerHost), polls: newPollSlots(cfg.PollsInFlight),
 		log: log, m: m, backoff: cfg.RestartBackoff, maxBackoff: cfg.RestartMaxBackoff,
 		runs: map[string]*runHandle{}, stopping: map[string]*runHandle{}, alive: map[int32]int{}}
 	s.exited = sync.NewCond(&s.mu)
@@ -59,7 +60,7 @@ func newSupervisor(runner Runner, cfg Config, log *slog.Logger, m *metrics) *sup
 // start runs job's mailbox unless it runs already or the worker is
 // leaving; it reports whether a runner was started.
 func (s *supervisor) start(job *Job) bool {
-	job.pacer = s.pacer
+	job.pacer, job.polls = s.pacer, s.polls
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id := job.Mailbox.MailboxID

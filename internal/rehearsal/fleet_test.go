@@ -24,7 +24,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
@@ -42,6 +41,9 @@ import (
 func TestMain(m *testing.M) {
 	if os.Getenv(envWorker) == "1" {
 		workerMain()
+	}
+	if f := os.Getenv(envBroker); f != "" {
+		brokerMain(f)
 	}
 	os.Exit(m.Run())
 }
@@ -72,6 +74,7 @@ type rehearsal struct {
 	dir     string
 	env     []string
 	srv     *lightServer
+	broker  *exec.Cmd
 	workers []*worker
 	// samples is the server's login count, sampled every second.
 	samples chan loginSample
@@ -281,8 +284,10 @@ func (r *rehearsal) logProcs(phase string) {
 	}
 	r.t.Logf("[%s] IMAP runner failures so far, live workers (kind/op: count): %v", phase, failures)
 	self := readProc(os.Getpid())
-	r.t.Logf("[%s] parent (kfake broker, IMAP server, driver): RSS %d MiB, peak %d MiB, CPU %.1f s",
-		phase, self.rssKiB>>10, self.hwmKiB>>10, self.cpu.Seconds())
+	r.t.Logf("[%s] parent (IMAP server, driver): RSS %d MiB, peak %d MiB, CPU %.1f s; IMAP sessions open now %d, at most %d so far",
+		phase, self.rssKiB>>10, self.hwmKiB>>10, self.cpu.Seconds(), r.srv.sessions.Load(), r.srv.peakSessions.Load())
+	bs := readProc(r.broker.Process.Pid)
+	r.t.Logf("[%s] broker (kfake): RSS %d MiB, peak %d MiB, CPU %.1f s", phase, bs.rssKiB>>10, bs.hwmKiB>>10, bs.cpu.Seconds())
 	for _, w := range r.live() {
 		ps := readProc(w.cmd.Process.Pid)
 		r.t.Logf("[%s] %s: RSS %d MiB, peak %d MiB, CPU %.1f s", phase, w.id, ps.rssKiB>>10, ps.hwmKiB>>10, ps.cpu.Seconds())
@@ -379,6 +384,38 @@ func (r *rehearsal) peakRate(from time.Time) int64 {
 	return peak
 }
 
+type brokerProc struct {
+	cmd   *exec.Cmd
+	addrs []string
+}
+
+// startBroker runs the broker in a process of its own (brokerMain).
+func startBroker(t testing.TB) brokerProc {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "broker.addr")
+	cmd := exec.Command(os.Args[0], "-test.count=1", "-test.timeout=60m")
+	cmd.Env = append(os.Environ(), envBroker+"="+file)
+	out := &mailplanetest.Output{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+	})
+	var addrs []string
+	mailplanetest.WaitFor(t, 30*time.Second, 20*time.Millisecond, "the broker process listening", func() error {
+		b, err := os.ReadFile(file)
+		if err != nil || len(b) == 0 {
+			return fmt.Errorf("no address yet (%v); output: %s", err, out.String())
+		}
+		addrs = strings.Split(string(b), ",")
+		return nil
+	})
+	return brokerProc{cmd: cmd, addrs: addrs}
+}
+
 // movedBetween marks the mailboxes whose owner differs between a and b.
 func movedBetween(a, b []int8) []bool {
 	out := make([]bool, len(a))
@@ -407,12 +444,8 @@ func BenchmarkFleetRehearsal(b *testing.B) {
 	hotPct := envInt("MAILPLANE_REHEARSAL_HOT_PERCENT", 2)
 	t.Logf("rehearsal: %d mailboxes, runner %s, connect rate %d/s per worker, session %s, nofile %d", n, runner, rate, session, raiseNoFile())
 
-	emb, err := kafka.StartEmbedded(kafka.WithPort(0), kafka.WithKfakeOptions(kfake.GroupMinSessionTimeout(100*time.Millisecond)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emb.Close)
-	kcfg := kafka.Config{Brokers: emb.Addrs()}
+	broker := startBroker(t)
+	kcfg := kafka.Config{Brokers: broker.addrs}
 	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -475,7 +508,7 @@ func BenchmarkFleetRehearsal(b *testing.B) {
 	}
 	t.Logf("%d mailbox.state records produced", n)
 
-	r := &rehearsal{t: t, n: n, brokers: kcfg.Brokers, dbURL: db.URL, pool: db.Pool, dir: t.TempDir(), srv: srv,
+	r := &rehearsal{t: t, n: n, brokers: kcfg.Brokers, broker: broker.cmd, dbURL: db.URL, pool: db.Pool, dir: t.TempDir(), srv: srv,
 		samples: make(chan loginSample, 1<<16)}
 	r.env = append(os.Environ(),
 		envBrokers+"="+strings.Join(kcfg.Brokers, ","),

@@ -28,8 +28,10 @@ type lightServer struct {
 	logins   []atomic.Int32 // by user index
 	total    atomic.Int64
 	sessions atomic.Int64 // open now
-	idling   atomic.Int64
-	refused  atomic.Int64 // logins with a wrong user or password
+	// peakSessions is the most sessions open at once.
+	peakSessions atomic.Int64
+	idling       atomic.Int64
+	refused      atomic.Int64 // logins with a wrong user or password
 }
 
 func startLightServer(t testing.TB, n int) *lightServer {
@@ -37,7 +39,9 @@ func startLightServer(t testing.TB, n int) *lightServer {
 	s := &lightServer{logins: make([]atomic.Int32, n)}
 	s.srv = imapserver.New(&imapserver.Options{
 		NewSession: func(*imapserver.Conn) (imapserver.Session, *imapserver.GreetingData, error) {
-			s.sessions.Add(1)
+			open := s.sessions.Add(1)
+			for peak := s.peakSessions.Load(); open > peak && !s.peakSessions.CompareAndSwap(peak, open); peak = s.peakSessions.Load() {
+			}
 			return &lightSession{s: s, user: -1}, nil, nil
 		},
 		Caps:         imap.CapSet{imap.CapIMAP4rev1: {}, imap.CapSpecialUse: {}},

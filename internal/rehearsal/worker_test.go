@@ -15,12 +15,14 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/imapsync"
@@ -32,6 +34,7 @@ import (
 // Environment of a sync worker process of the rehearsal.
 const (
 	envWorker   = "MAILPLANE_REHEARSAL_WORKER" // "1": be a sync worker
+	envBroker   = "MAILPLANE_REHEARSAL_BROKER" // a file: be the broker, its address written there
 	envBrokers  = "MAILPLANE_REHEARSAL_BROKERS"
 	envDB       = "MAILPLANE_REHEARSAL_DATABASE_URL"
 	envID       = "MAILPLANE_REHEARSAL_ID"
@@ -361,4 +364,23 @@ func servePprof(file string) {
 	}
 	writeAtomic(file, []byte(ln.Addr().String()))
 	go func() { _ = http.Serve(ln, nil) }()
+}
+
+// brokerMain is the rehearsal's broker process: the embedded kfake broker
+// in a process of its own, as a broker is in production, so that its
+// sockets and CPU are not the IMAP server's (at 100,000 mailboxes the
+// login wave filled the parent's file table and the broker stopped
+// accepting connections). It runs until SIGTERM.
+func brokerMain(addrFile string) {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	raiseNoFile()
+	emb, err := kafka.StartEmbedded(kafka.WithPort(0), kafka.WithKfakeOptions(kfake.GroupMinSessionTimeout(100*time.Millisecond)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	writeAtomic(addrFile, []byte(strings.Join(emb.Addrs(), ",")))
+	<-ctx.Done()
+	emb.Close()
+	os.Exit(0)
 }

@@ -19,7 +19,7 @@ import (
 type syncFlags struct {
 	workerID                                                      *string
 	session, heartbeat, warm, cold, grace, hotActivity, coldAfter *time.Duration
-	budget, connectRate                                           *int
+	budget, connectRate, pollsInFlight                            *int
 	runner, caFile, warmupHeader, warmupKey, imapAllow            *string
 	disableAfter                                                  *time.Duration
 	oauth                                                         func() map[domain.Provider]imapsync.OAuthClient
@@ -30,7 +30,8 @@ func registerSyncFlags(fs *flag.FlagSet) *syncFlags {
 		workerID: config.SyncWorkerID.String(fs), session: config.SyncSession.Duration(fs), heartbeat: config.SyncHeartbeat.Duration(fs),
 		warm: config.PollWarm.Duration(fs), cold: config.PollCold.Duration(fs), grace: config.SessionGrace.Duration(fs),
 		hotActivity: config.HotActivity.Duration(fs), coldAfter: config.ColdAfter.Duration(fs), budget: config.HotBudget.Int(fs), connectRate: config.ConnectRate.Int(fs),
-		runner: config.SyncRunner.String(fs), caFile: config.IMAPCAFile.String(fs), disableAfter: config.IMAPDisableAfter.Duration(fs),
+		pollsInFlight: config.PollsInFlight.Int(fs),
+		runner:        config.SyncRunner.String(fs), caFile: config.IMAPCAFile.String(fs), disableAfter: config.IMAPDisableAfter.Duration(fs),
 		warmupHeader: config.WarmupHeader.String(fs), warmupKey: config.WarmupKey.String(fs), oauth: oauthFlags(fs),
 		imapAllow: config.IMAPAllow.String(fs),
 	}
@@ -57,6 +58,7 @@ func (f *syncFlags) config() mailsync.Config {
 	c.TierSessionGrace, c.TierHotActivity, c.TierColdAfter = *f.grace, *f.hotActivity, *f.coldAfter
 	c.HotBudgetPerWorker = *f.budget
 	c.ConnectRatePerHost, c.ConnectBurstPerHost = float64(*f.connectRate), max(*f.connectRate, 1)
+	c.PollsInFlight = *f.pollsInFlight
 	return c
 }
 
