@@ -81,8 +81,8 @@ type Config struct {
 	ConnectRatePerHost  float64
 	ConnectBurstPerHost int
 	// PollsInFlight bounds the warm and cold polls the worker runs at once
-	// (Job.PollSlot; MAILPLANE_SYNC_POLLS_IN_FLIGHT, default 256); less
-	// than 0: unbounded.
+	// on one IMAP host (Job.PollSlot; MAILPLANE_SYNC_POLLS_IN_FLIGHT,
+	// default 256); less than 0: unbounded.
 	PollsInFlight int
 
 	// RestartBackoff and RestartMaxBackoff pace the restart of a runner

@@ -82,34 +82,63 @@ func (p *hostPacer) pruneLocked(now time.Time) {
 	}
 }
 
-// pollSlots bounds the polls a worker runs at once. The connection pacing
-// bounds how fast polls start, not how many are open: when the runners'
-// store is slower than the pace (a cold start of 25,000 mailboxes per
-// worker, each first poll writing its cursors), polls that started keep
-// their IMAP connections open while they wait, and at 100,000 mailboxes
-// four workers held 10,000 connections each, filling the IMAP server's
-// file table (BENCHMARKS.md, "Fleet rehearsal"). Slots are handed out first
-// come, first served.
+// pollSlots bounds the polls a worker runs at once on each IMAP host. The
+// connection pacing bounds how fast polls start, not how many are open:
+// when the runners' store is slower than the pace (a cold start of 25,000
+// mailboxes per worker, each first poll writing its cursors), polls that
+// started keep their IMAP connections open while they wait, and at 100,000
+// mailboxes four workers held 10,000 connections each, filling the IMAP
+// server's file table (BENCHMARKS.md, "Fleet rehearsal"). The bound is per
+// host, like the pacing and like the connection limits providers set per
+// client: a host that does not answer holds only its own mailboxes' slots.
+// Slots are handed out first come, first served.
 type pollSlots struct {
-	sem *semaphore.Weighted // nil: unbounded
+	n int64 // per host; <= 0: unbounded
+
+	mu    sync.Mutex
+	hosts map[string]*hostSlots
 }
 
-func newPollSlots(n int) pollSlots {
-	if n <= 0 {
-		return pollSlots{}
-	}
-	return pollSlots{sem: semaphore.NewWeighted(int64(n))}
+type hostSlots struct {
+	sem   *semaphore.Weighted
+	users int // holding or waiting: the entry goes with the last
 }
 
-// acquire waits for a slot; release gives it back (once, however often it
-// is called).
-func (p pollSlots) acquire(ctx context.Context) (release func(), err error) {
-	if p.sem == nil {
+func newPollSlots(n int) *pollSlots {
+	return &pollSlots{n: int64(n), hosts: map[string]*hostSlots{}}
+}
+
+// acquire waits for a slot of host; release gives it back (once, however
+// often it is called).
+func (p *pollSlots) acquire(ctx context.Context, host string) (release func(), err error) {
+	if p == nil || p.n <= 0 {
 		return func() {}, ctx.Err()
 	}
-	if err := p.sem.Acquire(ctx, 1); err != nil {
+	host = strings.ToLower(host)
+	p.mu.Lock()
+	h := p.hosts[host]
+	if h == nil {
+		h = &hostSlots{sem: semaphore.NewWeighted(p.n)}
+		p.hosts[host] = h
+	}
+	h.users++
+	p.mu.Unlock()
+	leave := func() {
+		p.mu.Lock()
+		if h.users--; h.users == 0 {
+			delete(p.hosts, host)
+		}
+		p.mu.Unlock()
+	}
+	if err := h.sem.Acquire(ctx, 1); err != nil {
+		leave()
 		return func() {}, err
 	}
 	var once sync.Once
-	return func() { once.Do(func() { p.sem.Release(1) }) }, nil
+	return func() {
+		once.Do(func() {
+			h.sem.Release(1)
+			leave()
+		})
+	}, nil
 }

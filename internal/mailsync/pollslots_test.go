@@ -9,9 +9,9 @@ import (
 	"time"
 )
 
-// TestPollSlots: at most n polls hold a slot at once, slots go first come
-// first served, a release counts once however often it is called, and a
-// poll whose context ends while it waits takes no slot.
+// TestPollSlots: at most n polls of a host hold a slot at once, a release
+// counts once however often it is called, a poll whose context ends while
+// it waits takes no slot, and hosts do not share slots.
 func TestPollSlots(t *testing.T) {
 	t.Parallel()
 	slots := newPollSlots(3)
@@ -21,7 +21,9 @@ func TestPollSlots(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 40 {
 		wg.Go(func() {
-			release, err := (&Job{polls: slots}).PollSlot(ctx)
+			job := &Job{polls: slots}
+			job.Mailbox.IMAP.Host = "imap.example.com"
+			release, err := job.PollSlot(ctx)
 			if err != nil {
 				t.Error(err)
 				return
@@ -43,7 +45,7 @@ func TestPollSlots(t *testing.T) {
 	// All three taken: a fourth waits, and gives up with its context.
 	var releases []func()
 	for range 3 {
-		r, err := slots.acquire(ctx)
+		r, err := slots.acquire(ctx, "IMAP.example.com")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -51,24 +53,35 @@ func TestPollSlots(t *testing.T) {
 	}
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer cancel()
-	if _, err := slots.acquire(wctx); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := slots.acquire(wctx, "imap.example.com"); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a fourth poll got %v, want to wait until its deadline", err)
 	}
 	// The one that gave up took nothing: one release makes room for one.
 	releases[0]()
 	releases[0]()
-	r, err := slots.acquire(ctx)
+	r, err := slots.acquire(ctx, "IMAP.example.com")
 	if err != nil {
 		t.Fatal(err)
 	}
 	tctx, tcancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer tcancel()
-	if _, err := slots.acquire(tctx); err == nil {
+	if _, err := slots.acquire(tctx, "imap.example.com"); err == nil {
 		t.Fatal("a double release made room for two polls")
 	}
+	// Another host has slots of its own.
+	o, err := slots.acquire(ctx, "imap.other.example")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o()
 	r()
 	for _, r := range releases[1:] {
 		r()
+	}
+	slots.mu.Lock()
+	defer slots.mu.Unlock()
+	if len(slots.hosts) != 0 {
+		t.Fatalf("%d hosts still kept with no poll on them", len(slots.hosts))
 	}
 }
 
@@ -77,7 +90,7 @@ func TestPollSlotsUnbounded(t *testing.T) {
 	t.Parallel()
 	slots := newPollSlots(-1)
 	for range 1000 {
-		if _, err := slots.acquire(context.Background()); err != nil {
+		if _, err := slots.acquire(context.Background(), "imap.example.com"); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -53,7 +53,7 @@ type Job struct {
 
 	box    *tierBox
 	pacer  *hostPacer
-	polls  pollSlots
+	polls  *pollSlots
 	report func(newest time.Time, known bool)
 }
 
@@ -81,14 +81,15 @@ func (j *Job) PaceConnect(ctx context.Context) error {
 	return j.pacer.wait(ctx, j.Mailbox.IMAP.Host)
 }
 
-// PollSlot waits for one of the worker's poll slots (Config.PollsInFlight)
-// and returns its release. A warm or cold poll holds one from before it
-// reads its cursors until its connection is closed, so that a worker never
-// holds more poll connections open than it can finish; a hot mailbox's
-// long-lived IDLE connection takes none. Call release once the poll's
-// connection is closed; calling it again does nothing.
+// PollSlot waits for one of the worker's poll slots of the mailbox's IMAP
+// host (Config.PollsInFlight) and returns its release. A warm or cold poll
+// holds one from before it reads its cursors until its connection is
+// closed, so that a worker never holds more poll connections open on a
+// host than it can finish; a hot mailbox's long-lived IDLE connection takes
+// none. Call release once the poll's connection is closed; calling it again
+// does nothing.
 func (j *Job) PollSlot(ctx context.Context) (release func(), err error) {
-	return j.polls.acquire(ctx)
+	return j.polls.acquire(ctx, j.Mailbox.IMAP.Host)
 }
 
 // ReportNewestMail tells the worker the internal date of the newest message

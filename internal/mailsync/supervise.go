@@ -26,7 +26,7 @@ import (
 type supervisor struct {
 	runner              Runner
 	pacer               *hostPacer
-	polls               pollSlots
+	polls               *pollSlots
 	log                 *slog.Logger
 	m                   *metrics
 	backoff, maxBackoff time.Duration
