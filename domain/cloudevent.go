@@ -256,14 +256,42 @@ type structured struct {
 // validation are all returned together. Plain credentials in mailbox.added
 // data are kept for the caller to seal; Validate reports them if it does not.
 func ParseStructured(raw []byte, now time.Time, seal SealFunc) (Event, Problems) {
+	c, ps := ParseChecked(raw, now, seal)
+	return c.ev, ps
+}
+
+// ParseChecked is ParseStructured, the event returned as Checked: the
+// ingest API hands it to the producer, which then does not validate it
+// again.
+func ParseChecked(raw []byte, now time.Time, seal SealFunc) (Checked, Problems) {
 	if a, d, ok := parseStructuredFast(raw); ok {
 		return fromAttributes(a, func() (Data, Problems) { return d, nil }, now, seal, nil)
 	}
 	a, data, ps := parseEnvelope(raw)
 	if len(ps) > 0 {
-		return Event{}, ps
+		return Checked{}, ps
 	}
-	return FromAttributes(a, data, now, seal, &ps)
+	return FromAttributesChecked(a, data, now, seal, &ps)
+}
+
+// Checked is an event that passed ValidateAt (its plain credentials sealed
+// first, when it was parsed with a SealFunc). Only this package makes one
+// (Event.Check, ParseChecked, FromAttributesChecked), so holding a Checked
+// is proof of the check, not a flag a caller sets: the producer encodes it
+// without validating it again (producer.Client.PrepareChecked). Its data is
+// the event's own pointer: whoever changes it after the check must build
+// the event again and check it again.
+type Checked struct{ ev Event }
+
+// Event returns the checked event.
+func (c Checked) Event() Event { return c.ev }
+
+// Check runs ValidateAt on e; without problems, e is returned as Checked.
+func (e Event) Check(now time.Time) (Checked, Problems) {
+	if ps := e.ValidateAt(now); len(ps) > 0 {
+		return Checked{}, ps
+	}
+	return Checked{ev: e}, nil
 }
 
 // parseStructuredFast reads the plain form of a structured-mode CloudEvent
@@ -482,12 +510,18 @@ type SealFunc func(plain, aad []byte) (SealedSecret, error)
 // plain ones are checked and sealed before validation (SealData), so the
 // event returned carries only the sealed form. prior problems are included.
 func FromAttributes(a Attributes, data []byte, now time.Time, seal SealFunc, prior *Problems) (Event, Problems) {
+	c, ps := FromAttributesChecked(a, data, now, seal, prior)
+	return c.ev, ps
+}
+
+// FromAttributesChecked is FromAttributes, the event returned as Checked.
+func FromAttributesChecked(a Attributes, data []byte, now time.Time, seal SealFunc, prior *Problems) (Checked, Problems) {
 	return fromAttributes(a, func() (Data, Problems) { return DecodeData(a.Type, data, true) }, now, seal, prior)
 }
 
 // fromAttributes is FromAttributes with the data's strict decoding given
 // as decode, which runs when a's type is registered.
-func fromAttributes(a Attributes, decode func() (Data, Problems), now time.Time, seal SealFunc, prior *Problems) (Event, Problems) {
+func fromAttributes(a Attributes, decode func() (Data, Problems), now time.Time, seal SealFunc, prior *Problems) (Checked, Problems) {
 	var ps Problems
 	if prior != nil {
 		ps = *prior
@@ -504,7 +538,7 @@ func fromAttributes(a Attributes, decode func() (Data, Problems), now time.Time,
 					ps = append(ps, p)
 				}
 			}
-			return Event{}, append(ps, dps...)
+			return Checked{}, append(ps, dps...)
 		}
 		ev.Data = d
 		var sps Problems
@@ -515,17 +549,17 @@ func fromAttributes(a Attributes, decode func() (Data, Problems), now time.Time,
 			sps = SealData(d, seal)
 		}
 		if len(sps) > 0 {
-			return Event{}, append(ps, sps.Prefixed("data")...)
+			return Checked{}, append(ps, sps.Prefixed("data")...)
 		}
 	}
 	ps = append(ps, ev.ValidateAt(now)...)
 	if len(ps) > 0 {
-		return Event{}, ps
+		return Checked{}, ps
 	}
 	if ev.Subject == "" {
 		ev.Subject = ev.Data.AggregateID()
 	}
-	return ev, nil
+	return Checked{ev: ev}, nil
 }
 
 // envelope checks the context attributes every CloudEvent carries and

@@ -3,6 +3,8 @@ package producer_test
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -74,15 +76,26 @@ func BenchmarkRawProduce(b *testing.B) {
 
 // BenchmarkPublishType measures the typed client per event type in batches
 // of 1,000: mailbox.added with plain credentials (sealed by the client)
-// beside user.active, both with the schema validator as the CLI's
-// publish wires it; then the broker limit in the same run: the same
-// mailbox.added records, sealed and encoded once, produced with kgo.
+// beside user.active, without and with the schema validator
+// (producer.WithSchema, a second opinion beside the Go validation); then
+// the broker limit in the same run: the same mailbox.added records, sealed
+// and encoded once, produced with kgo.
 //
 //	go test ./producer/ -run '^$' -bench PublishType -benchtime 50x
-func BenchmarkPublishType(b *testing.B) {
+func BenchmarkPublishType(b *testing.B) { benchPublishType(b, 1) }
+
+// BenchmarkPublishTypeConcurrent is BenchmarkPublishType with four
+// goroutines publishing at once on one client (and four producing, for the
+// limit), so both cores have work while a batch waits for its acks.
+//
+//	go test ./producer/ -run '^$' -bench PublishTypeConcurrent -benchtime 60x
+func BenchmarkPublishTypeConcurrent(b *testing.B) { benchPublishType(b, 4) }
+
+func benchPublishType(b *testing.B, clients int) {
 	kc, kcfg := newBroker(b)
 	k := testKeyring(b)
-	c := producer.New(kc, producer.WithSealer(k), producer.WithSchema(eventschema.Default()), producer.WithNamespace(kcfg.Namespace))
+	plain := producer.New(kc, producer.WithSealer(k), producer.WithNamespace(kcfg.Namespace))
+	schema := producer.New(kc, producer.WithSealer(k), producer.WithSchema(eventschema.Default()), producer.WithNamespace(kcfg.Namespace))
 	added := func(i int) domain.Data {
 		m := mailboxAdded()
 		m.MailboxID = fmt.Sprintf("0190a5b2-0000-7000-8000-%012x", i)
@@ -94,47 +107,72 @@ func BenchmarkPublishType(b *testing.B) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name string
+		c    *producer.Client
 		data func(int) domain.Data
-	}{{"mailbox.added", added}, {"user.active", active}} {
+	}{
+		{"mailbox.added", plain, added}, {"user.active", plain, active},
+		{"mailbox.added+schema", schema, added}, {"user.active+schema", schema, active},
+	} {
 		b.Run(tc.name, func(b *testing.B) {
-			cpu := cpuClock()
-			for b.Loop() {
+			runClients(b, clients, func() error {
 				// Fresh data each round: Publish seals in place.
 				evs := make([]domain.Event, benchBatch)
 				for i := range evs {
-					evs[i] = c.NewEvent(tc.data(i))
+					evs[i] = tc.c.NewEvent(tc.data(i))
 				}
-				if _, err := c.Publish(ctx, evs...); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.ReportMetric(float64(b.N*benchBatch)/b.Elapsed().Seconds(), "events/s")
-			b.ReportMetric(float64((cpuClock()-cpu).Microseconds())/float64(b.N*benchBatch), "cpu-us/event")
+				_, err := tc.c.Publish(ctx, evs...)
+				return err
+			})
 		})
 	}
 	b.Run("limit/raw-produce", func(b *testing.B) {
 		evs := make([]domain.Event, benchBatch)
 		for i := range evs {
-			evs[i] = c.NewEvent(added(i))
+			evs[i] = plain.NewEvent(added(i))
 		}
-		recs, err := c.Prepare(evs)
+		recs, err := plain.Prepare(evs)
 		if err != nil {
 			b.Fatal(err)
 		}
-		cpu := cpuClock()
-		for b.Loop() {
+		runClients(b, clients, func() error {
 			batch := make([]*kgo.Record, len(recs))
 			for i, r := range recs {
 				cp := *r
 				batch[i] = &cp
 			}
-			if err := kc.ProduceSync(ctx, batch...).FirstErr(); err != nil {
-				b.Fatal(err)
-			}
-		}
-		b.ReportMetric(float64(b.N*benchBatch)/b.Elapsed().Seconds(), "events/s")
-		b.ReportMetric(float64((cpuClock()-cpu).Microseconds())/float64(b.N*benchBatch), "cpu-us/event")
+			return kc.ProduceSync(ctx, batch...).FirstErr()
+		})
 	})
+}
+
+// runClients runs b.N calls of call (each a batch of benchBatch events)
+// from clients goroutines at once and reports events/s and CPU per event.
+func runClients(b *testing.B, clients int, call func() error) {
+	var next atomic.Int64
+	errs := make(chan error, clients)
+	b.ResetTimer()
+	cpu := cpuClock()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Go(func() {
+			for next.Add(1) <= int64(b.N) {
+				if err := call(); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed, used := time.Since(start), cpuClock()-cpu
+	b.StopTimer()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.N*benchBatch)/elapsed.Seconds(), "events/s")
+	b.ReportMetric(float64(used.Microseconds())/float64(b.N*benchBatch), "cpu-us/event")
 }
 
 // cpuClock reads the process's CPU time (user and system): on a shared

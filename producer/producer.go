@@ -57,7 +57,11 @@ type Option func(*Client)
 func WithSealer(s Sealer) Option { return func(c *Client) { c.sealer = s } }
 
 // WithSchema also validates each event's data against its JSON Schema, the
-// contract with consumers, after Go validation.
+// contract with consumers, after Go validation: a second opinion. It is off
+// by default: the domain's Go validation is the authority, and the schemas
+// are held to agree with it by tests (internal/eventschema), so it refuses
+// nothing the Go validation lets through, at about the cost of the rest of
+// Prepare (BENCHMARKS.md, "Ingest").
 func WithSchema(v SchemaValidator) Option { return func(c *Client) { c.schema = v } }
 
 // WithNamespace publishes into the topics of namespace ns (the
@@ -110,50 +114,85 @@ func (c *Client) NewEvent(d domain.Data) domain.Event {
 // Prepare seals and validates events and encodes them as records. It is
 // all-or-nothing: on any problem it returns a *BatchError listing every
 // problem of every event, and no records. Unlike Publish it passes sealed
-// credentials through: it is for callers that sealed them (the ingest API
-// after parsing a producer's request with domain.FromAttributes).
+// credentials through: it is for callers that sealed them.
 func (c *Client) Prepare(events []domain.Event) ([]*kgo.Record, error) {
 	recs := make([]*kgo.Record, len(events))
 	var be BatchError
 	for i := range events {
 		e := &events[i]
-		var seal domain.SealFunc
-		if c.sealer != nil {
-			seal = c.sealer.Seal
-		}
-		if ps := domain.SealData(e.Data, seal); len(ps) > 0 {
+		if ps := domain.SealData(e.Data, c.seal()); len(ps) > 0 {
 			be.add(i, ps.Prefixed("data"))
 			continue
 		}
 		if e.Subject == "" && e.Data != nil {
 			e.Subject = e.Data.AggregateID()
 		}
-		if ps := e.ValidateAt(c.now()); len(ps) > 0 {
+		chk, ps := e.Check(c.now())
+		if len(ps) == 0 {
+			recs[i], ps = c.encode(chk)
+		}
+		if len(ps) > 0 {
 			be.add(i, ps)
-			continue
 		}
-		// Validated just above; EncodeTo skips Encode's second validation.
-		topic, err := topics.ForType(e.Type)
-		var r *kgo.Record
-		if err == nil {
-			r, err = topics.EncodeTo(c.ns.Topic(topic), *e)
-		}
-		if err != nil {
-			be.add(i, domain.Problems{{Code: domain.ErrorCode(err), Message: err.Error()}})
-			continue
-		}
-		if c.schema != nil {
-			if ps := c.schema.Validate(e.Type, r.Value); len(ps) > 0 {
-				be.add(i, ps)
-				continue
-			}
-		}
-		recs[i] = r
 	}
 	if len(be.Events) > 0 {
 		return nil, &be
 	}
 	return recs, nil
+}
+
+// PrepareChecked is Prepare for events the domain has validated already
+// (the ingest API's, parsed with domain.ParseChecked): it encodes them
+// (and runs the schema validator, if the client has one) without
+// validating them a second time. Nothing else makes a domain.Checked, so
+// an event built by a Go caller goes through Prepare and its check.
+func (c *Client) PrepareChecked(events []domain.Checked) ([]*kgo.Record, error) {
+	recs := make([]*kgo.Record, len(events))
+	var be BatchError
+	for i, chk := range events {
+		// Idempotent on checked data (sealed already): it only repeats
+		// the endpoint rule Prepare applies with this client's sealer.
+		if ps := domain.SealData(chk.Event().Data, c.seal()); len(ps) > 0 {
+			be.add(i, ps.Prefixed("data"))
+			continue
+		}
+		var ps domain.Problems
+		if recs[i], ps = c.encode(chk); len(ps) > 0 {
+			be.add(i, ps)
+		}
+	}
+	if len(be.Events) > 0 {
+		return nil, &be
+	}
+	return recs, nil
+}
+
+func (c *Client) seal() domain.SealFunc {
+	if c.sealer == nil {
+		return nil
+	}
+	return c.sealer.Seal
+}
+
+// encode turns a checked event into its record, and runs the schema
+// validator on the data as it will be produced, when the client has one.
+func (c *Client) encode(chk domain.Checked) (*kgo.Record, domain.Problems) {
+	e := chk.Event()
+	// Checked already; EncodeTo skips Encode's second validation.
+	topic, err := topics.ForType(e.Type)
+	var r *kgo.Record
+	if err == nil {
+		r, err = topics.EncodeTo(c.ns.Topic(topic), e)
+	}
+	if err != nil {
+		return nil, domain.Problems{{Code: domain.ErrorCode(err), Message: err.Error()}}
+	}
+	if c.schema != nil {
+		if ps := c.schema.Validate(e.Type, r.Value); len(ps) > 0 {
+			return nil, ps
+		}
+	}
+	return r, nil
 }
 
 // Publish validates every event and, only if all are valid, produces them

@@ -142,8 +142,9 @@ func ReadBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 	if r.ContentLength > limit {
 		return nil, domain.Errorf(domain.CodeTooLarge, "request body is larger than %d bytes", limit)
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	body, err := readAll(http.MaxBytesReader(w, r.Body, limit), r.ContentLength)
 	if err != nil {
+		clear(body) // it may hold plain credentials
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return nil, domain.Errorf(domain.CodeTooLarge, "request body is larger than %d bytes", limit)
@@ -151,6 +152,31 @@ func ReadBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 		return nil, domain.Errorf(domain.CodeMalformedJSON, "request body could not be read")
 	}
 	return body, nil
+}
+
+// readAll is io.ReadAll into a buffer sized for the declared length (size,
+// -1 when unknown): a batch is read without growing its buffer a dozen
+// times, which copied and cleared it each time (7% of ingest's CPU) and
+// left the copies, plain credentials and all, to the garbage collector
+// unwiped. Grown buffers are wiped before they are dropped.
+func readAll(r io.Reader, size int64) ([]byte, error) {
+	size = max(size, 0)                    // ReadBody refused a declared length past its limit
+	b := make([]byte, 0, max(size+1, 512)) // +1: room to see EOF without growing
+	for {
+		if len(b) == cap(b) {
+			old := b
+			b = append(b, 0)[:len(b)]
+			clear(old)
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
 }
 
 // DecodeJSON reads a JSON object body of at most limit bytes into v,

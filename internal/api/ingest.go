@@ -40,6 +40,7 @@ const (
 // item is one event of a request on its way through ingestion.
 type item struct {
 	ev       domain.Event
+	chk      domain.Checked // ev, as the domain checked it; set when problems is empty
 	rec      *kgo.Record
 	problems domain.Problems
 	id       string // as read, for problems and duplicate detection
@@ -202,9 +203,9 @@ func (s *Server) rejectRequest(w http.ResponseWriter, code domain.Code, msg stri
 }
 
 func (s *Server) parseStructured(raw []byte, now time.Time) item {
-	ev, ps := domain.ParseStructured(raw, now, s.seal)
+	chk, ps := domain.ParseChecked(raw, now, s.seal)
 	if len(ps) == 0 {
-		return item{ev: ev, id: ev.ID, typ: ev.Type}
+		return checkedItem(chk)
 	}
 	it := item{problems: s.dropSealable(ps)}
 	it.id, it.typ = peek(raw)
@@ -428,7 +429,7 @@ func (s *Server) parseBinary(h http.Header, body []byte, now time.Time) item {
 		Source: vals["source"], Time: vals["time"], Subject: vals["subject"],
 		DataSchema: vals["dataschema"], Extensions: ext,
 	}
-	ev, eps := domain.FromAttributes(a, body, now, s.seal, nil)
+	chk, eps := domain.FromAttributesChecked(a, body, now, s.seal, nil)
 	eps = s.dropSealable(eps)
 	// Name envelope problems after the headers the client sent.
 	for _, p := range eps {
@@ -457,7 +458,12 @@ func (s *Server) parseBinary(h http.Header, body []byte, now time.Time) item {
 	if len(ps) > 0 {
 		return item{problems: ps, id: id, typ: typ}
 	}
-	return item{ev: ev, id: ev.ID, typ: ev.Type}
+	return checkedItem(chk)
+}
+
+func checkedItem(chk domain.Checked) item {
+	ev := chk.Event()
+	return item{ev: ev, chk: chk, id: ev.ID, typ: ev.Type}
 }
 
 // binaryExtensions reads the extension attributes of a binary-mode
@@ -533,8 +539,10 @@ func markDuplicates(items []item) {
 	}
 }
 
-// prepare encodes every valid event (Prepare re-validates it) and runs the
-// schema validator on the data exactly as it will be produced. Events with
+// prepare encodes every valid event (checked by the domain when it was
+// parsed, so the producer does not validate it again) and, when the server
+// has one, runs the schema validator on the data exactly as it will be
+// produced. Events with
 // problems are skipped, but every valid event is checked, so the client
 // learns of every problem in one round trip. The error is for failures
 // that are not the client's (e.g. sealing failed).
@@ -553,7 +561,10 @@ func (s *Server) prepare(items []item) error {
 				continue
 			}
 		}
-		recs, err := s.prod.Prepare([]domain.Event{it.ev})
+		if it.chk.Event().Data == nil {
+			return errors.New("an event without problems was not checked")
+		}
+		recs, err := s.prod.PrepareChecked([]domain.Checked{it.chk})
 		var be *producer.BatchError
 		switch {
 		case errors.As(err, &be):
@@ -744,10 +755,10 @@ func (s *Server) Publish(w http.ResponseWriter, r *http.Request, events ...domai
 		it := item{id: ev.ID, typ: typeLabel(ev.Type)}
 		if ps := domain.SealData(ev.Data, s.seal); len(ps) > 0 {
 			it.problems = ps.Prefixed("data")
-		} else if ps := ev.ValidateAt(s.cfg.now()); len(ps) > 0 {
+		} else if chk, ps := ev.Check(s.cfg.now()); len(ps) > 0 {
 			it.problems = ps
 		} else {
-			it.ev = ev
+			it = checkedItem(chk)
 		}
 		items[i] = it
 	}

@@ -59,9 +59,11 @@ type Authenticator interface {
 // Producer validates, encodes and produces events; *producer.Client is one
 // (built on a kgo client with kafka.ProducerOptions: idempotent, acks=all).
 type Producer interface {
-	// Prepare seals, validates and encodes events, all or nothing; invalid
-	// events are reported as a *producer.BatchError.
-	Prepare(events []domain.Event) ([]*kgo.Record, error)
+	// PrepareChecked encodes events the domain has checked, all or
+	// nothing, without validating them again; problems (a schema
+	// validator's, the endpoint rule of its sealer) are reported as a
+	// *producer.BatchError.
+	PrepareChecked(events []domain.Checked) ([]*kgo.Record, error)
 	// ProduceRecords produces prepared records and waits for their acks.
 	ProduceRecords(ctx context.Context, events []domain.Event, recs []*kgo.Record) ([]producer.Receipt, error)
 }
@@ -175,7 +177,13 @@ func WithTransportPolicy(p domain.TransportPolicy) Option {
 }
 
 // WithSchemaValidator adds JSON Schema validation of every event's data,
-// after Go validation and sealing.
+// after Go validation and sealing: a second opinion, which the api role
+// does not wire. The domain's Go validation is the authority at ingest and
+// the schemas are held to agree with it by tests (internal/eventschema:
+// the agreement tests and FuzzSchemaAgreement; FuzzIngestSchemaAgrees
+// here, on the records ingest produces), so it would refuse nothing the
+// Go validation accepts, at a third of the ingest's CPU for mailbox.added
+// (BENCHMARKS.md, "Ingest").
 func WithSchemaValidator(v SchemaValidator) Option { return func(c *config) { c.schema = v } }
 
 // WithBrokerCheck sets the broker health check (a *kgo.Client).

@@ -326,7 +326,7 @@ func deepCopy(m map[string]any) map[string]any {
 // nopProducer is an api.Producer for tests that never produce.
 type nopProducer struct{}
 
-func (nopProducer) Prepare([]domain.Event) ([]*kgo.Record, error) {
+func (nopProducer) PrepareChecked([]domain.Checked) ([]*kgo.Record, error) {
 	return nil, errors.New("nopProducer: not for producing")
 }
 

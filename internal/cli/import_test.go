@@ -27,7 +27,6 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/access"
 	"github.com/mailplane/mailplane/internal/api"
-	"github.com/mailplane/mailplane/internal/eventschema"
 	"github.com/mailplane/mailplane/internal/importer"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
@@ -43,8 +42,9 @@ const (
 	importSecret = "Imp0rt-S3cret-hunter2-PLUGH"
 )
 
-// importAPI is a real ingest API (as the api role wires it: sealing,
-// schema validation) on loopback, backed by an in-process broker.
+// importAPI is a real ingest API (as the api role wires it: sealing, the
+// domain's validation, no schema validator) on loopback, backed by an
+// in-process broker.
 type importAPI struct {
 	base    string
 	brokers []string
@@ -76,7 +76,6 @@ func startImportAPI(t testing.TB) *importAPI {
 	reg := prometheus.NewRegistry()
 	srv, err := api.New(producer.New(kc, producer.WithSealer(k), producer.WithRegisterer(reg), producer.WithNamespace(kcfg.Namespace)),
 		api.WithAuthenticator(auth), api.WithSealer(k), api.WithRegisterer(reg),
-		api.WithSchemaValidator(eventschema.Default()),
 		api.WithLogger(slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))),
 		api.WithDatabaseCheck(func(context.Context) error { return nil }), api.WithBrokerCheck(kc))
 	if err != nil {

@@ -47,7 +47,7 @@ func (c *clock) add(d time.Duration) {
 
 type nopProducer struct{}
 
-func (nopProducer) Prepare([]domain.Event) ([]*kgo.Record, error) { return nil, nil }
+func (nopProducer) PrepareChecked([]domain.Checked) ([]*kgo.Record, error) { return nil, nil }
 func (nopProducer) ProduceRecords(context.Context, []domain.Event, []*kgo.Record) ([]producer.Receipt, error) {
 	return nil, nil
 }

@@ -246,7 +246,7 @@ func (f *fakeStore) count() int {
 // nopProducer is an api.Producer for tests that never produce.
 type nopProducer struct{}
 
-func (nopProducer) Prepare([]domain.Event) ([]*kgo.Record, error) {
+func (nopProducer) PrepareChecked([]domain.Checked) ([]*kgo.Record, error) {
 	return nil, errors.New("nopProducer: not for producing")
 }
 
