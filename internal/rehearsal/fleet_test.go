@@ -213,7 +213,20 @@ func (r *rehearsal) waitSettled(since time.Time, what string, limit time.Duratio
 	for time.Now().Before(deadline) {
 		snap, ok, w := r.settled(since)
 		if ok && (done == nil || done(snap)) {
-			return snap, time.Since(since)
+			// As of the statuses that show it, not of when the parent
+			// read them: a worker builds its status every 200 ms at most
+			// and the parent polls; the latest status's own time is when
+			// the whole was last seen to change, an upper bound on when
+			// it began to hold.
+			at := since
+			for _, st := range snap.statuses {
+				if st.At.After(at) {
+					at = st.At
+				}
+			}
+			r.t.Logf("[%s] settled as of the workers' statuses %s after it began, seen by the parent %s after",
+				what, at.Sub(since).Round(time.Millisecond), time.Since(since).Round(time.Millisecond))
+			return snap, at.Sub(since)
 		}
 		if ok {
 			w = "settled, but not done"
