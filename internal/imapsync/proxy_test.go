@@ -1,6 +1,7 @@
 package imapsync_test
 
 import (
+	"bytes"
 	"io"
 	"net"
 	"strconv"
@@ -24,9 +25,16 @@ type proxy struct {
 	active int
 	peak   int
 	total  int
+	// greetDelay holds each connection's first bytes from the server
+	// (its greeting) this long: setups then overlap.
+	greetDelay atomic.Int64 // nanoseconds
+	// settingUp counts connections whose client has not sent IDLE yet
+	// (plain-text servers only), peakSetup its largest value.
+	settingUp, peakSetup int
 }
 
 type pconn struct {
+	idled          bool // the client sent IDLE (under the proxy's mu)
 	client, server net.Conn
 	opened, ended  time.Time // ended: when the proxy saw the client hang up
 	frozen         atomic.Bool
@@ -77,6 +85,8 @@ func (p *proxy) serve() {
 		p.active++
 		p.total++
 		p.peak = max(p.peak, p.active)
+		p.settingUp++
+		p.peakSetup = max(p.peakSetup, p.settingUp)
 		p.mu.Unlock()
 		var wg sync.WaitGroup
 		wg.Add(2)
@@ -90,6 +100,9 @@ func (p *proxy) serve() {
 			p.mu.Lock()
 			delete(p.conns, c)
 			p.active--
+			if !c.idled {
+				p.settingUp--
+			}
 			p.mu.Unlock()
 		}()
 	}
@@ -108,8 +121,23 @@ func (p *proxy) pipe(c *pconn, dst, src net.Conn) {
 		}()
 	}
 	buf := make([]byte, 32<<10)
+	first := src == c.server
 	for {
 		n, err := src.Read(buf)
+		if d := p.greetDelay.Load(); first && d > 0 {
+			time.Sleep(time.Duration(d))
+		}
+		first = false
+		if n > 0 && src == c.client {
+			// Marked before it is forwarded: before the server can
+			// acknowledge the IDLE, so before the client goes on.
+			p.mu.Lock()
+			if !c.idled && bytes.Contains(buf[:n], []byte(" IDLE\r\n")) {
+				c.idled = true
+				p.settingUp--
+			}
+			p.mu.Unlock()
+		}
 		if n > 0 && !c.frozen.Load() {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
@@ -172,6 +200,14 @@ func (p *proxy) Overlap(slack time.Duration) int {
 		best = max(best, n)
 	}
 	return best
+}
+
+// SetupPeak returns the most connections open at once whose client had
+// not sent IDLE yet.
+func (p *proxy) SetupPeak() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.peakSetup
 }
 
 // Stats returns the open connections, the peak and the total accepted.

@@ -99,6 +99,15 @@ type Config struct {
 	// in between, across restarts and owners) requests the mailbox's
 	// disabling (IMAP_AUTH_DISABLE_AFTER, default 24 h).
 	DisableAfter time.Duration
+	// MaxSettingUp bounds the mailboxes setting up at once (default
+	// DefaultMaxSettingUp): from before a connection's first database read
+	// and login to its first IDLE (hot), or a whole poll (warm, cold). A
+	// worker taking over thousands of mailboxes would otherwise have them
+	// all logged in and queued on its Postgres pool at once, each with a
+	// grown stack and its first sync's garbage: that, not the IDLEs, was
+	// the memory peak (BENCHMARKS.md, "Hot mailboxes"). The per-host
+	// connect rate (mailsync) paces each server; this bounds the worker.
+	MaxSettingUp int
 	// FetchBatch is how many messages are written per fenced transaction
 	// (default 500).
 	FetchBatch int
@@ -132,6 +141,11 @@ type Config struct {
 	Now func() time.Time
 }
 
+// DefaultMaxSettingUp is Config.MaxSettingUp's default: far more than
+// the runner's Postgres pool can serve at once (4 connections on 2 cores),
+// so the bound costs no throughput, and small next to a worker's mailboxes.
+const DefaultMaxSettingUp = 128
+
 // DefaultConfig returns the defaults (without a keyring).
 func DefaultConfig() Config {
 	return Config{
@@ -145,6 +159,7 @@ func DefaultConfig() Config {
 		DisableAfter:   24 * time.Hour,
 		FetchBatch:     500,
 		FlagWindow:     500,
+		MaxSettingUp:   DefaultMaxSettingUp,
 	}
 }
 
@@ -152,6 +167,7 @@ func DefaultConfig() Config {
 // it is safe for concurrent Runs.
 type Runner struct {
 	cfg     Config
+	setup   chan struct{} // setup slots: a send takes one
 	http    *http.Client
 	rep     Reporter
 	log     *slog.Logger
@@ -188,13 +204,16 @@ func New(cfg Config) (*Runner, error) {
 	if cfg.FlagWindow <= 0 {
 		cfg.FlagWindow = d.FlagWindow
 	}
+	if cfg.MaxSettingUp <= 0 {
+		cfg.MaxSettingUp = d.MaxSettingUp
+	}
 	if cfg.WarmupHeader == "" {
 		cfg.WarmupHeader = DefaultWarmupHeader
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	r := &Runner{cfg: cfg, http: cfg.HTTP, rep: cfg.Reporter, log: cfg.Logger, metrics: newMetrics(cfg.Registerer)}
+	r := &Runner{cfg: cfg, setup: make(chan struct{}, cfg.MaxSettingUp), http: cfg.HTTP, rep: cfg.Reporter, log: cfg.Logger, metrics: newMetrics(cfg.Registerer)}
 	if r.http == nil {
 		r.http = &http.Client{Timeout: cfg.CommandTimeout}
 	}
@@ -244,6 +263,7 @@ type mailboxRun struct {
 	seen        map[string]folderState
 	disableSent bool
 	authFailing bool
+	settingUp   bool         // holds a setup slot; the run's goroutine only
 	access      *accessToken // OAuth mailboxes: the current access token
 	// sealed replaces the job's sealed credentials once the provider
 	// rotated the refresh token (nil: the job's); pending is that rotation
@@ -360,6 +380,7 @@ func (m *mailboxRun) pollOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	defer m.endSetup()
 	defer m.disconnect(c)
 	folders, err := m.discover(ctx, c)
 	if err != nil {
@@ -464,6 +485,9 @@ func (m *mailboxRun) idleSession(ctx context.Context, changed <-chan struct{}) (
 	if err != nil {
 		return false, err
 	}
+	// Released at the first IDLE; after the socket's close when the
+	// session ends before it.
+	defer m.endSetup()
 	defer m.disconnect(c)
 	if closed(changed) {
 		// Demoted while connecting (the pacer's wait can be long): no
@@ -555,6 +579,8 @@ func (m *mailboxRun) idle(ctx context.Context, c *conn, changed <-chan struct{},
 	if err != nil {
 		return false, false, classify("idle", err, ctx)
 	}
+	// The server acknowledged the IDLE: the session is set up.
+	m.endSetup()
 	t := time.NewTimer(max(wait, 0))
 	dropped := false
 	select {
@@ -589,8 +615,22 @@ func (m *mailboxRun) idle(ctx context.Context, c *conn, changed <-chan struct{},
 }
 
 // connect opens a connection, reporting and recording authentication
-// outcomes.
-func (m *mailboxRun) connect(ctx context.Context) (*conn, error) {
+// outcomes. It paces the connect per host, then takes a setup slot, held
+// on success until the caller's endSetup; a failure releases it.
+func (m *mailboxRun) connect(ctx context.Context) (_ *conn, err error) {
+	// Paced before the slot is taken: a host's pacing holds no slot that
+	// another host's mailbox could use.
+	if err := m.job.PaceConnect(ctx); err != nil {
+		return nil, err
+	}
+	if err := m.beginSetup(ctx); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			m.endSetup()
+		}
+	}()
 	if err := m.loadCursors(ctx); err != nil {
 		return nil, err
 	}
@@ -618,6 +658,39 @@ func (m *mailboxRun) connect(ctx context.Context) (*conn, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// beginSetup waits for one of the runner's setup slots (ctx done: its
+// error).
+func (m *mailboxRun) beginSetup(ctx context.Context) error {
+	if m.settingUp {
+		return nil
+	}
+	select {
+	case m.r.setup <- struct{}{}:
+	default:
+		m.r.metrics.setupWaiting.Inc()
+		select {
+		case m.r.setup <- struct{}{}:
+			m.r.metrics.setupWaiting.Dec()
+		case <-ctx.Done():
+			m.r.metrics.setupWaiting.Dec()
+			return ctx.Err()
+		}
+	}
+	m.settingUp = true
+	m.r.metrics.settingUp.Inc()
+	return nil
+}
+
+// endSetup releases the run's setup slot, if it holds one.
+func (m *mailboxRun) endSetup() {
+	if !m.settingUp {
+		return
+	}
+	m.settingUp = false
+	<-m.r.setup
+	m.r.metrics.settingUp.Dec()
 }
 
 func (m *mailboxRun) disconnect(c *conn) {
