@@ -17,6 +17,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -37,8 +38,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/imapsync"
 	"github.com/mailplane/mailplane/internal/mailsync"
+	"github.com/mailplane/mailplane/internal/memlimit"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/sealing"
@@ -343,6 +346,16 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 	quiet := envDuration("MAILPLANE_BENCH_QUIET", 20*time.Second)
 	samples := envInt("MAILPLANE_BENCH_LATENCY_SAMPLES", 500)
 	nofile := raiseNoFile()
+	// The sync role's memory limit, as `mailplane sync` sets it with the
+	// default setting (and GOMEMLIMIT, if the environment has it).
+	spec, err := memlimit.Parse(config.SyncMemLimit.Default)
+	if err != nil {
+		b.Fatal(err)
+	}
+	prevLimit := debug.SetMemoryLimit(-1)
+	b.Cleanup(func() { debug.SetMemoryLimit(prevLimit) })
+	limit := memlimit.Apply(spec, slog.New(slog.DiscardHandler))
+	b.Logf("memory limit %d MiB (%s)", limit.Bytes>>20, limit.Source)
 	srv := startBenchServer(b, n)
 	// PollWarm is an hour: each hot mailbox polls its special-use folders
 	// once at start, on its second connection, and not again during the
