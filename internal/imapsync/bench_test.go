@@ -11,7 +11,9 @@ package imapsync_test
 // MAILPLANE_BENCH_HOT (5000), MAILPLANE_BENCH_WARM (10000),
 // MAILPLANE_BENCH_QUIET (20s), MAILPLANE_BENCH_WARM_WINDOW (30s),
 // MAILPLANE_BENCH_LATENCY_SAMPLES (500); MAILPLANE_BENCH_HEAPPROFILE names a
-// file for the hot runner's heap profile after the ramp.
+// file for the hot runner's heap profile after the ramp. The hot benchmark
+// sets the sync role's memory limit (MAILPLANE_SYNC_MEMORY_LIMIT, default
+// auto) as `mailplane sync` does.
 
 import (
 	"context"
@@ -346,9 +348,14 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 	quiet := envDuration("MAILPLANE_BENCH_QUIET", 20*time.Second)
 	samples := envInt("MAILPLANE_BENCH_LATENCY_SAMPLES", 500)
 	nofile := raiseNoFile()
-	// The sync role's memory limit, as `mailplane sync` sets it with the
-	// default setting (and GOMEMLIMIT, if the environment has it).
-	spec, err := memlimit.Parse(config.SyncMemLimit.Default)
+	// The sync role's memory limit, as `mailplane sync` sets it: its
+	// setting from the environment (MAILPLANE_SYNC_MEMORY_LIMIT), else the
+	// default; GOMEMLIMIT, if the environment has it, wins.
+	setting := config.SyncMemLimit.Default
+	if v := os.Getenv(config.SyncMemLimit.Env); v != "" {
+		setting = v
+	}
+	spec, err := memlimit.Parse(setting)
 	if err != nil {
 		b.Fatal(err)
 	}
