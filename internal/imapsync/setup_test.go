@@ -55,7 +55,7 @@ func TestSettingUpBounded(t *testing.T) {
 
 // runSetupFleet runs n hot mailboxes on one runner (MaxSettingUp
 // maxSetup) against a plain-text imapmemserver behind a proxy that holds
-// each greeting 100 ms, waits until all are in IDLE and returns the peak
+// each greeting 200 ms, waits until all are in IDLE and returns the peak
 // number of connections not yet in IDLE.
 func runSetupFleet(t *testing.T, n, maxSetup int) int {
 	mem := imapmemserver.New()
@@ -83,7 +83,7 @@ func runSetupFleet(t *testing.T, n, maxSetup int) int {
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	px := newProxy(t, ln.Addr().String())
-	px.greetDelay.Store(int64(100 * time.Millisecond))
+	px.greetDelay.Store(int64(200 * time.Millisecond))
 
 	ctx := t.Context()
 	db := pgtest.New(t)
