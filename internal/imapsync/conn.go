@@ -98,10 +98,12 @@ func (c *conn) close() {
 	})
 }
 
-// dial connects, secures and logs in (paced by connect). Every step runs
-// under a deadline; ctx being done closes the socket, which ends any step
-// at once.
+// dial connects, secures and logs in. Every step runs under a deadline;
+// ctx being done closes the socket, which ends any step at once.
 func (m *mailboxRun) dial(ctx context.Context) (*conn, error) {
+	if err := m.job.PaceConnect(ctx); err != nil {
+		return nil, err
+	}
 	ep := m.job.Mailbox.IMAP
 	dctx, cancel := context.WithTimeout(ctx, m.r.cfg.DialTimeout)
 	rawNet, err := m.r.dialEndpoint(dctx, ep)

@@ -56,9 +56,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		specialChecks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mailplane_imap_hot_special_checks_total",
 			Help: "Special-use folder checks of hot mailboxes between IDLE rounds, by outcome (unchanged: STATUS matched the last sync; synced: selected and synced)."}, []string{"outcome"}),
 		settingUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "mailplane_imap_setting_up_mailboxes",
-			Help: "Mailboxes setting up a connection (connect, login, sync until the first IDLE; a whole warm or cold poll), at most the runner's bound."}),
+			Help: "Mailboxes logged in and setting up (syncing until the first IDLE; a warm or cold poll until its end), at most the runner's bound."}),
 		setupWaiting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "mailplane_imap_setup_waiting_mailboxes",
-			Help: "Mailboxes waiting for a setup slot (the runner's bound on setups in flight)."}),
+			Help: "Logged-in mailboxes waiting for a setup slot (the runner's bound on setups in flight)."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.open, m.connects, m.failures, m.idles, m.messages, m.resets, m.lag, m.expunged, m.warmupObserved, m.warmupRejected, m.rotations, m.heldThroughStore, m.specialChecks,

@@ -25,16 +25,14 @@ type proxy struct {
 	active int
 	peak   int
 	total  int
-	// greetDelay holds each connection's first bytes from the server
-	// (its greeting) this long: setups then overlap.
-	greetDelay atomic.Int64 // nanoseconds
-	// settingUp counts connections whose client has not sent IDLE yet
-	// (plain-text servers only), peakSetup its largest value.
+	// settingUp counts connections whose client has sent LIST (its first
+	// command after the login: the runner's setup slot is taken) and not
+	// IDLE yet (plain-text servers only), peakSetup its largest value.
 	settingUp, peakSetup int
 }
 
 type pconn struct {
-	idled          bool // the client sent IDLE (under the proxy's mu)
+	listed, idled  bool // the client sent LIST, IDLE (under the proxy's mu)
 	client, server net.Conn
 	opened, ended  time.Time // ended: when the proxy saw the client hang up
 	frozen         atomic.Bool
@@ -85,8 +83,6 @@ func (p *proxy) serve() {
 		p.active++
 		p.total++
 		p.peak = max(p.peak, p.active)
-		p.settingUp++
-		p.peakSetup = max(p.peakSetup, p.settingUp)
 		p.mu.Unlock()
 		var wg sync.WaitGroup
 		wg.Add(2)
@@ -100,7 +96,7 @@ func (p *proxy) serve() {
 			p.mu.Lock()
 			delete(p.conns, c)
 			p.active--
-			if !c.idled {
+			if c.listed && !c.idled {
 				p.settingUp--
 			}
 			p.mu.Unlock()
@@ -121,18 +117,18 @@ func (p *proxy) pipe(c *pconn, dst, src net.Conn) {
 		}()
 	}
 	buf := make([]byte, 32<<10)
-	first := src == c.server
 	for {
 		n, err := src.Read(buf)
-		if d := p.greetDelay.Load(); first && d > 0 {
-			time.Sleep(time.Duration(d))
-		}
-		first = false
 		if n > 0 && src == c.client {
 			// Marked before it is forwarded: before the server can
 			// acknowledge the IDLE, so before the client goes on.
 			p.mu.Lock()
-			if !c.idled && bytes.Contains(buf[:n], []byte(" IDLE\r\n")) {
+			if !c.listed && bytes.Contains(buf[:n], []byte(" LIST ")) {
+				c.listed = true
+				p.settingUp++
+				p.peakSetup = max(p.peakSetup, p.settingUp)
+			}
+			if c.listed && !c.idled && bytes.Contains(buf[:n], []byte(" IDLE\r\n")) {
 				c.idled = true
 				p.settingUp--
 			}
@@ -203,7 +199,7 @@ func (p *proxy) Overlap(slack time.Duration) int {
 }
 
 // SetupPeak returns the most connections open at once whose client had
-// not sent IDLE yet.
+// sent LIST but not IDLE yet.
 func (p *proxy) SetupPeak() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()

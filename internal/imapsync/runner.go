@@ -100,13 +100,13 @@ type Config struct {
 	// disabling (IMAP_AUTH_DISABLE_AFTER, default 24 h).
 	DisableAfter time.Duration
 	// MaxSettingUp bounds the mailboxes setting up at once (default
-	// DefaultMaxSettingUp): from before a connection's first database read
-	// and login to its first IDLE (hot), or a whole poll (warm, cold). A
-	// worker taking over thousands of mailboxes would otherwise have them
-	// all logged in and queued on its Postgres pool at once, each with a
-	// grown stack and its first sync's garbage: that, not the IDLEs, was
-	// the memory peak (BENCHMARKS.md, "Hot mailboxes"). The per-host
-	// connect rate (mailsync) paces each server; this bounds the worker.
+	// DefaultMaxSettingUp): from the login to the first IDLE (hot), or to
+	// the end of the poll (warm, cold). A worker taking over thousands of
+	// mailboxes would otherwise have them all logged in and syncing, queued
+	// on its Postgres pool, at once: that, not the IDLEs, was the memory
+	// peak (BENCHMARKS.md, "Hot mailboxes"). The per-host connect rate
+	// (mailsync) paces the connects and logins of each server; this bounds
+	// the worker's syncs in flight.
 	MaxSettingUp int
 	// FetchBatch is how many messages are written per fenced transaction
 	// (default 500).
@@ -615,22 +615,9 @@ func (m *mailboxRun) idle(ctx context.Context, c *conn, changed <-chan struct{},
 }
 
 // connect opens a connection, reporting and recording authentication
-// outcomes. It paces the connect per host, then takes a setup slot, held
-// on success until the caller's endSetup; a failure releases it.
+// outcomes. Once logged in it takes a setup slot, held on success until
+// the caller's endSetup; a failure releases it.
 func (m *mailboxRun) connect(ctx context.Context) (_ *conn, err error) {
-	// Paced before the slot is taken: a host's pacing holds no slot that
-	// another host's mailbox could use.
-	if err := m.job.PaceConnect(ctx); err != nil {
-		return nil, err
-	}
-	if err := m.beginSetup(ctx); err != nil {
-		return nil, err
-	}
-	defer func() {
-		if err != nil {
-			m.endSetup()
-		}
-	}()
 	if err := m.loadCursors(ctx); err != nil {
 		return nil, err
 	}
@@ -653,6 +640,19 @@ func (m *mailboxRun) connect(ctx context.Context) (_ *conn, err error) {
 	}
 	m.r.metrics.open.WithLabelValues(string(m.currentTier())).Inc()
 	c.hold()
+	// The slot is taken once logged in, not before the dial: a server
+	// that never answers (a dead host, a tarpit) then holds no slot for
+	// its timeouts, and cannot stall the setups of the worker's other
+	// mailboxes. Connects and logins are paced per host (PaceConnect).
+	if err := m.beginSetup(ctx); err != nil {
+		m.disconnect(c)
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			m.endSetup()
+		}
+	}()
 	if err := m.authSucceeded(ctx); err != nil {
 		m.disconnect(c)
 		return nil, err
