@@ -26,6 +26,11 @@
 // finds the messages gone (expunged, or moved away) and their rows are
 // deleted; a steady poll costs no extra command.
 //
+// A runner has at most Config.MaxSettingUp mailboxes logged in and not yet
+// settled (before their first IDLE, or in a poll) at once: a worker taking
+// over thousands of mailboxes ramps through that bound instead of holding
+// all their first syncs in memory together.
+//
 // go-imap v2 takes no context: every command runs under a deadline set on
 // the socket (Config.CommandTimeout; IdleRefresh + IdleMargin while in
 // IDLE), ctx being done closes the socket, and the connection's end is
