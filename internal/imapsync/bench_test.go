@@ -380,12 +380,13 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 	// The server's session count, sampled during the ramp: a mailbox with
 	// a second connection (a poll alongside the IDLE) shows here. Setting
 	// up: connections open at the runner but not in IDLE at the server.
-	peakSessions, peakSetup := int64(0), int64(0)
+	peakSessions, peakSetup, peakSlots := int64(0), int64(0), 0.0
 	ramp := waitUntil(b, 15*time.Minute, fmt.Sprintf("%d mailboxes in IDLE", n), func() (bool, string) {
 		st := srv.stats(b)
 		peakSessions = max(peakSessions, st.Sessions)
 		open := int64(w.metric("mailplane_imap_connections_open", map[string]string{"tier": "hot"}))
 		peakSetup = max(peakSetup, open-st.Idling)
+		peakSlots = max(peakSlots, w.metric("mailplane_imap_setting_up_mailboxes", nil))
 		cursors := w.count(`SELECT count(*) FROM imap_folder_cursors`)
 		fails, why := w.rep.total()
 		return st.Idling == int64(n) && open == int64(n) && cursors == 3*n,
@@ -462,7 +463,7 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 	b.ReportMetric(ms(lat.max), "max_ms")
 	b.ReportMetric(0, "ns/op")
 	fails, why := w.rep.total()
-	b.Logf("ramp: %s; at most %d mailboxes setting up at once (connected, not yet in IDLE); memory limit %s", peak, peakSetup, memLimitText())
+	b.Logf("ramp: %s; at most %d mailboxes connected and not yet in IDLE at once, %.0f holding a setup slot (sampled); memory limit %s", peak, peakSetup, peakSlots, memLimitText())
 	b.Logf("%s: %d hot mailboxes in IDLE after %.1fs (failures during ramp-up: %d %s); runner RSS %.0f MiB (before %.0f MiB, peak %.0f MiB, %.0f MiB at the end of the quiet interval, %.0f MiB once freed memory is returned to the OS), "+
 		"heap %.0f MiB, stacks %.0f MiB, %d goroutines; idle CPU %.2f%% of a core over %s (server %.2f%%); "+
 		"free heap not yet returned to the OS %.0f MiB; after 4 collections: heap %.0f MiB, stacks %.0f MiB, RSS %.0f MiB; %.2f connections and %.2f logins per mailbox at the server (peak %.2f during the ramp); "+
