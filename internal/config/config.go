@@ -165,6 +165,7 @@ var (
 	WarmupHeader   = register(Setting{"warmup-header", "MAILPLANE_WARMUP_HEADER", "X-Mailplane-Warmup", "header marking warmup messages (value: mailbox=<sender id>; id=<warmup id>); where they land is health evidence"})
 	WarmupKey      = register(Setting{"warmup-key", "MAILPLANE_WARMUP_KEY", "", "key warmup headers must be signed with (HMAC-SHA256, sig=); unsigned or forged headers are ignored; required by `mailplane sync` (dev mode keeps one in its data dir)"})
 	InsecureWarmup = register(Setting{"insecure-unsigned-warmup", "MAILPLANE_INSECURE_UNSIGNED_WARMUP", "false", "sync: run without a warmup key, counting unsigned warmup headers (anyone who can mail a monitored mailbox then moves senders between risk pools); never in production"})
+	SyncMemLimit   = register(Setting{"sync-memory-limit", "MAILPLANE_SYNC_MEMORY_LIMIT", "auto", "sync: the Go runtime's soft memory limit: auto (90% of the container's cgroup memory limit, else 900MiB), off, or a size such as 1500MiB or 4GiB; GOMEMLIMIT, when set, wins (docs/capacity.md, sync worker memory)"})
 	SyncWorkers    = register(Setting{"sync-workers", "MAILPLANE_SYNC_WORKERS", "2", "dev mode: sync workers run in the process"})
 )
 

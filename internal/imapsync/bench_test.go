@@ -11,18 +11,22 @@ package imapsync_test
 // MAILPLANE_BENCH_HOT (5000), MAILPLANE_BENCH_WARM (10000),
 // MAILPLANE_BENCH_QUIET (20s), MAILPLANE_BENCH_WARM_WINDOW (30s),
 // MAILPLANE_BENCH_LATENCY_SAMPLES (500); MAILPLANE_BENCH_HEAPPROFILE names a
-// file for the hot runner's heap profile after the ramp.
+// file for the hot runner's heap profile after the ramp. The hot benchmark
+// sets the sync role's memory limit (MAILPLANE_SYNC_MEMORY_LIMIT, default
+// auto) as `mailplane sync` does.
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"net"
 	"os"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -36,8 +40,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/imapsync"
 	"github.com/mailplane/mailplane/internal/mailsync"
+	"github.com/mailplane/mailplane/internal/memlimit"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/sealing"
@@ -342,6 +348,21 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 	quiet := envDuration("MAILPLANE_BENCH_QUIET", 20*time.Second)
 	samples := envInt("MAILPLANE_BENCH_LATENCY_SAMPLES", 500)
 	nofile := raiseNoFile()
+	// The sync role's memory limit, as `mailplane sync` sets it: its
+	// setting from the environment (MAILPLANE_SYNC_MEMORY_LIMIT), else the
+	// default; GOMEMLIMIT, if the environment has it, wins.
+	setting := config.SyncMemLimit.Default
+	if v := os.Getenv(config.SyncMemLimit.Env); v != "" {
+		setting = v
+	}
+	spec, err := memlimit.Parse(setting)
+	if err != nil {
+		b.Fatal(err)
+	}
+	prevLimit := debug.SetMemoryLimit(-1)
+	b.Cleanup(func() { debug.SetMemoryLimit(prevLimit) })
+	limit := memlimit.Apply(spec, slog.New(slog.DiscardHandler))
+	b.Logf("memory limit %d MiB (%s)", limit.Bytes>>20, limit.Source)
 	srv := startBenchServer(b, n)
 	// PollWarm is an hour: each hot mailbox polls its special-use folders
 	// once at start, on its second connection, and not again during the
@@ -355,18 +376,23 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 
 	b.ResetTimer()
 	w.start()
+	rs := sampleRamp()
 	// The server's session count, sampled during the ramp: a mailbox with
-	// a second connection (a poll alongside the IDLE) shows here.
-	peakSessions := int64(0)
+	// a second connection (a poll alongside the IDLE) shows here. Setting
+	// up: connections open at the runner but not in IDLE at the server.
+	peakSessions, peakSetup, peakSlots := int64(0), int64(0), 0.0
 	ramp := waitUntil(b, 15*time.Minute, fmt.Sprintf("%d mailboxes in IDLE", n), func() (bool, string) {
 		st := srv.stats(b)
 		peakSessions = max(peakSessions, st.Sessions)
 		open := int64(w.metric("mailplane_imap_connections_open", map[string]string{"tier": "hot"}))
+		peakSetup = max(peakSetup, open-st.Idling)
+		peakSlots = max(peakSlots, w.metric("mailplane_imap_setting_up_mailboxes", nil))
 		cursors := w.count(`SELECT count(*) FROM imap_folder_cursors`)
 		fails, why := w.rep.total()
 		return st.Idling == int64(n) && open == int64(n) && cursors == 3*n,
 			fmt.Sprintf("idling %d, open %d, cursors %d/%d, failures %d %s", st.Idling, open, cursors, 3*n, fails, why)
 	})
+	peak := rs.stop()
 	rows := w.count(`SELECT count(*) FROM imap_messages`)
 	if rows != n {
 		b.Errorf("%d message rows after the first sync, want %d", rows, n)
@@ -413,6 +439,9 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 	b.ReportMetric(float64(st1.Idling), "hot_mailboxes")
 	b.ReportMetric(float64(after.rss)/(1<<20), "rss_MiB")
 	b.ReportMetric(float64(hwm)/1024, "peak_rss_MiB")
+	b.ReportMetric(float64(peakSetup), "peak_setting_up")
+	b.ReportMetric(float64(peak.objects)/(1<<20), "peak_heap_objects_MiB")
+	b.ReportMetric(float64(peak.stacks)/(1<<20), "peak_stacks_MiB")
 	b.ReportMetric(perHot(after.rss, before.rss), "KiB/hot_mailbox")
 	b.ReportMetric(perHot(after.heap, before.heap), "heap_KiB/hot_mailbox")
 	b.ReportMetric(perHot(after.stack, before.stack), "stack_KiB/hot_mailbox")
@@ -434,6 +463,7 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 	b.ReportMetric(ms(lat.max), "max_ms")
 	b.ReportMetric(0, "ns/op")
 	fails, why := w.rep.total()
+	b.Logf("ramp: %s; at most %d mailboxes connected and not yet in IDLE at once, %.0f holding a setup slot (sampled); memory limit %s", peak, peakSetup, peakSlots, memLimitText())
 	b.Logf("%s: %d hot mailboxes in IDLE after %.1fs (failures during ramp-up: %d %s); runner RSS %.0f MiB (before %.0f MiB, peak %.0f MiB, %.0f MiB at the end of the quiet interval, %.0f MiB once freed memory is returned to the OS), "+
 		"heap %.0f MiB, stacks %.0f MiB, %d goroutines; idle CPU %.2f%% of a core over %s (server %.2f%%); "+
 		"free heap not yet returned to the OS %.0f MiB; after 4 collections: heap %.0f MiB, stacks %.0f MiB, RSS %.0f MiB; %.2f connections and %.2f logins per mailbox at the server (peak %.2f during the ramp); "+
@@ -442,6 +472,69 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 		float64(after.heap)/(1<<20), float64(after.stack)/(1<<20), after.goroutines, idleCPU, wall.Round(time.Millisecond), srvCPU,
 		float64(after.unreturned)/(1<<20), float64(steady.heap)/(1<<20), float64(steady.stack)/(1<<20), float64(steady.rss)/(1<<20), connsPer, loginsPer, float64(peakSessions)/float64(n),
 		st1.RSSKiB/1024, nofile, len(lat.all), ms(lat.p50), ms(lat.p90), ms(lat.p99), ms(lat.max), loadAvg())
+}
+
+// rampPeak is the runtime's memory at the sample of the ramp with the
+// largest RSS: heap objects (live and not yet swept garbage), the live heap
+// as of the last GC, free heap kept by the runtime, goroutine stacks.
+type rampPeak struct {
+	rss, objects, live, free, stacks, total uint64
+	goroutines                              uint64
+	gcs                                     uint64
+}
+
+func (p rampPeak) String() string {
+	mib := func(v uint64) float64 { return float64(v) / (1 << 20) }
+	return fmt.Sprintf("peak RSS %.0f MiB sampled: heap objects %.0f MiB (live at the last GC %.0f MiB, the rest garbage), free heap kept %.0f MiB, stacks %.0f MiB, runtime total %.0f MiB, %d goroutines, %d GCs so far",
+		mib(p.rss), mib(p.objects), mib(p.live), mib(p.free), mib(p.stacks), mib(p.total), p.goroutines, p.gcs)
+}
+
+type rampSampler struct {
+	stopc chan struct{}
+	done  chan rampPeak
+}
+
+// sampleRamp samples the RSS and runtime/metrics every 100 ms until stop,
+// keeping the sample with the largest RSS.
+func sampleRamp() *rampSampler {
+	s := &rampSampler{stopc: make(chan struct{}), done: make(chan rampPeak, 1)}
+	names := []string{"/memory/classes/heap/objects:bytes", "/gc/heap/live:bytes", "/memory/classes/heap/free:bytes",
+		"/memory/classes/heap/stacks:bytes", "/memory/classes/total:bytes", "/sched/goroutines:goroutines", "/gc/cycles/total:gc-cycles",
+		"/memory/classes/heap/released:bytes"}
+	go func() {
+		var peak rampPeak
+		samples := make([]metrics.Sample, len(names))
+		for i, n := range names {
+			samples[i].Name = n
+		}
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			rss := uint64(vmRSSKiB()) * 1024
+			if rss > peak.rss {
+				metrics.Read(samples)
+				v := func(i int) uint64 { return samples[i].Value.Uint64() }
+				peak = rampPeak{rss: rss, objects: v(0), live: v(1), free: v(2), stacks: v(3), total: v(4) - v(7), goroutines: v(5), gcs: v(6)}
+			}
+			select {
+			case <-s.stopc:
+				s.done <- peak
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return s
+}
+
+func (s *rampSampler) stop() rampPeak { close(s.stopc); return <-s.done }
+
+// memLimitText is the runtime's soft memory limit in effect.
+func memLimitText() string {
+	if l := debug.SetMemoryLimit(-1); l != math.MaxInt64 {
+		return fmt.Sprintf("%.0f MiB", float64(l)/(1<<20))
+	}
+	return "none"
 }
 
 // writeHeapProfile writes the heap profile to MAILPLANE_BENCH_HEAPPROFILE,

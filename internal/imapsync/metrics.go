@@ -21,6 +21,9 @@ type metrics struct {
 	// specialChecks counts a hot session's checks of a special-use
 	// folder, by outcome (unchanged: a STATUS sufficed; synced).
 	specialChecks *prometheus.CounterVec
+	// settingUp and setupWaiting: mailboxes holding, and waiting for, one
+	// of the runner's setup slots (Config.MaxSettingUp).
+	settingUp, setupWaiting prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -52,9 +55,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Folder syncs retried on the same IMAP connection after a database failure, instead of reconnecting."}),
 		specialChecks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mailplane_imap_hot_special_checks_total",
 			Help: "Special-use folder checks of hot mailboxes between IDLE rounds, by outcome (unchanged: STATUS matched the last sync; synced: selected and synced)."}, []string{"outcome"}),
+		settingUp: prometheus.NewGauge(prometheus.GaugeOpts{Name: "mailplane_imap_setting_up_mailboxes",
+			Help: "Mailboxes logged in and setting up (syncing until the first IDLE; a warm or cold poll until its end), at most the runner's bound."}),
+		setupWaiting: prometheus.NewGauge(prometheus.GaugeOpts{Name: "mailplane_imap_setup_waiting_mailboxes",
+			Help: "Logged-in mailboxes waiting for a setup slot (the runner's bound on setups in flight)."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.open, m.connects, m.failures, m.idles, m.messages, m.resets, m.lag, m.expunged, m.warmupObserved, m.warmupRejected, m.rotations, m.heldThroughStore, m.specialChecks)
+		reg.MustRegister(m.open, m.connects, m.failures, m.idles, m.messages, m.resets, m.lag, m.expunged, m.warmupObserved, m.warmupRejected, m.rotations, m.heldThroughStore, m.specialChecks,
+			m.settingUp, m.setupWaiting)
 	}
 	return m
 }

@@ -1,6 +1,7 @@
 package imapsync_test
 
 import (
+	"bytes"
 	"io"
 	"net"
 	"strconv"
@@ -24,9 +25,14 @@ type proxy struct {
 	active int
 	peak   int
 	total  int
+	// settingUp counts connections whose client has sent LIST (its first
+	// command after the login: the runner's setup slot is taken) and not
+	// IDLE yet (plain-text servers only), peakSetup its largest value.
+	settingUp, peakSetup int
 }
 
 type pconn struct {
+	listed, idled  bool // the client sent LIST, IDLE (under the proxy's mu)
 	client, server net.Conn
 	opened, ended  time.Time // ended: when the proxy saw the client hang up
 	frozen         atomic.Bool
@@ -90,6 +96,9 @@ func (p *proxy) serve() {
 			p.mu.Lock()
 			delete(p.conns, c)
 			p.active--
+			if c.listed && !c.idled {
+				p.settingUp--
+			}
 			p.mu.Unlock()
 		}()
 	}
@@ -110,6 +119,21 @@ func (p *proxy) pipe(c *pconn, dst, src net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if n > 0 && src == c.client {
+			// Marked before it is forwarded: before the server can
+			// acknowledge the IDLE, so before the client goes on.
+			p.mu.Lock()
+			if !c.listed && bytes.Contains(buf[:n], []byte(" LIST ")) {
+				c.listed = true
+				p.settingUp++
+				p.peakSetup = max(p.peakSetup, p.settingUp)
+			}
+			if c.listed && !c.idled && bytes.Contains(buf[:n], []byte(" IDLE\r\n")) {
+				c.idled = true
+				p.settingUp--
+			}
+			p.mu.Unlock()
+		}
 		if n > 0 && !c.frozen.Load() {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
@@ -172,6 +196,14 @@ func (p *proxy) Overlap(slack time.Duration) int {
 		best = max(best, n)
 	}
 	return best
+}
+
+// SetupPeak returns the most connections open at once whose client had
+// sent LIST but not IDLE yet.
+func (p *proxy) SetupPeak() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.peakSetup
 }
 
 // Stats returns the open connections, the peak and the total accepted.

@@ -26,6 +26,11 @@
 // finds the messages gone (expunged, or moved away) and their rows are
 // deleted; a steady poll costs no extra command.
 //
+// A runner has at most Config.MaxSettingUp mailboxes logged in and not yet
+// settled (before their first IDLE, or in a poll) at once: a worker taking
+// over thousands of mailboxes ramps through that bound instead of holding
+// all their first syncs in memory together.
+//
 // go-imap v2 takes no context: every command runs under a deadline set on
 // the socket (Config.CommandTimeout; IdleRefresh + IdleMargin while in
 // IDLE), ctx being done closes the socket, and the connection's end is
@@ -99,6 +104,15 @@ type Config struct {
 	// in between, across restarts and owners) requests the mailbox's
 	// disabling (IMAP_AUTH_DISABLE_AFTER, default 24 h).
 	DisableAfter time.Duration
+	// MaxSettingUp bounds the mailboxes setting up at once (default
+	// DefaultMaxSettingUp): from the login to the first IDLE (hot), or to
+	// the end of the poll (warm, cold). A worker taking over thousands of
+	// mailboxes would otherwise have them all logged in and syncing, queued
+	// on its Postgres pool, at once: that, not the IDLEs, was the memory
+	// peak (BENCHMARKS.md, "Hot mailboxes"). The per-host connect rate
+	// (mailsync) paces the connects and logins of each server; this bounds
+	// the worker's syncs in flight.
+	MaxSettingUp int
 	// FetchBatch is how many messages are written per fenced transaction
 	// (default 500).
 	FetchBatch int
@@ -132,6 +146,11 @@ type Config struct {
 	Now func() time.Time
 }
 
+// DefaultMaxSettingUp is Config.MaxSettingUp's default: far more than
+// the runner's Postgres pool can serve at once (4 connections on 2 cores),
+// so the bound costs no throughput, and small next to a worker's mailboxes.
+const DefaultMaxSettingUp = 128
+
 // DefaultConfig returns the defaults (without a keyring).
 func DefaultConfig() Config {
 	return Config{
@@ -145,6 +164,7 @@ func DefaultConfig() Config {
 		DisableAfter:   24 * time.Hour,
 		FetchBatch:     500,
 		FlagWindow:     500,
+		MaxSettingUp:   DefaultMaxSettingUp,
 	}
 }
 
@@ -152,6 +172,7 @@ func DefaultConfig() Config {
 // it is safe for concurrent Runs.
 type Runner struct {
 	cfg     Config
+	setup   chan struct{} // setup slots: a send takes one
 	http    *http.Client
 	rep     Reporter
 	log     *slog.Logger
@@ -188,13 +209,16 @@ func New(cfg Config) (*Runner, error) {
 	if cfg.FlagWindow <= 0 {
 		cfg.FlagWindow = d.FlagWindow
 	}
+	if cfg.MaxSettingUp <= 0 {
+		cfg.MaxSettingUp = d.MaxSettingUp
+	}
 	if cfg.WarmupHeader == "" {
 		cfg.WarmupHeader = DefaultWarmupHeader
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	r := &Runner{cfg: cfg, http: cfg.HTTP, rep: cfg.Reporter, log: cfg.Logger, metrics: newMetrics(cfg.Registerer)}
+	r := &Runner{cfg: cfg, setup: make(chan struct{}, cfg.MaxSettingUp), http: cfg.HTTP, rep: cfg.Reporter, log: cfg.Logger, metrics: newMetrics(cfg.Registerer)}
 	if r.http == nil {
 		r.http = &http.Client{Timeout: cfg.CommandTimeout}
 	}
@@ -244,6 +268,7 @@ type mailboxRun struct {
 	seen        map[string]folderState
 	disableSent bool
 	authFailing bool
+	settingUp   bool         // holds a setup slot; the run's goroutine only
 	access      *accessToken // OAuth mailboxes: the current access token
 	// sealed replaces the job's sealed credentials once the provider
 	// rotated the refresh token (nil: the job's); pending is that rotation
@@ -365,6 +390,7 @@ func (m *mailboxRun) pollOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	defer m.endSetup()
 	defer m.disconnect(c)
 	folders, err := m.discover(ctx, c)
 	if err != nil {
@@ -469,6 +495,9 @@ func (m *mailboxRun) idleSession(ctx context.Context, changed <-chan struct{}) (
 	if err != nil {
 		return false, err
 	}
+	// Released at the first IDLE; after the socket's close when the
+	// session ends before it.
+	defer m.endSetup()
 	defer m.disconnect(c)
 	if closed(changed) {
 		// Demoted while connecting (the pacer's wait can be long): no
@@ -560,6 +589,8 @@ func (m *mailboxRun) idle(ctx context.Context, c *conn, changed <-chan struct{},
 	if err != nil {
 		return false, false, classify("idle", err, ctx)
 	}
+	// The server acknowledged the IDLE: the session is set up.
+	m.endSetup()
 	t := time.NewTimer(max(wait, 0))
 	dropped := false
 	select {
@@ -594,8 +625,9 @@ func (m *mailboxRun) idle(ctx context.Context, c *conn, changed <-chan struct{},
 }
 
 // connect opens a connection, reporting and recording authentication
-// outcomes.
-func (m *mailboxRun) connect(ctx context.Context) (*conn, error) {
+// outcomes. Once logged in it takes a setup slot, held on success until
+// the caller's endSetup; a failure releases it.
+func (m *mailboxRun) connect(ctx context.Context) (_ *conn, err error) {
 	if err := m.loadCursors(ctx); err != nil {
 		return nil, err
 	}
@@ -618,11 +650,57 @@ func (m *mailboxRun) connect(ctx context.Context) (*conn, error) {
 	}
 	m.r.metrics.open.WithLabelValues(string(m.currentTier())).Inc()
 	c.hold()
+	// The slot is taken once logged in, not before the dial: a server
+	// that never answers (a dead host, a tarpit) then holds no slot for
+	// its timeouts, and cannot stall the setups of the worker's other
+	// mailboxes. Connects and logins are paced per host (PaceConnect).
+	if err := m.beginSetup(ctx); err != nil {
+		m.disconnect(c)
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			m.endSetup()
+		}
+	}()
 	if err := m.authSucceeded(ctx); err != nil {
 		m.disconnect(c)
 		return nil, err
 	}
 	return c, nil
+}
+
+// beginSetup waits for one of the runner's setup slots (ctx done: its
+// error).
+func (m *mailboxRun) beginSetup(ctx context.Context) error {
+	if m.settingUp {
+		return nil
+	}
+	select {
+	case m.r.setup <- struct{}{}:
+	default:
+		m.r.metrics.setupWaiting.Inc()
+		select {
+		case m.r.setup <- struct{}{}:
+			m.r.metrics.setupWaiting.Dec()
+		case <-ctx.Done():
+			m.r.metrics.setupWaiting.Dec()
+			return ctx.Err()
+		}
+	}
+	m.settingUp = true
+	m.r.metrics.settingUp.Inc()
+	return nil
+}
+
+// endSetup releases the run's setup slot, if it holds one.
+func (m *mailboxRun) endSetup() {
+	if !m.settingUp {
+		return
+	}
+	m.settingUp = false
+	<-m.r.setup
+	m.r.metrics.settingUp.Dec()
 }
 
 func (m *mailboxRun) disconnect(c *conn) {

@@ -13,6 +13,7 @@ import (
 	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/imapsync"
 	"github.com/mailplane/mailplane/internal/mailsync"
+	"github.com/mailplane/mailplane/internal/memlimit"
 	"github.com/mailplane/mailplane/internal/sealing"
 )
 
@@ -72,8 +73,15 @@ func Sync(ctx context.Context, args []string) error {
 	stateGroup := registerGroupFlags(fs, config.StateSession, config.StateHeartbeat)
 	sealKeys, sealKeyID := config.SealKeys.String(fs), config.SealKeyID.String(fs)
 	insecureWarmup := config.InsecureWarmup.Bool(fs)
+	memLimit := config.SyncMemLimit.String(fs)
 	fs.Parse(args)
 	log := cf.logger()
+	// Before the first mailbox: the ramp is where the heap grows.
+	spec, err := memlimit.Parse(*memLimit)
+	if err != nil {
+		return fmt.Errorf("%s: %w", config.SyncMemLimit.Env, err)
+	}
+	memlimit.Apply(spec, log)
 	if err := checkWarmupKey(*sf.warmupKey, *insecureWarmup, log); err != nil {
 		return err
 	}
