@@ -28,6 +28,7 @@ import (
 	"github.com/mailplane/mailplane/internal/imapsync"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/mailsync"
+	"github.com/mailplane/mailplane/internal/memlimit"
 	"github.com/mailplane/mailplane/internal/sealing"
 )
 
@@ -267,6 +268,12 @@ func workerMain() {
 		}
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("worker", id)
+	// The memory limit a sync role sets by default (MAILPLANE_SYNC_MEMORY_LIMIT=auto).
+	spec, err := memlimit.Parse("auto")
+	if err != nil {
+		log.Fatal(err)
+	}
+	memlimit.Apply(spec, logger)
 	var inner mailsync.Runner
 	failures := &failureCounter{}
 	switch os.Getenv(envRunner) {
