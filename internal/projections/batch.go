@@ -495,15 +495,34 @@ func (s *session) commit(ctx context.Context, b []*item) error {
 // statements before Apply go in one.
 func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err error) {
 	p := s.p
+	rs := runs(b)
+	all, fromStart := offsetMoves(rs)
+	live, ids, recs := firstCopies(b)
+
+	// The registry's Go work (fold, rows) happens here, before the writer
+	// slot: while another lane's transaction runs. The wait for the slot
+	// (another lane's transaction, itself bounded) is not the
+	// transaction's, so not on its clock. Only the registry itself, not a
+	// projection that embeds it (its Apply is its own), prepares.
+	reg, prepares := p.proj.(*Registry)
+	var write func(context.Context, pgx.Tx) error
+	if prepares && len(recs) > 0 {
+		if write, err = reg.prepare(recs); err != nil {
+			return applyError(err)
+		}
+		select {
+		case p.writers <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("wait for a writer slot: %w", ctx.Err())
+		}
+		defer func() { <-p.writers }()
+	}
+
 	// Bounded: a connection that hangs without failing must not hold the
 	// loop for ever; a timeout is a transient failure, retried.
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.txTimeout)
 	defer cancel()
 	start := time.Now()
-
-	rs := runs(b)
-	all, fromStart := offsetMoves(rs)
-	live, ids, recs := firstCopies(b)
 
 	tx, err := p.pool.Begin(ctx)
 	if err != nil {
@@ -527,14 +546,19 @@ func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err er
 		return err
 	}
 	if checked {
-		recs = keepFresh(recs, ids, fresh)
+		n := len(recs)
+		if recs = keepFresh(recs, ids, fresh); len(recs) != n {
+			// Rare (a duplicate): prepared for records no longer all
+			// there, so applied the plain way.
+			write = nil
+		}
 	}
 	if len(recs) > 0 {
-		if err := p.proj.Apply(ctx, tx, recs); err != nil {
-			if code, ok := IsPermanent(err); ok {
-				return &applyFailure{code: code, err: err}
-			}
-			return fmt.Errorf("apply: %w", err)
+		if write == nil {
+			write = func(ctx context.Context, tx pgx.Tx) error { return p.proj.Apply(ctx, tx, recs) }
+		}
+		if err := write(ctx, tx); err != nil {
+			return applyError(err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -542,6 +566,15 @@ func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err er
 	}
 	p.committedTx(rs, all, live, recs, start)
 	return nil
+}
+
+// applyError is an error of Apply (or prepare) as commit returns it: an
+// applyFailure when the events are at fault.
+func applyError(err error) error {
+	if code, ok := IsPermanent(err); ok {
+		return &applyFailure{code: code, err: err}
+	}
+	return fmt.Errorf("apply: %w", err)
 }
 
 // rollbackOnce rolls a transaction back at most once.

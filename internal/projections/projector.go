@@ -85,16 +85,26 @@ func WithCommitted(fn func(events []domain.Event)) Option {
 	return func(c *config) { c.committed = fn }
 }
 
-// DefaultConcurrency is how many transactions a projector keeps in flight
+// DefaultConcurrency is how many batches a projector has in hand at once
 // unless WithConcurrency says otherwise.
 const DefaultConcurrency = 2
 
-// WithConcurrency sets how many transactions the projector keeps in flight
-// at once, each on its own connection and on partitions no other holds
-// (so at most one per partition, whatever n is). Default
-// DefaultConcurrency; 1 applies one transaction after another. Apply is
+// WithConcurrency sets how many batches the projector has in hand at once,
+// each on partitions no other holds (so at most one per partition,
+// whatever n is). The Registry's are folded and encoded side by side and
+// written one transaction at a time (writerSlots); another projection's
+// are applied in transactions side by side, each on its own connection.
+// Default DefaultConcurrency; 1 applies one batch after another. Apply is
 // then called from as many goroutines at once, on disjoint partitions.
 func WithConcurrency(n int) Option { return func(c *config) { c.concurrency = n } }
+
+// writerSlots is how many of the Registry's transactions run at once.
+// One: transactions side by side insert at the same right edges of the
+// same indexes (UUIDv7 keys, the applied ids, an org's mailboxes), which
+// cost Postgres about a fifth more CPU per event, while the other lane's
+// Go work (fold, rows) overlaps the one transaction anyway (BENCHMARKS.md,
+// "Projection speed").
+const writerSlots = 1
 
 // WithLogger sets the logger. Default: discard.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
@@ -152,6 +162,9 @@ type Projector struct {
 	log   *slog.Logger
 
 	committedMu sync.Mutex // serializes cfg.committed
+	// writers holds a token per Registry transaction in flight
+	// (writerSlots).
+	writers chan struct{}
 
 	mu        sync.Mutex
 	running   bool
@@ -230,14 +243,15 @@ func New(kcfg kafka.Config, pool *pgxpool.Pool, proj Projection, opts ...Option)
 	}
 	log := cfg.logger.With("projector", proj.Name())
 	return &Projector{
-		proj:  proj,
-		name:  proj.Name(),
-		pool:  pool,
-		kcfg:  kcfg.WithLogger(log),
-		cfg:   cfg,
-		m:     newMetrics(cfg.reg),
-		meter: sla.NewMeter(cfg.reg, sla.Name(proj.Name()), sla.WithClock(cfg.now)),
-		log:   log,
+		proj:    proj,
+		name:    proj.Name(),
+		pool:    pool,
+		kcfg:    kcfg.WithLogger(log),
+		cfg:     cfg,
+		m:       newMetrics(cfg.reg),
+		meter:   sla.NewMeter(cfg.reg, sla.Name(proj.Name()), sla.WithClock(cfg.now)),
+		log:     log,
+		writers: make(chan struct{}, writerSlots),
 	}, nil
 }
 
