@@ -506,16 +506,28 @@ func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err er
 	// projection that embeds it (its Apply is its own), prepares.
 	reg, prepares := p.proj.(*Registry)
 	var write func(context.Context, pgx.Tx) error
+	keys := ids // ids as prologue inserts them; ids[i] stays recs[i]'s
+	release := func() {}
 	if prepares && len(recs) > 0 {
 		if write, err = reg.prepare(recs); err != nil {
 			return applyError(err)
 		}
+		keys = slices.Clone(ids)
+		sortIDs(keys)
 		select {
 		case p.writers <- struct{}{}:
 		case <-ctx.Done():
 			return fmt.Errorf("wait for a writer slot: %w", ctx.Err())
 		}
-		defer func() { <-p.writers }()
+		held := true
+		release = func() {
+			if held {
+				held = false
+				<-p.writers
+			}
+		}
+		// After the rollback (deferred later, so run earlier).
+		defer release()
 	}
 
 	// Bounded: a connection that hangs without failing must not hold the
@@ -535,7 +547,7 @@ func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err er
 		}
 	}()
 
-	batch := p.prologue(all, fromStart, ids, checked)
+	batch := p.prologue(all, fromStart, keys, checked)
 	moved, fresh, err := sendPrologue(ctx, tx, batch, !p.cfg.syncCommit, len(fromStart.topics) > 0, len(ids) > 0, checked)
 	if moved >= 0 && moved != int64(len(rs)) {
 		// The fence, whatever else failed after it.
@@ -564,6 +576,7 @@ func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err er
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
+	release()
 	p.committedTx(rs, all, live, recs, start)
 	return nil
 }
@@ -617,8 +630,11 @@ func (p *Projector) prologue(all, fromStart moves, ids [][16]byte, checked bool)
 		// In key order: each insert then lands next to the one before it
 		// in the primary key, a fifth cheaper than in log order (the
 		// batch's partitions each span the same stretch of UUIDv7 time).
-		sorted := slices.Clone(ids)
-		slices.SortFunc(sorted, func(a, b [16]byte) int { return bytes.Compare(a[:], b[:]) })
+		sorted := ids
+		if !slices.IsSortedFunc(ids, compareIDs) {
+			sorted = slices.Clone(ids)
+			sortIDs(sorted)
+		}
 		if checked {
 			batch.Queue(recordAppliedCheckedSQL, p.name, sorted, now)
 		} else {
@@ -627,6 +643,11 @@ func (p *Projector) prologue(all, fromStart moves, ids [][16]byte, checked bool)
 	}
 	return batch
 }
+
+func compareIDs(a, b [16]byte) int { return bytes.Compare(a[:], b[:]) }
+
+// sortIDs sorts ids in key order, the order prologue inserts them in.
+func sortIDs(ids [][16]byte) { slices.SortFunc(ids, compareIDs) }
 
 // keepFresh returns the records whose ids (ids[i] is recs[i]'s) are in
 // fresh: those never applied before.
