@@ -499,8 +499,10 @@ func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err er
 	all, fromStart := offsetMoves(rs)
 	live, ids, recs := firstCopies(b)
 
-	// The registry's Go work (fold, rows) happens here, before the writer
-	// slot: while another lane's transaction runs. The wait for the slot
+	// The registry's Go work (fold, rows) happens here, before the
+	// transaction, so that the transaction holds its locks and its
+	// connection for its writes alone, and, with WithSerialWrites, while
+	// another lane's transaction runs. The wait for the writer slot
 	// (another lane's transaction, itself bounded) is not the
 	// transaction's, so not on its clock. Only the registry itself, not a
 	// projection that embeds it (its Apply is its own), prepares.
@@ -514,6 +516,8 @@ func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err er
 		}
 		keys = slices.Clone(ids)
 		sortIDs(keys)
+	}
+	if prepares && len(recs) > 0 && p.cfg.serialWrites {
 		select {
 		case p.writers <- struct{}{}:
 		case <-ctx.Done():

@@ -65,6 +65,8 @@ type config struct {
 	committed   func(events []domain.Event)
 	syncCommit  bool
 	concurrency int
+	// serialWrites: WithSerialWrites.
+	serialWrites bool
 	// dedupeWindow: how long applied event ids are kept (dedupe.go).
 	dedupeWindow time.Duration
 }
@@ -91,20 +93,22 @@ const DefaultConcurrency = 2
 
 // WithConcurrency sets how many batches the projector has in hand at once,
 // each on partitions no other holds (so at most one per partition,
-// whatever n is). The Registry's are folded and encoded side by side and
-// written one transaction at a time (writerSlots); another projection's
-// are applied in transactions side by side, each on its own connection.
-// Default DefaultConcurrency; 1 applies one batch after another. Apply is
-// then called from as many goroutines at once, on disjoint partitions.
+// whatever n is), each in a transaction of its own on its own connection
+// (but see WithSerialWrites). Default DefaultConcurrency; 1 applies one
+// batch after another. Apply is then called from as many goroutines at
+// once, on disjoint partitions.
 func WithConcurrency(n int) Option { return func(c *config) { c.concurrency = n } }
 
-// writerSlots is how many of the Registry's transactions run at once.
-// One: transactions side by side insert at the same right edges of the
-// same indexes (UUIDv7 keys, the applied ids, an org's mailboxes), which
-// cost Postgres about a fifth more CPU per event, while the other lane's
-// Go work (fold, rows) overlaps the one transaction anyway (BENCHMARKS.md,
-// "Projection speed").
-const writerSlots = 1
+// WithSerialWrites has a Registry projector write one transaction at a
+// time while its other lanes fold and encode their next batches (see
+// Registry.prepare). Transactions side by side insert at the same right
+// edges of the same indexes (UUIDv7 keys, the applied ids, an org's
+// mailboxes); one at a time they cost Postgres about a fifth less CPU per
+// event, but a projection then uses at most one Postgres backend's worth of
+// CPU, which on a shared machine lowered its throughput (BENCHMARKS.md,
+// "Projection speed ... one writer"). For a Postgres whose CPU is the
+// scarce resource. Other projections ignore it.
+func WithSerialWrites() Option { return func(c *config) { c.serialWrites = true } }
 
 // WithLogger sets the logger. Default: discard.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
@@ -162,8 +166,8 @@ type Projector struct {
 	log   *slog.Logger
 
 	committedMu sync.Mutex // serializes cfg.committed
-	// writers holds a token per Registry transaction in flight
-	// (writerSlots).
+	// writers holds the token of the Registry transaction in flight
+	// (WithSerialWrites).
 	writers chan struct{}
 
 	mu        sync.Mutex
@@ -251,7 +255,7 @@ func New(kcfg kafka.Config, pool *pgxpool.Pool, proj Projection, opts ...Option)
 		m:       newMetrics(cfg.reg),
 		meter:   sla.NewMeter(cfg.reg, sla.Name(proj.Name()), sla.WithClock(cfg.now)),
 		log:     log,
-		writers: make(chan struct{}, writerSlots),
+		writers: make(chan struct{}, 1),
 	}, nil
 }
 

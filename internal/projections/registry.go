@@ -194,7 +194,7 @@ func (r *Registry) Apply(ctx context.Context, tx pgx.Tx, recs []Record) error {
 // prepare folds recs and builds their rows: the part of Apply that needs
 // no database, which a projector does before its transaction begins, so
 // that the Go side of one batch overlaps the Postgres side of another
-// (writerSlots). Safe to call from several goroutines at once. The
+// (WithSerialWrites). Safe to call from several goroutines at once. The
 // function it returns does the rest of Apply, in tx, once.
 func (r *Registry) prepare(recs []Record) (func(ctx context.Context, tx pgx.Tx) error, error) {
 	ws := registryWrites(foldRegistry(Events(recs)))

@@ -9,10 +9,9 @@ import (
 	"github.com/mailplane/mailplane/internal/projections"
 )
 
-// TestRegistryTransactionsOneAtATime: with two lanes, the Registry's
-// batches are prepared side by side but written one transaction at a time
-// (side by side they cost Postgres more CPU per event; BENCHMARKS.md,
-// "Projection speed"). A trigger on the applied ids insert, each
+// TestRegistryTransactionsOneAtATime: with two lanes and
+// WithSerialWrites, the Registry's batches are prepared side by side but
+// written one transaction at a time. A trigger on the applied ids insert, each
 // transaction's first write of rows, takes a transaction-level advisory
 // lock and holds the transaction a little; a transaction that finds the
 // lock taken records an overlap.
@@ -44,7 +43,7 @@ CREATE TRIGGER note_overlap AFTER INSERT ON applied_events FOR EACH STATEMENT EX
 		evs[i] = g.added(g.uuid())
 	}
 	e.produce(evs...)
-	p, _ := e.projector(pool, projections.NewRegistry(), projections.WithConcurrency(2), projections.WithBatchSize(100))
+	p, _ := e.projector(pool, projections.NewRegistry(), projections.WithConcurrency(2), projections.WithBatchSize(100), projections.WithSerialWrites())
 	start(t, p)
 	waitFor(t, 60*time.Second, "every mailbox projected", func() (bool, error) {
 		return count(t, pool, `SELECT count(*) FROM mailboxes`) == n, nil
