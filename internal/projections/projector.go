@@ -106,8 +106,8 @@ func WithConcurrency(n int) Option { return func(c *config) { c.concurrency = n 
 // mailboxes); one at a time they cost Postgres about a fifth less CPU per
 // event, but a projection then uses at most one Postgres backend's worth of
 // CPU, which on a shared machine lowered its throughput (BENCHMARKS.md,
-// "Projection speed ... one writer"). For a Postgres whose CPU is the
-// scarce resource. Other projections ignore it.
+// "One transaction at a time"). For a Postgres whose CPU is the scarce
+// resource. Other projections ignore it.
 func WithSerialWrites() Option { return func(c *config) { c.serialWrites = true } }
 
 // WithLogger sets the logger. Default: discard.
