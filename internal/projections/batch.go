@@ -495,15 +495,50 @@ func (s *session) commit(ctx context.Context, b []*item) error {
 // statements before Apply go in one.
 func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err error) {
 	p := s.p
+	rs := runs(b)
+	all, fromStart := offsetMoves(rs)
+	live, ids, recs := firstCopies(b)
+
+	// The registry's Go work (fold, rows) happens here, before the
+	// transaction, so that the transaction holds its locks and its
+	// connection for its writes alone, and, with WithSerialWrites, while
+	// another lane's transaction runs. The wait for the writer slot
+	// (another lane's transaction, itself bounded) is not the
+	// transaction's, so not on its clock. Only the registry itself, not a
+	// projection that embeds it (its Apply is its own), prepares.
+	reg, prepares := p.proj.(*Registry)
+	var write func(context.Context, pgx.Tx) error
+	keys := ids // ids as prologue inserts them; ids[i] stays recs[i]'s
+	release := func() {}
+	if prepares && len(recs) > 0 {
+		if write, err = reg.prepare(recs); err != nil {
+			return applyError(err)
+		}
+		keys = slices.Clone(ids)
+		sortIDs(keys)
+	}
+	if prepares && len(recs) > 0 && p.cfg.serialWrites {
+		select {
+		case p.writers <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("wait for a writer slot: %w", ctx.Err())
+		}
+		held := true
+		release = func() {
+			if held {
+				held = false
+				<-p.writers
+			}
+		}
+		// After the rollback (deferred later, so run earlier).
+		defer release()
+	}
+
 	// Bounded: a connection that hangs without failing must not hold the
 	// loop for ever; a timeout is a transient failure, retried.
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.txTimeout)
 	defer cancel()
 	start := time.Now()
-
-	rs := runs(b)
-	all, fromStart := offsetMoves(rs)
-	live, ids, recs := firstCopies(b)
 
 	tx, err := p.pool.Begin(ctx)
 	if err != nil {
@@ -516,7 +551,7 @@ func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err er
 		}
 	}()
 
-	batch := p.prologue(all, fromStart, ids, checked)
+	batch := p.prologue(all, fromStart, keys, checked)
 	moved, fresh, err := sendPrologue(ctx, tx, batch, !p.cfg.syncCommit, len(fromStart.topics) > 0, len(ids) > 0, checked)
 	if moved >= 0 && moved != int64(len(rs)) {
 		// The fence, whatever else failed after it.
@@ -527,21 +562,36 @@ func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err er
 		return err
 	}
 	if checked {
-		recs = keepFresh(recs, ids, fresh)
+		n := len(recs)
+		if recs = keepFresh(recs, ids, fresh); len(recs) != n {
+			// Rare (a duplicate): prepared for records no longer all
+			// there, so applied the plain way.
+			write = nil
+		}
 	}
 	if len(recs) > 0 {
-		if err := p.proj.Apply(ctx, tx, recs); err != nil {
-			if code, ok := IsPermanent(err); ok {
-				return &applyFailure{code: code, err: err}
-			}
-			return fmt.Errorf("apply: %w", err)
+		if write == nil {
+			write = func(ctx context.Context, tx pgx.Tx) error { return p.proj.Apply(ctx, tx, recs) }
+		}
+		if err := write(ctx, tx); err != nil {
+			return applyError(err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
+	release()
 	p.committedTx(rs, all, live, recs, start)
 	return nil
+}
+
+// applyError is an error of Apply (or prepare) as commit returns it: an
+// applyFailure when the events are at fault.
+func applyError(err error) error {
+	if code, ok := IsPermanent(err); ok {
+		return &applyFailure{code: code, err: err}
+	}
+	return fmt.Errorf("apply: %w", err)
 }
 
 // rollbackOnce rolls a transaction back at most once.
@@ -584,8 +634,11 @@ func (p *Projector) prologue(all, fromStart moves, ids [][16]byte, checked bool)
 		// In key order: each insert then lands next to the one before it
 		// in the primary key, a fifth cheaper than in log order (the
 		// batch's partitions each span the same stretch of UUIDv7 time).
-		sorted := slices.Clone(ids)
-		slices.SortFunc(sorted, func(a, b [16]byte) int { return bytes.Compare(a[:], b[:]) })
+		sorted := ids
+		if !slices.IsSortedFunc(ids, compareIDs) {
+			sorted = slices.Clone(ids)
+			sortIDs(sorted)
+		}
 		if checked {
 			batch.Queue(recordAppliedCheckedSQL, p.name, sorted, now)
 		} else {
@@ -594,6 +647,11 @@ func (p *Projector) prologue(all, fromStart moves, ids [][16]byte, checked bool)
 	}
 	return batch
 }
+
+func compareIDs(a, b [16]byte) int { return bytes.Compare(a[:], b[:]) }
+
+// sortIDs sorts ids in key order, the order prologue inserts them in.
+func sortIDs(ids [][16]byte) { slices.SortFunc(ids, compareIDs) }
 
 // keepFresh returns the records whose ids (ids[i] is recs[i]'s) are in
 // fresh: those never applied before.

@@ -24,7 +24,15 @@ import (
 // events/s counts from the projector's start (group join included);
 // steady_events/s from its first commit to its last. Run it with a fixed
 // count, e.g. -benchtime 100000x.
-func BenchmarkProjection(b *testing.B) {
+func BenchmarkProjection(b *testing.B) { benchProjection(b) }
+
+// BenchmarkProjectionSerialWrites is BenchmarkProjection with
+// WithSerialWrites: one transaction at a time.
+func BenchmarkProjectionSerialWrites(b *testing.B) {
+	benchProjection(b, projections.WithSerialWrites())
+}
+
+func benchProjection(b *testing.B, opts ...projections.Option) {
 	e := newEnv(b)
 	g := newGen(1, 1)
 	evs := make([]domain.Event, b.N)
@@ -40,7 +48,7 @@ func BenchmarkProjection(b *testing.B) {
 	var first, last time.Time
 	firstN := 0
 	done := make(chan struct{})
-	p, _ := e.projector(pool, projections.NewRegistry(), projections.WithCommitted(func(events []domain.Event) {
+	p, _ := e.projector(pool, projections.NewRegistry(), append(opts, projections.WithCommitted(func(events []domain.Event) {
 		mu.Lock()
 		applied += len(events)
 		batches++
@@ -52,7 +60,7 @@ func BenchmarkProjection(b *testing.B) {
 			close(done)
 		}
 		mu.Unlock()
-	}))
+	}))...)
 	cpu, cpuOK := newCPUMeter(b, pool)
 	var pg0, go0 time.Duration
 	if cpuOK {

@@ -65,6 +65,8 @@ type config struct {
 	committed   func(events []domain.Event)
 	syncCommit  bool
 	concurrency int
+	// serialWrites: WithSerialWrites.
+	serialWrites bool
 	// dedupeWindow: how long applied event ids are kept (dedupe.go).
 	dedupeWindow time.Duration
 }
@@ -85,16 +87,28 @@ func WithCommitted(fn func(events []domain.Event)) Option {
 	return func(c *config) { c.committed = fn }
 }
 
-// DefaultConcurrency is how many transactions a projector keeps in flight
+// DefaultConcurrency is how many batches a projector has in hand at once
 // unless WithConcurrency says otherwise.
 const DefaultConcurrency = 2
 
-// WithConcurrency sets how many transactions the projector keeps in flight
-// at once, each on its own connection and on partitions no other holds
-// (so at most one per partition, whatever n is). Default
-// DefaultConcurrency; 1 applies one transaction after another. Apply is
-// then called from as many goroutines at once, on disjoint partitions.
+// WithConcurrency sets how many batches the projector has in hand at once,
+// each on partitions no other holds (so at most one per partition,
+// whatever n is), each in a transaction of its own on its own connection
+// (but see WithSerialWrites). Default DefaultConcurrency; 1 applies one
+// batch after another. Apply is then called from as many goroutines at
+// once, on disjoint partitions.
 func WithConcurrency(n int) Option { return func(c *config) { c.concurrency = n } }
+
+// WithSerialWrites has a Registry projector write one transaction at a
+// time while its other lanes fold and encode their next batches (see
+// Registry.prepare). Transactions side by side insert at the same right
+// edges of the same indexes (UUIDv7 keys, the applied ids, an org's
+// mailboxes); one at a time they cost Postgres about a fifth less CPU per
+// event, but a projection then uses at most one Postgres backend's worth of
+// CPU, which on a shared machine lowered its throughput (BENCHMARKS.md,
+// "One transaction at a time"). For a Postgres whose CPU is the scarce
+// resource. Other projections ignore it.
+func WithSerialWrites() Option { return func(c *config) { c.serialWrites = true } }
 
 // WithLogger sets the logger. Default: discard.
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
@@ -152,6 +166,9 @@ type Projector struct {
 	log   *slog.Logger
 
 	committedMu sync.Mutex // serializes cfg.committed
+	// writers holds the token of the Registry transaction in flight
+	// (WithSerialWrites).
+	writers chan struct{}
 
 	mu        sync.Mutex
 	running   bool
@@ -230,14 +247,15 @@ func New(kcfg kafka.Config, pool *pgxpool.Pool, proj Projection, opts ...Option)
 	}
 	log := cfg.logger.With("projector", proj.Name())
 	return &Projector{
-		proj:  proj,
-		name:  proj.Name(),
-		pool:  pool,
-		kcfg:  kcfg.WithLogger(log),
-		cfg:   cfg,
-		m:     newMetrics(cfg.reg),
-		meter: sla.NewMeter(cfg.reg, sla.Name(proj.Name()), sla.WithClock(cfg.now)),
-		log:   log,
+		proj:    proj,
+		name:    proj.Name(),
+		pool:    pool,
+		kcfg:    kcfg.WithLogger(log),
+		cfg:     cfg,
+		m:       newMetrics(cfg.reg),
+		meter:   sla.NewMeter(cfg.reg, sla.Name(proj.Name()), sla.WithClock(cfg.now)),
+		log:     log,
+		writers: make(chan struct{}, 1),
 	}, nil
 }
 

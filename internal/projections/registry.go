@@ -184,7 +184,32 @@ ON CONFLICT (worker_id) DO UPDATE SET
 // and written like the others, as are the created rows of the next
 // guessBackoff batches. Which way a row goes never changes what is written.
 func (r *Registry) Apply(ctx context.Context, tx pgx.Tx, recs []Record) error {
+	run, err := r.prepare(recs)
+	if err != nil {
+		return err
+	}
+	return run(ctx, tx)
+}
+
+// prepare folds recs and builds their rows: the part of Apply that needs
+// no database, which a projector does before its transaction begins, so
+// that the Go side of one batch overlaps the Postgres side of another
+// (WithSerialWrites). Safe to call from several goroutines at once. The
+// function it returns does the rest of Apply, in tx, once.
+func (r *Registry) prepare(recs []Record) (func(ctx context.Context, tx pgx.Tx) error, error) {
 	ws := registryWrites(foldRegistry(Events(recs)))
+	for _, w := range ws {
+		rows, err := w.build()
+		if err != nil {
+			return nil, err
+		}
+		w.rows = rows
+	}
+	return func(ctx context.Context, tx pgx.Tx) error { return r.writeAll(ctx, tx, ws) }, nil
+}
+
+// writeAll writes the prepared rows of ws in tx.
+func (r *Registry) writeAll(ctx context.Context, tx pgx.Tx, ws []*write) error {
 	if len(ws) == 0 {
 		return nil
 	}
@@ -294,7 +319,7 @@ func registryWrites(ch registryChanges) []*write {
 }
 
 // lookUp asks which of the keys that pick selects exist, in one round trip
-// for every table, and builds the rows of ws (once) while the query runs.
+// for every table.
 func lookUp(ctx context.Context, tx pgx.Tx, ws []*write, pick func(w *write, i int) bool) error {
 	b := &pgx.Batch{}
 	var asked []*write
@@ -315,23 +340,11 @@ func lookUp(ctx context.Context, tx pgx.Tx, ws []*write, pick func(w *write, i i
 			asked = append(asked, w)
 		}
 	}
-	var br pgx.BatchResults
-	if len(asked) > 0 {
-		br = tx.SendBatch(ctx, b)
-		defer br.Close()
-	}
-	for _, w := range ws {
-		if w.rows != nil {
-			continue
-		}
-		var err error
-		if w.rows, err = w.build(); err != nil {
-			return err
-		}
-	}
 	if len(asked) == 0 {
 		return nil
 	}
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
 	for _, w := range asked {
 		rows, err := br.Query()
 		if err != nil {

@@ -1,0 +1,57 @@
+package projections_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/projections"
+)
+
+// TestRegistryTransactionsOneAtATime: with two lanes and
+// WithSerialWrites, the Registry's batches are prepared side by side but
+// written one transaction at a time. A trigger on the applied ids insert, each
+// transaction's first write of rows, takes a transaction-level advisory
+// lock and holds the transaction a little; a transaction that finds the
+// lock taken records an overlap.
+func TestRegistryTransactionsOneAtATime(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	pool := e.db.Pool
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, err := pool.Exec(ctx, `
+CREATE TABLE tx_overlaps (at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE tx_seen (at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE FUNCTION note_overlap() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO tx_seen DEFAULT VALUES;
+	IF NOT pg_try_advisory_xact_lock(hashtextextended('tx_overlaps.' || current_schema(), 0)) THEN
+		INSERT INTO tx_overlaps DEFAULT VALUES;
+	END IF;
+	PERFORM pg_sleep(0.005);
+	RETURN NULL;
+END $$;
+CREATE TRIGGER note_overlap AFTER INSERT ON applied_events FOR EACH STATEMENT EXECUTE FUNCTION note_overlap();`)
+	must(t, err)
+
+	g := newGen(15, 1)
+	const n = 4000
+	evs := make([]domain.Event, n)
+	for i := range evs {
+		evs[i] = g.added(g.uuid())
+	}
+	e.produce(evs...)
+	p, _ := e.projector(pool, projections.NewRegistry(), projections.WithConcurrency(2), projections.WithBatchSize(100), projections.WithSerialWrites())
+	start(t, p)
+	waitFor(t, 60*time.Second, "every mailbox projected", func() (bool, error) {
+		return count(t, pool, `SELECT count(*) FROM mailboxes`) == n, nil
+	})
+	if seen := count(t, pool, `SELECT count(*) FROM tx_seen`); seen < n/100 {
+		t.Fatalf("%d transactions recorded ids, want at least %d", seen, n/100)
+	}
+	if got := count(t, pool, `SELECT count(*) FROM tx_overlaps`); got != 0 {
+		t.Fatalf("%d registry transactions ran while another was open, want none", got)
+	}
+}
