@@ -42,6 +42,7 @@ import (
 const (
 	restoreChildEnv   = "MAILPLANE_BENCH_RESTORE_CHILD"
 	restoreBrokersEnv = "MAILPLANE_BENCH_RESTORE_BROKERS"
+	restoreNSEnv      = "MAILPLANE_BENCH_RESTORE_NAMESPACE" // the benchmark's topic namespace
 	restoreDBEnv      = "MAILPLANE_BENCH_RESTORE_DB"
 
 	restoreModeRaw        = "raw"
@@ -94,7 +95,11 @@ const restoreResultPrefix = "RESTORE-RESULT "
 func restoreChild(mode string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	kcfg := kafka.Config{Brokers: strings.Split(os.Getenv(restoreBrokersEnv), ","), ClientID: "restore-bench"}
+	ns, err := topics.ParseNamespace(os.Getenv(restoreNSEnv))
+	if err != nil {
+		return err
+	}
+	kcfg := kafka.Config{Brokers: strings.Split(os.Getenv(restoreBrokersEnv), ","), ClientID: "restore-bench", Namespace: ns}
 	res := restoreResult{Mode: mode}
 	// MAILPLANE_BENCH_RESTORE_PROFILE=<dir> writes <dir>/<mode>.cpu, the
 	// CPU profile of the child from its start to its exit.
@@ -189,7 +194,6 @@ func restoreChild(mode string) error {
 	runtime.ReadMemStats(&ms)
 	runtime.KeepAlive(hold)
 	res.HeapInuseMiB, res.HeapAllocMiB = float64(ms.HeapInuse)/(1<<20), float64(ms.HeapAlloc)/(1<<20)
-	var err error
 	if res.VmHWMMiB, res.VmRSSMiB, err = procMemory(); err != nil {
 		return err
 	}
@@ -239,17 +243,18 @@ func rawReadLog(ctx context.Context, kcfg kafka.Config) (records, size int64, er
 	if err != nil {
 		return 0, 0, err
 	}
-	ends, err := adm.ListEndOffsets(ctx, topics.PlacementDecisions)
+	log := kcfg.Topic(topics.PlacementDecisions)
+	ends, err := adm.ListEndOffsets(ctx, log)
 	adm.Close()
 	if err != nil {
 		return 0, 0, err
 	}
-	end, ok := ends.Lookup(topics.PlacementDecisions, 0)
+	end, ok := ends.Lookup(log, 0)
 	if !ok || end.Err != nil {
 		return 0, 0, fmt.Errorf("end of the decision log: %v", end.Err)
 	}
 	cl, err := kafka.NewClient(kcfg, kafka.KindReader, kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topics.PlacementDecisions: {0: kgo.NewOffset().AtStart()}}))
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{log: {0: kgo.NewOffset().AtStart()}}))
 	if err != nil {
 		return 0, 0, err
 	}
@@ -309,7 +314,7 @@ func runRestoreChild(b *testing.B, bin, mode string, kcfg kafka.Config, dbURL st
 	ctx, cancel := context.WithTimeout(context.Background(), 11*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "-test.run=^$")
-	cmd.Env = append(os.Environ(), restoreChildEnv+"="+mode, restoreBrokersEnv+"="+strings.Join(kcfg.Brokers, ","), restoreDBEnv+"="+dbURL)
+	cmd.Env = append(os.Environ(), restoreChildEnv+"="+mode, restoreBrokersEnv+"="+strings.Join(kcfg.Brokers, ","), restoreNSEnv+"="+string(kcfg.Namespace), restoreDBEnv+"="+dbURL)
 	if bin != os.Args[0] {
 		cmd.Env = append(cmd.Env, "MAILPLANE_BENCH_RESTORE_PROFILE=") // profiles are this binary's
 	}
@@ -535,9 +540,9 @@ func commitEngineOffsets(b *testing.B, kcfg kafka.Config) {
 	defer adm.Close()
 	offs := make(kadm.Offsets)
 	for _, t := range topics.DomainTopics() {
-		offs.Add(kadm.Offset{Topic: t, Partition: 0, At: 0, LeaderEpoch: -1})
+		offs.Add(kadm.Offset{Topic: kcfg.Topic(t), Partition: 0, At: 0, LeaderEpoch: -1})
 	}
-	resp, err := adm.CommitOffsets(ctx, engine.DefaultGroup, offs)
+	resp, err := adm.CommitOffsets(ctx, kcfg.Group(engine.DefaultGroup), offs)
 	if err == nil {
 		err = resp.Error()
 	}
