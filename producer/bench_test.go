@@ -3,9 +3,6 @@ package producer_test
 import (
 	"context"
 	"fmt"
-	"sync"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -13,6 +10,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/eventschema"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -114,7 +112,7 @@ func benchPublishType(b *testing.B, clients int) {
 		{"mailbox.added+schema", schema, added}, {"user.active+schema", schema, active},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			runClients(b, clients, func() error {
+			mailplanetest.RunClients(b, clients, benchBatch, func() error {
 				// Fresh data each round: Publish seals in place.
 				evs := make([]domain.Event, benchBatch)
 				for i := range evs {
@@ -134,7 +132,7 @@ func benchPublishType(b *testing.B, clients int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		runClients(b, clients, func() error {
+		mailplanetest.RunClients(b, clients, benchBatch, func() error {
 			batch := make([]*kgo.Record, len(recs))
 			for i, r := range recs {
 				cp := *r
@@ -143,43 +141,4 @@ func benchPublishType(b *testing.B, clients int) {
 			return kc.ProduceSync(ctx, batch...).FirstErr()
 		})
 	})
-}
-
-// runClients runs b.N calls of call (each a batch of benchBatch events)
-// from clients goroutines at once and reports events/s and CPU per event.
-func runClients(b *testing.B, clients int, call func() error) {
-	var next atomic.Int64
-	errs := make(chan error, clients)
-	b.ResetTimer()
-	cpu := cpuClock()
-	start := time.Now()
-	var wg sync.WaitGroup
-	for range clients {
-		wg.Go(func() {
-			for next.Add(1) <= int64(b.N) {
-				if err := call(); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	elapsed, used := time.Since(start), cpuClock()-cpu
-	b.StopTimer()
-	close(errs)
-	if err := <-errs; err != nil {
-		b.Fatal(err)
-	}
-	b.ReportMetric(float64(b.N*benchBatch)/elapsed.Seconds(), "events/s")
-	b.ReportMetric(float64(used.Microseconds())/float64(b.N*benchBatch), "cpu-us/event")
-}
-
-// cpuClock reads the process's CPU time (user and system): on a shared
-// machine, CPU per event is the figure contention disturbs least (the
-// client, the server and the in-process broker all count).
-func cpuClock() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -8,9 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"sync"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,6 +17,7 @@ import (
 	"github.com/mailplane/mailplane/internal/eventschema"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -218,7 +216,7 @@ func benchIngestType(b *testing.B, clients int) {
 		if err := produce(); err != nil {
 			b.Fatal(err)
 		}
-		runClients(b, clients, len(recs), produce)
+		mailplanetest.RunClients(b, clients, len(recs), produce)
 	})
 }
 
@@ -258,44 +256,5 @@ func benchPosts(b *testing.B, url string, body batchBody, events, clients int) {
 	if err := post(); err != nil {
 		b.Fatal(err)
 	}
-	runClients(b, clients, events, post)
-}
-
-// runClients runs b.N calls of call (each carrying events events) from
-// clients goroutines at once and reports events/s and CPU per event.
-func runClients(b *testing.B, clients, events int, call func() error) {
-	var next atomic.Int64
-	errs := make(chan error, clients)
-	b.ResetTimer()
-	cpu := cpuClock()
-	start := time.Now()
-	var wg sync.WaitGroup
-	for range clients {
-		wg.Go(func() {
-			for next.Add(1) <= int64(b.N) {
-				if err := call(); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	elapsed, used := time.Since(start), cpuClock()-cpu
-	b.StopTimer()
-	close(errs)
-	if err := <-errs; err != nil {
-		b.Fatal(err)
-	}
-	b.ReportMetric(float64(b.N*events)/elapsed.Seconds(), "events/s")
-	b.ReportMetric(float64(used.Microseconds())/float64(b.N*events), "cpu-us/event")
-}
-
-// cpuClock reads the process's CPU time (user and system): on a shared
-// machine, CPU per event is the figure contention disturbs least (the
-// client, the server and the in-process broker all count).
-func cpuClock() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	mailplanetest.RunClients(b, clients, events, post)
 }

@@ -6,11 +6,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/mailplane/mailplane/internal/importer"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 )
 
 // BenchmarkImport imports 100,000 mailboxes (JSON lines, plain rows with
@@ -30,7 +29,7 @@ func BenchmarkImport(b *testing.B) {
 		in.WriteByte('\n')
 	}
 	run := func(b *testing.B, url string) {
-		cpu := cpuClock()
+		cpu := mailplanetest.CPUTime()
 		for b.Loop() {
 			s, err := importer.Run(context.Background(), bytes.NewReader(in.Bytes()), importer.Config{
 				API: url, Token: importToken, Source: "/crm/import", Format: importer.JSONL,
@@ -40,7 +39,7 @@ func BenchmarkImport(b *testing.B) {
 			}
 		}
 		b.ReportMetric(float64(b.N*rows)/b.Elapsed().Seconds(), "events/s")
-		b.ReportMetric(float64((cpuClock()-cpu).Microseconds())/float64(b.N*rows), "cpu-us/event")
+		b.ReportMetric(float64((mailplanetest.CPUTime()-cpu).Microseconds())/float64(b.N*rows), "cpu-us/event")
 	}
 	b.Run("api", func(b *testing.B) {
 		a := startImportAPI(b)
@@ -54,13 +53,4 @@ func BenchmarkImport(b *testing.B) {
 		defer srv.Close()
 		run(b, srv.URL)
 	})
-}
-
-// cpuClock reads the process's CPU time (user and system): on a shared
-// machine, CPU per event is the figure contention disturbs least (the
-// client, the server and the in-process broker all count).
-func cpuClock() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -32,7 +32,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -42,6 +41,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/imapsync"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/internal/memlimit"
 	"github.com/mailplane/mailplane/internal/migrations"
@@ -293,12 +293,6 @@ func waitUntil(b *testing.B, timeout time.Duration, what string, cond func() (bo
 	}
 }
 
-func cpuNanos() int64 {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return ru.Utime.Nano() + ru.Stime.Nano()
-}
-
 type memSnap struct {
 	rss, heap, stack uint64 // bytes; heap: HeapInuse after a GC
 	// unreturned is heap memory free in the runtime but not returned to
@@ -405,9 +399,9 @@ func benchHot(b *testing.B, mode domain.TLSMode) {
 	// Quiet interval: nothing arrives; every mailbox sits in IDLE.
 	conn0 := w.metric("mailplane_imap_connects_total", nil)
 	fail0, _ := w.rep.total()
-	st0, cpu0, t0 := srv.stats(b), cpuNanos(), time.Now()
+	st0, cpu0, t0 := srv.stats(b), int64(mailplanetest.CPUTime()), time.Now()
 	time.Sleep(quiet)
-	st1, cpu1, wall := srv.stats(b), cpuNanos(), time.Since(t0)
+	st1, cpu1, wall := srv.stats(b), int64(mailplanetest.CPUTime()), time.Since(t0)
 	fail1, why := w.rep.total()
 	if st1.Idling != int64(n) || w.metric("mailplane_imap_connects_total", nil) != conn0 || fail1 != fail0 {
 		b.Errorf("not quiet: idling %d, %v new connections, %d new failures (%s)", st1.Idling,
@@ -673,13 +667,13 @@ func benchWarm(b *testing.B, mode domain.TLSMode) {
 
 	fail0, _ := w.rep.total()
 	conn0 := w.metric("mailplane_imap_connects_total", nil)
-	st0, cpu0, t0 := srv.stats(b), cpuNanos(), time.Now()
+	st0, cpu0, t0 := srv.stats(b), int64(mailplanetest.CPUTime()), time.Now()
 	peak := int64(0)
 	for time.Since(t0) < window {
 		time.Sleep(time.Second)
 		peak = max(peak, srv.stats(b).Sessions)
 	}
-	st1, cpu1, wall := srv.stats(b), cpuNanos(), time.Since(t0)
+	st1, cpu1, wall := srv.stats(b), int64(mailplanetest.CPUTime()), time.Since(t0)
 	conn1 := w.metric("mailplane_imap_connects_total", nil)
 	fail1, why := w.rep.total()
 	b.StopTimer()
