@@ -132,22 +132,23 @@ func (o *ownership) move(id int32, from, to partState, epoch int64) bool {
 	return true
 }
 
-// goLive moves a loading claim to live. first is true the first time the
-// partition goes live since its assignment, with how long that took.
-func (o *ownership) goLive(id int32, now time.Time) (took time.Duration, first bool) {
+// goLive moves a loading claim to live; ok is false if it was not loading.
+// first is true the first time the partition goes live since its
+// assignment, with how long that took.
+func (o *ownership) goLive(id int32, now time.Time) (took time.Duration, first, ok bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	c := o.claims[id]
 	if c == nil || c.state != partLoading {
-		return 0, false
+		return 0, false, false
 	}
 	c.state = partLive
 	o.countLocked(c)
 	if c.measured {
-		return 0, false
+		return 0, false, true
 	}
 	c.measured = true
-	return now.Sub(c.assignedAt), true
+	return now.Sub(c.assignedAt), true, true
 }
 
 // suspend moves a live or loading claim to suspended, at now on the

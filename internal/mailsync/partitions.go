@@ -173,8 +173,8 @@ func (w *Worker) housekeeping() {
 func (w *Worker) goLiveLocked(parts []*partition, now time.Time) {
 	var live []*partition
 	for _, p := range parts {
-		took, first := w.own.goLive(p.id, now)
-		if c, _ := w.own.get(p.id); c.state != partLive {
+		took, first, ok := w.own.goLive(p.id, now)
+		if !ok {
 			continue
 		}
 		w.recordAgainLocked(p)
