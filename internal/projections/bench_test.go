@@ -1,17 +1,21 @@
 package projections_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
@@ -20,10 +24,17 @@ import (
 // BenchmarkProjection projects b.N mailbox.added events (distinct
 // mailboxes, so every event is a full row) from the log into Postgres, then
 // COPYs the very rows it produced into an identical table in the same run:
-// the ratio is the projector's share of Postgres's raw ingest rate.
+// ratio_to_copy is the projector's share of Postgres's raw ingest rate.
 // events/s counts from the projector's start (group join included);
 // steady_events/s from its first commit to its last. Run it with a fixed
 // count, e.g. -benchtime 100000x.
+//
+// Two more phases of the same run say what any projection of these events
+// could reach here: replay_ratio_to_copy replays the projector's Postgres
+// statements without the log (the rows COPYed in its transactions' size,
+// their ids recorded in applied_events), and decode_go_cpu_s/100k is the
+// CPU of fetching and decoding the records alone; cpu_bound_ratio_to_copy
+// is what the projection could reach were the cores never idle (cpuBound).
 func BenchmarkProjection(b *testing.B) { benchProjection(b) }
 
 // BenchmarkProjectionSerialWrites is BenchmarkProjection with
@@ -41,15 +52,99 @@ func benchProjection(b *testing.B, opts ...projections.Option) {
 	}
 	e.produce(evs...)
 	pool := e.db.Pool
-	ctx := context.Background()
+	cpu, cpuOK := newCPUMeter(b, pool)
 
+	// Each phase starts from a checkpoint, so that one the WAL of an
+	// earlier phase (or test) triggered lands in none of them: a
+	// checkpoint in flight makes every page first written after it log
+	// a full image, and the checkpointer competes for the cores.
+	checkpoint(b, pool)
+	proj := projectAll(b, e, cpu, cpuOK, opts)
+	cols, data := readRows(b, pool, "mailboxes")
+	checkpoint(b, pool)
+	cp := copyRows(b, pool, cpu, cpuOK, cols, data)
+	if int(cp.rows) != b.N {
+		b.Fatalf("copied %d rows, want %d", cp.rows, b.N)
+	}
+	checkpoint(b, pool)
+	rowsOnly := replayStatements(b, pool, cpu, cpuOK, cols, data, b.N/proj.batches, false)
+	checkpoint(b, pool)
+	replay := replayStatements(b, pool, cpu, cpuOK, cols, data, b.N/proj.batches, true)
+	decodeCPU := decodeLog(b, e, b.N)
+
+	per := 100_000 / float64(b.N)
+	if cpuOK {
+		// CPU per 100,000 rows on each side: the projection's Postgres
+		// work against the COPY's, and the process's (projector and the
+		// in-process broker serving its fetches).
+		b.ReportMetric(proj.pgCPU.Seconds()*per, "pg_cpu_s/100k")
+		b.ReportMetric(cp.pgCPU.Seconds()*per, "copy_pg_cpu_s/100k")
+		if proj.pgCPU > 0 {
+			b.ReportMetric(cp.pgCPU.Seconds()/proj.pgCPU.Seconds(), "pg_cpu_ratio")
+		}
+		b.ReportMetric(replay.pgCPU.Seconds()*per, "replay_pg_cpu_s/100k")
+		b.ReportMetric(rowsOnly.pgCPU.Seconds()*per, "replay_rows_pg_cpu_s/100k")
+	}
+	b.ReportMetric(proj.goCPU.Seconds()*per, "go_cpu_s/100k")
+	b.ReportMetric(decodeCPU.Seconds()*per, "decode_go_cpu_s/100k")
+	rate, copyRate, replayRate := float64(b.N)/proj.secs, float64(b.N)/cp.secs, float64(b.N)/replay.secs
+	b.ReportMetric(rate, "events/s")
+	b.ReportMetric(proj.steady, "steady_events/s")
+	b.ReportMetric(copyRate, "copy_rows/s")
+	b.ReportMetric(rate/copyRate, "ratio_to_copy")
+	b.ReportMetric(proj.steady/copyRate, "steady_ratio_to_copy")
+	b.ReportMetric(replayRate/copyRate, "replay_ratio_to_copy")
+	b.ReportMetric(float64(b.N)/rowsOnly.secs/copyRate, "replay_rows_ratio_to_copy")
+	b.ReportMetric(float64(b.N)/float64(proj.batches), "events/tx")
+	b.ReportMetric(proj.firstCommit, "first_commit_s")
+	if cpuOK {
+		b.ReportMetric(cpuBound(b.N, proj.pgCPU, decodeCPU)/copyRate, "cpu_bound_ratio_to_copy")
+	}
+}
+
+// cpuBound is the most events/s a projection of n events could reach
+// here, were its cores never idle: Postgres's CPU as the projection spent
+// it (its contention included) and, for the Go side, decoding alone (the
+// projector's own folding and encoding of rows left out), over every
+// core. An upper bound for this configuration; one writer is also held to
+// the pace of its statements on one connection (the replay).
+func cpuBound(n int, pgCPU, decodeCPU time.Duration) float64 {
+	return float64(runtime.NumCPU()) * float64(n) / (pgCPU + decodeCPU).Seconds()
+}
+
+// checkpoint runs a Postgres CHECKPOINT and waits for it.
+func checkpoint(b *testing.B, pool *pgxpool.Pool) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := pool.Exec(ctx, `CHECKPOINT`)
+	must(b, err)
+}
+
+// phase is what one timed phase took: wall clock, Postgres and process
+// CPU, and what it did.
+type phase struct {
+	secs         float64
+	pgCPU, goCPU time.Duration
+	rows         int64
+	// Projection only: transactions, and events/s from the first
+	// commit to the last.
+	batches     int
+	steady      float64
+	firstCommit float64
+}
+
+// projectAll runs a registry projector until it has applied all b.N
+// events and stops it. events/s counts from its start (group join
+// included).
+func projectAll(b *testing.B, e *env, cpu *cpuMeter, cpuOK bool, opts []projections.Option) phase {
 	var mu sync.Mutex
 	applied, batches := 0, 0
 	var first, last time.Time
 	firstN := 0
 	done := make(chan struct{})
-	p, _ := e.projector(pool, projections.NewRegistry(), append(opts, projections.WithCommitted(func(events []domain.Event) {
+	p, _ := e.projector(e.db.Pool, projections.NewRegistry(), append(opts, projections.WithCommitted(func(events []domain.Event) {
 		mu.Lock()
+		defer mu.Unlock()
 		applied += len(events)
 		batches++
 		last = time.Now()
@@ -59,14 +154,12 @@ func benchProjection(b *testing.B, opts ...projections.Option) {
 		if applied == b.N {
 			close(done)
 		}
-		mu.Unlock()
 	}))...)
-	cpu, cpuOK := newCPUMeter(b, pool)
-	var pg0, go0 time.Duration
+	var pg0 time.Duration
 	if cpuOK {
 		pg0 = cpu.postgres(b)
 	}
-	go0 = processCPU(b)
+	go0 := processCPU(b)
 	b.ResetTimer()
 	start := time.Now()
 	stop := start2(b, p)
@@ -75,24 +168,30 @@ func benchProjection(b *testing.B, opts ...projections.Option) {
 	case <-time.After(10 * time.Minute):
 		b.Fatalf("projected %d of %d", applied, b.N)
 	}
-	projectSecs := time.Since(start).Seconds()
+	ph := phase{secs: time.Since(start).Seconds()}
 	b.StopTimer()
-	goCPU := processCPU(b) - go0
-	var pgCPU time.Duration
+	ph.goCPU = processCPU(b) - go0
 	if cpuOK {
-		pgCPU = cpu.postgres(b) - pg0
+		ph.pgCPU = cpu.postgres(b) - pg0
 	}
 	stop()
+	mu.Lock()
+	defer mu.Unlock()
+	ph.batches = batches
 	// Steady state: from the first commit to the last, so joining the
 	// group and the first fetch (a fixed cost) do not count.
-	steady := float64(b.N-firstN) / last.Sub(first).Seconds()
+	ph.steady = float64(b.N-firstN) / last.Sub(first).Seconds()
+	ph.firstCommit = first.Sub(start).Seconds()
+	return ph
+}
 
-	// The limit: the same rows, COPYed straight into the same table shape.
-	_, err := pool.Exec(ctx, `create table mailboxes_copy (like mailboxes including all)`)
+// readRows reads every row of table, and its column names.
+func readRows(b *testing.B, pool *pgxpool.Pool, table string) ([]string, [][]any) {
+	ctx := context.Background()
+	rows, err := pool.Query(ctx, `SELECT * FROM `+pgx.Identifier{table}.Sanitize())
 	must(b, err)
-	rows, err := pool.Query(ctx, `select * from mailboxes`)
-	must(b, err)
-	cols := make([]string, 0)
+	defer rows.Close()
+	var cols []string
 	for _, f := range rows.FieldDescriptions() {
 		cols = append(cols, f.Name)
 	}
@@ -103,40 +202,117 @@ func benchProjection(b *testing.B, opts ...projections.Option) {
 		data = append(data, vals)
 	}
 	must(b, rows.Err())
-	var copyPG0 time.Duration
+	return cols, data
+}
+
+// copyRows is the limit: the rows, COPYed in one statement into a table
+// of the same shape (indexes included).
+func copyRows(b *testing.B, pool *pgxpool.Pool, cpu *cpuMeter, cpuOK bool, cols []string, data [][]any) phase {
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `CREATE TABLE mailboxes_copy (LIKE mailboxes INCLUDING ALL)`)
+	must(b, err)
+	var pg0 time.Duration
 	if cpuOK {
-		copyPG0 = cpu.postgres(b)
+		pg0 = cpu.postgres(b)
 	}
-	copyStart := time.Now()
+	start := time.Now()
 	tx, err := pool.Begin(ctx)
 	must(b, err)
 	n, err := tx.CopyFrom(ctx, pgx.Identifier{"mailboxes_copy"}, cols, pgx.CopyFromRows(data))
 	must(b, err)
 	must(b, tx.Commit(ctx))
-	copySecs := time.Since(copyStart).Seconds()
+	ph := phase{secs: time.Since(start).Seconds(), rows: n}
 	if cpuOK {
-		// CPU per 100,000 rows on each side: the projection's Postgres
-		// work against the COPY's, and the process's (projector and the
-		// in-process broker serving its fetches).
-		per := 100_000 / float64(b.N)
-		copyPG := (cpu.postgres(b) - copyPG0).Seconds() * per
-		b.ReportMetric(pgCPU.Seconds()*per, "pg_cpu_s/100k")
-		b.ReportMetric(copyPG, "copy_pg_cpu_s/100k")
-		if pgCPU > 0 {
-			b.ReportMetric(copyPG/(pgCPU.Seconds()*per), "pg_cpu_ratio")
+		ph.pgCPU = cpu.postgres(b) - pg0
+	}
+	return ph
+}
+
+// replayStatements is the projector's Postgres work without the log: the
+// same rows COPYed into a table of the same shape and their event ids
+// recorded by the projector's statement in an empty table of
+// applied_events' shape (as applied_events was when the projection
+// began), perTx rows a transaction with synchronous_commit off, on one
+// connection. What a projection with this dedupe costs Postgres
+// at the least, whatever its Go side does. Without ids it is the rows
+// alone, in transactions.
+func replayStatements(b *testing.B, pool *pgxpool.Pool, cpu *cpuMeter, cpuOK bool, cols []string, data [][]any, perTx int, withIDs bool) phase {
+	ctx := context.Background()
+	table := "mailboxes_replay_rows"
+	if withIDs {
+		table = "mailboxes_replay"
+	}
+	_, err := pool.Exec(ctx, `CREATE TABLE `+table+` (LIKE mailboxes INCLUDING ALL);
+CREATE TABLE IF NOT EXISTS applied_events_replay (LIKE applied_events INCLUDING ALL)`)
+	must(b, err)
+	idCol := slices.Index(cols, "last_event_id")
+	if idCol < 0 {
+		b.Fatal("mailboxes has no last_event_id")
+	}
+	ids := make([][16]byte, len(data))
+	for i, r := range data {
+		ids[i] = r[idCol].([16]byte)
+	}
+	perTx = max(perTx, 1)
+	var pg0 time.Duration
+	if cpuOK {
+		pg0 = cpu.postgres(b)
+	}
+	start := time.Now()
+	for i := 0; i < len(data); i += perTx {
+		j := min(i+perTx, len(data))
+		batch := slices.Clone(ids[i:j])
+		slices.SortFunc(batch, func(a, c [16]byte) int { return bytes.Compare(a[:], c[:]) })
+		tx, err := pool.Begin(ctx)
+		must(b, err)
+		_, err = tx.Exec(ctx, `SET LOCAL synchronous_commit = off`)
+		must(b, err)
+		_, err = tx.CopyFrom(ctx, pgx.Identifier{table}, cols, pgx.CopyFromRows(data[i:j]))
+		must(b, err)
+		if !withIDs {
+			must(b, tx.Commit(ctx))
+			continue
 		}
+		_, err = tx.Exec(ctx, `INSERT INTO applied_events_replay (projector, event_id, applied_at) SELECT $1, unnest($2::uuid[]), $3`,
+			projections.RegistryName, batch, time.Now())
+		must(b, err)
+		must(b, tx.Commit(ctx))
 	}
-	b.ReportMetric(goCPU.Seconds()*100_000/float64(b.N), "go_cpu_s/100k")
-	if int(n) != b.N {
-		b.Fatalf("copied %d rows, want %d", n, b.N)
+	ph := phase{secs: time.Since(start).Seconds(), rows: int64(len(data))}
+	if cpuOK {
+		ph.pgCPU = cpu.postgres(b) - pg0
 	}
-	rate, copyRate := float64(b.N)/projectSecs, float64(b.N)/copySecs
-	b.ReportMetric(rate, "events/s")
-	b.ReportMetric(steady, "steady_events/s")
-	b.ReportMetric(copyRate, "copy_rows/s")
-	b.ReportMetric(rate/copyRate, "ratio_to_copy")
-	b.ReportMetric(steady/copyRate, "steady_ratio_to_copy")
-	b.ReportMetric(float64(b.N)/float64(batches), "events/tx")
+	return ph
+}
+
+// decodeLog reads the domain topics from the start with a plain client
+// and decodes every record as the projector does (DecodeEvent), until n
+// have been: the process CPU that takes is the projector's Go side at
+// the least (fetching, decompressing, decoding, validating; the
+// in-process broker serving the fetches included, as in go_cpu).
+func decodeLog(b *testing.B, e *env, n int) time.Duration {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cl, err := kafka.NewClient(e.kcfg, kafka.KindReader,
+		kgo.ConsumeTopics(e.kcfg.Namespace.Topics(topics.DomainTopics()...)...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	must(b, err)
+	defer cl.Close()
+	cpu0 := processCPU(b)
+	got := 0
+	for got < n {
+		fs := cl.PollRecords(ctx, 0)
+		if err := ctx.Err(); err != nil {
+			b.Fatalf("decoded %d of %d records: %v", got, n, err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			if _, _, err := projections.DecodeEvent(r); err != nil {
+				b.Fatalf("decode: %v", err)
+			}
+			got++
+		})
+	}
+	return processCPU(b) - cpu0
 }
 
 // BenchmarkPublishToProjected produces b.N events of every type at a steady
