@@ -48,6 +48,7 @@ func (s *session) accept(fs kgo.Fetches) {
 			pt.enqueue(it)
 		}
 	})
+	s.adaptBatch()
 }
 
 // decodeHook decodes every record as the client buffers it, in the
@@ -235,7 +236,7 @@ func (s *session) interrupted(ctx, rctx context.Context) bool {
 // (so that a partition's records go to one transaction, not two side by
 // side), never more than a batch. Partitions in flight are skipped.
 func (s *session) nextBatch(now time.Time, share int) []*item {
-	size := s.p.cfg.batchSize
+	size := s.batch
 	for _, pt := range s.order {
 		if !pt.busy && pt.due(now) {
 			return pt.retryBatch(size)

@@ -16,6 +16,7 @@ type metrics struct {
 	duplicates   *prometheus.CounterVec
 	retries      *prometheus.CounterVec
 	pruned       *prometheus.CounterVec
+	batchLimit   *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -45,6 +46,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "mailplane_projector_applied_ids_pruned_total",
 			Help: "Applied event ids forgotten by a projector's prune, older than its dedupe window.",
 		}, []string{"projector"}),
+		batchLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "mailplane_projector_batch_limit_records",
+			Help: "The most records a projector's transaction takes now: its batch size, up to four times that while it catches up.",
+		}, []string{"projector"}),
 	}
 	m.applied = promreg.MustRegister(reg, m.applied)
 	m.batchSeconds = promreg.MustRegister(reg, m.batchSeconds)
@@ -52,5 +57,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.duplicates = promreg.MustRegister(reg, m.duplicates)
 	m.retries = promreg.MustRegister(reg, m.retries)
 	m.pruned = promreg.MustRegister(reg, m.pruned)
+	m.batchLimit = promreg.MustRegister(reg, m.batchLimit)
 	return m
 }

@@ -2,6 +2,9 @@ package projections_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,10 +51,62 @@ CREATE TRIGGER note_overlap AFTER INSERT ON applied_events FOR EACH STATEMENT EX
 	waitFor(t, 60*time.Second, "every mailbox projected", func() (bool, error) {
 		return count(t, pool, `SELECT count(*) FROM mailboxes`) == n, nil
 	})
-	if seen := count(t, pool, `SELECT count(*) FROM tx_seen`); seen < n/100 {
-		t.Fatalf("%d transactions recorded ids, want at least %d", seen, n/100)
+	// Catching up, transactions grow to four batches.
+	if seen := count(t, pool, `SELECT count(*) FROM tx_seen`); seen < n/400 {
+		t.Fatalf("%d transactions recorded ids, want at least %d", seen, n/400)
 	}
 	if got := count(t, pool, `SELECT count(*) FROM tx_overlaps`); got != 0 {
 		t.Fatalf("%d registry transactions ran while another was open, want none", got)
+	}
+}
+
+// TestBatchGrowsWhileCatchingUp: behind by many batches, a projector's
+// transactions grow past its batch size, to four batches at most; once it
+// has caught up, its batch limit is back to the batch size, and a trickle
+// of events is applied in transactions of at most that.
+func TestBatchGrowsWhileCatchingUp(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const batch = 50
+	g := newGen(16, 1)
+	backlog := make([]domain.Event, 4000)
+	for i := range backlog {
+		backlog[i] = g.added(g.uuid())
+	}
+	e.produce(backlog...)
+	var mu sync.Mutex
+	var sizes []int
+	p, reg := e.projector(e.db.Pool, projections.NewRegistry(), projections.WithBatchSize(batch),
+		projections.WithCommitted(func(evs []domain.Event) {
+			mu.Lock()
+			defer mu.Unlock()
+			sizes = append(sizes, len(evs))
+		}))
+	start(t, p)
+	waitCaughtUp(t, e.kcfg, e.db.Pool, projections.RegistryName, domainTopics, catchUp)
+	mu.Lock()
+	largest := slices.Max(sizes)
+	sizes = nil
+	mu.Unlock()
+	if largest <= batch || largest > 4*batch {
+		t.Fatalf("catching up, the largest transaction held %d events, want more than %d and at most %d", largest, batch, 4*batch)
+	}
+
+	waitFor(t, 10*time.Second, "the batch limit back to the batch size", func() (bool, error) {
+		got := counter(t, reg, "mailplane_projector_batch_limit_records", "projector", projections.RegistryName)
+		return got == batch, fmt.Errorf("batch limit %v", got)
+	})
+	for range 3 {
+		trickle := make([]domain.Event, 120)
+		for i := range trickle {
+			trickle[i] = g.added(g.uuid())
+		}
+		e.produce(trickle...)
+		waitCaughtUp(t, e.kcfg, e.db.Pool, projections.RegistryName, domainTopics, catchUp)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sizes) == 0 || slices.Max(sizes) > batch {
+		t.Fatalf("caught up, transactions held %v events, want at most %d each", sizes, batch)
 	}
 }
