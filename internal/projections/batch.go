@@ -31,6 +31,9 @@ func (s *session) accept(fs kgo.Fetches) {
 			return
 		}
 		pt.hwm = max(pt.hwm, fp.HighWatermark)
+		if n := len(fp.Records); n > 0 {
+			pt.fetched = fp.Records[n-1].Offset + 1
+		}
 		for _, r := range fp.Records {
 			var it *item
 			if d, ok := r.Context.(*decoded); ok {

@@ -24,6 +24,10 @@ type partition struct {
 	// until a transaction applies them.
 	queue  []*item
 	hwm    int64
+	// fetched is the offset after the last record accepted (0: none
+	// yet). Like queue and incoming, accept writes it; unlike next, no
+	// lane moves it while applying.
+	fetched int64
 	paused bool
 	// busy: a lane holds the partition (see drain); records polled
 	// meanwhile wait in incoming. Both guarded by session.qmu.

@@ -531,18 +531,23 @@ func (s *session) logFetchErrors(fs kgo.Fetches) {
 func (s *session) pollSize() int { return s.batch * s.p.cfg.concurrency }
 
 // adaptBatch sets the batch limit of the next rounds from how far behind
-// the owned partitions are, as their last fetches told (high watermark
-// less position): while the backlog is more than two rounds at the
+// the owned partitions are: the records queued, and those past the last
+// fetched up to the high watermark the fetches told (the queue of a
+// partition in flight is left out: its lane moves it). While that backlog is more than two rounds at the
 // current limit, the limit doubles, up to catchUpGrowth times the batch
-// size; once the backlog fits one round at the batch size, it is back to
+// size; once it fits one round at the batch size, the limit is back to
 // the batch size. Fetches are resized with it. Called by accept, whose
 // callers keep the lanes from reading the limit meanwhile.
 func (s *session) adaptBatch() {
 	base, lanes := s.p.cfg.batchSize, s.p.cfg.concurrency
 	var backlog int64
 	for _, pt := range s.order {
-		if pt.next >= 0 && pt.hwm > pt.next {
-			backlog += pt.hwm - pt.next
+		backlog += int64(len(pt.incoming))
+		if !pt.busy {
+			backlog += int64(len(pt.queue))
+		}
+		if pt.fetched > 0 && pt.hwm > pt.fetched {
+			backlog += pt.hwm - pt.fetched
 		}
 	}
 	next := s.batch
