@@ -152,7 +152,7 @@ func (s *session) lane(ctx, rctx context.Context) {
 		}
 		rs := runs(b)
 		for _, r := range rs {
-			r.pt.busy = true
+			r.pt.busy, r.pt.held = true, len(r.pt.queue)
 		}
 		s.inflight++
 		s.qmu.Unlock()

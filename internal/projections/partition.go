@@ -22,16 +22,19 @@ type partition struct {
 	next int64
 	// queue holds fetched records from next on, decoded, in offset order,
 	// until a transaction applies them.
-	queue  []*item
-	hwm    int64
+	queue []*item
+	hwm   int64
 	// fetched is the offset after the last record accepted (0: none
 	// yet). Like queue and incoming, accept writes it; unlike next, no
 	// lane moves it while applying.
 	fetched int64
-	paused bool
+	paused  bool
 	// busy: a lane holds the partition (see drain); records polled
-	// meanwhile wait in incoming. Both guarded by session.qmu.
+	// meanwhile wait in incoming; held is how many were queued when the
+	// lane took it (the lane moves the queue meanwhile). All guarded by
+	// session.qmu.
 	busy     bool
+	held     int
 	incoming []*item
 
 	// A partition whose transaction failed is failing until one succeeds:

@@ -531,9 +531,10 @@ func (s *session) logFetchErrors(fs kgo.Fetches) {
 func (s *session) pollSize() int { return s.batch * s.p.cfg.concurrency }
 
 // adaptBatch sets the batch limit of the next rounds from how far behind
-// the owned partitions are: the records queued, and those past the last
-// fetched up to the high watermark the fetches told (the queue of a
-// partition in flight is left out: its lane moves it). While that backlog is more than two rounds at the
+// the owned partitions are: the records queued (for a partition in
+// flight, as many as when its lane took it: the lane moves its queue), and
+// those past the last fetched up to the high watermark the fetches told.
+// While that backlog is more than two rounds at the
 // current limit, the limit doubles, up to catchUpGrowth times the batch
 // size; once it fits one round at the batch size, the limit is back to
 // the batch size. Fetches are resized with it. Called by accept, whose
@@ -543,7 +544,9 @@ func (s *session) adaptBatch() {
 	var backlog int64
 	for _, pt := range s.order {
 		backlog += int64(len(pt.incoming))
-		if !pt.busy {
+		if pt.busy {
+			backlog += int64(pt.held)
+		} else {
 			backlog += int64(len(pt.queue))
 		}
 		if pt.fetched > 0 && pt.hwm > pt.fetched {
