@@ -45,11 +45,12 @@ const DefaultBatchSize = 4000
 // catchUpGrowth is how many times its batch size a projector's
 // transactions may grow to while it catches up. Larger transactions cost
 // Postgres less per record (fewer commits and statements, longer COPYs):
-// at 16,000 records a transaction, about a fifth less CPU than at 4,000
-// (BENCHMARKS.md). They start at the batch size, so that the first
-// transaction of a backlog is not held back by a large first fetch, and
-// return to it once the projector has caught up, where a small backlog
-// applies in small transactions anyway.
+// 6–15% less Postgres CPU per event in the registry benchmark, a quarter
+// or more for its statements alone (BENCHMARKS.md, "Where the bound is").
+// They start at the batch size, so that the first transaction of a
+// backlog is not held back by a large first fetch, and return to it once
+// the projector has caught up, where a small backlog applies in small
+// transactions anyway.
 const catchUpGrowth = 4
 
 // fetchMaxBytes sizes fetches to batches of batch records, taking a domain
