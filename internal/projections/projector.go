@@ -631,8 +631,10 @@ func (s *session) roundContext(ctx context.Context) (context.Context, context.Ca
 // resumes them once they drained, and updates the lag gauges.
 func (s *session) housekeeping() {
 	// A batch queued is all a partition needs to resume at full speed
-	// once it recovers.
-	pauseAt, resumeBelow := s.batch, max(s.batch/2, 1)
+	// once it recovers. The batch size, not the catch-up limit: when
+	// Postgres is down every partition fails while the backlog grows,
+	// and each may hold this much in memory.
+	pauseAt, resumeBelow := s.p.cfg.batchSize, max(s.p.cfg.batchSize/2, 1)
 	var pause, resume map[string][]int32
 	add := func(m *map[string][]int32, pt *partition) {
 		if *m == nil {
