@@ -535,11 +535,11 @@ func (s *session) pollSize() int { return s.batch * s.p.cfg.concurrency }
 // the owned partitions are: the records queued (for a partition in
 // flight, as many as when its lane took it: the lane moves its queue), and
 // those past the last fetched up to the high watermark the fetches told.
-// While that backlog is more than two rounds at the
-// current limit, the limit doubles, up to catchUpGrowth times the batch
-// size; once it fits one round at the batch size, the limit is back to
-// the batch size. Fetches are resized with it. Called by accept, whose
-// callers keep the lanes from reading the limit meanwhile.
+// While that backlog is more than two rounds at the current limit, the
+// limit doubles, up to catchUpGrowth times the batch size; once it fits
+// one round at the batch size, the limit is back to the batch size.
+// Fetches are resized with it. Called by accept, whose callers keep the
+// lanes from reading the limit meanwhile.
 func (s *session) adaptBatch() {
 	base, lanes := s.p.cfg.batchSize, s.p.cfg.concurrency
 	var backlog int64
@@ -626,9 +626,9 @@ func (s *session) roundContext(ctx context.Context) (context.Context, context.Ca
 }
 
 // housekeeping runs in the poll loop after a round: it pauses fetching of
-// partitions whose records pile up
-// (they are failing: a healthy partition's queue is emptied every round),
-// resumes them once they drained, and updates the lag gauges.
+// partitions whose records pile up (they are failing: a healthy partition's
+// queue is emptied every round), resumes them once they drained, and
+// updates the lag gauges.
 func (s *session) housekeeping() {
 	// A batch queued is all a partition needs to resume at full speed
 	// once it recovers. The batch size, not the catch-up limit: when
