@@ -3,6 +3,7 @@ package projections_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -32,7 +33,8 @@ import (
 // Two more phases of the same run say what any projection of these events
 // could reach here: replay_ratio_to_copy replays the projector's Postgres
 // statements without the log (the rows COPYed in its transactions' size,
-// their ids recorded in applied_events), and decode_go_cpu_s/100k is the
+// their ids recorded in applied_events; replay_two_… on two connections
+// side by side, as two lanes write), and decode_go_cpu_s/100k is the
 // CPU of fetching and decoding the records alone; cpu_bound_ratio_to_copy
 // is what the projection could reach were the cores never idle (cpuBound).
 func BenchmarkProjection(b *testing.B) { benchProjection(b) }
@@ -67,9 +69,12 @@ func benchProjection(b *testing.B, opts ...projections.Option) {
 		b.Fatalf("copied %d rows, want %d", cp.rows, b.N)
 	}
 	checkpoint(b, pool)
-	rowsOnly := replayStatements(b, pool, cpu, cpuOK, cols, data, b.N/proj.batches, false)
+	perTx := b.N / proj.batches
+	rowsOnly := replayStatements(b, pool, cpu, cpuOK, cols, data, perTx, replay{writers: 1})
 	checkpoint(b, pool)
-	replay := replayStatements(b, pool, cpu, cpuOK, cols, data, b.N/proj.batches, true)
+	replayed := replayStatements(b, pool, cpu, cpuOK, cols, data, perTx, replay{ids: true, writers: 1})
+	checkpoint(b, pool)
+	sideBySide := replayStatements(b, pool, cpu, cpuOK, cols, data, perTx, replay{ids: true, writers: 2})
 	decodeCPU := decodeLog(b, e, b.N)
 
 	per := 100_000 / float64(b.N)
@@ -82,12 +87,13 @@ func benchProjection(b *testing.B, opts ...projections.Option) {
 		if proj.pgCPU > 0 {
 			b.ReportMetric(cp.pgCPU.Seconds()/proj.pgCPU.Seconds(), "pg_cpu_ratio")
 		}
-		b.ReportMetric(replay.pgCPU.Seconds()*per, "replay_pg_cpu_s/100k")
+		b.ReportMetric(replayed.pgCPU.Seconds()*per, "replay_pg_cpu_s/100k")
+		b.ReportMetric(sideBySide.pgCPU.Seconds()*per, "replay_two_pg_cpu_s/100k")
 		b.ReportMetric(rowsOnly.pgCPU.Seconds()*per, "replay_rows_pg_cpu_s/100k")
 	}
 	b.ReportMetric(proj.goCPU.Seconds()*per, "go_cpu_s/100k")
 	b.ReportMetric(decodeCPU.Seconds()*per, "decode_go_cpu_s/100k")
-	rate, copyRate, replayRate := float64(b.N)/proj.secs, float64(b.N)/cp.secs, float64(b.N)/replay.secs
+	rate, copyRate, replayRate := float64(b.N)/proj.secs, float64(b.N)/cp.secs, float64(b.N)/replayed.secs
 	b.ReportMetric(rate, "events/s")
 	b.ReportMetric(proj.steady, "steady_events/s")
 	b.ReportMetric(copyRate, "copy_rows/s")
@@ -95,6 +101,7 @@ func benchProjection(b *testing.B, opts ...projections.Option) {
 	b.ReportMetric(proj.steady/copyRate, "steady_ratio_to_copy")
 	b.ReportMetric(replayRate/copyRate, "replay_ratio_to_copy")
 	b.ReportMetric(float64(b.N)/rowsOnly.secs/copyRate, "replay_rows_ratio_to_copy")
+	b.ReportMetric(float64(b.N)/sideBySide.secs/copyRate, "replay_two_ratio_to_copy")
 	b.ReportMetric(float64(b.N)/float64(proj.batches), "events/tx")
 	b.ReportMetric(proj.firstCommit, "first_commit_s")
 	if cpuOK {
@@ -232,56 +239,73 @@ func copyRows(b *testing.B, pool *pgxpool.Pool, cpu *cpuMeter, cpuOK bool, cols 
 	return ph
 }
 
+// replay says what replayStatements replays: the rows alone or with
+// their ids, on how many connections side by side.
+type replay struct {
+	ids     bool
+	writers int
+}
+
 // replayStatements is the projector's Postgres work without the log: the
-// same rows COPYed into a table of the same shape and their event ids
-// recorded by the projector's statement in an empty table of
+// same rows COPYed into a table of the same shape and, with r.ids, their
+// event ids recorded by the projector's statement in an empty table of
 // applied_events' shape (as applied_events was when the projection
-// began), perTx rows a transaction with synchronous_commit off, on one
-// connection. What a projection with this dedupe costs Postgres
-// at the least, whatever its Go side does. Without ids it is the rows
-// alone, in transactions.
-func replayStatements(b *testing.B, pool *pgxpool.Pool, cpu *cpuMeter, cpuOK bool, cols []string, data [][]any, perTx int, withIDs bool) phase {
+// began), perTx rows a transaction with synchronous_commit off. On one
+// connection it is what a projection with this dedupe costs Postgres at
+// the least, whatever its Go side does. With r.writers connections side
+// by side, each takes every r.writers-th row of a stretch of
+// r.writers × perTx, so their transactions cover the same stretch of ids,
+// as the projector's lanes' do.
+func replayStatements(b *testing.B, pool *pgxpool.Pool, cpu *cpuMeter, cpuOK bool, cols []string, data [][]any, perTx int, r replay) phase {
 	ctx := context.Background()
-	table := "mailboxes_replay_rows"
-	if withIDs {
-		table = "mailboxes_replay"
-	}
+	table, ids := fmt.Sprintf("mailboxes_replay_%d_%t", r.writers, r.ids), fmt.Sprintf("applied_events_replay_%d_%t", r.writers, r.ids)
 	_, err := pool.Exec(ctx, `CREATE TABLE `+table+` (LIKE mailboxes INCLUDING ALL);
-CREATE TABLE IF NOT EXISTS applied_events_replay (LIKE applied_events INCLUDING ALL)`)
+CREATE TABLE `+ids+` (LIKE applied_events INCLUDING ALL)`)
 	must(b, err)
 	idCol := slices.Index(cols, "last_event_id")
 	if idCol < 0 {
 		b.Fatal("mailboxes has no last_event_id")
 	}
-	ids := make([][16]byte, len(data))
-	for i, r := range data {
-		ids[i] = r[idCol].([16]byte)
-	}
 	perTx = max(perTx, 1)
+	write := func(rows [][]any) error {
+		batch := make([][16]byte, len(rows))
+		for i, row := range rows {
+			batch[i] = row[idCol].([16]byte)
+		}
+		slices.SortFunc(batch, func(a, c [16]byte) int { return bytes.Compare(a[:], c[:]) })
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
+				return err
+			}
+			if _, err := tx.CopyFrom(ctx, pgx.Identifier{table}, cols, pgx.CopyFromRows(rows)); err != nil || !r.ids {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO `+ids+` (projector, event_id, applied_at) SELECT $1, unnest($2::uuid[]), $3`,
+				projections.RegistryName, batch, time.Now())
+			return err
+		})
+	}
 	var pg0 time.Duration
 	if cpuOK {
 		pg0 = cpu.postgres(b)
 	}
 	start := time.Now()
-	for i := 0; i < len(data); i += perTx {
-		j := min(i+perTx, len(data))
-		batch := slices.Clone(ids[i:j])
-		slices.SortFunc(batch, func(a, c [16]byte) int { return bytes.Compare(a[:], c[:]) })
-		tx, err := pool.Begin(ctx)
-		must(b, err)
-		_, err = tx.Exec(ctx, `SET LOCAL synchronous_commit = off`)
-		must(b, err)
-		_, err = tx.CopyFrom(ctx, pgx.Identifier{table}, cols, pgx.CopyFromRows(data[i:j]))
-		must(b, err)
-		if !withIDs {
-			must(b, tx.Commit(ctx))
-			continue
-		}
-		_, err = tx.Exec(ctx, `INSERT INTO applied_events_replay (projector, event_id, applied_at) SELECT $1, unnest($2::uuid[]), $3`,
-			projections.RegistryName, batch, time.Now())
-		must(b, err)
-		must(b, tx.Commit(ctx))
+	errs := make([]error, r.writers)
+	var wg sync.WaitGroup
+	for w := range r.writers {
+		wg.Go(func() {
+			stretch := r.writers * perTx
+			for i := 0; i < len(data) && errs[w] == nil; i += stretch {
+				var rows [][]any
+				for k := i + w; k < min(i+stretch, len(data)); k += r.writers {
+					rows = append(rows, data[k])
+				}
+				errs[w] = write(rows)
+			}
+		})
 	}
+	wg.Wait()
+	must(b, errors.Join(errs...))
 	ph := phase{secs: time.Since(start).Seconds(), rows: int64(len(data))}
 	if cpuOK {
 		ph.pgCPU = cpu.postgres(b) - pg0
