@@ -1,0 +1,8 @@
+package projections
+
+// The projector's own statements, for the benchmark's replay of them
+// (bench_test.go), so that it replays what the projector sends.
+const (
+	AsyncCommitSQL   = asyncCommitSQL
+	RecordAppliedSQL = recordAppliedSQL
+)
