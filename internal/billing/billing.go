@@ -326,7 +326,7 @@ func (w *webhook) serve(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	publish := func(out http.ResponseWriter, changes []planChange) {
+	publish := func(out http.ResponseWriter, changes []orgChange) {
 		events := make([]domain.Event, len(changes))
 		for i, c := range changes {
 			events[i] = w.planEvent(ev, c)
@@ -365,7 +365,7 @@ func (w *webhook) serve(rw http.ResponseWriter, r *http.Request) {
 // ev. Its id is derived from ev's id and c's time (EventID), so producing
 // the same change again after a failed commit dedupes downstream; the
 // change of the org a subscription left gets an id of its own.
-func (w *webhook) planEvent(ev stripeEvent, c planChange) domain.Event {
+func (w *webhook) planEvent(ev stripeEvent, c orgChange) domain.Event {
 	id := EventID(ev.ID, c.at.Unix())
 	if c.released {
 		id = derivedEventID("mailplane.billing.stripe.released.v1\x00"+ev.ID+"\x00"+c.orgID, c.at.Unix())
@@ -383,7 +383,8 @@ func (w *webhook) planEvent(ev stripeEvent, c planChange) domain.Event {
 	}
 }
 
-// planChange maps a subscription event to the org's plan. Problems carry
+// planChange maps a subscription event to what the subscription grants its
+// org (the org itself may hold more: plan.go). Problems carry
 // field paths in the Stripe event; code is the problems' top-level code.
 func (w *webhook) planChange(ev stripeEvent) (*domain.OrgPlanChanged, string, domain.Code, domain.Problems) {
 	pc, sub, code, ps := w.planChangeOf(ev)

@@ -97,7 +97,7 @@ type outcome struct {
 // commits only if publish answered 202; without changes it commits with
 // nothing produced.
 func apply(ctx context.Context, db *pgxpool.Pool, ev stripeEvent, subscription, orgID string, g grant, now time.Time,
-	publish func(http.ResponseWriter, []planChange), rw *bufferedResponse) (outcome, error) {
+	publish func(http.ResponseWriter, []orgChange), rw *bufferedResponse) (outcome, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return outcome{}, err

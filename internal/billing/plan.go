@@ -60,10 +60,10 @@ type orgRow struct {
 	at       time.Time
 }
 
-// planChange is an org.plan_changed to produce: the org's new derived
+// orgChange is an org.plan_changed to produce: the org's new derived
 // plan, at its time. released marks the org a subscription left (its
 // metadata now names another org).
-type planChange struct {
+type orgChange struct {
 	orgID    string
 	plan     grant
 	at       time.Time
@@ -112,7 +112,7 @@ func orgGrants(ctx context.Context, tx pgx.Tx, orgID string) ([]grant, error) {
 	})
 }
 
-func setOrgPlan(ctx context.Context, tx pgx.Tx, c planChange, stripeEventID string, now time.Time) error {
+func setOrgPlan(ctx context.Context, tx pgx.Tx, c orgChange, stripeEventID string, now time.Time) error {
 	_, err := tx.Exec(ctx, `UPDATE billing_orgs SET plan = $2, dedicated_workers = $3, plan_time = $4, event_id = $5, updated_at = $6
 WHERE org_id = $1`, c.orgID, string(c.plan.plan), c.plan.dedicated, c.at, stripeEventID, now)
 	return err
@@ -123,8 +123,8 @@ WHERE org_id = $1`, c.orgID, string(c.plan.plan), c.plan.dedicated, c.at, stripe
 // as the org's last produced plan. An org's first plan is always produced;
 // a change is dated at the event's created time, or at the org's last
 // change if that is later, so an org's plan changes never go back in time.
-func derivePlans(ctx context.Context, tx pgx.Tx, ev stripeEvent, eventOrg string, orgs map[string]orgRow, order []string, now time.Time) ([]planChange, error) {
-	var changes []planChange
+func derivePlans(ctx context.Context, tx pgx.Tx, ev stripeEvent, eventOrg string, orgs map[string]orgRow, order []string, now time.Time) ([]orgChange, error) {
+	var changes []orgChange
 	for _, org := range order {
 		gs, err := orgGrants(ctx, tx, org)
 		if err != nil {
@@ -138,7 +138,7 @@ func derivePlans(ctx context.Context, tx pgx.Tx, ev stripeEvent, eventOrg string
 		if r.at.After(at) {
 			at = r.at
 		}
-		c := planChange{orgID: org, plan: p, at: at, released: org != eventOrg}
+		c := orgChange{orgID: org, plan: p, at: at, released: org != eventOrg}
 		if err := setOrgPlan(ctx, tx, c, ev.ID, now); err != nil {
 			return nil, err
 		}
