@@ -118,8 +118,13 @@ func (c *Caller) PublishScopeMissing(eventType string) string {
 
 // MaySpeakAs reports whether the caller may publish an event with ce
 // source src: its own source, or a URI path below it ("/product-api"
-// covers "/product-api/sessions", not "/product-api2"). A source ending in
-// "/" or ":" ("urn:acme:") is a prefix as it stands.
+// covers "/product-api/sessions", not "/product-api2" nor
+// "/product-api-evil"). A source ending in "/" or ":" ("urn:acme:") is a
+// prefix as it stands.
+//
+// What follows the caller's source is refused rather than normalised
+// unless it is plain segments (belowSegments): a reader that resolves dot
+// segments must not find "/product-api/../../billing" to be "/billing".
 func (c *Caller) MaySpeakAs(src string) bool {
 	if c == nil || c.Source == "" {
 		return false
@@ -127,10 +132,44 @@ func (c *Caller) MaySpeakAs(src string) bool {
 	if src == c.Source {
 		return true
 	}
-	if strings.HasSuffix(c.Source, "/") || strings.HasSuffix(c.Source, ":") {
-		return strings.HasPrefix(src, c.Source)
+	prefix := c.Source
+	if !strings.HasSuffix(prefix, "/") && !strings.HasSuffix(prefix, ":") {
+		prefix += "/"
 	}
-	return strings.HasPrefix(src, c.Source+"/")
+	rest, ok := strings.CutPrefix(src, prefix)
+	return ok && belowSegments(rest)
+}
+
+// belowSegments reports whether rest, the part of a source after its
+// caller's prefix, is one or more path segments that no URI resolver would
+// move out of the prefix: none empty (a leading "//" would even start an
+// authority), none "." or "..", no backslash, and no percent escape of
+// ".", "/", backslash or "%" (so "%2e%2e", "%2f" and a double-encoded
+// "%252e" are refused, as is a malformed escape). A query or fragment
+// ends the path, so segments are checked up to there.
+func belowSegments(rest string) bool {
+	path := rest
+	if i := strings.IndexAny(path, "?#"); i >= 0 {
+		path = path[:i]
+	}
+	for seg := range strings.SplitSeq(path, "/") {
+		if seg == "" || seg == "." || seg == ".." || strings.ContainsRune(seg, '\\') {
+			return false
+		}
+		for i := 0; i < len(seg); i++ {
+			if seg[i] != '%' {
+				continue
+			}
+			if i+2 >= len(seg) || !isHex(seg[i+1]) || !isHex(seg[i+2]) {
+				return false
+			}
+			switch strings.ToLower(seg[i+1 : i+3]) {
+			case "2e", "2f", "5c", "25":
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // MayHeartbeatAs reports whether the caller may heartbeat as workerID:

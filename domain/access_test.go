@@ -62,6 +62,44 @@ func TestMaySpeakAs(t *testing.T) {
 		{"mailplane/cli", "mailplane/cli", true},
 		{"mailplane/cli", "mailplane/health", false},
 		{"", "", false},
+		// Below means plain segments after "<source>/": dot segments, raw or
+		// percent-encoded in any case, empty segments, backslashes and
+		// escapes of "/", "\\" or "%" are refused, not normalised.
+		{"/product-api", "/product-api-evil", false},
+		{"/product-api", "/product-api-evil/x", false},
+		{"/product-api", "/product-api/../../billing", false},
+		{"/product-api", "/product-api/..", false},
+		{"/product-api", "/product-api/.", false},
+		{"/product-api", "/product-api/./x", false},
+		{"/product-api", "/product-api/x/../../billing", false},
+		{"/product-api", "/product-api/%2e%2e/billing", false},
+		{"/product-api", "/product-api/%2E%2E/billing", false},
+		{"/product-api", "/product-api/.%2e/billing", false},
+		{"/product-api", "/product-api/%2e/x", false},
+		{"/product-api", "/product-api/%252e%252e/billing", false},
+		{"/product-api", "/product-api/x%2f..%2f..%2fbilling", false},
+		{"/product-api", "/product-api/..%5c..%5cbilling", false},
+		{"/product-api", "/product-api/..\\billing", false},
+		{"/product-api", "/product-api/%zz", false},
+		{"/product-api", "/product-api/x%2", false},
+		{"/product-api", "/product-api/", false},
+		{"/product-api", "/product-api//billing", false},
+		{"/product-api", "/product-api/x//y", false},
+		{"/product-api", "/product-api/x/", false},
+		{"/product-api", "/product-api/..?x=1", false},
+		{"/product-api", "/product-api/..#frag", false},
+		{"/product-api", "/product-api/?x", false},
+		{"/", "//evil.example/billing", false},
+		{"/", "/../billing", false},
+		{"urn:acme:", "urn:acme:../billing", false},
+		{"urn:acme:", "urn:acme:", true},
+		// Plain segments, escapes of other bytes, dots inside a segment, a
+		// query after a segment stay below.
+		{"/product-api", "/product-api/sessions/v2", true},
+		{"/product-api", "/product-api/a..b/.hidden/x.", true},
+		{"/product-api", "/product-api/caf%C3%A9", true},
+		{"/product-api", "/product-api/sessions?shard=2", true},
+		{"/product-api", "/product-api/sessions#x", true},
 	} {
 		if got := (&Caller{Source: tc.own}).MaySpeakAs(tc.src); got != tc.ok {
 			t.Errorf("%q as %q: %v", tc.own, tc.src, got)

@@ -119,6 +119,40 @@ func TestTransportPolicyEndpoint(t *testing.T) {
 		{allow, "192.168.7.7", domain.TLSNone, ""},
 		{allow, "192.168.7.8", domain.TLSImplicit, domain.CodeEndpointRefused},
 		{domain.MustTransportPolicy("127.0.0.1"), "127.0.0.1", domain.TLSNone, ""},
+		// IPv6 forms of internal IPv4 addresses are internal: NAT64
+		// (well-known and local-use), 6to4, IPv4-compatible, Teredo.
+		{none, "64:ff9b::7f00:1", domain.TLSImplicit, domain.CodeEndpointRefused},                      // 127.0.0.1
+		{none, "64:ff9b::a9fe:a9fe", domain.TLSImplicit, domain.CodeEndpointRefused},                   // 169.254.169.254
+		{none, "64:ff9b::10.1.2.3", domain.TLSImplicit, domain.CodeEndpointRefused},                    // private
+		{none, "64:ff9b::6440:101", domain.TLSImplicit, domain.CodeEndpointRefused},                    // CGNAT 100.64.1.1
+		{none, "64:ff9b:1::5db8:d822", domain.TLSImplicit, domain.CodeEndpointRefused},                 // local-use prefix: internal whatever it carries
+		{none, "64:ff9b:1:7f00:1::", domain.TLSImplicit, domain.CodeEndpointRefused},                   // 127.0.0.1 in a /48 embedding
+		{none, "2002:c0a8:101::1", domain.TLSImplicit, domain.CodeEndpointRefused},                     // 192.168.1.1
+		{none, "2002:a9fe:a9fe::", domain.TLSImplicit, domain.CodeEndpointRefused},                     // 169.254.169.254
+		{none, "2002:7f00:1::1", domain.TLSImplicit, domain.CodeEndpointRefused},                       // 127.0.0.1
+		{none, "::7f00:1", domain.TLSImplicit, domain.CodeEndpointRefused},                             // IPv4-compatible 127.0.0.1
+		{none, "::ffff:a9fe:a9fe", domain.TLSImplicit, domain.CodeEndpointRefused},                     // IPv4-mapped 169.254.169.254
+		{none, "2001:0:4136:e378:8000:63bf:80ff:fffe", domain.TLSImplicit, domain.CodeEndpointRefused}, // Teredo, client 127.0.0.1
+		{none, "2001:0:a00:1::1", domain.TLSImplicit, domain.CodeEndpointRefused},                      // Teredo, server 10.0.0.1
+		{none, "fec0::1", domain.TLSImplicit, domain.CodeEndpointRefused},                              // site-local
+		{none, "0.1.2.3", domain.TLSImplicit, domain.CodeEndpointRefused},                              // "this network"
+		// The same forms of public addresses stay public.
+		{none, "64:ff9b::5db8:d822", domain.TLSImplicit, ""}, // 93.184.216.34
+		{none, "2002:5db8:d822::1", domain.TLSImplicit, ""},
+		{none, "2001:0:4136:e378:8000:63bf:a247:27dd", domain.TLSImplicit, ""}, // client 93.184.216.34
+		{none, "2606:2800:220:1:248:1893:25c8:1946", domain.TLSImplicit, ""},
+		// Allowlisting an IPv4 address does not allowlist a translator's
+		// form of it; the form itself can be allowlisted.
+		{domain.MustTransportPolicy("127.0.0.0/8"), "64:ff9b::7f00:1", domain.TLSImplicit, domain.CodeEndpointRefused},
+		{domain.MustTransportPolicy("64:ff9b::/96"), "64:ff9b::a00:1", domain.TLSImplicit, ""},
+		// An entry with a port allows that port only (the cases are on
+		// 993); bare entries allow every port.
+		{domain.MustTransportPolicy("127.0.0.1:1143"), "127.0.0.1", domain.TLSNone, domain.CodeEndpointRefused},
+		{domain.MustTransportPolicy("127.0.0.1:993"), "127.0.0.1", domain.TLSNone, ""},
+		{domain.MustTransportPolicy("[::1]:993"), "::1", domain.TLSNone, ""},
+		{domain.MustTransportPolicy("[::1]:1143"), "::1", domain.TLSNone, domain.CodeEndpointRefused},
+		{domain.MustTransportPolicy("imap.corp.internal:1143"), "imap.corp.internal", domain.TLSNone, domain.CodePlaintextRefused},
+		{domain.MustTransportPolicy("imap.corp.internal:993"), "imap.corp.internal", domain.TLSNone, ""},
 	}
 	for _, c := range cases {
 		ps := c.p.CheckEndpoint(domain.IMAPEndpoint{Host: c.host, Port: 993, TLS: c.tls, Username: "a"})
@@ -129,8 +163,54 @@ func TestTransportPolicyEndpoint(t *testing.T) {
 	if _, err := domain.ParseTransportPolicy("10.0.0.0/33"); err == nil {
 		t.Error("bad CIDR accepted")
 	}
-	if _, err := domain.ParseTransportPolicy("bad host!"); err == nil {
-		t.Error("bad host accepted")
+	for _, bad := range []string{"bad host!", "127.0.0.1:0", "127.0.0.1:65536", "imap.corp.internal:", "imap.corp.internal:+993",
+		"imap.corp.internal:99x", ":993", "::1:993:x", "[::1]", "[fe80::1%eth0]:993"} {
+		if _, err := domain.ParseTransportPolicy(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	p := domain.MustTransportPolicy(" 10.0.0.0/8, imap.corp.internal, IMAP.Other:1143, 127.0.0.1:1143, [::1]:1143, [::ffff:127.0.0.2]:1143 ")
+	if got, want := p.String(), "10.0.0.0/8,127.0.0.1:1143,127.0.0.2:1143,[::1]:1143,imap.corp.internal,imap.other:1143"; got != want {
+		t.Errorf("String() = %q, want %q", got, want)
+	}
+}
+
+// TestTransportPolicyDialPort: an entry with a port allows that port of
+// the address or host name it names, and no other, at dial time too (a
+// host name resolving to an allowlisted address on another port);
+// entries without one allow every port, as MAILPLANE_IMAP_ALLOW always
+// did.
+func TestTransportPolicyDialPort(t *testing.T) {
+	t.Parallel()
+	dev := domain.MustTransportPolicy("127.0.0.1:1143")
+	cases := []struct {
+		p      domain.TransportPolicy
+		host   string
+		peer   string
+		tls    domain.TLSMode
+		refuse bool
+	}{
+		{dev, "127.0.0.1", "127.0.0.1:1143", domain.TLSNone, false},
+		{dev, "localhost", "127.0.0.1:1143", domain.TLSNone, false},
+		{dev, "127.0.0.1", "127.0.0.1:5432", domain.TLSNone, true},
+		{dev, "127.0.0.1", "127.0.0.1:9090", domain.TLSImplicit, true},
+		{dev, "rebind.example.com", "127.0.0.1:6379", domain.TLSImplicit, true},
+		{dev, "127.0.0.2", "127.0.0.2:1143", domain.TLSNone, true},
+		{dev, "rebind.example.com", "[::ffff:127.0.0.1]:1143", domain.TLSNone, false},
+		{dev, "rebind.example.com", "[::1]:1143", domain.TLSNone, true},
+		{domain.MustTransportPolicy("imap.corp.internal:993"), "imap.corp.internal", "10.9.9.9:993", domain.TLSNone, false},
+		{domain.MustTransportPolicy("imap.corp.internal:993"), "imap.corp.internal", "10.9.9.9:22", domain.TLSImplicit, true},
+		{domain.MustTransportPolicy("imap.corp.internal:993"), "IMAP.CORP.INTERNAL", "10.9.9.9:993", domain.TLSImplicit, false},
+		// Backward compatible: a bare address, network or name, any port.
+		{domain.MustTransportPolicy("127.0.0.1"), "127.0.0.1", "127.0.0.1:5432", domain.TLSNone, false},
+		{domain.MustTransportPolicy("10.0.0.0/8"), "imap.corp.internal", "10.9.9.9:22", domain.TLSNone, false},
+		{domain.MustTransportPolicy("imap.corp.internal"), "imap.corp.internal", "10.9.9.9:22", domain.TLSNone, false},
+	}
+	for _, c := range cases {
+		why := c.p.DialRefusal(c.host, netip.MustParseAddrPort(c.peer), c.tls)
+		if (why != "") != c.refuse {
+			t.Errorf("%s at %s tls %s under %q: refusal %q, want refused %v", c.host, c.peer, c.tls, c.p, why, c.refuse)
+		}
 	}
 }
 
@@ -160,9 +240,22 @@ func TestTransportPolicyDial(t *testing.T) {
 		{loop, "localhost", "127.0.0.1", domain.TLSNone, false},
 		{loop, "imap.example.com", "93.184.216.34", domain.TLSNone, true},
 		{domain.MustTransportPolicy("imap.corp.internal"), "imap.corp.internal", "10.9.9.9", domain.TLSNone, false},
+		// A public name resolving to an IPv6 form of an internal IPv4
+		// address (a DNS64 answer, 6to4, IPv4-compatible, Teredo).
+		{none, "rebind.example.com", "64:ff9b::7f00:1", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "64:ff9b::a9fe:a9fe", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "64:ff9b::c0a8:101", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "64:ff9b:1::a00:1", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "2002:c0a8:101::1", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "2002:a9fe:a9fe::1", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "::a9fe:a9fe", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "2001:0:4136:e378:8000:63bf:80ff:fffe", domain.TLSImplicit, true},
+		{none, "imap.example.com", "64:ff9b::5db8:d822", domain.TLSImplicit, false},
+		{none, "imap.example.com", "2002:5db8:d822::1", domain.TLSImplicit, false},
+		{loop, "rebind.example.com", "64:ff9b::7f00:1", domain.TLSImplicit, true},
 	}
 	for _, c := range cases {
-		why := c.p.DialRefusal(c.host, netip.MustParseAddr(c.addr), c.tls)
+		why := c.p.DialRefusal(c.host, netip.AddrPortFrom(netip.MustParseAddr(c.addr), 993), c.tls)
 		if (why != "") != c.refuse {
 			t.Errorf("%s at %s tls %s under %q: refusal %q, want refused %v", c.host, c.addr, c.tls, c.p, why, c.refuse)
 		}

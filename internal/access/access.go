@@ -3,12 +3,16 @@
 // and the sending workers' credentials, derived from a fleet secret and the
 // worker id, so that a worker's token is good for its own id only.
 //
-// The file is reloaded without a restart (Watch: SIGHUP and an mtime poll);
-// a file that does not parse, or holds no caller, keeps the previous good
-// one in force, and the failure is logged and counted. Replace the file
-// atomically (write a new one, rename it over): a reload may otherwise read
-// it half-written. What a caller may do is decided by
-// domain.Caller; this package only tells who is calling.
+// The file is reloaded without a restart (Watch: SIGHUP and an mtime poll).
+// A reload of a file with invalid lines fails safe (Load): only the callers
+// the file's valid lines repeat unchanged stay in force, so a revocation
+// takes effect even beside a typo; a file that cannot be read, or holds no
+// caller line at all, keeps the callers in force. Either is logged,
+// counted and shown by mailplane_access_tokens_file_invalid until a good
+// file is loaded. Replace the file atomically (write a new one, rename it
+// over): a reload may otherwise read it half-written, and the callers
+// after the cut would be out until the next reload. What a caller may do
+// is decided by domain.Caller; this package only tells who is calling.
 //
 // File format, one caller a line, fields separated by white space, # starts
 // a comment:
@@ -21,7 +25,6 @@
 package access
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -67,8 +70,20 @@ type entry struct {
 // reported (with its line number), so an operator fixes them in one go.
 func Parse(b []byte) ([]*domain.Caller, [][sha256.Size]byte, error) {
 	if len(b) > maxFileBytes {
-		return nil, nil, fmt.Errorf("access: tokens file larger than %d bytes", maxFileBytes)
+		return nil, nil, errTooLarge
 	}
+	callers, hashes, errs := parseLines(b)
+	if len(errs) > 0 {
+		return nil, nil, fmt.Errorf("access: tokens file: %w", errors.Join(errs...))
+	}
+	return callers, hashes, nil
+}
+
+var errTooLarge = fmt.Errorf("access: tokens file larger than %d bytes", maxFileBytes)
+
+// parseLines returns the callers of b's valid lines, and a problem for
+// each other line.
+func parseLines(b []byte) ([]*domain.Caller, [][sha256.Size]byte, []error) {
 	var (
 		callers []*domain.Caller
 		hashes  [][sha256.Size]byte
@@ -76,10 +91,11 @@ func Parse(b []byte) ([]*domain.Caller, [][sha256.Size]byte, error) {
 		names   = map[string]int{}
 		seen    = map[[sha256.Size]byte]int{}
 	)
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(make([]byte, 0, 4096), 64<<10)
-	for n := 1; sc.Scan(); n++ {
-		line := sc.Text()
+	// Split rather than scan: no line is too long to be read, so one
+	// invalid line never hides the lines after it.
+	for i, raw := range bytes.Split(b, []byte("\n")) {
+		n := i + 1
+		line := strings.TrimSuffix(string(raw), "\r")
 		if i := strings.IndexByte(line, '#'); i >= 0 {
 			line = line[:i]
 		}
@@ -129,13 +145,7 @@ func Parse(b []byte) ([]*domain.Caller, [][sha256.Size]byte, error) {
 		callers = append(callers, &domain.Caller{Name: name, Scopes: scopes, Source: source})
 		hashes = append(hashes, h)
 	}
-	if err := sc.Err(); err != nil {
-		errs = append(errs, err)
-	}
-	if len(errs) > 0 {
-		return nil, nil, fmt.Errorf("access: tokens file: %w", errors.Join(errs...))
-	}
-	return callers, hashes, nil
+	return callers, hashes, errs
 }
 
 // checkSource refuses sources that are empty, too long or carry control
@@ -248,9 +258,30 @@ func FromBytes(b []byte, opts ...Option) (*Authenticator, error) {
 	return a, nil
 }
 
-// Load (re)reads the tokens file. On failure the callers in force stay;
-// the error is logged, counted and returned. It reports whether the file
-// changed since the last successful load.
+// Load (re)reads the tokens file. It reports whether the callers in force
+// changed.
+//
+// A file whose lines all parse replaces the callers in force. A file with
+// invalid lines fails safe: the callers in force become those that the
+// file's valid lines repeat unchanged (same name, token hash, scopes and
+// source), and nothing else. So a caller the file no longer names, or
+// names with another token, scopes or source, or on an invalid line, is
+// refused from this reload on, while untouched callers keep working; a
+// caller the file adds, or a change it makes, waits for a file without
+// errors. Keeping the previous callers whole (as before) left a revoked
+// token working for as long as any other line held a typo; applying the
+// valid lines alone would let a typo on the line that narrows a caller
+// (the revocation itself) keep its old grant. Only the intersection can
+// neither keep nor grant access either version of the file takes away.
+// The cost falls on a file written in place and read half-written: the
+// callers after the cut are out until the next reload reads it whole.
+//
+// A file that cannot be read, is too large, or holds no caller line at
+// all (an editor's truncation, most likely) keeps the callers in force:
+// revoking everyone is stopping the api role. At start (New), any error
+// refuses the file. Every failure is logged with each problem, counted
+// (mailplane_access_reloads_total{result="partial"|"error"}) and shown by
+// mailplane_access_tokens_file_invalid until a good file is loaded.
 func (a *Authenticator) Load() (bool, error) {
 	if a.path == "" {
 		return false, nil
@@ -269,16 +300,28 @@ func (a *Authenticator) Load() (bool, error) {
 	if err == nil {
 		b, err = os.ReadFile(a.path)
 	}
-	var callers []*domain.Caller
-	var hashes [][sha256.Size]byte
-	if err == nil {
-		callers, hashes, err = Parse(b)
+	if err == nil && len(b) > maxFileBytes {
+		err = errTooLarge
 	}
-	if err == nil && len(callers) == 0 {
-		// Most likely a file caught between truncation and write (an
-		// editor writing in place): dropping every caller would be an
-		// outage. Revoking everyone is stopping the api role.
-		err = errors.New("access: the tokens file has no callers")
+	var (
+		callers []*domain.Caller
+		hashes  [][sha256.Size]byte
+		lineErr []error
+	)
+	if err == nil {
+		callers, hashes, lineErr = parseLines(b)
+		if len(callers) == 0 && len(lineErr) == 0 {
+			// Most likely a file caught between truncation and write (an
+			// editor writing in place): dropping every caller would be an
+			// outage. Revoking everyone is stopping the api role.
+			err = errors.New("access: the tokens file has no callers")
+		}
+	}
+	a.mu.RLock()
+	started := a.entries != nil
+	a.mu.RUnlock()
+	if err == nil && len(lineErr) > 0 && !started {
+		err = fmt.Errorf("access: tokens file: %w", errors.Join(lineErr...))
 	}
 	if err != nil {
 		if st != nil {
@@ -287,6 +330,7 @@ func (a *Authenticator) Load() (bool, error) {
 			a.mu.Unlock()
 		}
 		a.m.reloads.WithLabelValues("error").Inc()
+		a.m.invalid.Set(1)
 		a.log.Error("tokens file not loaded; the previous callers stay in force", "path", a.path, "err", err)
 		return false, err
 	}
@@ -295,12 +339,43 @@ func (a *Authenticator) Load() (bool, error) {
 		es[i] = entry{hash: hashes[i], caller: callers[i]}
 	}
 	a.mu.Lock()
+	if len(lineErr) > 0 {
+		es = unchangedIn(a.entries, es)
+	}
+	changed := !slices.EqualFunc(a.entries, es, sameEntry)
 	a.entries, a.mod, a.size = es, st.ModTime(), st.Size()
+	a.badMod, a.badSize = time.Time{}, 0
 	a.mu.Unlock()
-	a.m.reloads.WithLabelValues("ok").Inc()
 	a.m.callers.Set(float64(len(es)))
+	if len(lineErr) > 0 {
+		err := fmt.Errorf("access: tokens file: %w", errors.Join(lineErr...))
+		a.m.reloads.WithLabelValues("partial").Inc()
+		a.m.invalid.Set(1)
+		a.log.Error("tokens file has invalid lines: only the callers its valid lines repeat unchanged stay in force; fix the file to apply its other changes",
+			"path", a.path, "callers", len(es), "invalid_lines", len(lineErr), "err", err)
+		return changed, err
+	}
+	a.m.reloads.WithLabelValues("ok").Inc()
+	a.m.invalid.Set(0)
 	a.log.Info("tokens file loaded", "path", a.path, "callers", len(es))
-	return true, nil
+	return changed, nil
+}
+
+// unchangedIn returns the entries of inForce that next holds unchanged,
+// in inForce's order.
+func unchangedIn(inForce, next []entry) []entry {
+	out := []entry{}
+	for _, e := range inForce {
+		if slices.ContainsFunc(next, func(n entry) bool { return sameEntry(e, n) }) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func sameEntry(a, b entry) bool {
+	return a.hash == b.hash && a.caller.Name == b.caller.Name && a.caller.Source == b.caller.Source &&
+		slices.Equal(a.caller.Scopes, b.caller.Scopes)
 }
 
 // Watch reloads the file on SIGHUP and whenever its mtime or size changes
@@ -359,6 +434,7 @@ func (a *Authenticator) Authenticate(token string) (*domain.Caller, bool) {
 type metrics struct {
 	reloads  *prometheus.CounterVec
 	callers  prometheus.Gauge
+	invalid  prometheus.Gauge
 	refusals *prometheus.CounterVec
 }
 
@@ -366,8 +442,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mailplane_access_reloads_total",
-			Help: "Loads of the API tokens file, by result (ok, error: the previous callers stay in force).",
+			Help: "Loads of the API tokens file, by result (ok; partial: invalid lines, only the callers the valid lines repeat unchanged stay; error: unreadable or without callers, the previous callers stay in force).",
 		}, []string{"result"}),
+		invalid: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mailplane_access_tokens_file_invalid",
+			Help: "1 while the API tokens file last read was not applied whole (invalid lines, unreadable, or without callers), 0 once a good file is loaded.",
+		}),
 		callers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "mailplane_access_callers",
 			Help: "Callers in force from the API tokens file.",
@@ -380,9 +460,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	if reg != nil {
 		m.reloads = promreg.MustRegister(reg, m.reloads)
 		m.callers = promreg.MustRegister(reg, m.callers)
+		m.invalid = promreg.MustRegister(reg, m.invalid)
 		m.refusals = promreg.MustRegister(reg, m.refusals)
 	}
 	m.reloads.WithLabelValues("ok")
+	m.reloads.WithLabelValues("partial")
 	m.reloads.WithLabelValues("error")
 	return m
 }

@@ -2,10 +2,13 @@ package access_test
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -118,8 +121,9 @@ func TestAuthenticate(t *testing.T) {
 }
 
 // TestReloadWithoutRestart: a caller added to the file is accepted and a
-// revoked one refused, without a new Authenticator; a file that does not
-// parse keeps the previous callers in force and is counted.
+// revoked one refused, without a new Authenticator; a file without any
+// caller line (truncated) keeps the previous callers in force and is
+// counted.
 func TestReloadWithoutRestart(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "tokens")
@@ -142,15 +146,19 @@ func TestReloadWithoutRestart(t *testing.T) {
 		access.Line("billing", tokBilling, []string{"ops", "publish:org.plan_changed"}, "/billing")+"\n", t0.Add(time.Second))
 	waitFor(t, "billing accepted", func() bool { _, ok := a.Authenticate(tokBilling); return ok })
 
-	// A broken file: both stay in force; the failure is counted.
-	write(t, path, "billing nothex ops /billing\n", t0.Add(2*time.Second))
+	// A file with no caller line: both stay in force; the failure is
+	// counted and shown.
+	write(t, path, "# being rewritten\n", t0.Add(2*time.Second))
 	waitFor(t, "the failed reload counted", func() bool {
 		return reloads(t, reg, "error") == 1
 	})
 	for _, tok := range []string{tokProduct, tokBilling} {
 		if _, ok := a.Authenticate(tok); !ok {
-			t.Fatal("a broken file dropped a caller")
+			t.Fatal("a file without callers dropped a caller")
 		}
+	}
+	if got := gauge(t, reg, "mailplane_access_tokens_file_invalid"); got != 1 {
+		t.Errorf("mailplane_access_tokens_file_invalid = %v after a failed reload", got)
 	}
 
 	// Revoke the product.
@@ -159,6 +167,121 @@ func TestReloadWithoutRestart(t *testing.T) {
 	if _, ok := a.Authenticate(tokBilling); !ok {
 		t.Fatal("billing lost")
 	}
+	if got := gauge(t, reg, "mailplane_access_tokens_file_invalid"); got != 0 {
+		t.Errorf("mailplane_access_tokens_file_invalid = %v after a good file", got)
+	}
+}
+
+// TestReloadRevokesBesideATypo: an edit that revokes a token and holds a
+// typo is not refused whole. The revoked caller (its line deleted) is
+// refused, and so is the caller whose line was narrowed with a typo; the
+// untouched callers keep working; the caller the edit adds, on a valid
+// line, waits for a file without errors. The typo's line is reported, the
+// reload counted as partial and the file shown invalid until it is fixed.
+func TestReloadRevokesBesideATypo(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "tokens")
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const (
+		tokKeep    = "mpt_keep_0f1e2d3c4b5a69788796a5b4c3d2e1f0"
+		tokAdded   = "mpt_added_1a2b3c4d5e6f708192a3b4c5d6e7f809"
+		tokRotated = "mpt_rotated_99aa88bb77cc66dd55ee44ff3300"
+	)
+	product := access.Line("product", tokProduct, []string{"publish:public"}, "/p")
+	billing := access.Line("billing", tokBilling, []string{"ops", "publish:org.plan_changed"}, "/billing")
+	keep := access.Line("keep", tokKeep, []string{"fleet:read"}, "/keep")
+	write(t, path, product+"\n"+billing+"\n"+keep+"\n", t0)
+	reg := prometheus.NewRegistry()
+	var logs strings.Builder
+	var mu sync.Mutex
+	a, err := access.New(path, access.WithRegisterer(reg),
+		access.WithLogger(slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go a.Watch(ctx, 10*time.Millisecond)
+
+	// The edit: product's line deleted (revoked); billing narrowed to
+	// publish:org.plan_changed, which is invalid without ops (the typo, on
+	// line 1); keep untouched; a new caller added on a valid line.
+	write(t, path, access.Line("billing", tokBilling, []string{"publish:org.plan_changed"}, "/billing")+"\n"+
+		keep+"\n"+access.Line("added", tokAdded, []string{"publish:public"}, "/added")+"\n", t0.Add(time.Second))
+	waitFor(t, "the partial reload counted", func() bool { return reloads(t, reg, "partial") == 1 })
+	for name, tok := range map[string]string{"revoked product": tokProduct, "billing, narrowed with a typo": tokBilling, "added beside a typo": tokAdded} {
+		if c, ok := a.Authenticate(tok); ok {
+			t.Errorf("%s: authenticated as %+v", name, c)
+		}
+	}
+	if c, ok := a.Authenticate(tokKeep); !ok || c.Name != "keep" || c.Source != "/keep" {
+		t.Fatalf("the untouched caller: %+v %v", c, ok)
+	}
+	if got := gauge(t, reg, "mailplane_access_tokens_file_invalid"); got != 1 {
+		t.Errorf("mailplane_access_tokens_file_invalid = %v", got)
+	}
+	if got := gauge(t, reg, "mailplane_access_callers"); got != 1 {
+		t.Errorf("mailplane_access_callers = %v, want 1", got)
+	}
+	mu.Lock()
+	logged := logs.String()
+	mu.Unlock()
+	if !strings.Contains(logged, "line 1: caller billing:") || strings.Contains(logged, tokBilling) {
+		t.Errorf("the typo is not reported by its line (or a token is logged): %s", logged)
+	}
+
+	// Another edit with an error can only keep or take away: a token
+	// rotated (keep's line with another hash) beside a typo is refused,
+	// old and new.
+	write(t, path, access.Line("keep", tokRotated, []string{"fleet:read"}, "/keep")+"\nnot a line\n", t0.Add(2*time.Second))
+	waitFor(t, "the second partial reload counted", func() bool { return reloads(t, reg, "partial") == 2 })
+	for _, tok := range []string{tokKeep, tokRotated} {
+		if _, ok := a.Authenticate(tok); ok {
+			t.Errorf("token %s... authenticated beside a typo", tok[:8])
+		}
+	}
+
+	// Fixed: the file applies whole.
+	write(t, path, billing+"\n"+keep+"\n"+access.Line("added", tokAdded, []string{"publish:public"}, "/added")+"\n", t0.Add(3*time.Second))
+	waitFor(t, "the added caller accepted", func() bool { _, ok := a.Authenticate(tokAdded); return ok })
+	for _, tok := range []string{tokBilling, tokKeep} {
+		if _, ok := a.Authenticate(tok); !ok {
+			t.Errorf("token %s... refused after the fix", tok[:8])
+		}
+	}
+	if _, ok := a.Authenticate(tokProduct); ok {
+		t.Error("the revoked product came back")
+	}
+	if got := gauge(t, reg, "mailplane_access_tokens_file_invalid"); got != 0 {
+		t.Errorf("mailplane_access_tokens_file_invalid = %v after the fix", got)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// gauge reads the unlabelled gauge name from reg.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no gauge %s", name)
+	return 0
 }
 
 // TestReloadOnSIGHUP: SIGHUP rereads the file even when its mtime and size

@@ -71,29 +71,59 @@ func TestProducerTokenCannotPublishInternalTypes(t *testing.T) {
 // and nothing reaches the log.
 func TestSourceSpoofingRefused(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, envOpts{})
-	for _, src := range []string{"/billing", "mailplane/health", "urn:mailplane:test2", "urn:mailplane:tes", "urn:mailplane"} {
+	const tokenProduct = "tok-product-api-5e6f7a8b9c0d1e2f3a4b"
+	auth, err := access.FromBytes([]byte(
+		access.Line("product", tokenB, []string{domain.ScopePublishPublic}, "urn:mailplane:test") + "\n" +
+			access.Line("product-api", tokenProduct, []string{domain.ScopePublishPublic}, "/product-api") + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, envOpts{opts: []Option{WithAuthenticator(auth)}})
+	for _, c := range []struct{ token, src string }{
+		{tokenB, "/billing"}, {tokenB, "mailplane/health"}, {tokenB, "urn:mailplane:test2"},
+		{tokenB, "urn:mailplane:tes"}, {tokenB, "urn:mailplane"},
+		// Below the caller's source by string prefix only: dot segments
+		// (raw or percent-encoded), empty segments, a sibling with a longer
+		// name.
+		{tokenB, "urn:mailplane:test/../../billing"},
+		{tokenB, "urn:mailplane:test/%2e%2e/%2E%2E/billing"},
+		{tokenB, "urn:mailplane:test//billing"},
+		{tokenProduct, "/product-api/../../billing"},
+		{tokenProduct, "/product-api/%2e%2e/%2e%2e/billing"},
+		{tokenProduct, "/product-api/x%2f..%2f..%2fbilling"},
+		{tokenProduct, "/product-api/./../billing"},
+		{tokenProduct, "/product-api//billing"},
+		{tokenProduct, "/product-api-evil"},
+		{tokenProduct, "/product-api-evil/sessions"},
+	} {
+		src := c.src
 		ev := with(userActive(), "source", src)
-		resp, body := e.do(req{ct: ContentTypeStructured, body: mustJSON(t, ev), token: ptr(tokenB)})
+		resp, body := e.do(req{ct: ContentTypeStructured, body: mustJSON(t, ev), token: ptr(c.token)})
 		if er := decodeErr(t, body); resp.StatusCode != http.StatusForbidden || er.Error.Code != domain.CodeSourceForbidden {
 			t.Errorf("structured %q: %d %s", src, resp.StatusCode, body)
 		}
 		h := binaryHeadersOf(ev)
-		h["Authorization"] = "Bearer " + tokenB
+		h["Authorization"] = "Bearer " + c.token
 		resp, body = e.do(req{ct: ContentTypeBinary, body: mustJSON(t, ev["data"]), token: ptr(""), headers: h})
 		if er := decodeErr(t, body); resp.StatusCode != http.StatusForbidden || er.Error.Code != domain.CodeSourceForbidden {
 			t.Errorf("binary %q: %d %s", src, resp.StatusCode, body)
 		}
-		resp, body = e.postBatchAs(tokenB, userActive(), ev)
+		resp, body = e.postBatchAs(c.token, userActive(), ev)
 		if resp.StatusCode != http.StatusForbidden {
 			t.Errorf("batch %q: %d %s", src, resp.StatusCode, body)
 		}
 	}
 	e.assertNothingProduced()
 	// A path below the caller's source is its own.
-	ok := with(userActive(), "source", "urn:mailplane:test/sessions")
-	if resp, body := e.do(req{ct: ContentTypeStructured, body: mustJSON(t, ok), token: ptr(tokenB)}); resp.StatusCode != http.StatusAccepted {
-		t.Fatalf("own sub-source: %d %s", resp.StatusCode, body)
+	for _, c := range []struct{ token, src string }{
+		{tokenB, "urn:mailplane:test/sessions"},
+		{tokenProduct, "/product-api"},
+		{tokenProduct, "/product-api/sessions/v2"},
+	} {
+		ok := with(userActive(), "source", c.src)
+		if resp, body := e.do(req{ct: ContentTypeStructured, body: mustJSON(t, ok), token: ptr(c.token)}); resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("own sub-source %q: %d %s", c.src, resp.StatusCode, body)
+		}
 	}
 }
 

@@ -69,22 +69,26 @@ func TestIngestRefusesCopiedSealedCredentials(t *testing.T) {
 
 // TestIngestTransportPolicy: with a transport policy, plain text to a
 // non-loopback host, internal IP literals outside the allowlist and a
-// gmail mailbox at a foreign host are refused, nothing reaches the log;
-// allowlisted endpoints pass.
+// gmail mailbox at a foreign host are refused (and an allowlisted host on
+// a port its entry does not name), nothing reaches the log; allowlisted
+// endpoints pass. (IPv6 literals are not host names at ingest; their
+// internal forms are refused on the resolved address, TestTransportPolicyDial
+// in domain.)
 func TestIngestTransportPolicy(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, envOpts{opts: []Option{WithTransportPolicy(domain.MustTransportPolicy("10.20.0.0/16,imap.corp.internal"))}})
+	e := newEnv(t, envOpts{opts: []Option{WithTransportPolicy(domain.MustTransportPolicy("10.20.0.0/16,imap.corp.internal:143"))}})
 	refused := map[string]struct {
 		imap map[string]any
 		prov string
 		code domain.Code
 	}{
-		"plain text to a public host": {map[string]any{"host": "attacker.example", "port": 143, "tls": "none", "username": "a"}, "smtp_imap", domain.CodePlaintextRefused},
-		"metadata address":            {map[string]any{"host": "169.254.169.254", "port": 80, "tls": "implicit", "username": "a"}, "smtp_imap", domain.CodeEndpointRefused},
-		"private, not allowlisted":    {map[string]any{"host": "10.30.0.1", "port": 993, "tls": "implicit", "username": "a"}, "smtp_imap", domain.CodeEndpointRefused},
-		"loopback, not allowlisted":   {map[string]any{"host": "127.0.0.1", "port": 1143, "tls": "none", "username": "a"}, "smtp_imap", domain.CodeEndpointRefused},
-		"gmail at a foreign host":     {map[string]any{"host": "attacker.example", "port": 993, "tls": "implicit", "username": "a"}, "gmail", domain.CodeProviderEndpoint},
-		"outlook in plain text":       {map[string]any{"host": "outlook.office365.com", "port": 143, "tls": "none", "username": "a"}, "outlook", domain.CodeProviderEndpoint},
+		"plain text to a public host":  {map[string]any{"host": "attacker.example", "port": 143, "tls": "none", "username": "a"}, "smtp_imap", domain.CodePlaintextRefused},
+		"metadata address":             {map[string]any{"host": "169.254.169.254", "port": 80, "tls": "implicit", "username": "a"}, "smtp_imap", domain.CodeEndpointRefused},
+		"private, not allowlisted":     {map[string]any{"host": "10.30.0.1", "port": 993, "tls": "implicit", "username": "a"}, "smtp_imap", domain.CodeEndpointRefused},
+		"loopback, not allowlisted":    {map[string]any{"host": "127.0.0.1", "port": 1143, "tls": "none", "username": "a"}, "smtp_imap", domain.CodeEndpointRefused},
+		"gmail at a foreign host":      {map[string]any{"host": "attacker.example", "port": 993, "tls": "implicit", "username": "a"}, "gmail", domain.CodeProviderEndpoint},
+		"outlook in plain text":        {map[string]any{"host": "outlook.office365.com", "port": 143, "tls": "none", "username": "a"}, "outlook", domain.CodeProviderEndpoint},
+		"allowlisted host, other port": {map[string]any{"host": "imap.corp.internal", "port": 144, "tls": "none", "username": "a"}, "smtp_imap", domain.CodePlaintextRefused},
 	}
 	for name, c := range refused {
 		ev := with(with(mailboxAdded(), "data.imap", c.imap), "data.provider", c.prov)

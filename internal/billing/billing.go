@@ -17,20 +17,29 @@
 //
 // Stripe does not order deliveries: per subscription, an event created
 // before the one last applied (ties: the smaller event id) is recorded in
-// billing_stale_events and ignored (see order.go). The subscription's row
-// in Postgres is locked across the produce, so concurrent deliveries are
-// applied one after the other. Handled events must carry "created".
+// billing_stale_events and ignored (see order.go). The plan is the org's:
+// it is derived from all of the org's subscriptions, each at its last
+// applied event (see plan.go), and org.plan_changed is produced only when
+// that derived plan changes, never dated before the org's previous change.
+// The subscription's row and its org's are locked in Postgres across the
+// produce, so concurrent deliveries are applied one after the other.
+// Handled events must carry "created".
 //
 // The produced event's source is "stripe:<event id>" and its CloudEvent id
-// is derived from the Stripe event id (EventID), so a Stripe retry of the
-// same event produces the same event id and is deduplicated downstream.
+// is derived from the Stripe event id (EventID), so producing the same
+// change again (the produce landed but the commit failed, and Stripe
+// retries) gives the same event id, deduplicated downstream.
 //
 // Answers (JSON, api.ErrorResponse for errors):
 //
-//	202 accepted (api.AcceptedResponse)         a plan change was produced
+//	202 accepted (api.AcceptedResponse)         the org's plan changed and was produced
+//	                                            (two events when the subscription moved
+//	                                            to another org: both orgs' plans)
 //	200 ignored (IgnoredResponse)               another event type, or an event older
 //	                                            than the subscription's last applied
 //	                                            one; Stripe wants 2xx
+//	200 unchanged (IgnoredResponse)             applied to the subscription, the org's
+//	                                            derived plan is the same: nothing produced
 //	400 invalid_signature                       header missing or malformed, no
 //	                                            signature matches, stale timestamp
 //	400 malformed_json, invalid, required, ...  the signed event is not usable
@@ -90,9 +99,11 @@ const (
 	EventSubscriptionDeleted = "customer.subscription.deleted"
 )
 
-// IgnoredResponse is the 200 body for event types not handled.
+// IgnoredResponse is the 200 body of a delivery that produced nothing: an
+// event type not handled or a stale event ("ignored"), or an event applied
+// that left the org's plan as it was ("unchanged").
 type IgnoredResponse struct {
-	Status    string `json:"status"` // "ignored"
+	Status    string `json:"status"` // "ignored" or "unchanged"
 	EventID   string `json:"event_id,omitempty"`
 	EventType string `json:"event_type"`
 	Message   string `json:"message"`
@@ -315,39 +326,65 @@ func (w *webhook) serve(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	publish := func(out http.ResponseWriter) {
-		w.log.Info("billing: plan change", "stripe_event", ev.ID, "stripe_type", ev.Type,
-			"org_id", pc.OrgID, "plan", pc.Plan, "dedicated_workers", pc.DedicatedWorkers, "paid", pc.Paid)
-		w.srv.Publish(out, r, domain.Event{
-			ID:      EventID(ev.ID, ev.Created),
-			Type:    domain.TypeOrgPlanChanged,
-			Source:  w.opt.source,
-			Time:    time.Unix(ev.Created, 0).UTC(),
-			Subject: pc.OrgID,
-			Data:    pc,
-		})
+	publish := func(out http.ResponseWriter, changes []orgChange) {
+		events := make([]domain.Event, len(changes))
+		for i, c := range changes {
+			events[i] = w.planEvent(ev, c)
+			w.log.Info("billing: plan change", "stripe_event", ev.ID, "stripe_type", ev.Type, "subscription", subID,
+				"org_id", c.orgID, "plan", c.plan.plan, "dedicated_workers", c.plan.dedicated, "released", c.released)
+		}
+		w.srv.Publish(out, r, events...)
 	}
 	buf := newBufferedResponse()
-	stale, applied, err := inOrder(r.Context(), w.opt.db, ev, subID, now, publish, buf)
+	g := grant{plan: pc.Plan, dedicated: pc.DedicatedWorkers}
+	res, err := apply(r.Context(), w.opt.db, ev, subID, pc.OrgID, g, now, publish, buf)
 	switch {
 	case err != nil:
 		w.log.Warn("billing: webhook not applied", "stripe_event", ev.ID, "err", err)
 		rw.Header().Set("Retry-After", "1")
 		api.WriteDomainError(rw, domain.Errorf(domain.CodeUnavailable, "the subscription's order could not be checked or recorded; nothing is applied until Stripe retries"))
-	case stale:
+	case res.stale:
 		w.stale.Inc()
 		w.log.Warn("billing: stale Stripe event ignored", "stripe_event", ev.ID, "stripe_type", ev.Type,
-			"subscription", subID, "created", ev.Created, "applied_event", applied.eventID, "applied_created", applied.created)
+			"subscription", subID, "created", ev.Created, "applied_event", res.applied.eventID, "applied_created", res.applied.created)
 		api.WriteJSON(rw, http.StatusOK, IgnoredResponse{
 			Status: "ignored", EventID: ev.ID, EventType: ev.Type,
-			Message: "older than the event last applied for this subscription (" + applied.eventID + "); recorded, not applied",
+			Message: "older than the event last applied for this subscription (" + res.applied.eventID + "); recorded, not applied",
+		})
+	case !res.produced:
+		api.WriteJSON(rw, http.StatusOK, IgnoredResponse{
+			Status: "unchanged", EventID: ev.ID, EventType: ev.Type,
+			Message: "applied to the subscription; the org's plan, derived from all of its subscriptions, is unchanged, so nothing was produced",
 		})
 	default:
 		buf.sendTo(rw)
 	}
 }
 
-// planChange maps a subscription event to the org's plan. Problems carry
+// planEvent is the org.plan_changed of c, produced for the Stripe event
+// ev. Its id is derived from ev's id and c's time (EventID), so producing
+// the same change again after a failed commit dedupes downstream; the
+// change of the org a subscription left gets an id of its own.
+func (w *webhook) planEvent(ev stripeEvent, c orgChange) domain.Event {
+	id := EventID(ev.ID, c.at.Unix())
+	if c.released {
+		id = derivedEventID("mailplane.billing.stripe.released.v1\x00"+ev.ID+"\x00"+c.orgID, c.at.Unix())
+	}
+	return domain.Event{
+		ID:      id,
+		Type:    domain.TypeOrgPlanChanged,
+		Source:  w.opt.source,
+		Time:    c.at,
+		Subject: c.orgID,
+		Data: &domain.OrgPlanChanged{
+			OrgID: c.orgID, Plan: c.plan.plan, DedicatedWorkers: c.plan.dedicated,
+			Paid: c.plan.plan != domain.PlanFree, Source: "stripe:" + ev.ID,
+		},
+	}
+}
+
+// planChange maps a subscription event to what the subscription grants its
+// org (the org itself may hold more: plan.go). Problems carry
 // field paths in the Stripe event; code is the problems' top-level code.
 func (w *webhook) planChange(ev stripeEvent) (*domain.OrgPlanChanged, string, domain.Code, domain.Problems) {
 	pc, sub, code, ps := w.planChangeOf(ev)
@@ -499,11 +536,16 @@ func validStripeID(id string) bool {
 }
 
 // EventID derives the CloudEvent id of the org.plan_changed produced for a
-// Stripe event: a UUIDv7 whose time is the Stripe event's created time (in
-// ms; 0 when absent) and whose other bits come from SHA-256 of the Stripe
+// Stripe event: a UUIDv7 whose time is the change's time (in seconds, the
+// Stripe event's created time unless the org's previous change is later;
+// 0 when absent) and whose other bits come from SHA-256 of the Stripe
 // event id. The same Stripe event, retried, gets the same id.
 func EventID(stripeEventID string, created int64) string {
-	h := sha256.Sum256([]byte("mailplane.billing.stripe.v1\x00" + stripeEventID))
+	return derivedEventID("mailplane.billing.stripe.v1\x00"+stripeEventID, created)
+}
+
+func derivedEventID(name string, created int64) string {
+	h := sha256.Sum256([]byte(name))
 	var u uuid.UUID
 	ms := uint64(0)
 	if created > 0 {

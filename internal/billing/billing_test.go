@@ -79,13 +79,22 @@ func TestWebhookProducesPlanChanges(t *testing.T) {
 	for i, c := range cases {
 		// A subscription each: the cases share one created time, and on one
 		// subscription only the newest event applies.
-		body := mustJSON(t, stripeEvent(c.id, c.typ, set(c.obj, "id", fmt.Sprintf("sub_Case%d", i))))
+		// And an org each: the org's plan is derived from all of its
+		// subscriptions, and each case checks what one subscription grants.
+		org := caseOrg(i)
+		obj := set(c.obj, "id", fmt.Sprintf("sub_Case%d", i))
+		if obj["metadata"].(map[string]any)["org_id"] == strings.ToUpper(orgID) {
+			obj = set(obj, "metadata.org_id", strings.ToUpper(org))
+		} else {
+			obj = set(obj, "metadata.org_id", org)
+		}
+		body := mustJSON(t, stripeEvent(c.id, c.typ, obj))
 		ev, rc := e.accepted(c.name, req{body: body})
 		if rc.Topic != e.ns.Topic(topics.OrgEvents) || rc.Type != domain.TypeOrgPlanChanged {
 			t.Errorf("%s: receipt %+v", c.name, rc)
 		}
 		want := c.want
-		want.OrgID, want.Source = orgID, "stripe:"+c.id
+		want.OrgID, want.Source = org, "stripe:"+c.id
 		got, ok := ev.Data.(*domain.OrgPlanChanged)
 		if !ok || *got != want {
 			t.Errorf("%s: data %+v, want %+v", c.name, ev.Data, want)
@@ -93,7 +102,7 @@ func TestWebhookProducesPlanChanges(t *testing.T) {
 		if ev.ID != billing.EventID(c.id, created.Unix()) || rc.ID != ev.ID || !domain.IsUUIDv7(ev.ID) {
 			t.Errorf("%s: id %s, want %s", c.name, ev.ID, billing.EventID(c.id, created.Unix()))
 		}
-		if !ev.Time.Equal(created) || ev.Subject != orgID || ev.Source != billing.DefaultSource {
+		if !ev.Time.Equal(created) || ev.Subject != org || ev.Source != billing.DefaultSource {
 			t.Errorf("%s: time %s subject %s source %s", c.name, ev.Time, ev.Subject, ev.Source)
 		}
 	}
@@ -102,19 +111,23 @@ func TestWebhookProducesPlanChanges(t *testing.T) {
 	}
 }
 
-// TestWebhookRetryKeepsEventID: Stripe retries an event with a new
-// signature; the event produced has the same id, so it dedupes downstream.
-func TestWebhookRetryKeepsEventID(t *testing.T) {
+// TestWebhookRetryProducesOnce: Stripe retries an event with a new
+// signature; the org's plan is already what the event makes it, so the
+// retry is answered 200 unchanged and nothing more is produced. Another
+// event that changes the plan gets an event id of its own.
+func TestWebhookRetryProducesOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, testConfig())
 	body := mustJSON(t, stripeEvent("evt_1Retry", billing.EventSubscriptionUpdated, subscriptionObject("active", item("price_premium_monthly"))))
 	first, _ := e.accepted("first delivery", req{body: body})
-	retry, _ := e.accepted("retry", req{body: body, sig: ptr(billing.Sign(body, now.Add(-time.Second), secretCurrent))})
-	if first.ID != retry.ID || !first.Time.Equal(retry.Time) {
-		t.Errorf("retry: id %s time %s, first: id %s time %s", retry.ID, retry.Time, first.ID, first.Time)
+	e.start = e.endOffsets()
+	resp, b := e.do(req{body: body, sig: ptr(billing.Sign(body, now.Add(-time.Second), secretCurrent))})
+	if ir := decodeStrict[billing.IgnoredResponse](t, b); resp.StatusCode != http.StatusOK || ir.Status != "unchanged" || ir.EventID != "evt_1Retry" {
+		t.Fatalf("retry: %d %s", resp.StatusCode, b)
 	}
+	e.assertNothingProduced()
 	other, _ := e.accepted("another event", req{body: mustJSON(t, stripeEvent("evt_2Other", billing.EventSubscriptionUpdated,
-		subscriptionObject("active", item("price_premium_monthly"))))})
+		subscriptionObject("active", item("price_dedicated_2"))))})
 	if other.ID == first.ID {
 		t.Error("two Stripe events got the same event id")
 	}
@@ -156,9 +169,11 @@ func TestWebhookSecretRotation(t *testing.T) {
 		sig    string
 		status int
 	}{
+		// The first verified delivery produces; the same event verified
+		// again is applied and changes nothing (200 unchanged, not 400).
 		{"both secrets", billing.Sign(body, signedAt, secretOld, secretCurrent), http.StatusAccepted},
-		{"the new secret only", billing.Sign(body, signedAt, secretCurrent), http.StatusAccepted},
-		{"the old secret only", billing.Sign(body, signedAt, secretOld), http.StatusAccepted},
+		{"the new secret only", billing.Sign(body, signedAt, secretCurrent), http.StatusOK},
+		{"the old secret only", billing.Sign(body, signedAt, secretOld), http.StatusOK},
 		{"a retired secret and a wrong one", billing.Sign(body, signedAt, secretRetired, "whsec_wrong"), http.StatusBadRequest},
 	} {
 		resp, b := e.do(req{body: body, sig: ptr(c.sig)})
@@ -166,8 +181,8 @@ func TestWebhookSecretRotation(t *testing.T) {
 			t.Errorf("%s: %d %s", c.name, resp.StatusCode, b)
 		}
 	}
-	if got := e.produced(); got[topics.OrgEvents] != 3 {
-		t.Errorf("produced %v, want 3 on %s", got, topics.OrgEvents)
+	if got := e.produced(); got[topics.OrgEvents] != 1 {
+		t.Errorf("produced %v, want 1 on %s", got, topics.OrgEvents)
 	}
 }
 

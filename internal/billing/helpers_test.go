@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -74,6 +75,13 @@ type env struct {
 
 func newEnv(t testing.TB, cfg billing.Config, opts ...billing.Option) *env {
 	t.Helper()
+	return newEnvOn(t, pgtest.New(t), cfg, opts...)
+}
+
+// newEnvOn is newEnv on db, migrated here (migrations already applied to
+// it are kept).
+func newEnvOn(t testing.TB, db *pgtest.DB, cfg billing.Config, opts ...billing.Option) *env {
+	t.Helper()
 	kcfg := kafkatest.Config(t, 4)
 	kcfg.ClientID = "billing-test"
 	brokers := kcfg.Brokers
@@ -86,7 +94,6 @@ func newEnv(t testing.TB, cfg billing.Config, opts ...billing.Option) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := migrations.Apply(ctx, db.Pool); err != nil {
@@ -275,6 +282,9 @@ func subscriptionObject(status string, items ...map[string]any) map[string]any {
 		"items":    map[string]any{"object": "list", "has_more": false, "data": data},
 	}
 }
+
+// caseOrg is the i-th org of a test that needs several.
+func caseOrg(i int) string { return fmt.Sprintf("0190f3c4-5d6e-7f80-9a1b-%012x", i) }
 
 func stripeEvent(id, typ string, object map[string]any) map[string]any {
 	return map[string]any{

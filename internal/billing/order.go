@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,22 +17,26 @@ import (
 // last applied for the same subscription may arrive after it. Applying it
 // would undo the newer state (a downgrade to free after an upgrade). The
 // webhook keeps, per subscription, the Stripe event last applied (created
-// time, then event id for ties) in Postgres, and ignores older events: they
-// are recorded in billing_stale_events, logged and answered 200, so Stripe
-// stops retrying, and nothing is produced. The row is locked from the
-// comparison until the produce is acknowledged and the row updated, so of
-// two concurrent deliveries for one subscription the second waits and then
-// compares against the first.
+// time, then event id for ties) and what the subscription grants at it, in
+// Postgres, and ignores older events: they are recorded in
+// billing_stale_events, logged and answered 200, so Stripe stops retrying,
+// and nothing is produced. The subscription's row, then its org's (plan.go),
+// are locked from the comparison until the produce is acknowledged and the
+// rows updated, so of two concurrent deliveries for one subscription or one
+// org the second waits and then compares against the first.
 
-// last is the Stripe event last applied for a subscription.
+// last is the Stripe event last applied for a subscription, and the org it
+// then belonged to ("" for a row recorded before the org was kept).
 type last struct {
 	created int64
 	eventID string
+	orgID   string
 }
 
 // newerThan reports whether l is after (created, eventID), ties on created
 // going to the larger event id. The event applied itself (a retry) is not
-// older: it is applied again, and its derived event id dedupes downstream.
+// older: it is applied again, and produces only if the org's plan differs
+// from the one last produced.
 func (l last) newerThan(created int64, eventID string) bool {
 	if l.created != created {
 		return l.created > created
@@ -49,14 +54,21 @@ VALUES ($1, -1, '', $2) ON CONFLICT (subscription_id) DO NOTHING`, subscription,
 		return last{}, err
 	}
 	var l last
-	err := tx.QueryRow(ctx, `SELECT created, event_id FROM billing_subscriptions WHERE subscription_id = $1 FOR UPDATE`,
-		subscription).Scan(&l.created, &l.eventID)
+	var org *string
+	err := tx.QueryRow(ctx, `SELECT created, event_id, org_id::text FROM billing_subscriptions WHERE subscription_id = $1 FOR UPDATE`,
+		subscription).Scan(&l.created, &l.eventID, &org)
+	if org != nil {
+		l.orgID = *org
+	}
 	return l, err
 }
 
-func setApplied(ctx context.Context, tx pgx.Tx, subscription string, created int64, eventID string, now time.Time) error {
-	_, err := tx.Exec(ctx, `UPDATE billing_subscriptions SET created = $2, event_id = $3, applied_at = $4 WHERE subscription_id = $1`,
-		subscription, created, eventID, now)
+// setApplied moves the subscription's high-water mark to ev and records
+// what it grants orgID from now on.
+func setApplied(ctx context.Context, tx pgx.Tx, subscription string, ev stripeEvent, orgID string, g grant, now time.Time) error {
+	_, err := tx.Exec(ctx, `UPDATE billing_subscriptions SET created = $2, event_id = $3, applied_at = $4,
+org_id = $5, plan = $6, dedicated_workers = $7 WHERE subscription_id = $1`,
+		subscription, ev.Created, ev.ID, now, orgID, string(g.plan), g.dedicated)
 	return err
 }
 
@@ -68,37 +80,69 @@ VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (event_id) DO NOTHING`,
 	return err
 }
 
-// inOrder runs publish for ev, a subscription event newer than the last one
-// applied, with the subscription's row locked; the row moves to ev only if
-// publish answered 202. It returns stale (and the last applied event) when
-// ev is older, having recorded it, without calling publish.
-func inOrder(ctx context.Context, db *pgxpool.Pool, ev stripeEvent, subscription string, now time.Time,
-	publish func(http.ResponseWriter), rw *bufferedResponse) (stale bool, applied last, err error) {
+// outcome is what applying a delivery came to.
+type outcome struct {
+	stale    bool // older than applied: recorded, nothing else
+	applied  last // the subscription's last applied event before ev
+	produced bool // publish was called; its answer is in the buffered response
+}
+
+// apply applies ev, which says the subscription grants g to orgID: if ev
+// is older than the subscription's last applied event, it is recorded as
+// stale (outcome.stale). Otherwise, with the subscription's row and then
+// its orgs' rows locked (the org it names and, if the subscription moved,
+// the one it left; in id order, so two deliveries never wait on each other
+// in a cycle), the subscription moves to ev and each org's plan is derived
+// again (plan.go). Changed plans are handed to publish, and the transaction
+// commits only if publish answered 202; without changes it commits with
+// nothing produced.
+func apply(ctx context.Context, db *pgxpool.Pool, ev stripeEvent, subscription, orgID string, g grant, now time.Time,
+	publish func(http.ResponseWriter, []orgChange), rw *bufferedResponse) (outcome, error) {
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return false, last{}, err
+		return outcome{}, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	l, err := lockSubscription(ctx, tx, subscription, now)
 	if err != nil {
-		return false, last{}, err
+		return outcome{}, err
 	}
+	out := outcome{applied: l}
 	if l.newerThan(ev.Created, ev.ID) {
 		if err := recordStale(ctx, tx, ev, subscription, l, now); err != nil {
-			return false, l, err
+			return out, err
 		}
-		return true, l, tx.Commit(ctx)
+		out.stale = true
+		return out, tx.Commit(ctx)
 	}
-	if err := setApplied(ctx, tx, subscription, ev.Created, ev.ID, now); err != nil {
-		return false, l, err
+	order := []string{orgID}
+	if l.orgID != "" && l.orgID != orgID {
+		order = append(order, l.orgID)
+		slices.Sort(order)
 	}
-	if publish(rw); rw.status != http.StatusAccepted {
-		return false, l, nil // rolled back: the row stays at the last applied event
+	orgs := make(map[string]orgRow, len(order))
+	for _, org := range order {
+		if orgs[org], err = lockOrg(ctx, tx, org, now); err != nil {
+			return out, err
+		}
+	}
+	if err := setApplied(ctx, tx, subscription, ev, orgID, g, now); err != nil {
+		return out, err
+	}
+	changes, err := derivePlans(ctx, tx, ev, orgID, orgs, order, now)
+	if err != nil {
+		return out, err
+	}
+	if len(changes) > 0 {
+		out.produced = true
+		if publish(rw, changes); rw.status != http.StatusAccepted {
+			return out, nil // rolled back: the rows stay as they were
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return false, l, fmt.Errorf("billing: recording the applied event (the plan change was produced; a retry dedupes): %w", err)
+		return out, fmt.Errorf("billing: recording the applied event (a plan change may have been produced; a retry dedupes): %w", err)
 	}
-	return false, l, nil
+	return out, nil
 }
 
 // bufferedResponse holds a response until the transaction it depends on

@@ -2,6 +2,7 @@ package billing_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -19,9 +20,15 @@ import (
 	"github.com/mailplane/mailplane/topics"
 )
 
-// subEvent is a subscription event of sub created at c.
+// subEvent is a subscription event of sub, of the test's org, created at c.
 func subEvent(t testing.TB, id, sub string, c time.Time, status, price string) []byte {
-	ev := stripeEvent(id, billing.EventSubscriptionUpdated, set(subscriptionObject(status, item(price)), "id", sub))
+	return orgSubEvent(t, id, sub, orgID, c, status, price)
+}
+
+// orgSubEvent is a subscription event of sub, of org, created at c.
+func orgSubEvent(t testing.TB, id, sub, org string, c time.Time, status, price string) []byte {
+	obj := set(set(subscriptionObject(status, item(price)), "id", sub), "metadata.org_id", org)
+	ev := stripeEvent(id, billing.EventSubscriptionUpdated, obj)
 	ev["created"] = c.Unix()
 	return mustJSON(t, ev)
 }
@@ -52,7 +59,7 @@ func (e *env) staleRows(sub string) map[string]string {
 // event that preceded it (a cancellation, created a minute earlier). The
 // older one is answered 200 ignored, recorded, counted, and nothing is
 // produced for it: the org stays on the newer plan. A retry of the newer
-// event is applied again (same event id: it dedupes downstream).
+// event is applied again and changes nothing.
 func TestWebhookOlderEventIgnored(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
@@ -89,12 +96,17 @@ func TestWebhookOlderEventIgnored(t *testing.T) {
 	if got := e.staleRows(sub); len(got) != 1 {
 		t.Errorf("stale events recorded: %v", got)
 	}
-	retry, _ := e.accepted("newer, retried", req{body: newer})
-	if retry.ID != ev.ID {
-		t.Errorf("retry id %s, first %s", retry.ID, ev.ID)
+	if resp, b := e.do(req{body: newer}); resp.StatusCode != http.StatusOK || decodeStrict[billing.IgnoredResponse](t, b).Status != "unchanged" {
+		t.Fatalf("newer, retried: %d %s", resp.StatusCode, b)
 	}
-	// Another subscription is not held back by this one's order.
-	e.accepted("another subscription's older event", req{body: subEvent(t, "evt_0Other", "sub_Order2", created.Add(-time.Hour), "active", "price_premium_monthly")})
+	e.assertNothingProduced()
+	// Another subscription of the org is not held back by this one's
+	// order: its first event, though created an hour before, raises the
+	// org's plan, and the change is dated no earlier than the org's last.
+	up, _ := e.accepted("another subscription's older event", req{body: subEvent(t, "evt_0Other", "sub_Order2", created.Add(-time.Hour), "active", "price_dedicated_2")})
+	if pc := up.Data.(*domain.OrgPlanChanged); pc.Plan != domain.PlanDedicated || pc.DedicatedWorkers != 2 || !up.Time.Equal(ev.Time) {
+		t.Errorf("another subscription: %+v at %s, the org's last change at %s", pc, up.Time, ev.Time)
+	}
 }
 
 func counterValue(t testing.TB, g prometheus.Gatherer, name string) float64 {
@@ -126,8 +138,8 @@ func TestWebhookSameCreatedTieBreak(t *testing.T) {
 	}
 	e.assertNothingProduced()
 
-	a2 := subEvent(t, "evt_A", "sub_Tie2", created, "canceled", "price_premium_monthly")
-	b2 := subEvent(t, "evt_B", "sub_Tie2", created, "active", "price_premium_monthly")
+	a2 := orgSubEvent(t, "evt_A", "sub_Tie2", caseOrg(2), created, "canceled", "price_premium_monthly")
+	b2 := orgSubEvent(t, "evt_B", "sub_Tie2", caseOrg(2), created, "active", "price_premium_monthly")
 	e.accepted("A first", req{body: a2})
 	e.accepted("B after A", req{body: b2})
 }
@@ -135,8 +147,8 @@ func TestWebhookSameCreatedTieBreak(t *testing.T) {
 // TestWebhookConcurrentDeliveries: eight events of one subscription, a
 // second apart, delivered all at once. The subscription's row lock orders
 // them: in the log, the plan changes produced are in strictly increasing
-// created order and end with the newest; every other delivery was
-// answered 200 ignored and recorded.
+// created order, alternate, and end on the newest event's plan; every
+// other delivery was answered 200, ignored (and recorded) or unchanged.
 func TestWebhookConcurrentDeliveries(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, testConfig())
@@ -150,15 +162,55 @@ func TestWebhookConcurrentDeliveries(t *testing.T) {
 		}
 		bodies[i] = subEvent(t, fmt.Sprintf("evt_C%d", i), sub, created.Add(time.Duration(i)*time.Second), status, "price_premium_monthly")
 	}
+	d := e.deliverAll(bodies)
+	changes := e.planChanges(d.receipts)
+	for i, ev := range changes {
+		if i > 0 && !ev.Time.After(changes[i-1].Time) {
+			t.Fatalf("plan change created %s produced after one created %s", ev.Time, changes[i-1].Time)
+		}
+		if i > 0 && *ev.Data.(*domain.OrgPlanChanged) == *changes[i-1].Data.(*domain.OrgPlanChanged) {
+			t.Fatalf("plan change %d repeats the one before: %+v", i, ev.Data)
+		}
+	}
+	// The newest event cancels: the org ends free.
+	if len(changes) == 0 || changes[len(changes)-1].Data.(*domain.OrgPlanChanged).Plan != domain.PlanFree {
+		t.Fatalf("plan changes %v do not end free", changes)
+	}
+	stale := e.staleRows(sub)
+	if len(stale) != len(d.ignored) || len(d.ignored)+len(d.unchanged)+len(d.receipts) != n {
+		t.Fatalf("%d accepted, %d ignored, %d unchanged, %d recorded stale", len(d.receipts), len(d.ignored), len(d.unchanged), len(stale))
+	}
+	for id := range d.ignored {
+		if _, ok := stale[id]; !ok {
+			t.Errorf("ignored %s not recorded", id)
+		}
+	}
+	var last string
+	if err := e.db.Pool.QueryRow(context.Background(), `SELECT event_id FROM billing_subscriptions WHERE subscription_id = $1`, sub).Scan(&last); err != nil || last != fmt.Sprintf("evt_C%d", n-1) {
+		t.Fatalf("last applied %q (%v)", last, err)
+	}
+}
+
+// deliveries are the answers to deliveries made at once.
+type deliveries struct {
+	receipts  []api.Receipt   // of every 202
+	ignored   map[string]bool // Stripe event ids answered 200 ignored
+	unchanged map[string]bool // Stripe event ids answered 200 unchanged
+}
+
+// deliverAll posts every body at once, signed, and sorts the answers; any
+// answer but 202, 200 ignored and 200 unchanged fails the test.
+func (e *env) deliverAll(bodies [][]byte) deliveries {
+	e.t.Helper()
 	type answer struct {
 		status int
 		body   []byte
 		err    error
 	}
-	answers := make([]answer, n)
+	answers := make([]answer, len(bodies))
 	var wg sync.WaitGroup
 	start := make(chan struct{})
-	for i := range n {
+	for i := range bodies {
 		wg.Go(func() {
 			<-start
 			hr, err := http.NewRequest(http.MethodPost, e.base+"/v1/webhooks/billing", bytes.NewReader(bodies[i]))
@@ -179,50 +231,48 @@ func TestWebhookConcurrentDeliveries(t *testing.T) {
 	}
 	close(start)
 	wg.Wait()
-
-	var receipts []api.Receipt
-	ignored := map[string]bool{}
+	d := deliveries{ignored: map[string]bool{}, unchanged: map[string]bool{}}
 	for i, a := range answers {
 		switch {
 		case a.err != nil:
-			t.Fatalf("delivery %d: %v", i, a.err)
+			e.t.Fatalf("delivery %d: %v", i, a.err)
 		case a.status == http.StatusAccepted:
-			receipts = append(receipts, decodeStrict[api.AcceptedResponse](t, a.body).Events[0])
+			d.receipts = append(d.receipts, decodeStrict[api.AcceptedResponse](e.t, a.body).Events...)
 		case a.status == http.StatusOK:
-			ignored[decodeStrict[billing.IgnoredResponse](t, a.body).EventID] = true
+			ir := decodeStrict[billing.IgnoredResponse](e.t, a.body)
+			switch ir.Status {
+			case "ignored":
+				d.ignored[ir.EventID] = true
+			case "unchanged":
+				d.unchanged[ir.EventID] = true
+			default:
+				e.t.Fatalf("delivery %d: %s", i, a.body)
+			}
 		default:
-			t.Fatalf("delivery %d: %d %s", i, a.status, a.body)
+			e.t.Fatalf("delivery %d: %d %s", i, a.status, a.body)
 		}
 	}
-	if got := e.produced()[topics.OrgEvents]; got != int64(len(receipts)) {
-		t.Fatalf("%d records produced, %d deliveries accepted", got, len(receipts))
+	if got := e.produced()[topics.OrgEvents]; got != int64(len(d.receipts)) {
+		e.t.Fatalf("%d records produced, %d receipts", got, len(d.receipts))
 	}
-	slices.SortFunc(receipts, func(a, b api.Receipt) int { return int(a.Offset - b.Offset) })
-	var prev time.Time
-	for _, rc := range receipts {
+	return d
+}
+
+// planChanges reads the events of receipts back, by partition in log
+// order (an org's are on one partition, in its log order).
+func (e *env) planChanges(receipts []api.Receipt) []domain.Event {
+	e.t.Helper()
+	receipts = slices.Clone(receipts)
+	slices.SortFunc(receipts, func(a, b api.Receipt) int {
+		return cmp.Or(cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
+	})
+	out := make([]domain.Event, len(receipts))
+	for i, rc := range receipts {
 		ev, err := topics.Decode(e.fetch(rc.Topic, rc.Partition, rc.Offset))
 		if err != nil {
-			t.Fatal(err)
+			e.t.Fatal(err)
 		}
-		if !ev.Time.After(prev) {
-			t.Fatalf("plan change created %s produced after one created %s", ev.Time, prev)
-		}
-		prev = ev.Time
+		out[i] = ev
 	}
-	if newest := created.Add((n - 1) * time.Second); !prev.Equal(newest) {
-		t.Fatalf("the last plan change produced was created %s, want the newest %s", prev, newest)
-	}
-	stale := e.staleRows(sub)
-	if len(stale) != len(ignored) || len(ignored)+len(receipts) != n {
-		t.Fatalf("%d accepted, %d ignored, %d recorded stale", len(receipts), len(ignored), len(stale))
-	}
-	for id := range ignored {
-		if _, ok := stale[id]; !ok {
-			t.Errorf("ignored %s not recorded", id)
-		}
-	}
-	var last string
-	if err := e.db.Pool.QueryRow(context.Background(), `SELECT event_id FROM billing_subscriptions WHERE subscription_id = $1`, sub).Scan(&last); err != nil || last != fmt.Sprintf("evt_C%d", n-1) {
-		t.Fatalf("last applied %q (%v)", last, err)
-	}
+	return out
 }

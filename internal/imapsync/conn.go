@@ -295,8 +295,8 @@ func (e *policyError) Error() string { return "transport policy: " + e.why }
 // byte is read or written.
 func (r *Runner) dialEndpoint(ctx context.Context, ep domain.IMAPEndpoint) (net.Conn, error) {
 	addr := net.JoinHostPort(ep.Host, strconv.Itoa(ep.Port))
-	check := func(a netip.Addr) error {
-		if why := r.cfg.Transport.DialRefusal(ep.Host, a, ep.TLS); why != "" {
+	check := func(peer netip.AddrPort) error {
+		if why := r.cfg.Transport.DialRefusal(ep.Host, peer, ep.TLS); why != "" {
 			return &policyError{why: why}
 		}
 		return nil
@@ -309,7 +309,7 @@ func (r *Runner) dialEndpoint(ctx context.Context, ep domain.IMAPEndpoint) (net.
 				if err != nil {
 					return &policyError{why: "unparsable peer address"}
 				}
-				return check(ap.Addr())
+				return check(ap)
 			},
 		}
 		return nd.DialContext(ctx, "tcp", addr)
@@ -323,7 +323,7 @@ func (r *Runner) dialEndpoint(ctx context.Context, ep domain.IMAPEndpoint) (net.
 		_ = c.Close()
 		return nil, &policyError{why: "peer is not a TCP address"}
 	}
-	if err := check(ta.AddrPort().Addr()); err != nil {
+	if err := check(ta.AddrPort()); err != nil {
 		_ = c.Close()
 		return nil, err
 	}

@@ -133,9 +133,10 @@ func TestRunnerNeverPresentsCredentialsElsewhere(t *testing.T) {
 // TestRunnerTransportPolicyAtDialTime: with the mailbox's own sealed
 // credentials (so the AAD does not stop it), a loopback server not on the
 // allowlist is refused on the resolved address, a host name that resolves
-// to loopback (as a rebinding name would) too, and plain text to a
-// non-allowlisted server too: policy_refused, and the server sees no
-// connection at all.
+// to loopback (as a rebinding name would) too, plain text to a
+// non-allowlisted server too, and a server whose address or name is
+// allowlisted on another port only: policy_refused, and the server sees
+// no connection at all.
 func TestRunnerTransportPolicyAtDialTime(t *testing.T) {
 	t.Parallel()
 	cases := map[string]struct {
@@ -147,6 +148,8 @@ func TestRunnerTransportPolicyAtDialTime(t *testing.T) {
 		"name resolving to loopback":         {"localhost", domain.TLSImplicit, "10.0.0.0/8"},
 		"plain text, allowlisted elsewhere":  {"127.0.0.1", domain.TLSNone, "192.168.0.0/16,imap.corp.internal"},
 		"loopback by name, address unlisted": {"localhost", domain.TLSNone, "127.0.0.2/32"},
+		"loopback, another port allowlisted": {"127.0.0.1", domain.TLSNone, "127.0.0.1:1,localhost:1"},
+		"by name, another port allowlisted":  {"localhost", domain.TLSImplicit, "127.0.0.1:1,localhost:1"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -232,12 +231,9 @@ func (e *devEnv) newFleet(context.Context) error {
 // roleConfig is every role, against the embedded broker and database.
 func (e *devEnv) roleConfig(pc placement.Config) (*roleConfig, error) {
 	// Dev mode's own IMAP server is on loopback, in plain text: allowlist
-	// exactly it (its host), on top of the operator's list.
-	devHost, _, err := net.SplitHostPort(e.imap.Addr())
-	if err != nil {
-		return nil, err
-	}
-	transport, err := e.f.sync.transport(devHost)
+	// exactly it (its address and port: not the Postgres, broker and ops
+	// ports on the same loopback address), on top of the operator's list.
+	transport, err := e.f.sync.transport(e.imap.Addr())
 	if err != nil {
 		return nil, err
 	}

@@ -188,7 +188,12 @@ func TestDevModeEndToEnd(t *testing.T) {
 	kport, pport, hport := mailplanetest.FreePort(t), mailplanetest.FreePort(t), mailplanetest.FreePort(t)
 	ctx := context.Background()
 
-	p := startDev(t, bin, dataDir, kport, pport, hport, "--dev-fleet=false")
+	// The example mailbox names the dev IMAP server's default address,
+	// 127.0.0.1:1143; this one listens on a free port, and dev mode
+	// allowlists only its own server's port: allowlist the examples' as an
+	// operator would.
+	examplesIMAP := "--imap-allow=" + devfleet.DefaultAddr
+	p := startDev(t, bin, dataDir, kport, pport, hport, "--dev-fleet=false", examplesIMAP)
 	if code, body := post(t, p.http, examplesBatch(t)); code != http.StatusAccepted {
 		t.Fatalf("publish examples: %d %s", code, body)
 	}
@@ -248,7 +253,7 @@ func TestDevModeEndToEnd(t *testing.T) {
 	}
 
 	// Second start reuses the state; a retried publish changes nothing.
-	p = startDev(t, bin, dataDir, kport, pport, hport, "--dev-fleet=false")
+	p = startDev(t, bin, dataDir, kport, pport, hport, "--dev-fleet=false", examplesIMAP)
 	if s, err := registryState(ctx, p.dbURL); err != nil || s != state {
 		t.Fatalf("state after restart %q (%v), want %q", s, err, state)
 	}
