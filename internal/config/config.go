@@ -179,7 +179,7 @@ var (
 	OutlookClientID     = register(Setting{"oauth-outlook-client-id", "MAILPLANE_OAUTH_OUTLOOK_CLIENT_ID", "", "OAuth client id for outlook mailboxes whose credentials are a refresh token"})
 	OutlookClientSecret = register(Setting{"oauth-outlook-client-secret", "MAILPLANE_OAUTH_OUTLOOK_CLIENT_SECRET", "", "OAuth client secret for outlook (prefer the environment to the flag)"})
 	OutlookTokenURL     = register(Setting{"oauth-outlook-token-url", "MAILPLANE_OAUTH_OUTLOOK_TOKEN_URL", imapsync.MicrosoftTokenURL, "OAuth token endpoint for outlook"})
-	IMAPAllow           = register(Setting{"imap-allow", "MAILPLANE_IMAP_ALLOW", "", "comma-separated CIDRs, IPs and host names IMAP may reach although internal (loopback, private, link-local, CGNAT) and send plain text (tls none) to; checked at ingest and on the resolved address at dial time (dev mode adds its IMAP server)"})
+	IMAPAllow           = register(Setting{"imap-allow", "MAILPLANE_IMAP_ALLOW", "", "comma-separated CIDRs, IPs and host names IMAP may reach although internal (loopback, private, link-local, CGNAT, and their NAT64/6to4 forms) and send plain text (tls none) to, on any port; an IP or host name with :port (127.0.0.1:1143, [::1]:1143, imap.internal:993) on that port only; checked at ingest and on the resolved address and port at dial time (dev mode adds its IMAP server's address and port)"})
 	SyncRunner          = register(Setting{"sync-runner", "MAILPLANE_SYNC_RUNNER", "imap", "what sync workers run per mailbox: imap, or record (logs what it is told, syncs nothing)"})
 )
 
