@@ -149,7 +149,7 @@ func TestInflightBodyCap(t *testing.T) {
 	if _, err := pw.Write([]byte(`{"specversion":`)); err != nil {
 		t.Fatal(err)
 	}
-	e.waitMetric(`mailplane_http_inflight_body_bytes 4000`)
+	e.waitMetric(`mailplane_http_inflight_body_bytes{class="producer"} 4000`)
 
 	resp, body := e.postStructured(userActive())
 	if er := decodeErr(t, body); resp.StatusCode != http.StatusServiceUnavailable || er.Error.Code != domain.CodeUnavailable ||
@@ -159,11 +159,11 @@ func TestInflightBodyCap(t *testing.T) {
 	_ = pw.CloseWithError(errors.New("client gave up"))
 	<-done
 	e.assertNothingProduced()
-	e.waitMetric(`mailplane_http_inflight_body_bytes 0`)
+	e.waitMetric(`mailplane_http_inflight_body_bytes{class="producer"} 0`)
 	if resp, body := e.postStructured(userActive()); resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("after the slow request: %d %s", resp.StatusCode, body)
 	}
-	if m := e.metricsText(); !strings.Contains(m, "mailplane_http_shed_total 1") {
+	if m := e.metricsText(); !strings.Contains(m, `mailplane_http_shed_total{class="producer"} 1`) {
 		t.Errorf("shed request not counted")
 	}
 }

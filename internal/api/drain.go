@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"time"
@@ -19,7 +20,9 @@ const (
 )
 
 // drainRefused reads and discards what h left unread of a request body it
-// answered with an error, after flushing that answer.
+// answered with an error, after flushing that answer. A body cut for
+// coming too slowly (admitBody) is not drained: its sender gets the 408
+// and the connection closes.
 func drainRefused(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Body == nil || r.Body == http.NoBody || r.ContentLength > drainMax {
@@ -27,10 +30,12 @@ func drainRefused(h http.Handler) http.Handler {
 			return
 		}
 		body := &trackedBody{ReadCloser: r.Body}
+		st := &requestState{}
+		r = r.WithContext(context.WithValue(r.Context(), stateKey{}, st))
 		r.Body = body
 		sw := &statusWriter{ResponseWriter: w}
 		h.ServeHTTP(sw, r)
-		if body.eof || sw.status < http.StatusBadRequest {
+		if body.eof || st.cut || sw.status < http.StatusBadRequest {
 			return
 		}
 		rc := http.NewResponseController(w)
@@ -52,4 +57,16 @@ func (b *trackedBody) Read(p []byte) (int, error) {
 		b.eof = true
 	}
 	return n, err
+}
+
+// requestState is what the layers of one request tell the drain.
+type requestState struct {
+	cut bool // the body was cut for coming too slowly
+}
+
+type stateKey struct{}
+
+func stateFrom(r *http.Request) *requestState {
+	st, _ := r.Context().Value(stateKey{}).(*requestState)
+	return st
 }
