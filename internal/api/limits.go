@@ -98,7 +98,7 @@ type BodyRate struct {
 // Default minimum body rate: a body slower than 1 KiB/s after 2 s holds
 // a 4 KiB reservation for at most 6 s.
 const (
-	DefaultMinBodyRate  = 1 << 10
+	DefaultMinBodyRate   = 1 << 10
 	DefaultBodyRateGrace = 2 * time.Second
 )
 

@@ -250,16 +250,16 @@ func WithHealthTimeout(d time.Duration) Option { return func(c *config) { c.heal
 
 // Server is mailplane's HTTP API server.
 type Server struct {
-	cfg      config
-	log      *slog.Logger
-	prod     Producer
-	seal     domain.SealFunc
-	metrics  *metrics
-	health   *opshttp.Health
-	budgets  map[Class]*budget
-	mux      *http.ServeMux
-	handler  http.Handler
-	srv      *http.Server
+	cfg     config
+	log     *slog.Logger
+	prod    Producer
+	seal    domain.SealFunc
+	metrics *metrics
+	health  *opshttp.Health
+	budgets map[Class]*budget
+	mux     *http.ServeMux
+	handler http.Handler
+	srv     *http.Server
 
 	mu      sync.Mutex
 	methods map[string]map[string]bool // path → methods with a handler
