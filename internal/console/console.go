@@ -105,10 +105,10 @@ type Console struct {
 	cfg      Config
 	logins   *prometheus.CounterVec
 	attempts *addrLimiter
-	log    *slog.Logger
-	sess   *sessions
-	pages  map[string]*template.Template
-	css    []byte
+	log      *slog.Logger
+	sess     *sessions
+	pages    map[string]*template.Template
+	css      []byte
 }
 
 // Register mounts the console on s under /console/.
