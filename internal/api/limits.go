@@ -170,8 +170,8 @@ func (c *config) validLimits() error {
 	if len(c.classes) != len(Classes()) {
 		return errors.New("api: unknown caller class")
 	}
-	if c.rate.Min <= 0 || c.rate.Grace < 0 {
-		return errors.New("api: the minimum body rate must be positive")
+	if c.rate.Min <= 0 || c.rate.Grace <= 0 {
+		return errors.New("api: the minimum body rate and its grace must be positive")
 	}
 	return nil
 }

@@ -347,7 +347,7 @@ func New(p Producer, opts ...Option) (*Server, error) {
 	if !s.plain["/"] && s.methods["/"] == nil {
 		s.mux.Handle("/", s.instrument("unmatched", http.HandlerFunc(notFound)))
 	}
-	s.handler = s.recoverer(drainRefused(s.mux))
+	s.handler = s.recoverer(s.drainRefused(s.mux))
 	s.srv = &http.Server{
 		Addr:              c.addr,
 		Handler:           s.handler,
