@@ -402,7 +402,10 @@ func (s *Server) HandleLimited(pattern string, h http.Handler, authRequired bool
 		}
 	}
 	method, path := splitPattern(pattern)
-	h = s.admitBody(lim, h)
+	if method != http.MethodGet && method != http.MethodHead {
+		// GET handlers read no body: nothing to reserve for them.
+		h = s.admitBody(lim, h)
+	}
 	if authRequired {
 		h = s.requireAuth(h)
 	}
