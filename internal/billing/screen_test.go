@@ -16,6 +16,7 @@ import (
 
 	"github.com/mailplane/mailplane/internal/api"
 	"github.com/mailplane/mailplane/internal/billing"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/producer"
 )
 
@@ -45,18 +46,7 @@ func TestWebhookScreenedBeforeItsBody(t *testing.T) {
 	t.Cleanup(ts.Close)
 	addr := ts.Listener.Addr().String()
 	held := func() float64 {
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, mf := range mfs {
-			for _, m := range mf.GetMetric() {
-				if mf.GetName() == "mailplane_http_inflight_body_bytes" && m.GetLabel()[0].GetValue() == string(api.ClassBilling) {
-					return m.GetGauge().GetValue()
-				}
-			}
-		}
-		return -1
+		return mailplanetest.Metric(t, reg, "mailplane_http_inflight_body_bytes", "class", string(api.ClassBilling))
 	}
 	send := func(headers, first string) (net.Conn, *bufio.Reader) {
 		t.Helper()

@@ -25,6 +25,7 @@ import (
 	"github.com/mailplane/mailplane/internal/dbpools"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/opshttp"
 	"github.com/mailplane/mailplane/internal/pgtest"
@@ -149,10 +150,12 @@ func TestSlowBodyFloodLeavesWorkersAndProducers(t *testing.T) {
 	// Wait until the attack has spent both budgets.
 	for _, class := range []api.Class{api.ClassAnonymous, api.ClassBilling} {
 		waitFor(t, time.Minute, "the attack spending the "+string(class)+" budget",
-			func() bool { return metricValue(t, reg, "mailplane_http_shed_total", string(class)) > 0 })
+			func() bool {
+				return mailplanetest.Metric(t, reg, "mailplane_http_shed_total", "class", string(class)) > 0
+			})
 	}
-	anonHeld := metricValue(t, reg, "mailplane_http_inflight_body_bytes", string(api.ClassAnonymous))
-	billHeld := metricValue(t, reg, "mailplane_http_inflight_body_bytes", string(api.ClassBilling))
+	anonHeld := mailplanetest.Metric(t, reg, "mailplane_http_inflight_body_bytes", "class", string(api.ClassAnonymous))
+	billHeld := mailplanetest.Metric(t, reg, "mailplane_http_inflight_body_bytes", "class", string(api.ClassBilling))
 	if anonHeld < 200<<10 || billHeld < 7<<20 {
 		t.Fatalf("the attack holds %v anonymous and %v billing bytes; want the budgets nearly full", anonHeld, billHeld)
 	}
@@ -200,37 +203,12 @@ func TestSlowBodyFloodLeavesWorkersAndProducers(t *testing.T) {
 		}
 	}
 	// The attack still held its budgets throughout.
-	if v := metricValue(t, reg, "mailplane_http_inflight_body_bytes", string(api.ClassBilling)); v < 7<<20 {
+	if v := mailplanetest.Metric(t, reg, "mailplane_http_inflight_body_bytes", "class", string(api.ClassBilling)); v < 7<<20 {
 		t.Fatalf("the billing budget was released during the test (%v bytes held)", v)
 	}
 	for _, class := range []api.Class{api.ClassHeartbeat, api.ClassProducer} {
-		if v := metricValue(t, reg, "mailplane_http_shed_total", string(class)); v != 0 {
+		if v := mailplanetest.Metric(t, reg, "mailplane_http_shed_total", "class", string(class)); v != 0 {
 			t.Errorf("%v %s requests shed", v, class)
 		}
 	}
-}
-
-// metricValue is the value of name's series whose class label is class.
-func metricValue(t testing.TB, g prometheus.Gatherer, name, class string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "class" && l.GetValue() == class {
-					if m.Gauge != nil {
-						return m.GetGauge().GetValue()
-					}
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }

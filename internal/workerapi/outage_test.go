@@ -20,6 +20,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/access"
 	"github.com/mailplane/mailplane/internal/api"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/internal/workerapi"
@@ -120,28 +121,10 @@ func TestHeartbeatsWhilePostgresIsDown(t *testing.T) {
 		t.Fatalf("the id admitted during the outage, again: %d %s", resp.StatusCode, b)
 	}
 	for outcome, want := range map[string]float64{"known": 1, "admitted": 1, "unchecked": 1, "limited": 1} {
-		if got := outcomes(t, reg, outcome); got != want {
+		if got := mailplanetest.Metric(t, reg, "mailplane_workerapi_new_workers_total", "outcome", outcome); got != want {
 			t.Errorf("outcome %s: %v, want %v", outcome, got, want)
 		}
 	}
-}
-
-// outcomes is the new-worker outcome counter of outcome on reg.
-func outcomes(t *testing.T, reg *prometheus.Registry, outcome string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			if mf.GetName() == "mailplane_workerapi_new_workers_total" && m.GetLabel()[0].GetValue() == outcome {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	t.Fatalf("no outcome %s", outcome)
-	return 0
 }
 
 // proxy forwards loopback connections to target until cut.
