@@ -218,11 +218,13 @@ func (s *Server) admitBody(lim RouteLimits, h http.Handler) http.Handler {
 		}()
 		start := time.Now()
 		body := &guardedBody{
-			src:      http.MaxBytesReader(w, r.Body, lim.MaxBody),
-			rc:       http.NewResponseController(w),
-			rate:     s.cfg.rate,
-			start:    start,
-			deadline: start.Add(s.cfg.classes[class].Deadline),
+			src:   http.MaxBytesReader(w, r.Body, lim.MaxBody),
+			rc:    http.NewResponseController(w),
+			rate:  s.cfg.rate,
+			start: start,
+			// Never past the server's read timeout, which this deadline
+			// replaces on the connection.
+			deadline: start.Add(min(s.cfg.classes[class].Deadline, s.cfg.timeouts.Read)),
 		}
 		r.Body = body
 		gw := &guardedWriter{ResponseWriter: w, body: body}
