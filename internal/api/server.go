@@ -15,7 +15,10 @@
 // The server is composable: later routes are mounted with WithRoute or
 // Server.Handle and share its bearer-token auth (CallerFrom gives the
 // handler the caller), metrics, logging and JSON error helpers
-// (WriteError, WriteJSON, WriteDomainError, DecodeJSON).
+// (WriteError, WriteJSON, WriteDomainError, DecodeJSON). Request bodies
+// are reserved from a budget per caller class only once the caller is
+// known, each route reads at most its own cap, and every body is held to
+// a minimum rate and a deadline (HandleLimited, limits.go).
 package api
 
 import (
