@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,8 +25,17 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	seconds  *prometheus.HistogramVec
 	refused  *prometheus.CounterVec
-	shed     prometheus.Counter
-	inflight prometheus.Gauge
+	shed     *prometheus.CounterVec
+	inflight *prometheus.GaugeVec
+	budget   *prometheus.GaugeVec
+	slow     *prometheus.CounterVec
+	classes  map[Class]classMetrics
+}
+
+// classMetrics are the body metrics of one caller class.
+type classMetrics struct {
+	shed, slow prometheus.Counter
+	inflight   prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -53,14 +61,23 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "mailplane_ingest_forbidden_total",
 			Help: "Requests refused with 403 at ingestion, by caller name (from the tokens file) and stable code.",
 		}, []string{"caller", "code"}),
-		shed: prometheus.NewCounter(prometheus.CounterOpts{
+		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mailplane_http_shed_total",
-			Help: "Requests refused with 503 before their body was read because the request bodies in flight were at the cap.",
-		}),
-		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Help: "Requests refused with 503 before their body was read because the bodies in flight of their caller class were at its budget, by class.",
+		}, []string{"class"}),
+		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "mailplane_http_inflight_body_bytes",
-			Help: "Bytes of request bodies reserved by requests being served.",
-		}),
+			Help: "Bytes of request bodies reserved by requests being served, by caller class.",
+		}, []string{"class"}),
+		budget: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "mailplane_http_body_budget_bytes",
+			Help: "In-flight body budget of each caller class.",
+		}, []string{"class"}),
+		slow: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mailplane_http_slow_bodies_total",
+			Help: "Requests cut with 408 because their body came slower than the minimum rate or not whole within its class deadline, by class.",
+		}, []string{"class"}),
+		classes: map[Class]classMetrics{},
 	}
 	var err error
 	if m.refused, err = promreg.Register(reg, m.refused); err != nil {
@@ -71,6 +88,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	if m.inflight, err = promreg.Register(reg, m.inflight); err != nil {
 		return nil, err
+	}
+	if m.budget, err = promreg.Register(reg, m.budget); err != nil {
+		return nil, err
+	}
+	if m.slow, err = promreg.Register(reg, m.slow); err != nil {
+		return nil, err
+	}
+	for _, c := range Classes() {
+		l := string(c)
+		m.classes[c] = classMetrics{shed: m.shed.WithLabelValues(l), slow: m.slow.WithLabelValues(l), inflight: m.inflight.WithLabelValues(l)}
 	}
 	m.accepted, err = promreg.Register(reg, m.accepted)
 	if err != nil {
@@ -237,59 +264,6 @@ func bearer(r *http.Request) (string, authResult) {
 
 // maxTokenLen bounds what is hashed or MACed per request.
 const maxTokenLen = 512
-
-// inflight counts the bytes of request bodies being read.
-type inflight struct {
-	max int64
-	mu  sync.Mutex
-	n   int64
-}
-
-func (f *inflight) acquire(n int64) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.n+n > f.max {
-		return false
-	}
-	f.n += n
-	return true
-}
-
-func (f *inflight) release(n int64) {
-	f.mu.Lock()
-	f.n -= n
-	f.mu.Unlock()
-}
-
-// limitInflight refuses, before reading it, a request whose body would
-// take the bytes in flight beyond the cap: many slow large bodies at once
-// would otherwise hold that much memory.
-func (s *Server) limitInflight(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n := r.ContentLength
-		if n < 0 || n > s.cfg.maxBody {
-			n = s.cfg.maxBody // unknown length: reserve the most a route reads
-		}
-		if n == 0 || r.Body == nil || r.Body == http.NoBody {
-			h.ServeHTTP(w, r)
-			return
-		}
-		if !s.inflight.acquire(n) {
-			s.metrics.shed.Inc()
-			w.Header().Set("Retry-After", "1")
-			w.Header().Set("Connection", "close")
-			WriteError(w, http.StatusServiceUnavailable, domain.CodeUnavailable,
-				"too many request bodies in flight; retry shortly")
-			return
-		}
-		s.metrics.inflight.Add(float64(n))
-		defer func() {
-			s.inflight.release(n)
-			s.metrics.inflight.Sub(float64(n))
-		}()
-		h.ServeHTTP(w, r)
-	})
-}
 
 func slogLevel(status int) slog.Level {
 	if status >= 500 {

@@ -15,7 +15,10 @@
 // The server is composable: later routes are mounted with WithRoute or
 // Server.Handle and share its bearer-token auth (CallerFrom gives the
 // handler the caller), metrics, logging and JSON error helpers
-// (WriteError, WriteJSON, WriteDomainError, DecodeJSON).
+// (WriteError, WriteJSON, WriteDomainError, DecodeJSON). Request bodies
+// are reserved from a budget per caller class only once the caller is
+// known, each route reads at most its own cap, and every body is held to
+// a minimum rate and a deadline (HandleLimited, limits.go).
 package api
 
 import (
@@ -45,8 +48,8 @@ const (
 	DefaultMaxBatch       = 1000
 	DefaultProduceTimeout = 15 * time.Second
 	DefaultHealthTimeout  = 2 * time.Second
-	// DefaultMaxInflightBytes bounds the request bodies being read at once
-	// across the server (WithMaxInflightBytes).
+	// DefaultMaxInflightBytes bounds the request bodies of producers
+	// (ClassProducer) being read at once (WithMaxInflightBytes).
 	DefaultMaxInflightBytes = 64 << 20
 )
 
@@ -112,12 +115,14 @@ type route struct {
 	pattern string
 	handler http.Handler
 	auth    bool
+	limits  RouteLimits
 }
 
 type config struct {
 	addr           string
 	auth           Authenticator
-	maxInflight    int64
+	classes        map[Class]ClassLimits
+	rate           BodyRate
 	admit          Admission
 	sealer         producer.Sealer
 	transport      *domain.TransportPolicy
@@ -157,12 +162,19 @@ type Admission func(ctx context.Context, events []domain.Event) error
 // WithAdmission sets the admission hook (default: none).
 func WithAdmission(a Admission) Option { return func(c *config) { c.admit = a } }
 
-// WithMaxInflightBytes bounds the bytes of request bodies being read at
-// once across the server (default DefaultMaxInflightBytes): a request
-// whose body would go beyond it gets 503 unavailable with Retry-After
-// before its body is read. A body of unknown length counts as the body
-// limit.
-func WithMaxInflightBytes(n int64) Option { return func(c *config) { c.maxInflight = n } }
+// WithMaxInflightBytes bounds the bytes of producers' request bodies
+// (ClassProducer) being read at once (default DefaultMaxInflightBytes): a
+// request whose body would go beyond it gets 503 unavailable with
+// Retry-After before its body is read. A body of unknown length counts as
+// the body limit. The other classes have budgets of their own
+// (WithClassLimits).
+func WithMaxInflightBytes(n int64) Option {
+	return func(c *config) {
+		l := c.classes[ClassProducer]
+		l.Budget = n
+		c.classes[ClassProducer] = l
+	}
+}
 
 // WithSealer seals plain mailbox credentials at ingest. Without one,
 // events carrying plain credentials are refused (plaintext_secret).
@@ -216,9 +228,10 @@ func WithClock(now func() time.Time) Option { return func(c *config) { c.now = n
 // WithRoute mounts an extra handler on a net/http ServeMux pattern such as
 // "POST /v1/workers/heartbeat" or "GET /v1/workers/{id}/assignments". With
 // authRequired the bearer-token check runs first. Patterns with a method
-// get JSON 405 responses for other methods on the same path.
+// get JSON 405 responses for other methods on the same path. Its bodies
+// take the default RouteLimits (HandleLimited).
 func WithRoute(pattern string, h http.Handler, authRequired bool) Option {
-	return func(c *config) { c.routes = append(c.routes, route{pattern, h, authRequired}) }
+	return func(c *config) { c.routes = append(c.routes, route{pattern, h, authRequired, RouteLimits{}}) }
 }
 
 // WithMaxBodyBytes bounds request bodies (default 1 MiB).
@@ -240,16 +253,16 @@ func WithHealthTimeout(d time.Duration) Option { return func(c *config) { c.heal
 
 // Server is mailplane's HTTP API server.
 type Server struct {
-	cfg      config
-	log      *slog.Logger
-	prod     Producer
-	seal     domain.SealFunc
-	metrics  *metrics
-	health   *opshttp.Health
-	inflight inflight
-	mux      *http.ServeMux
-	handler  http.Handler
-	srv      *http.Server
+	cfg     config
+	log     *slog.Logger
+	prod    Producer
+	seal    domain.SealFunc
+	metrics *metrics
+	health  *opshttp.Health
+	budgets map[Class]*budget
+	mux     *http.ServeMux
+	handler http.Handler
+	srv     *http.Server
 
 	mu      sync.Mutex
 	methods map[string]map[string]bool // path → methods with a handler
@@ -265,7 +278,8 @@ func New(p Producer, opts ...Option) (*Server, error) {
 		maxBatch:       DefaultMaxBatch,
 		produceTimeout: DefaultProduceTimeout,
 		healthTimeout:  DefaultHealthTimeout,
-		maxInflight:    DefaultMaxInflightBytes,
+		classes:        DefaultClassLimits(),
+		rate:           BodyRate{Min: DefaultMinBodyRate, Grace: DefaultBodyRateGrace},
 		now:            time.Now,
 	}
 	for _, o := range opts {
@@ -277,7 +291,10 @@ func New(p Producer, opts ...Option) (*Server, error) {
 	if c.auth == nil {
 		return nil, errors.New("api: an authenticator is required")
 	}
-	if c.maxInflight <= 0 || c.maxBody <= 0 || c.maxBatch <= 0 || c.produceTimeout <= 0 || c.healthTimeout <= 0 {
+	if err := c.validLimits(); err != nil {
+		return nil, err
+	}
+	if c.maxBody <= 0 || c.maxBatch <= 0 || c.produceTimeout <= 0 || c.healthTimeout <= 0 {
 		return nil, errors.New("api: limits and timeouts must be positive")
 	}
 	if c.logger == nil {
@@ -306,7 +323,6 @@ func New(p Producer, opts ...Option) (*Server, error) {
 		plain:   map[string]bool{},
 		health:  c.healthChecks(),
 	}
-	s.inflight.max = c.maxInflight
 	if c.sealer != nil {
 		s.seal = c.sealer.Seal
 	}
@@ -315,21 +331,26 @@ func New(p Producer, opts ...Option) (*Server, error) {
 		return nil, err
 	}
 	s.metrics = m
+	s.budgets = map[Class]*budget{}
+	for k, l := range c.classes {
+		s.budgets[k] = &budget{max: l.Budget}
+		m.budget.WithLabelValues(string(k)).Set(float64(l.Budget))
+	}
 
 	builtin := []route{
-		{"POST /v1/events", http.HandlerFunc(s.handleEvents), true},
-		{"GET /healthz", s.health.PublicHandler(), false},
-		{RouteOpenAPI, openAPIHandler(), false},
+		{"POST /v1/events", http.HandlerFunc(s.handleEvents), true, RouteLimits{Class: ClassProducer}},
+		{"GET /healthz", s.health.PublicHandler(), false, RouteLimits{}},
+		{RouteOpenAPI, openAPIHandler(), false, RouteLimits{}},
 	}
 	for _, r := range append(builtin, c.routes...) {
-		if err := s.Handle(r.pattern, r.handler, r.auth); err != nil {
+		if err := s.HandleLimited(r.pattern, r.handler, r.auth, r.limits); err != nil {
 			return nil, err
 		}
 	}
 	if !s.plain["/"] && s.methods["/"] == nil {
 		s.mux.Handle("/", s.instrument("unmatched", http.HandlerFunc(notFound)))
 	}
-	s.handler = s.recoverer(drainRefused(s.limitInflight(s.mux)))
+	s.handler = s.recoverer(s.drainRefused(s.mux))
 	s.srv = &http.Server{
 		Addr:              c.addr,
 		Handler:           s.handler,
@@ -346,14 +367,48 @@ func New(p Producer, opts ...Option) (*Server, error) {
 	return s, nil
 }
 
-// Handle mounts h on pattern, like WithRoute. Call it before serving.
-// It returns an error when the pattern is invalid or conflicts with one
-// already mounted.
-func (s *Server) Handle(pattern string, h http.Handler, authRequired bool) (err error) {
+// Handle mounts h on pattern, like WithRoute, with the default
+// RouteLimits. Call it before serving. It returns an error when the
+// pattern is invalid or conflicts with one already mounted.
+func (s *Server) Handle(pattern string, h http.Handler, authRequired bool) error {
+	return s.HandleLimited(pattern, h, authRequired, RouteLimits{})
+}
+
+// HandleLimited is Handle with the route's body limits: its caller class,
+// its body cap, its classification before any budget is reserved. With
+// authRequired the bearer token is checked before anything else, so an
+// unauthenticated request reserves nothing.
+func (s *Server) HandleLimited(pattern string, h http.Handler, authRequired bool, lim RouteLimits) (err error) {
 	if h == nil {
 		return fmt.Errorf("api: nil handler for %q", pattern)
 	}
+	if lim.Class == "" {
+		lim.Class = ClassAnonymous
+		if authRequired {
+			lim.Class = ClassProducer
+		}
+	}
+	if s.budgets[lim.Class] == nil {
+		return fmt.Errorf("api: route %q: unknown caller class %q", pattern, lim.Class)
+	}
+	if lim.MaxBody <= 0 {
+		lim.MaxBody = s.cfg.maxBody
+	}
+	if classify := lim.Classify; classify != nil {
+		// A class Classify makes up is charged as anonymous.
+		lim.Classify = func(w http.ResponseWriter, r *http.Request) (Class, bool) {
+			c, ok := classify(w, r)
+			if ok && s.budgets[c] == nil {
+				c = ClassAnonymous
+			}
+			return c, ok
+		}
+	}
 	method, path := splitPattern(pattern)
+	if method != http.MethodGet && method != http.MethodHead {
+		// GET handlers read no body: nothing to reserve for them.
+		h = s.admitBody(lim, h)
+	}
 	if authRequired {
 		h = s.requireAuth(h)
 	}

@@ -88,8 +88,10 @@ const CodeUnknownPrice domain.Code = "unknown_price"
 const (
 	// DefaultSource is the ce_source of the events produced.
 	DefaultSource = "mailplane/billing/stripe"
-	// DefaultMaxBodyBytes bounds a webhook body.
-	DefaultMaxBodyBytes = 512 << 10
+	// DefaultMaxBodyBytes bounds a webhook body. Stripe's subscription
+	// events are a few KiB (tens with many items); the cap is what the
+	// billing class's budget is counted in (api.ClassBilling).
+	DefaultMaxBodyBytes = 256 << 10
 )
 
 // Stripe event types handled.
@@ -193,7 +195,8 @@ func Register(s *api.Server, cfg Config, opts ...Option) error {
 	}
 	cfg.Prices = prices
 	w := &webhook{cfg: cfg, opt: o, srv: s, log: o.logger, stale: stale}
-	return s.Handle(Route, http.HandlerFunc(w.serve), false)
+	return s.HandleLimited(Route, http.HandlerFunc(w.serve), false,
+		api.RouteLimits{Class: api.ClassBilling, MaxBody: o.maxBody, Classify: w.screen})
 }
 
 // Stripe's event and subscription objects, as much as is read. Unknown

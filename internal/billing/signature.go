@@ -4,11 +4,13 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/api"
 )
 
 // CodeInvalidSignature is the stable code of a webhook whose
@@ -54,6 +56,33 @@ func Verify(payload []byte, header string, secrets []string, now time.Time, tole
 		return domain.Errorf(CodeInvalidSignature, "the %s timestamp is more than %s away from the server's clock", SignatureHeader, tolerance)
 	}
 	return nil
+}
+
+// screen refuses, on its headers alone, a delivery that cannot verify (no
+// Stripe-Signature header or more than one, a malformed one, no v1
+// signature, a timestamp outside the tolerance) before a byte of its
+// body is read or any budget reserved; the others take the billing
+// class's budget (docs/architecture.md §4, api). Anyone can forge a fresh
+// timestamp, so this only keeps the trivial floods off that budget; the
+// signature over the body is what admits an event.
+func (w *webhook) screen(rw http.ResponseWriter, r *http.Request) (api.Class, bool) {
+	hs := r.Header.Values(SignatureHeader)
+	var err error
+	if len(hs) > 1 {
+		err = domain.Errorf(CodeInvalidSignature, "the %s header must be given once", SignatureHeader)
+	} else if ts, sigs, perr := parseSignatureHeader(r.Header.Get(SignatureHeader)); perr != nil {
+		err = perr
+	} else if len(sigs) == 0 {
+		err = domain.Errorf(CodeInvalidSignature, "the %s header has no v1 signature", SignatureHeader)
+	} else if d := w.opt.now().Sub(time.Unix(ts, 0)); d > w.cfg.Tolerance || d < -w.cfg.Tolerance {
+		err = domain.Errorf(CodeInvalidSignature, "the %s timestamp is more than %s away from the server's clock", SignatureHeader, w.cfg.Tolerance)
+	}
+	if err != nil {
+		w.log.Debug("billing: webhook refused before its body", "code", domain.ErrorCode(err), "remote", r.RemoteAddr)
+		api.WriteDomainError(rw, err)
+		return "", false
+	}
+	return api.ClassBilling, true
 }
 
 // Sign returns a Stripe-Signature header value for payload signed at t

@@ -95,7 +95,7 @@ var (
 	APITokens         = register(Setting{"api-token", "MAILPLANE_API_TOKEN", "", "bearer token the CLI sends to the API (publish --api); dev mode generates one when empty and grants it every scope"})
 	APITokensFile     = register(Setting{"api-tokens-file", "MAILPLANE_API_TOKENS_FILE", "", "the API's callers, one a line: name, sha256 of the token, scopes, source (mailplane token makes lines); reread on SIGHUP and when it changes; required by the api role"})
 	WorkerFleetSecret = register(Setting{"worker-fleet-secret", "MAILPLANE_WORKER_FLEET_SECRET", "", "secret (32 bytes or more) the sending workers' credentials derive from (mailplane token worker prints one); prefer the environment; dev mode keeps one in its data dir"})
-	HTTPInflightBytes = register(Setting{"http-inflight-bytes", "MAILPLANE_HTTP_INFLIGHT_BYTES", "67108864", "cap on the bytes of request bodies the API reads at once; beyond it 503 with Retry-After"})
+	HTTPInflightBytes = register(Setting{"http-inflight-bytes", "MAILPLANE_HTTP_INFLIGHT_BYTES", "67108864", "cap on the bytes of producers' (bearer callers') request bodies the API reads at once; beyond it 503 with Retry-After"})
 	WorkerNewRate     = register(Setting{"worker-new-rate", "MAILPLANE_WORKER_NEW_RATE", "2", "worker ids unknown to placement admitted per second (heartbeats of more get 429)"})
 	WorkerNewBurst    = register(Setting{"worker-new-burst", "MAILPLANE_WORKER_NEW_BURST", "20", "burst of new worker ids admitted at once"})
 	SealKeys          = register(Setting{"seal-keys", "MAILPLANE_SEAL_KEYS", "", "credential sealing keys, id:base64(32 bytes)[,...]; first is active; dev mode keeps one in its data dir"})
@@ -109,6 +109,23 @@ var (
 	Source            = register(Setting{"source", "MAILPLANE_SOURCE", "/cli", "ce_source of events published by the CLI (through --api: the caller's source or a path below it)"})
 	APIURL            = register(Setting{"api", "MAILPLANE_API_URL", "", "publish through this API (e.g. http://127.0.0.1:8080) instead of straight to the brokers"})
 	SchemaRegistry    = register(Setting{"registry", "MAILPLANE_SCHEMA_REGISTRY_URL", "http://127.0.0.1:18081", "Schema Registry (Confluent REST, e.g. Redpanda's) that schemas register writes every record type's reader schema to"})
+)
+
+// The API's request bodies: a budget per caller class (anonymous, console,
+// producer above, billing, heartbeat), a minimum rate and a deadline
+// (internal/api limits.go), and login attempts per client address
+// (internal/console).
+var (
+	HTTPInflightAnonymousBytes = register(Setting{"http-inflight-anonymous-bytes", "MAILPLANE_HTTP_INFLIGHT_ANONYMOUS_BYTES", "1048576", "cap on the bytes of request bodies read at once before any credential (the console login form, posts without a console session); beyond it 503"})
+	HTTPInflightConsoleBytes   = register(Setting{"http-inflight-console-bytes", "MAILPLANE_HTTP_INFLIGHT_CONSOLE_BYTES", "1048576", "cap on the bytes of console-session form posts read at once; beyond it 503"})
+	HTTPInflightBillingBytes   = register(Setting{"http-inflight-billing-bytes", "MAILPLANE_HTTP_INFLIGHT_BILLING_BYTES", "8388608", "cap on the bytes of Stripe webhook bodies (at most 256 KiB each) read at once; beyond it 503"})
+	HTTPInflightHeartbeatBytes = register(Setting{"http-inflight-heartbeat-bytes", "MAILPLANE_HTTP_INFLIGHT_HEARTBEAT_BYTES", "16777216", "cap on the bytes of sending workers' heartbeat bodies read at once, reserved for them; beyond it 503"})
+	HTTPMinBodyRate            = register(Setting{"http-min-body-rate", "MAILPLANE_HTTP_MIN_BODY_RATE", "1024", "bytes a second a request body must keep up on average after the grace; slower: cut with 408 request_timeout"})
+	HTTPBodyGrace              = register(Setting{"http-body-grace", "MAILPLANE_HTTP_BODY_GRACE", "2s", "time a request body has before the minimum rate applies"})
+	HTTPBodyDeadline           = register(Setting{"http-body-deadline", "MAILPLANE_HTTP_BODY_DEADLINE", "10s", "time a request body of every class but producers' has to arrive whole (producers: 30s); later: 408 request_timeout"})
+	HTTPTrustedProxies         = register(Setting{"http-trusted-proxies", "MAILPLANE_HTTP_TRUSTED_PROXIES", "", "comma-separated addresses or CIDRs of proxies whose X-Forwarded-For names the client of console logins; empty: the peer address is the client"})
+	ConsoleLoginsPerMinute     = register(Setting{"console-logins-per-minute", "MAILPLANE_CONSOLE_LOGINS_PER_MINUTE", "10", "console login attempts a minute per client address (per /64 for IPv6); beyond them 429 with Retry-After"})
+	ConsoleLoginBurst          = register(Setting{"console-login-burst", "MAILPLANE_CONSOLE_LOGIN_BURST", "10", "console login attempts a client address may make at once"})
 )
 
 // Postgres pool sizes, by purpose (internal/dbpools). A process opens

@@ -23,6 +23,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -70,6 +71,13 @@ type Config struct {
 	Redriven func(ctx context.Context, entries []dlq.Entry) (map[dlq.Location]dlq.Redriven, error)
 	// SessionTTL is a session's life (default DefaultSessionTTL).
 	SessionTTL time.Duration
+	// LoginsPerMinute and LoginBurst limit login attempts per client
+	// address (defaults DefaultLoginsPerMinute, DefaultLoginBurst).
+	LoginsPerMinute float64
+	LoginBurst      int
+	// TrustedProxies are the peers whose X-Forwarded-For is believed for
+	// the client address of login attempts (default: none).
+	TrustedProxies []netip.Prefix
 	// HealthWindow is the span of the evidence chart: the health scorer's
 	// window (default domain.DefaultHealthPolicy's).
 	HealthWindow time.Duration
@@ -94,12 +102,13 @@ var files embed.FS
 
 // Console serves the pages.
 type Console struct {
-	cfg    Config
-	logins *prometheus.CounterVec
-	log    *slog.Logger
-	sess   *sessions
-	pages  map[string]*template.Template
-	css    []byte
+	cfg      Config
+	logins   *prometheus.CounterVec
+	attempts *addrLimiter
+	log      *slog.Logger
+	sess     *sessions
+	pages    map[string]*template.Template
+	css      []byte
 }
 
 // Register mounts the console on s under /console/.
@@ -109,7 +118,7 @@ func Register(s *api.Server, cfg Config) error {
 		return err
 	}
 	for pattern, h := range c.Routes() {
-		if err := s.Handle(pattern, h, false); err != nil {
+		if err := s.HandleLimited(pattern, h, false, c.limits(pattern)); err != nil {
 			return err
 		}
 	}
@@ -127,6 +136,12 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.LoginsPerMinute <= 0 {
+		cfg.LoginsPerMinute = DefaultLoginsPerMinute
+	}
+	if cfg.LoginBurst <= 0 {
+		cfg.LoginBurst = DefaultLoginBurst
+	}
 	if cfg.HealthWindow <= 0 {
 		cfg.HealthWindow = domain.DefaultHealthPolicy().Window
 	}
@@ -138,15 +153,16 @@ func New(cfg Config) (*Console, error) {
 	}
 	logins, err := promreg.Register(cfg.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "mailplane_console_logins_total",
-		Help: "Console login attempts, by result: ok, invalid (not a token, unknown token), forbidden (no ops scope), refused (cross-site or without the form's CSRF token).",
+		Help: "Console login attempts, by result: ok, invalid (not a token, unknown token), forbidden (no ops scope), refused (cross-site or without the form's CSRF token), limited (too many from the client address).",
 	}, []string{"result"}))
 	if err != nil {
 		return nil, err
 	}
-	for _, r := range []string{"ok", "invalid", "forbidden", "refused"} {
+	for _, r := range []string{"ok", "invalid", "forbidden", "refused", "limited"} {
 		logins.WithLabelValues(r)
 	}
-	c := &Console{cfg: cfg, logins: logins, log: cfg.Logger, sess: newSessions(cfg.SessionTTL, cfg.Now), pages: map[string]*template.Template{}}
+	c := &Console{cfg: cfg, logins: logins, log: cfg.Logger, sess: newSessions(cfg.SessionTTL, cfg.Now), pages: map[string]*template.Template{},
+		attempts: newAddrLimiter(cfg.LoginsPerMinute, cfg.LoginBurst, maxLoginAddrs, cfg.Now)}
 	css, err := fs.ReadFile(files, "static/console.css")
 	if err != nil {
 		return nil, err

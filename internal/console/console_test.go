@@ -63,6 +63,12 @@ func unit(t *testing.T) (*httptest.Server, *clock, *prometheus.Registry) {
 // unitWith is unit with a console that redrives through redrive.
 func unitWith(t *testing.T, redrive console.Redriver) (*httptest.Server, *clock, *prometheus.Registry) {
 	t.Helper()
+	return unitConfig(t, func(c *console.Config) { c.Redrive = redrive })
+}
+
+// unitConfig is unit with the console's configuration changed by set.
+func unitConfig(t *testing.T, set func(*console.Config)) (*httptest.Server, *clock, *prometheus.Registry) {
+	t.Helper()
 	db := pgtest.New(t)
 	if err := migrations.Apply(t.Context(), db.Pool); err != nil {
 		t.Fatal(err)
@@ -94,11 +100,13 @@ func unitWith(t *testing.T, redrive console.Redriver) (*httptest.Server, *clock,
 	if err := query.Register(srv, reader, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := console.Register(srv, console.Config{
+	cfg := console.Config{
 		Auth: auth, Facts: reader, Consumers: query.NewConsumerReader(db.Pool, nil, nil),
 		DLQ: func(context.Context, int) ([]dlq.Entry, error) { return entries, nil },
-		Now: clk.now, SessionTTL: time.Hour, Registerer: reg, Redrive: redrive,
-	}); err != nil {
+		Now: clk.now, SessionTTL: time.Hour, Registerer: reg,
+	}
+	set(&cfg)
+	if err := console.Register(srv, cfg); err != nil {
 		t.Fatal(err)
 	}
 	ts := httptest.NewServer(srv.Handler())

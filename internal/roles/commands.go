@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/api"
 	"github.com/mailplane/mailplane/internal/billing"
 	"github.com/mailplane/mailplane/internal/config"
+	"github.com/mailplane/mailplane/internal/console"
 	"github.com/mailplane/mailplane/internal/dbpools"
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/sealing"
@@ -50,19 +52,51 @@ type apiFlags struct {
 	http, tokensFile, fleetSecret *string
 	inflight, newWorkerBurst      *int
 	newWorkerRate                 *float64
+	limits                        bodyFlags
+}
+
+// bodyFlags are the API's body limits per caller class and the console's
+// login limit.
+type bodyFlags struct {
+	anonymous, console, billing, heartbeat, minRate, loginBurst *int
+	grace, deadline                                             *time.Duration
+	loginsPerMinute                                             *float64
+	trustedProxies                                              *string
 }
 
 func registerAPIFlags(fs *flag.FlagSet) apiFlags {
 	return apiFlags{
 		http: config.HTTP.String(fs), tokensFile: config.APITokensFile.String(fs), fleetSecret: config.WorkerFleetSecret.String(fs),
 		inflight: config.HTTPInflightBytes.Int(fs), newWorkerRate: config.WorkerNewRate.Float(fs), newWorkerBurst: config.WorkerNewBurst.Int(fs),
+		limits: bodyFlags{
+			anonymous: config.HTTPInflightAnonymousBytes.Int(fs), console: config.HTTPInflightConsoleBytes.Int(fs),
+			billing: config.HTTPInflightBillingBytes.Int(fs), heartbeat: config.HTTPInflightHeartbeatBytes.Int(fs),
+			minRate: config.HTTPMinBodyRate.Int(fs), grace: config.HTTPBodyGrace.Duration(fs), deadline: config.HTTPBodyDeadline.Duration(fs),
+			trustedProxies: config.HTTPTrustedProxies.String(fs), loginsPerMinute: config.ConsoleLoginsPerMinute.Float(fs),
+			loginBurst: config.ConsoleLoginBurst.Int(fs),
+		},
 	}
 }
 
 // apply copies the API settings into rc.
-func (f apiFlags) apply(rc *roleConfig) {
+func (f apiFlags) apply(rc *roleConfig) error {
 	rc.httpAddr, rc.tokensFile, rc.fleetSecret = *f.http, *f.tokensFile, []byte(*f.fleetSecret)
 	rc.inflightBytes, rc.newWorkerRate, rc.newWorkerBurst = int64(*f.inflight), *f.newWorkerRate, *f.newWorkerBurst
+	l := f.limits
+	proxies, err := console.ParseTrustedProxies(*l.trustedProxies)
+	if err != nil {
+		return fmt.Errorf("%s: %w", config.HTTPTrustedProxies.Env, err)
+	}
+	small := func(n int) api.ClassLimits { return api.ClassLimits{Budget: int64(n), Deadline: *l.deadline} }
+	rc.bodies = bodyLimits{
+		classes: map[api.Class]api.ClassLimits{
+			api.ClassAnonymous: small(*l.anonymous), api.ClassConsole: small(*l.console),
+			api.ClassBilling: small(*l.billing), api.ClassHeartbeat: small(*l.heartbeat),
+		},
+		rate:            api.BodyRate{Min: int64(*l.minRate), Grace: *l.grace},
+		loginsPerMinute: *l.loginsPerMinute, loginBurst: *l.loginBurst, trustedProxies: proxies,
+	}
+	return nil
 }
 
 // API is `mailplane api`: the ingest API role.
@@ -94,7 +128,9 @@ func API(ctx context.Context, args []string) error {
 	}
 	rc := cf.roleConfig(cf.logger())
 	rc.billing, rc.keyring, rc.api, rc.imapTransport = bc, keyring, true, transport
-	af.apply(rc)
+	if err := af.apply(rc); err != nil {
+		return err
+	}
 	return runRoles(ctx, rc, nil)
 }
 

@@ -254,7 +254,9 @@ func (e *devEnv) roleConfig(pc placement.Config) (*roleConfig, error) {
 	// The IMAP runner, against the dev IMAP server (unless --sync-runner
 	// record asks for the recording runner).
 	e.f.sync.applyIMAP(rc, e.warmupKey, transport)
-	e.f.api.apply(rc)
+	if err := e.f.api.apply(rc); err != nil {
+		return nil, err
+	}
 	rc.tokensFile, rc.fleetSecret = e.tokensFile, e.fleetSecret
 	return rc, nil
 }

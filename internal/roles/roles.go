@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/api"
 	"github.com/mailplane/mailplane/internal/billing"
 	"github.com/mailplane/mailplane/internal/buildinfo"
 	"github.com/mailplane/mailplane/internal/config"
@@ -34,6 +36,31 @@ import (
 	"github.com/mailplane/mailplane/topics"
 )
 
+// bodyLimits are the API's body limits per caller class and the console's
+// login limit; zero fields take the packages' defaults.
+type bodyLimits struct {
+	classes         map[api.Class]api.ClassLimits
+	rate            api.BodyRate
+	loginsPerMinute float64
+	loginBurst      int
+	trustedProxies  []netip.Prefix
+}
+
+// apiOptions are the api.Server options of the limits set.
+func (b bodyLimits) apiOptions() []api.Option {
+	set := map[api.Class]api.ClassLimits{}
+	for k, v := range b.classes {
+		if v.Budget > 0 && v.Deadline > 0 {
+			set[k] = v
+		}
+	}
+	opts := []api.Option{api.WithClassLimits(set)}
+	if b.rate.Min > 0 {
+		opts = append(opts, api.WithBodyRate(b.rate))
+	}
+	return opts
+}
+
 // roleConfig is what the roles of one process share.
 type roleConfig struct {
 	log             *slog.Logger
@@ -43,7 +70,8 @@ type roleConfig struct {
 	opsAddr         string // metrics and detailed health, every role; "" for none
 	tokensFile      string // the API's callers (access package)
 	fleetSecret     []byte // derives the sending workers' credentials
-	inflightBytes   int64  // cap on request bodies being read by the API
+	inflightBytes   int64  // cap on producers' request bodies being read by the API
+	bodies          bodyLimits
 	newWorkerRate   float64
 	newWorkerBurst  int
 	keyring         *sealing.Keyring

@@ -260,7 +260,7 @@ func (p *process) buildAPI() (*api.Server, error) {
 	limiter := workerapi.NewWorkerLimiter(pgStore, rc.newWorkerRate, rc.newWorkerBurst, p.reg)
 	pc := producer.New(kc, producer.WithSealer(rc.keyring), producer.WithSource("mailplane/api"), producer.WithRegisterer(p.reg),
 		producer.WithNamespace(rc.kafka.Namespace))
-	srv, err := api.New(pc,
+	srv, err := api.New(pc, append(rc.bodies.apiOptions(),
 		api.WithAddr(rc.httpAddr),
 		api.WithAuthenticator(auth),
 		api.WithAdmission(limiter.Admit),
@@ -278,7 +278,7 @@ func (p *process) buildAPI() (*api.Server, error) {
 		api.WithRegisterer(p.reg),
 		api.WithGatherer(p.reg),
 		api.WithLogger(log),
-	)
+	)...)
 	if err != nil {
 		return nil, err
 	}
@@ -321,8 +321,11 @@ func (p *process) mountQuery(srv *api.Server, auth api.Authenticator, log *slog.
 		Redriven: func(ctx context.Context, entries []dlq.Entry) (map[dlq.Location]dlq.Redriven, error) {
 			return dlq.Redrives(ctx, p.pools.Serve, entries)
 		},
-		Logger:     log.With("component", "console"),
-		Registerer: p.reg,
+		LoginsPerMinute: p.rc.bodies.loginsPerMinute,
+		LoginBurst:      p.rc.bodies.loginBurst,
+		TrustedProxies:  p.rc.bodies.trustedProxies,
+		Logger:          log.With("component", "console"),
+		Registerer:      p.reg,
 	})
 }
 

@@ -18,10 +18,12 @@ import (
 const (
 	DefaultNewWorkerRate  = 2.0
 	DefaultNewWorkerBurst = 20
-	// newWorkerMemory is how long an admitted id counts as known before
-	// placement's projection shows it (its next heartbeats must not take
-	// tokens again).
-	newWorkerMemory = 10 * time.Minute
+	// DefaultRememberedWorkers bounds the worker ids the limiter remembers
+	// as known (about 100 bytes each).
+	DefaultRememberedWorkers = 65_536
+	// knownCheckTimeout bounds one question to Postgres: a heartbeat does
+	// not wait on a database that does not answer.
+	knownCheckTimeout = 2 * time.Second
 )
 
 // KnownWorkers tells which worker ids placement already knows; *PGStore is
@@ -34,23 +36,32 @@ type KnownWorkers interface {
 // know yet, with one token bucket for the whole server: whoever holds a
 // credential (or a fleet secret, or a publish:worker.heartbeat scope),
 // placement state grows by at most rate ids a second plus the burst.
+//
+// It remembers the ids it found known or admitted (bounded: the least
+// recently seen are forgotten first), and asks Postgres only about the
+// others, so a heartbeat of a worker it has seen needs no database: a
+// Postgres outage must not silence the fleet (the engine, which folds the
+// heartbeats from the log, knows its workers). When Postgres cannot be
+// asked, ids it does not remember are charged to the bucket as new ones,
+// which still bounds how fast placement state can grow.
 type WorkerLimiter struct {
 	known KnownWorkers
 	rate  float64
 	burst float64
 	now   func() time.Time
 
-	mu       sync.Mutex
-	tokens   float64
-	last     time.Time
-	admitted map[string]time.Time // admitted, maybe not projected yet
+	mu     sync.Mutex
+	tokens float64
+	last   time.Time
+	seen   recentSet
 
 	outcomes *prometheus.CounterVec
 }
 
 // NewWorkerLimiter returns a limiter admitting rate new worker ids a second
 // with burst; rate <= 0 takes DefaultNewWorkerRate, burst <= 0
-// DefaultNewWorkerBurst. Metrics go to reg (nil: unregistered).
+// DefaultNewWorkerBurst. It remembers DefaultRememberedWorkers ids.
+// Metrics go to reg (nil: unregistered).
 func NewWorkerLimiter(known KnownWorkers, rate float64, burst int, reg prometheus.Registerer) *WorkerLimiter {
 	if rate <= 0 {
 		rate = DefaultNewWorkerRate
@@ -59,11 +70,14 @@ func NewWorkerLimiter(known KnownWorkers, rate float64, burst int, reg prometheu
 		burst = DefaultNewWorkerBurst
 	}
 	l := &WorkerLimiter{known: known, rate: rate, burst: float64(burst), tokens: float64(burst),
-		now: time.Now, admitted: map[string]time.Time{},
+		now: time.Now, seen: newRecentSet(DefaultRememberedWorkers),
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mailplane_workerapi_new_workers_total",
-			Help: "Heartbeats of worker ids placement did not know yet, by outcome (admitted, limited).",
+			Help: "Heartbeats of worker ids the limiter did not remember, by outcome: known (placement knows them), admitted (new, a token each), unchecked (Postgres could not be asked: admitted on a token each), limited (refused 429).",
 		}, []string{"outcome"})}
+	for _, o := range []string{"known", "admitted", "unchecked", "limited"} {
+		l.outcomes.WithLabelValues(o)
+	}
 	if reg != nil {
 		l.outcomes = promreg.MustRegister(reg, l.outcomes)
 	}
@@ -81,7 +95,7 @@ func (e *limitedError) Unwrap() error             { return e.err }
 func (e *limitedError) RetryAfter() time.Duration { return e.retry }
 
 // Admit is an api.Admission: it refuses, as a whole, a request whose
-// heartbeats name more unknown worker ids than the bucket holds. Other
+// heartbeats name more new worker ids than the bucket holds. Other
 // events pass.
 func (l *WorkerLimiter) Admit(ctx context.Context, events []domain.Event) error {
 	var ids []string
@@ -95,27 +109,32 @@ func (l *WorkerLimiter) Admit(ctx context.Context, events []domain.Event) error 
 	}
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
-	now := l.now()
 	l.mu.Lock()
-	for id, at := range l.admitted {
-		if now.Sub(at) > newWorkerMemory {
-			delete(l.admitted, id)
-		}
-	}
-	ids = slices.DeleteFunc(ids, func(id string) bool { _, ok := l.admitted[id]; return ok })
+	ids = slices.DeleteFunc(ids, l.seen.touch)
 	l.mu.Unlock()
 	if len(ids) == 0 {
 		return nil
 	}
-	known, err := l.known.KnownWorkers(ctx, ids)
+	outcome := "admitted"
+	qctx, cancel := context.WithTimeout(ctx, knownCheckTimeout)
+	known, err := l.known.KnownWorkers(qctx, ids)
+	cancel()
 	if err != nil {
-		return domain.Errorf(domain.CodeUnavailable, "worker ids could not be checked; retry shortly")
+		outcome = "unchecked" // every id it does not remember is charged
+	} else if n := len(ids); n > 0 {
+		ids = slices.DeleteFunc(ids, func(id string) bool { return known[id] })
+		l.mu.Lock()
+		for id := range known {
+			l.seen.add(id)
+		}
+		l.mu.Unlock()
+		l.outcomes.WithLabelValues("known").Add(float64(n - len(ids)))
 	}
-	ids = slices.DeleteFunc(ids, func(id string) bool { return known[id] })
 	if len(ids) == 0 {
 		return nil
 	}
 	n := float64(len(ids))
+	now := l.now()
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -137,8 +156,43 @@ func (l *WorkerLimiter) Admit(ctx context.Context, events []domain.Event) error 
 	}
 	l.tokens -= n
 	for _, id := range ids {
-		l.admitted[id] = now
+		l.seen.add(id)
 	}
-	l.outcomes.WithLabelValues("admitted").Add(n)
+	l.outcomes.WithLabelValues(outcome).Add(n)
 	return nil
 }
+
+// recentSet remembers at most about max ids, forgetting the least
+// recently seen first: two generations, the older dropped whole when the
+// newer is full; an id seen again moves to the newer. The caller locks.
+type recentSet struct {
+	max       int
+	cur, prev map[string]struct{}
+}
+
+func newRecentSet(max int) recentSet {
+	return recentSet{max: max, cur: map[string]struct{}{}, prev: map[string]struct{}{}}
+}
+
+// touch reports whether id is remembered, and keeps it if so.
+func (s *recentSet) touch(id string) bool {
+	if _, ok := s.cur[id]; ok {
+		return true
+	}
+	if _, ok := s.prev[id]; ok {
+		s.add(id)
+		return true
+	}
+	return false
+}
+
+func (s *recentSet) add(id string) {
+	if len(s.cur) >= s.max/2 {
+		s.prev, s.cur = s.cur, make(map[string]struct{}, len(s.cur))
+	}
+	s.cur[id] = struct{}{}
+	delete(s.prev, id)
+}
+
+// len is how many ids are remembered.
+func (s *recentSet) len() int { return len(s.cur) + len(s.prev) }

@@ -10,7 +10,8 @@
 // known to placement are rate-limited (NewWorkerLimiter, installed as the
 // api.Server's admission hook so /v1/events heartbeats count too): 429
 // rate_limited with Retry-After, so no credential floods placement state
-// with made-up ids.
+// with made-up ids. Heartbeats of a worker the limiter remembers need no
+// database, so they are accepted while Postgres is down.
 //
 //   - POST /v1/workers/heartbeat: a worker says it is alive. The JSON body
 //     is a worker.heartbeat event's data ({worker_id, tier, egress, address,
@@ -126,7 +127,10 @@ func Register(s *api.Server, opts ...Option) error {
 		c.logger = slog.New(slog.DiscardHandler)
 	}
 	h := &handlers{cfg: c, srv: s, log: c.logger}
-	if err := s.Handle(RouteHeartbeat, http.HandlerFunc(h.heartbeat), true); err != nil {
+	// Heartbeats have a body budget of their own, taken only once the
+	// worker's credential is checked: no other caller can crowd them out.
+	if err := s.HandleLimited(RouteHeartbeat, http.HandlerFunc(h.heartbeat), true,
+		api.RouteLimits{Class: api.ClassHeartbeat, MaxBody: c.maxBody}); err != nil {
 		return err
 	}
 	if c.store != nil {
