@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/access"
 	"github.com/mailplane/mailplane/internal/api"
@@ -18,6 +20,7 @@ import (
 	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/internal/opshttp"
 	"github.com/mailplane/mailplane/internal/projections"
+	"github.com/mailplane/mailplane/topics"
 )
 
 const (
@@ -264,18 +267,29 @@ func (e *prodShape) syncFailover(ctx context.Context) {
 	e.waitGroup(ctx, mailsync.DefaultGroup, workers, 0)
 }
 
-// postgresOutage stops Postgres for 10 s: the API answers 503 with a
-// stable code where it needs the database (heartbeats do not), every health check says the
-// database is down, ingest goes on, no role exits; after the restart
-// what was ingested meanwhile flows end to end.
+// pgOutage is how long postgresOutage keeps Postgres down: two liveness
+// windows of the engine (30 s by default). While the heartbeat path needed
+// Postgres, a 28 s outage got every sending worker declared dead.
+const pgOutage = 60 * time.Second
+
+// postgresOutage stops Postgres for pgOutage. The API answers 503 where it
+// needs the database (assignments, its health), but heartbeats of known
+// workers and ingest carry on (they go to the log; the engine knows its
+// workers), a new worker's heartbeat is admitted on the new-worker bucket,
+// a role restarted meanwhile waits for the database, and the decision log
+// gains no death and no refusal: the fleet stays placed. After it, a
+// mailbox added during the outage flows end to end.
 func (e *prodShape) postgresOutage(ctx context.Context) {
 	t := e.t
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
+	kcfg := kafka.Config{Brokers: e.brokers, Namespace: e.ns, ClientID: "prodshape-test"}
+	before := e.decisionsEnd(ctx, kcfg)
 	if err := e.pg.Stop(sctx); err != nil {
 		t.Fatal(err)
 	}
 	stopped := time.Now()
+	e.hbRefused.Store(0)
 	var er api.ErrorResponse
 	code, body := e.call(ctx, http.MethodGet, e.apiURL+"/v1/workers/"+e.workers[0]+"/assignments", e.token, "", nil, &er)
 	if code != http.StatusServiceUnavailable || er.Error.Code != domain.CodeUnavailable {
@@ -285,19 +299,16 @@ func (e *prodShape) postgresOutage(ctx context.Context) {
 	// and a new one is charged to the new-worker bucket instead of being
 	// refused (so an outage does not silence the fleet).
 	newWorker := "0190a5b2-4c5e-7b1a-9c3d-0000000d0fff"
-	for _, w := range []string{e.workers[0], newWorker} {
-		code, body = e.call(ctx, http.MethodPost, e.apiURL+"/v1/workers/heartbeat", access.WorkerToken(e.fleet, w), "application/json",
-			fmt.Appendf(nil, `{"worker_id":%q,"tier":"shared_free","egress":"cold_smtp","address":"smtp-new.example.org","stopping":false}`, w), nil)
-		if code != http.StatusAccepted {
-			t.Errorf("worker %s's heartbeat with Postgres down: %d %s, want 202", w, code, body)
-		}
+	code, body = e.call(ctx, http.MethodPost, e.apiURL+"/v1/workers/heartbeat", access.WorkerToken(e.fleet, newWorker), "application/json",
+		fmt.Appendf(nil, `{"worker_id":%q,"tier":"shared_free","egress":"cold_smtp","address":"smtp-new.example.org","stopping":true}`, newWorker), nil)
+	if code != http.StatusAccepted {
+		t.Errorf("a new worker's heartbeat with Postgres down: %d %s, want 202 (admitted on the new-worker bucket)", code, body)
 	}
 	var ph opshttp.PublicHealthResponse
 	if code, body := e.call(ctx, http.MethodGet, e.apiURL+"/healthz", "", "", nil, &ph); code != http.StatusServiceUnavailable || ph.Checks["database"] != opshttp.HealthUnavailable {
 		t.Errorf("the API's /healthz with Postgres down: %d %s", code, body)
 	}
 	e.healthSaysDown(ctx, "database")
-	// Ingest needs only the broker.
 	id := e.addMailbox(ctx, psOrg, psUser)
 	// A role (re)started while Postgres is down waits for it, saying so,
 	// instead of exiting.
@@ -307,15 +318,64 @@ func (e *prodShape) postgresOutage(ctx context.Context) {
 	}
 	restarted.start(t)
 	e.waitWaiting(ctx, restarted)
-	time.Sleep(time.Until(stopped.Add(10 * time.Second))) // the outage itself
+	time.Sleep(time.Until(stopped.Add(pgOutage))) // the outage itself
 	e.f.alive(t, e.jobs)
+	if n := e.hbRefused.Load(); n != 0 {
+		t.Errorf("%d heartbeats of known workers were refused while Postgres was down", n)
+	}
 	if err := e.pg.Start(sctx); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("Postgres was down %s", time.Since(stopped).Round(10*time.Millisecond))
 	d := e.waitFlowed(ctx, id, "after the Postgres outage")
 	t.Logf("postgres: the mailbox added during the outage flowed end to end %s after Postgres started again", d.Round(10*time.Millisecond))
+	var died, refused int
+	e.decisionsSince(ctx, kcfg, before, func(d domain.PlacementDecision) {
+		switch d := d.(type) {
+		case *domain.PlacementWorkerDied:
+			// The new worker heartbeated once (stopping, holding nothing):
+			// its death is liveness working.
+			if d.WorkerID != newWorker {
+				died++
+			}
+		case *domain.PlacementRefused:
+			refused++
+		}
+	})
+	if died != 0 || refused != 0 {
+		t.Errorf("during and after a %s Postgres outage the engine decided %d worker deaths and %d refusals, want none", pgOutage, died, refused)
+	}
 	e.f.alive(t, e.jobs)
+}
+
+// decisionsEnd returns the end offset of the decision log (one partition).
+func (e *prodShape) decisionsEnd(ctx context.Context, kcfg kafka.Config) int64 {
+	ends, err := e.adm.ListEndOffsets(ctx, kcfg.Topic(topics.PlacementDecisions))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	o, ok := ends.Lookup(kcfg.Topic(topics.PlacementDecisions), 0)
+	if !ok || o.Err != nil {
+		e.t.Fatalf("the decision log's end: %v", o.Err)
+	}
+	return o.Offset
+}
+
+// decisionsSince calls fn with every decision on the log from offset on.
+func (e *prodShape) decisionsSince(ctx context.Context, kcfg kafka.Config, offset int64, fn func(domain.PlacementDecision)) {
+	_, err := kafka.ReadToEnd(ctx, kcfg, kafka.ReadSpec{Topics: []string{kcfg.Topic(topics.PlacementDecisions)}, Timeout: 30 * time.Second,
+		From: func(kafka.Partition, kafka.Bounds) (int64, error) { return offset, nil }},
+		func(r *kgo.Record) error {
+			d, err := topics.DecodeDecision(r)
+			if err != nil {
+				return err
+			}
+			fn(d.Data)
+			return nil
+		})
+	if err != nil {
+		e.t.Fatalf("reading the decision log: %v", err)
+	}
 }
 
 // brokerRestart stops the broker for 5 s and starts it again on the same

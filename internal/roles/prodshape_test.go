@@ -64,6 +64,9 @@ type prodShape struct {
 	warmup    []byte // the warmup signing key
 	workers   []string
 	next      atomic.Int64 // mailboxes added so far
+	// hbRefused counts the heartbeats of heartbeat's loop that were not
+	// answered 2xx (postgresOutage resets it when Postgres stops).
+	hbRefused atomic.Int64
 }
 
 // roleSession is the longest group session the roles run on: compose
@@ -298,9 +301,10 @@ func (e *prodShape) heartbeat(ctx context.Context) {
 			for _, w := range e.workers {
 				b, _ := json.Marshal(domain.WorkerHeartbeat{WorkerID: w, Tier: domain.TierSharedFree,
 					Egress: domain.EgressColdSMTP, Address: "smtp-" + w[len(w)-2:] + ".example.org"})
-				// Refused while Postgres is down for an unknown worker
-				// only; these are known after the first round.
-				e.call(ctx, http.MethodPost, e.apiURL+"/v1/workers/heartbeat", access.WorkerToken(e.fleet, w), "application/json", b, nil)
+				code, _ := e.call(ctx, http.MethodPost, e.apiURL+"/v1/workers/heartbeat", access.WorkerToken(e.fleet, w), "application/json", b, nil)
+				if code/100 != 2 && ctx.Err() == nil {
+					e.hbRefused.Add(1)
+				}
 			}
 			select {
 			case <-ctx.Done():
