@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +22,8 @@ type Guard struct {
 	store   *Store
 	log     *slog.Logger
 	timeout time.Duration
+	// backfilled: the claims were backfilled once (it never goes back).
+	backfilled atomic.Bool
 
 	refused         *prometheus.CounterVec
 	releaseFailures prometheus.Counter
@@ -67,8 +70,23 @@ func NewGuard(store *Store, opts ...Option) *Guard {
 // request and the field naming what another tenant owns, never who);
 // Postgres failing is unavailable. Either way nothing was recorded.
 func (g *Guard) Check(ctx context.Context, caller *domain.Caller, events []domain.Event) error {
+	if !hasEffects(events) {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, g.timeout)
 	defer cancel()
+	if !g.backfilled.Load() {
+		ok, err := g.store.Backfilled(ctx)
+		if err != nil {
+			g.log.Warn("ownership: claims could not be checked", "events", len(events), "err", err)
+			return domain.Errorf(domain.CodeUnavailable, "ownership could not be checked; nothing was produced; retry shortly")
+		}
+		if !ok {
+			return domain.Errorf(domain.CodeUnavailable,
+				"ownership claims are not backfilled from the log yet (an operator runs mailplane ownership backfill); nothing was produced")
+		}
+		g.backfilled.Store(true)
+	}
 	refused, err := g.store.Decide(ctx, caller, events)
 	if err != nil {
 		g.log.Warn("ownership: claims could not be checked", "events", len(events), "err", err)

@@ -255,6 +255,39 @@ func (s *Store) insertMissing(ctx context.Context, claims map[Key]string) (int64
 	return n, nil
 }
 
+// Backfilled reports whether the claims were backfilled from the log
+// (or there was nothing to backfill: migration 0012).
+func (s *Store) Backfilled(ctx context.Context) (bool, error) {
+	rows, err := s.db.Query(ctx, `SELECT EXISTS (SELECT 1 FROM ownership_backfills)`)
+	if err != nil {
+		return false, fmt.Errorf("ownership: backfills: %w", err)
+	}
+	ok, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	if err != nil {
+		return false, fmt.Errorf("ownership: backfills: %w", err)
+	}
+	return ok, nil
+}
+
+func (s *Store) recordBackfill(ctx context.Context, r BackfillReport) error {
+	_, err := s.db.Exec(ctx, `INSERT INTO ownership_backfills (backfilled_at, mailboxes, orgs, written, unmapped)
+VALUES (now(), $1, $2, $3, $4)`, r.Mailboxes, r.Orgs, r.Written, r.UnmappedClaims)
+	if err != nil {
+		return fmt.Errorf("ownership: record the backfill: %w", err)
+	}
+	return nil
+}
+
+// hasEffects reports whether any of events changes or needs a claim.
+func hasEffects(events []domain.Event) bool {
+	for _, ev := range events {
+		if len(domain.OwnershipEffects(ev.Data)) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 type querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }

@@ -18,3 +18,19 @@ CREATE TABLE ownership_claims (
     releasing  uuid,
     PRIMARY KEY (kind, id)
 );
+
+-- One row per completed backfill of the claims from the log (`mailplane
+-- ownership backfill`). Until there is one, the API refuses events that
+-- need a claim (503 unavailable): claims written on an empty table would
+-- let the first caller to touch an existing mailbox take it. A database
+-- whose registry is still empty when this migration runs has nothing on
+-- the log to backfill (a new installation): it is marked backfilled here.
+CREATE TABLE ownership_backfills (
+    backfilled_at timestamptz NOT NULL,
+    mailboxes     bigint      NOT NULL, -- claims found on the log
+    orgs          bigint      NOT NULL,
+    written       bigint      NOT NULL, -- of them, claims the table lacked
+    unmapped      bigint      NOT NULL  -- claims whose source no tenant speaks as
+);
+INSERT INTO ownership_backfills (backfilled_at, mailboxes, orgs, written, unmapped)
+SELECT now(), 0, 0, 0, 0 WHERE NOT EXISTS (SELECT 1 FROM mailboxes);
