@@ -117,11 +117,14 @@ type OwnershipEffect struct {
 }
 
 // OwnershipEffects returns what data does to ownership, in order (a
-// mailbox.added: its mailbox, then its org). Every event about a mailbox
-// needs the caller to own the mailbox (or it to be unowned), whatever its
-// type: a warmup report or a health score about another tenant's mailbox
-// is refused too. user.active, worker events and org.plan_changed (ops
-// and billing only) have no effect.
+// mailbox.added: its mailbox, then its org): the lifecycle a producer
+// drives (register, re-register with other credentials, endpoint or
+// org, remove) and the operator's transfers. The internal mailbox types
+// (health_scored, disabled, warmup_observed) have none: each needs its
+// own publish scope, which an operator grants to fleet-wide systems (a
+// warmup sweep, delivery reports) that speak about every tenant's
+// mailboxes. user.active, worker events and org.plan_changed (ops and
+// billing only) have none either.
 func OwnershipEffects(data Data) []OwnershipEffect {
 	switch d := data.(type) {
 	case *MailboxAdded:
@@ -132,12 +135,6 @@ func OwnershipEffects(data Data) []OwnershipEffect {
 		return []OwnershipEffect{{Kind: OwnedMailbox, ID: d.MailboxID, TransferTo: d.Owner}}
 	case *OrgOwnerTransferred:
 		return []OwnershipEffect{{Kind: OwnedOrg, ID: d.OrgID, TransferTo: d.Owner}}
-	}
-	if data == nil {
-		return nil
-	}
-	if a, ok := AggregateOf(data.EventType()); ok && a == AggregateMailbox {
-		return []OwnershipEffect{{Kind: OwnedMailbox, ID: data.AggregateID()}}
 	}
 	return nil
 }

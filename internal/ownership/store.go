@@ -141,39 +141,40 @@ func (s *Store) Decide(ctx context.Context, caller *domain.Caller, events []doma
 	// client learns of all its foreign events at once.
 	changed := map[Key]bool{}
 	var refused []Refusal
+	refuse := func(e effect, k Key) {
+		if len(refused) == 0 || refused[len(refused)-1].Index != e.index {
+			refused = append(refused, Refusal{Index: e.index, Key: k})
+		}
+	}
 	for _, e := range effects {
 		k := Key{e.Kind, e.ID}
 		c := claims[k]
-		if !caller.MayActOn(c.Owner) {
-			if len(refused) == 0 || refused[len(refused)-1].Index != e.index {
-				refused = append(refused, Refusal{Index: e.index, Key: k})
-			}
+		if !caller.MayActOn(c.Owner) || (e.TransferTo != "" && !caller.Has(domain.ScopeOps)) {
+			refuse(e, k)
 			continue
 		}
+		next := c
 		switch {
 		case e.TransferTo != "":
-			c = Claim{Owner: e.TransferTo}
+			next = Claim{Owner: e.TransferTo}
 		case e.Claims:
-			if c.Owner == "" {
-				if tenant == "" {
-					// Only a caller with a source registers anything (a
-					// worker credential publishes no mailbox events).
-					refused = append(refused, Refusal{Index: e.index, Key: k})
-					continue
-				}
-				c.Owner = tenant
+			if c.Owner == "" && tenant == "" {
+				// Only a caller with a source registers anything (a
+				// worker credential publishes no mailbox events).
+				refuse(e, k)
+				continue
 			}
-			c.Releasing = "" // an add after a removal: the mailbox stays claimed
-		case e.Releases:
 			if c.Owner == "" {
-				continue // unowned: nothing to release
+				next.Owner = tenant
 			}
-			c.Releasing = e.event
-		default:
-			continue // acts on the mailbox, changes no claim
+			next.Releasing = "" // an add after a removal: the mailbox stays claimed
+		case e.Releases && c.Owner != "": // unowned: nothing to release
+			next.Releasing = e.event
 		}
-		claims[k] = c
-		changed[k] = true
+		if next != c {
+			claims[k] = next
+			changed[k] = true
+		}
 	}
 	if len(refused) > 0 {
 		return refused, nil
