@@ -47,6 +47,7 @@ Operate:
   placement show   workers by tier and pool, pending placements (--mailbox ID: its decisions)
   ownership transfer  give a mailbox or org to another tenant (--mailbox ID | --org ID, --to SOURCE, --comment, --api)
   ownership backfill  give what is on the log its owners (--api-tokens-file; after upgrading)
+  ownership show   who owns a mailbox or an org (--mailbox ID | --org ID)
   projector positions|seek  where each projector stands in Postgres; move one partition's position
   help config      the configuration reference (flags and environment)
   newid            print a new event id (UUIDv7)

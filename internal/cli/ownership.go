@@ -20,6 +20,7 @@ import (
 const ownershipUsage = `usage:
   mailplane ownership transfer (--mailbox ID | --org ID) --to SOURCE --comment TEXT --api URL [flags]
   mailplane ownership backfill --api-tokens-file FILE [flags]
+  mailplane ownership show (--mailbox ID | --org ID) [flags]
 
 transfer gives a mailbox or an org to another tenant (a caller's source in the
 tokens file): an owner_transferred event, published through the API, which
@@ -33,6 +34,9 @@ removal), transfers applied; it writes only the claims the database lacks and
 records the backfill, without which the API answers 503 to mailbox events.
 Run it after upgrading, before the new api role takes traffic, and once more
 when no older api process is left.
+
+show prints who owns a mailbox or an org ("unowned" when no one does), and a
+removal of the mailbox still awaiting the log.
 `
 
 // Ownership is `mailplane ownership transfer|backfill`.
@@ -46,6 +50,8 @@ func Ownership(ctx context.Context, args []string, stdout io.Writer) error {
 		return ownershipTransfer(ctx, args[1:], stdout)
 	case "backfill":
 		return ownershipBackfill(ctx, args[1:], stdout)
+	case "show":
+		return ownershipShow(ctx, args[1:], stdout)
 	}
 	fmt.Fprint(os.Stderr, ownershipUsage)
 	return usageError(fmt.Sprintf("unknown subcommand %q", args[0]))
@@ -141,6 +147,48 @@ func ownershipBackfill(ctx context.Context, args []string, stdout io.Writer) err
 		for _, s := range rep.Unmapped {
 			fmt.Fprintf(stdout, "  %s\n", s)
 		}
+	}
+	return nil
+}
+
+func ownershipShow(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("ownership show", flag.ContinueOnError)
+	mailbox := fs.String("mailbox", "", "the mailbox id")
+	org := fs.String("org", "", "the org id")
+	dbURL := config.DatabaseURL.String(fs)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), ownershipUsage+"\nFlags:\n"); fs.PrintDefaults() }
+	if err := fs.Parse(args); err != nil {
+		return usageError(err.Error())
+	}
+	var k ownership.Key
+	switch {
+	case (*mailbox == "") == (*org == ""):
+		return usageError("give one of --mailbox and --org")
+	case *mailbox != "":
+		k = ownership.Key{Kind: domain.OwnedMailbox, ID: *mailbox}
+	default:
+		k = ownership.Key{Kind: domain.OwnedOrg, ID: *org}
+	}
+	if !domain.IsUUID(k.ID) {
+		return usageError(fmt.Sprintf("%s is not a lower-case UUID", k.ID))
+	}
+	pool, err := migrations.Open(ctx, *dbURL, config.NewLogger("warn", "text"))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	claims, err := ownership.NewStore(pool).Claims(ctx, k)
+	if err != nil {
+		return err
+	}
+	c, ok := claims[k]
+	switch {
+	case !ok:
+		fmt.Fprintf(stdout, "%s: unowned\n", k)
+	case c.Releasing != "":
+		fmt.Fprintf(stdout, "%s: %s (removal %s not yet acknowledged by the log)\n", k, c.Owner, c.Releasing)
+	default:
+		fmt.Fprintf(stdout, "%s: %s\n", k, c.Owner)
 	}
 	return nil
 }

@@ -107,6 +107,20 @@ func TestOwnershipCommands(t *testing.T) {
 		t.Fatalf("after the transfer: owner %q", o)
 	}
 
+	show := func(args ...string) string {
+		stdout, stderr, code := run(append([]string{"ownership", "show", "--database-url", db.URL}, args...)...)
+		if code != 0 {
+			t.Fatalf("show %v: exit %d, %s", args, code, stderr)
+		}
+		return strings.TrimSpace(stdout)
+	}
+	if got := show("--mailbox", mb); got != "mailbox "+mb+": /beta" {
+		t.Errorf("show: %q", got)
+	}
+	if got := show("--org", "0190a5b2-4c5e-7b1a-9c3d-00000000a0aa"); got != "org 0190a5b2-4c5e-7b1a-9c3d-00000000a0aa: unowned" {
+		t.Errorf("show an unowned org: %q", got)
+	}
+
 	// The backfill finds the transfer on the log: the claim is there
 	// already, so it writes nothing.
 	stdout, stderr, code = run("ownership", "backfill", "--api-tokens-file", tokensFile, "--database-url", db.URL,
