@@ -65,17 +65,16 @@ type Store struct{ db DB }
 // migrated tables).
 func NewStore(db DB) *Store { return &Store{db: db} }
 
-// The advisory locks of ownership: a fixed class and the key's hash, so
-// they meet no other lock of the database (the migrations' class is
-// another constant; hash collisions only serialise two keys).
+// The advisory locks of ownership: a fixed class and one of lockBuckets
+// buckets a key hashes to, so they meet no other lock of the database
+// (the migrations' class is another constant). Buckets, not one lock a
+// key: a batch of 1,000 adds would otherwise take 1,001 locks, and
+// Postgres's lock table is shared by every transaction (64 a connection
+// by default). A transaction holds at most lockBuckets of them; keys
+// sharing a bucket only wait on each other.
 const (
-	lockClass = 0x6f776e72 // "ownr"
-	// lockSQL takes the transaction-scoped locks of keys, in the order of
-	// their hashes, so two transactions never wait on each other in a
-	// circle.
-	lockSQL = `SELECT pg_advisory_xact_lock($1::int4, h)
-FROM (SELECT DISTINCT hashtext(k || ':' || i) AS h FROM unnest($2::text[], $3::text[]) AS u(k, i)) AS l
-ORDER BY h`
+	lockClass   = 0x6f776e72 // "ownr"
+	lockBuckets = 64         // a power of two (the mask below)
 	selectSQL = `SELECT kind, id::text, owner, COALESCE(releasing::text, '')
 FROM ownership_claims WHERE (kind, id) IN (SELECT k, i::uuid FROM unnest($1::text[], $2::text[]) AS u(k, i))`
 	upsertSQL = `INSERT INTO ownership_claims AS c (kind, id, owner, claimed_at, releasing)
@@ -90,6 +89,12 @@ AND (id, releasing) IN (SELECT i::uuid, r::uuid FROM unnest($1::text[], $2::text
 SELECT k, i::uuid, o, now() FROM unnest($1::text[], $2::text[], $3::text[]) AS u(k, i, o)
 ON CONFLICT (kind, id) DO NOTHING`
 )
+
+// lockSQL takes the transaction-scoped locks of keys' buckets, in bucket
+// order, so two transactions never wait on each other in a circle.
+var lockSQL = fmt.Sprintf(`SELECT pg_advisory_xact_lock($1::int4, b)
+FROM (SELECT DISTINCT hashtext(k || ':' || i) & %d AS b FROM unnest($2::text[], $3::text[]) AS u(k, i)) AS l
+ORDER BY b`, lockBuckets-1)
 
 // effect is one event's ownership effect with the event's index and key.
 type effect struct {

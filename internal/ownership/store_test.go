@@ -19,7 +19,9 @@ var (
 	ops   = &domain.Caller{Name: "ops", Scopes: []string{domain.ScopeOps}, Source: "/ops"}
 )
 
-func newStore(t *testing.T) (*Store, *pgtest.DB) {
+func newStore(t *testing.T) (*Store, *pgtest.DB) { return newStoreTB(t) }
+
+func newStoreTB(t testing.TB) (*Store, *pgtest.DB) {
 	t.Helper()
 	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
