@@ -75,7 +75,7 @@ func NewStore(db DB) *Store { return &Store{db: db} }
 const (
 	lockClass   = 0x6f776e72 // "ownr"
 	lockBuckets = 64         // a power of two (the mask below)
-	selectSQL = `SELECT kind, id::text, owner, COALESCE(releasing::text, '')
+	selectSQL   = `SELECT kind, id::text, owner, COALESCE(releasing::text, '')
 FROM ownership_claims WHERE (kind, id) IN (SELECT k, i::uuid FROM unnest($1::text[], $2::text[]) AS u(k, i))`
 	upsertSQL = `INSERT INTO ownership_claims AS c (kind, id, owner, claimed_at, releasing)
 SELECT k, i::uuid, o, now(), NULLIF(r, '')::uuid FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS u(k, i, o, r)
