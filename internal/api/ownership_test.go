@@ -2,20 +2,25 @@ package api
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/access"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/ownership"
 	"github.com/mailplane/mailplane/internal/pgtest"
+	"github.com/mailplane/mailplane/producer"
 )
 
 const (
@@ -341,5 +346,80 @@ func TestOwnershipWithoutPostgres(t *testing.T) {
 	})
 	if resp, body := e.postStructured(heartbeat()); resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("heartbeat with Postgres down: %d %s", resp.StatusCode, body)
+	}
+}
+
+// flakyProducer fails the next fail produces (nothing lands).
+type flakyProducer struct {
+	Producer
+	mu   sync.Mutex
+	fail int
+}
+
+func (p *flakyProducer) ProduceRecords(ctx context.Context, events []domain.Event, recs []*kgo.Record) ([]producer.Receipt, error) {
+	p.mu.Lock()
+	failing := p.fail > 0
+	if failing {
+		p.fail--
+	}
+	p.mu.Unlock()
+	if failing {
+		return nil, errors.New("the broker is down")
+	}
+	return p.Producer.ProduceRecords(ctx, events, recs)
+}
+
+func (p *flakyProducer) failNext() { p.mu.Lock(); p.fail = 1; p.mu.Unlock() }
+
+// TestOwnershipWhenProduceFails: an add whose produce failed after its
+// claim is retried by its owner (accepted) and refused to another tenant
+// meanwhile; a removal that did not reach the log frees nothing, its
+// retry does. Refused events are counted per caller.
+func TestOwnershipWhenProduceFails(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	store := ownership.NewStore(migratedPool(t))
+	g := ownership.NewGuard(store, ownership.WithRegisterer(reg))
+	var flaky *flakyProducer
+	e := newEnv(t, envOpts{
+		wrap: func(p Producer) Producer { flaky = &flakyProducer{Producer: p}; return OwnershipProducer(flaky, g) },
+		opts: []Option{WithAuthenticator(ownershipAuth(t)), WithAdmission(OwnershipAdmission(g))},
+	})
+	o := &ownersEnv{env: e, store: store}
+	mb, org := newUUID(), newUUID()
+	add := register("/alpha", mb, org, "imap.alpha.example", "pw-1")
+	flaky.failNext()
+	if resp, body := o.post(tokAlpha, add); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("add with the broker down: %d %s", resp.StatusCode, body)
+	}
+	o.refuse("beta takes the id meanwhile", tokBeta, []int{0}, register("/beta", mb, newUUID(), "imap.beta.example", "pw-b"))
+	o.accept("alpha retries (same event id)", tokAlpha, add)
+
+	rm := unregister("/alpha", mb)
+	flaky.failNext()
+	if resp, body := o.post(tokAlpha, rm); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("removal with the broker down: %d %s", resp.StatusCode, body)
+	}
+	o.refuse("beta during the removal that did not land", tokBeta, []int{0}, register("/beta", mb, newUUID(), "imap.beta.example", "pw-b"))
+	o.accept("alpha retries the removal", tokAlpha, rm)
+	o.accept("beta registers the removed mailbox", tokBeta, register("/beta", mb, newUUID(), "imap.beta.example", "pw-b"))
+	if got := o.owner(domain.OwnedMailbox, mb); got != "/beta" {
+		t.Fatalf("owner at the end: %q", got)
+	}
+
+	var buf strings.Builder
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "mailplane_ownership_refused_events_total" {
+			for _, m := range mf.GetMetric() {
+				buf.WriteString(m.GetLabel()[0].GetValue() + "=" + strconv.Itoa(int(m.GetCounter().GetValue())) + ";")
+			}
+		}
+	}
+	if buf.String() != "beta=2;" {
+		t.Errorf("refused events by caller: %q, want beta=2", buf.String())
 	}
 }
