@@ -17,7 +17,7 @@ import (
 // through; Landed runs with the events the log acknowledged.
 type Owners interface {
 	Check(ctx context.Context, caller *domain.Caller, events []domain.Event) error
-	Landed(ctx context.Context, events []domain.Event)
+	Landed(ctx context.Context, caller *domain.Caller, events []domain.Event)
 }
 
 // OwnershipAdmission is the admission of o: a request acting on a mailbox
@@ -31,7 +31,9 @@ func OwnershipAdmission(o Owners) Admission {
 }
 
 // OwnershipProducer wraps p so that o hears of the events the log
-// acknowledged (a removal frees its mailbox only once it is on the log).
+// acknowledged, with the caller of the request (a removal frees its
+// mailbox only once it is on the log). The produce's context carries the
+// request's values (ingest detaches only its cancellation).
 func OwnershipProducer(p Producer, o Owners) Producer { return ownedProducer{p, o} }
 
 type ownedProducer struct {
@@ -51,7 +53,7 @@ func (p ownedProducer) ProduceRecords(ctx context.Context, events []domain.Event
 		}
 	}
 	if len(landed) > 0 {
-		p.owners.Landed(ctx, landed)
+		p.owners.Landed(ctx, CallerFrom(ctx), landed)
 	}
 	return rs, err
 }

@@ -132,12 +132,13 @@ func (e *RefusedError) Unwrap() error { return e.Err }
 func (e *RefusedError) EventIndexes() []int { return e.Indexes }
 
 // Landed records that the log acknowledged events (of a request Check
-// let through): removals drop their mailboxes' claims. A failure leaves
-// the claim to its owner (logged and counted), never to anyone else.
-func (g *Guard) Landed(ctx context.Context, events []domain.Event) {
+// let through for caller): adds make sure of their claims, removals drop
+// them (Store.Settle). A failure leaves a claim to its owner (logged and
+// counted), never to anyone else.
+func (g *Guard) Landed(ctx context.Context, caller *domain.Caller, events []domain.Event) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.timeout)
 	defer cancel()
-	if err := g.store.Release(ctx, events); err != nil {
+	if err := g.store.Settle(ctx, caller, events); err != nil {
 		g.releaseFailures.Inc()
 		g.log.Warn("ownership: removed mailboxes stay claimed by their owner", "err", err)
 	}

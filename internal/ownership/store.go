@@ -13,7 +13,10 @@
 // only keeps other tenants from the id). A removal is the exception: it
 // marks the claim and drops it only once the log acknowledged the
 // removal, so a removal that never reached the log never frees a live
-// mailbox for another tenant.
+// mailbox for another tenant. Once the log acknowledged an add, its claim
+// is made sure of again (Store.Settle), so an owner's add and removal of
+// one mailbox in flight at once leave it claimed whenever the log holds
+// it live.
 package ownership
 
 import (
@@ -202,23 +205,35 @@ func (s *Store) Decide(ctx context.Context, caller *domain.Caller, events []doma
 	return nil, nil
 }
 
-// Release drops the claims of mailboxes whose removals (events, the
-// mailbox.removed events the log acknowledged) are still pending on
-// them. A claim that an add by its owner took back since is kept.
-func (s *Store) Release(ctx context.Context, events []domain.Event) error {
-	var ids, removals []string
+// Settle records that the log acknowledged events that Decide let
+// through for caller. Their mailbox.added events claim their mailboxes
+// again where no claim is left: a removal by the same owner, checked
+// after the add but on the log before it, has dropped the claim of a
+// mailbox the log now holds live. Then their mailbox.removed events drop
+// the claims still pending on them: a claim that an add by its owner took
+// back since is kept.
+func (s *Store) Settle(ctx context.Context, caller *domain.Caller, events []domain.Event) error {
+	var addKinds, adds, owners, ids, removals []string
+	tenant := caller.Tenant()
 	for _, ev := range events {
 		for _, e := range domain.OwnershipEffects(ev.Data) {
-			if e.Releases {
+			switch {
+			case e.Claims && e.Kind == domain.OwnedMailbox && tenant != "":
+				addKinds, adds, owners = append(addKinds, string(e.Kind)), append(adds, e.ID), append(owners, tenant)
+			case e.Releases:
 				ids, removals = append(ids, e.ID), append(removals, ev.Key())
 			}
 		}
 	}
-	if len(ids) == 0 {
-		return nil
+	if len(adds) > 0 {
+		if _, err := s.db.Exec(ctx, insertMissingSQL, addKinds, adds, owners); err != nil {
+			return fmt.Errorf("ownership: settle adds: %w", err)
+		}
 	}
-	if _, err := s.db.Exec(ctx, deleteSQL, ids, removals); err != nil {
-		return fmt.Errorf("ownership: release: %w", err)
+	if len(ids) > 0 {
+		if _, err := s.db.Exec(ctx, deleteSQL, ids, removals); err != nil {
+			return fmt.Errorf("ownership: release: %w", err)
+		}
 	}
 	return nil
 }

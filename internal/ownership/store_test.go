@@ -139,7 +139,7 @@ func TestClaimWithoutTheLog(t *testing.T) {
 	if r := decide(t, s, beta, added("/beta", mb, uuid.NewString())); len(r) != 1 {
 		t.Fatalf("another tenant during a pending removal: %v", r)
 	}
-	if err := s.Release(t.Context(), []domain.Event{rm}); err != nil {
+	if err := s.Settle(t.Context(), alpha, []domain.Event{rm}); err != nil {
 		t.Fatal(err)
 	}
 	if c := owner(t, s, Key{domain.OwnedMailbox, mb}); c.Owner != "" {
@@ -164,11 +164,43 @@ func TestClaimWithoutTheLog(t *testing.T) {
 	rm2 := removed("/alpha", mb2)
 	decide(t, s, alpha, rm2)
 	decide(t, s, alpha, added("/alpha", mb2, org))
-	if err := s.Release(t.Context(), []domain.Event{rm2}); err != nil {
+	if err := s.Settle(t.Context(), alpha, []domain.Event{rm2}); err != nil {
 		t.Fatal(err)
 	}
 	if c := owner(t, s, Key{domain.OwnedMailbox, mb2}); c.Owner != "/alpha" || c.Releasing != "" {
 		t.Fatalf("re-added mailbox after a late release: %+v", c)
+	}
+
+	// The owner's add checked before its removal, but on the log after
+	// it: the removal's release drops the claim, the add's settling
+	// claims the live mailbox again, and another tenant is refused.
+	mb3 := uuid.NewString()
+	decide(t, s, alpha, added("/alpha", mb3, org))
+	add3 := added("/alpha", mb3, org)
+	decide(t, s, alpha, add3)
+	rm3 := removed("/alpha", mb3)
+	decide(t, s, alpha, rm3)
+	if err := s.Settle(t.Context(), alpha, []domain.Event{rm3}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Settle(t.Context(), alpha, []domain.Event{add3}); err != nil {
+		t.Fatal(err)
+	}
+	if c := owner(t, s, Key{domain.OwnedMailbox, mb3}); c.Owner != "/alpha" {
+		t.Fatalf("live mailbox after its add landed last: %+v", c)
+	}
+	if r := decide(t, s, beta, added("/beta", mb3, uuid.NewString())); len(r) != 1 {
+		t.Fatalf("another tenant after the add landed last: %v", r)
+	}
+	// One request adding and then removing: removed, unclaimed.
+	mb4 := uuid.NewString()
+	both := []domain.Event{added("/alpha", mb4, org), removed("/alpha", mb4)}
+	decide(t, s, alpha, both...)
+	if err := s.Settle(t.Context(), alpha, both); err != nil {
+		t.Fatal(err)
+	}
+	if c := owner(t, s, Key{domain.OwnedMailbox, mb4}); c.Owner != "" {
+		t.Fatalf("added then removed in one request: %+v", c)
 	}
 }
 
