@@ -26,7 +26,7 @@ type Guard struct {
 	backfilled atomic.Bool
 
 	refused         *prometheus.CounterVec
-	releaseFailures prometheus.Counter
+	settleFailures prometheus.Counter
 }
 
 // Option configures a Guard.
@@ -39,7 +39,7 @@ func WithLogger(l *slog.Logger) Option { return func(g *Guard) { g.log = l } }
 func WithRegisterer(reg prometheus.Registerer) Option {
 	return func(g *Guard) {
 		g.refused = promreg.MustRegister(reg, g.refused)
-		g.releaseFailures = promreg.MustRegister(reg, g.releaseFailures)
+		g.settleFailures = promreg.MustRegister(reg, g.settleFailures)
 	}
 }
 
@@ -53,9 +53,9 @@ func NewGuard(store *Store, opts ...Option) *Guard {
 			Name: "mailplane_ownership_refused_events_total",
 			Help: "Events refused not_owner at ingest (they act on a mailbox or org another tenant owns), by caller.",
 		}, []string{"caller"}),
-		releaseFailures: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "mailplane_ownership_release_failures_total",
-			Help: "mailbox.removed events on the log whose claim could not be dropped: the mailbox stays its owner's until the owner adds or removes it again.",
+		settleFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mailplane_ownership_settle_failures_total",
+			Help: "Requests whose events the log acknowledged but whose claims could not be settled after (Postgres failed): a removed mailbox stays its owner's until the owner adds or removes it again.",
 		}),
 	}
 	for _, o := range opts {
@@ -139,7 +139,7 @@ func (g *Guard) Landed(ctx context.Context, caller *domain.Caller, events []doma
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.timeout)
 	defer cancel()
 	if err := g.store.Settle(ctx, caller, events); err != nil {
-		g.releaseFailures.Inc()
+		g.settleFailures.Inc()
 		g.log.Warn("ownership: removed mailboxes stay claimed by their owner", "err", err)
 	}
 }
