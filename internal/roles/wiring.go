@@ -239,6 +239,7 @@ func (p *process) startAPI() error {
 		return err
 	}
 	p.start("api", srv.Run)
+	p.start("ownership backfill", p.backfillOwnership(ownership.NewStore(p.pools.Serve), p.log.With("role", "api")))
 	return nil
 }
 
