@@ -25,7 +25,7 @@ type Guard struct {
 	// backfilled: the claims were backfilled once (it never goes back).
 	backfilled atomic.Bool
 
-	refused         *prometheus.CounterVec
+	refused        *prometheus.CounterVec
 	settleFailures prometheus.Counter
 }
 
