@@ -78,19 +78,17 @@ func (g *Guard) Check(ctx context.Context, caller *domain.Caller, events []domai
 	if !g.backfilled.Load() {
 		ok, err := g.store.Backfilled(ctx)
 		if err != nil {
-			g.log.Warn("ownership: claims could not be checked", "events", len(events), "err", err)
-			return domain.Errorf(domain.CodeUnavailable, "ownership could not be checked; nothing was produced; retry shortly")
+			return g.unavailable(len(events), err)
 		}
 		if !ok {
 			return domain.Errorf(domain.CodeUnavailable,
-				"ownership claims are not backfilled from the log yet (an operator runs mailplane ownership backfill); nothing was produced")
+				"ownership claims are not backfilled from the log yet (the api role does it at start; mailplane ownership backfill by hand); nothing was produced; retry shortly")
 		}
 		g.backfilled.Store(true)
 	}
 	refused, err := g.store.Decide(ctx, caller, events)
 	if err != nil {
-		g.log.Warn("ownership: claims could not be checked", "events", len(events), "err", err)
-		return domain.Errorf(domain.CodeUnavailable, "ownership could not be checked; nothing was produced; retry shortly")
+		return g.unavailable(len(events), err)
 	}
 	if len(refused) == 0 {
 		return nil
@@ -114,6 +112,11 @@ func (g *Guard) Check(ctx context.Context, caller *domain.Caller, events []domai
 	}
 	return &RefusedError{Indexes: idx, Err: &domain.Error{Code: domain.CodeNotOwner, Problems: ps,
 		Message: fmt.Sprintf("%s on a mailbox or org another tenant owns; nothing was produced", n)}}
+}
+
+func (g *Guard) unavailable(events int, err error) error {
+	g.log.Warn("ownership: claims could not be checked", "events", events, "err", err)
+	return domain.Errorf(domain.CodeUnavailable, "ownership could not be checked; nothing was produced; retry shortly")
 }
 
 // RefusedError is Check's refusal: a not_owner *domain.Error whose
