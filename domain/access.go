@@ -69,9 +69,10 @@ func CheckScope(s string) string {
 	return fmt.Sprintf("unknown scope %q", s)
 }
 
-// CheckScopes checks a caller's scope set: every scope known, and
-// publish:org.plan_changed only with ops (plans are billing's; only an
-// operator may override one by hand).
+// CheckScopes checks a caller's scope set: every scope known, and the
+// publish scope of an ops-only type (IsOpsOnlyType: org.plan_changed,
+// the owner transfers) only with ops (plans are billing's, owners the
+// operator's; only an operator may set one by hand).
 func CheckScopes(scopes []string) string {
 	if len(scopes) == 0 {
 		return "no scopes"
@@ -81,8 +82,12 @@ func CheckScopes(scopes []string) string {
 			return msg
 		}
 	}
-	if slices.Contains(scopes, PublishScope(TypeOrgPlanChanged)) && !slices.Contains(scopes, ScopeOps) {
-		return "publish:org.plan_changed is only granted together with ops"
+	if !slices.Contains(scopes, ScopeOps) {
+		for _, t := range opsOnlyTypes {
+			if slices.Contains(scopes, PublishScope(t)) {
+				return PublishScope(t) + " is only granted together with ops"
+			}
+		}
 	}
 	return ""
 }
@@ -108,7 +113,7 @@ func (c *Caller) Has(scope string) bool {
 func (c *Caller) PublishScopeMissing(eventType string) string {
 	need := PublishScope(eventType)
 	if c.Has(need) || (IsPublicEventType(eventType) && c.Has(ScopePublishPublic)) {
-		if eventType == TypeOrgPlanChanged && !c.Has(ScopeOps) {
+		if IsOpsOnlyType(eventType) && !c.Has(ScopeOps) {
 			return ScopeOps
 		}
 		return ""

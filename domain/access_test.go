@@ -24,13 +24,15 @@ func TestPublishScopes(t *testing.T) {
 			t.Errorf("every scope and %s: missing %q", typ, m)
 		}
 		own := &Caller{Scopes: []string{PublishScope(typ)}}
-		if m := own.PublishScopeMissing(typ); typ != TypeOrgPlanChanged && m != "" {
+		if m := own.PublishScopeMissing(typ); !IsOpsOnlyType(typ) && m != "" {
 			t.Errorf("%s with its own scope: missing %q", typ, m)
 		}
 	}
-	plan := &Caller{Scopes: []string{PublishScope(TypeOrgPlanChanged)}}
-	if m := plan.PublishScopeMissing(TypeOrgPlanChanged); m != ScopeOps {
-		t.Errorf("plan_changed without ops: missing %q", m)
+	for _, typ := range []string{TypeOrgPlanChanged, TypeMailboxOwnerTransferred, TypeOrgOwnerTransferred} {
+		c := &Caller{Scopes: []string{PublishScope(typ), ScopePublishPublic}}
+		if m := c.PublishScopeMissing(typ); m != ScopeOps {
+			t.Errorf("%s without ops: missing %q", typ, m)
+		}
 	}
 	// Read or ops scopes publish nothing.
 	ops := &Caller{Scopes: []string{ScopeOps, ScopeWorkersRead, ScopeAuditRead, ScopeFleetRead}}
@@ -134,7 +136,8 @@ func TestCheckScopes(t *testing.T) {
 		t.Error("AllScopes not sorted")
 	}
 	for _, bad := range [][]string{nil, {"*"}, {"publish:*"}, {"publish:mailbox"}, {"publish:mailplane.user.active.v1"},
-		{"Publish:public"}, {"publish:org.plan_changed"}, {"ops", ""}, {"fleet:*"}, {"fleet:write"}, {"Fleet:read"}} {
+		{"Publish:public"}, {"publish:org.plan_changed"}, {"publish:mailbox.owner_transferred"}, {"publish:org.owner_transferred", "publish:public"},
+		{"ops", ""}, {"fleet:*"}, {"fleet:write"}, {"Fleet:read"}} {
 		if CheckScopes(bad) == "" {
 			t.Errorf("%q accepted", bad)
 		}

@@ -45,6 +45,10 @@ const (
 	// CodeSourceForbidden: an event's ce source is not the caller's
 	// source (nor below it, as a URI path prefix).
 	CodeSourceForbidden Code = "source_forbidden"
+	// CodeNotOwner: the caller is allowed the event's type and source, but
+	// the mailbox or org it changes, removes or registers into belongs to
+	// another tenant (domain/ownership.go). 403; nothing is produced.
+	CodeNotOwner Code = "not_owner"
 	// CodeRateLimited: too many requests of a limited kind (new worker
 	// ids); the response carries Retry-After.
 	CodeRateLimited Code = "rate_limited"

@@ -59,16 +59,20 @@ var registry = map[string]typeInfo{
 	TypeCredentialsRotated:  {AggregateMailbox, func() Data { return new(CredentialsRotated) }},
 	TypeWarmupObserved:      {AggregateMailbox, func() Data { return new(WarmupObserved) }},
 	TypeOrgPlanChanged:      {AggregateOrg, func() Data { return new(OrgPlanChanged) }},
-	TypeUserActive:          {AggregateUser, func() Data { return new(UserActive) }},
-	TypeWorkerHeartbeat:     {AggregateWorker, func() Data { return new(WorkerHeartbeat) }},
-	TypeWorkerHealthSampled: {AggregateWorker, func() Data { return new(WorkerHealthSampled) }},
+	// Ownership transfers (ownership.go).
+	TypeMailboxOwnerTransferred: {AggregateMailbox, func() Data { return new(MailboxOwnerTransferred) }},
+	TypeOrgOwnerTransferred:     {AggregateOrg, func() Data { return new(OrgOwnerTransferred) }},
+	TypeUserActive:              {AggregateUser, func() Data { return new(UserActive) }},
+	TypeWorkerHeartbeat:         {AggregateWorker, func() Data { return new(WorkerHeartbeat) }},
+	TypeWorkerHealthSampled:     {AggregateWorker, func() Data { return new(WorkerHealthSampled) }},
 }
 
 // EventTypes returns every domain event type, sorted.
 func EventTypes() []string {
 	return []string{
-		TypeMailboxAdded, TypeCredentialsRotated, TypeMailboxDisabled, TypeMailboxHealthScored, TypeMailboxRemoved,
-		TypeWarmupObserved, TypeOrgPlanChanged, TypeUserActive, TypeWorkerHealthSampled, TypeWorkerHeartbeat,
+		TypeMailboxAdded, TypeCredentialsRotated, TypeMailboxDisabled, TypeMailboxHealthScored, TypeMailboxOwnerTransferred,
+		TypeMailboxRemoved, TypeWarmupObserved, TypeOrgOwnerTransferred, TypeOrgPlanChanged, TypeUserActive,
+		TypeWorkerHealthSampled, TypeWorkerHeartbeat,
 	}
 }
 

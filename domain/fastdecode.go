@@ -62,6 +62,10 @@ func (s *scanner) data(d Data) bool {
 		ok = d.decodeFast(s)
 	case *OrgPlanChanged:
 		ok = d.decodeFast(s)
+	case *MailboxOwnerTransferred:
+		ok = d.decodeFast(s)
+	case *OrgOwnerTransferred:
+		ok = d.decodeFast(s)
 	case *UserActive:
 		ok = d.decodeFast(s)
 	case *WorkerHeartbeat:
@@ -519,6 +523,36 @@ func (o *OrgPlanChanged) decodeFast(s *scanner) bool {
 			return once(&seen, 1<<3) && s.boolean(&o.Paid)
 		case "source":
 			return once(&seen, 1<<4) && s.str(&o.Source)
+		}
+		return false
+	})
+}
+
+func (m *MailboxOwnerTransferred) decodeFast(s *scanner) bool {
+	var seen uint32
+	return s.object(func(name []byte) bool {
+		switch string(name) { // no allocation
+		case "mailbox_id":
+			return once(&seen, 1<<0) && s.str(&m.MailboxID)
+		case "owner":
+			return once(&seen, 1<<1) && s.str(&m.Owner)
+		case "comment":
+			return once(&seen, 1<<2) && s.str(&m.Comment)
+		}
+		return false
+	})
+}
+
+func (o *OrgOwnerTransferred) decodeFast(s *scanner) bool {
+	var seen uint32
+	return s.object(func(name []byte) bool {
+		switch string(name) { // no allocation
+		case "org_id":
+			return once(&seen, 1<<0) && s.str(&o.OrgID)
+		case "owner":
+			return once(&seen, 1<<1) && s.str(&o.Owner)
+		case "comment":
+			return once(&seen, 1<<2) && s.str(&o.Comment)
 		}
 		return false
 	})

@@ -45,6 +45,9 @@ Operate:
   replay registry|placement|health  rebuild a projection into a fresh schema (--verify, --swap [--yes])
   replay cleanup   drop the old schemas replay left (--keep N, --older-than D, --dry-run | --yes)
   placement show   workers by tier and pool, pending placements (--mailbox ID: its decisions)
+  ownership transfer  give a mailbox or org to another tenant (--mailbox ID | --org ID, --to SOURCE, --comment, --api)
+  ownership backfill  give what is on the log its owners (--api-tokens-file; after upgrading)
+  ownership show   who owns a mailbox or an org (--mailbox ID | --org ID)
   projector positions|seek  where each projector stands in Postgres; move one partition's position
   help config      the configuration reference (flags and environment)
   newid            print a new event id (UUIDv7)
@@ -104,6 +107,8 @@ func run(ctx context.Context, cmd string, args []string) int {
 		err = cli.Replay(ctx, args)
 	case "placement":
 		err = cli.Placement(ctx, args)
+	case "ownership":
+		err = cli.Ownership(ctx, args, os.Stdout)
 	case "projector":
 		err = cli.Projector(ctx, args, os.Stdout)
 	case "help", "-h", "--help":

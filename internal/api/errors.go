@@ -95,7 +95,7 @@ func StatusOf(code domain.Code) int {
 	switch code {
 	case domain.CodeUnauthorized:
 		return http.StatusUnauthorized
-	case domain.CodeForbidden, domain.CodeSourceForbidden:
+	case domain.CodeForbidden, domain.CodeSourceForbidden, domain.CodeNotOwner:
 		return http.StatusForbidden
 	case domain.CodeRateLimited:
 		return http.StatusTooManyRequests

@@ -63,6 +63,7 @@ type envOpts struct {
 	noBroker bool           // the server gets a stub producer and no broker
 	fake     *kfake.Cluster // use this cluster (for its fault hooks)
 	prod     Producer
+	wrap     func(Producer) Producer // wraps the server's producer (OwnershipProducer)
 	opts     []Option
 }
 
@@ -135,6 +136,9 @@ func newEnv(t testing.TB, eo envOpts) *env {
 			prod = producer.New(e.kc, producer.WithSealer(e.keyring), producer.WithRegisterer(e.reg), producer.WithNamespace(e.ns))
 		}
 		opts = append(opts, WithBrokerCheck(e.kc))
+	}
+	if eo.wrap != nil {
+		prod = eo.wrap(prod)
 	}
 	srv, err := New(prod, append(opts, eo.opts...)...)
 	if err != nil {

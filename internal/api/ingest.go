@@ -191,7 +191,7 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, items []item) boo
 	if code == domain.CodeInternal {
 		s.log.Error("ingest: admission failed", "err", err)
 	}
-	WriteDomainError(w, err)
+	writeAdmissionError(w, err)
 	return false
 }
 

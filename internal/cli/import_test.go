@@ -52,7 +52,7 @@ type importAPI struct {
 	logs    *mailplanetest.Output
 }
 
-func startImportAPI(t testing.TB) *importAPI {
+func startImportAPI(t testing.TB, opts ...api.Option) *importAPI {
 	t.Helper()
 	kcfg := kafkatest.Config(t, 4)
 	kcfg.ClientID = "import-test"
@@ -75,9 +75,9 @@ func startImportAPI(t testing.TB) *importAPI {
 	logs := &mailplanetest.Output{}
 	reg := prometheus.NewRegistry()
 	srv, err := api.New(producer.New(kc, producer.WithSealer(k), producer.WithRegisterer(reg), producer.WithNamespace(kcfg.Namespace)),
-		api.WithAuthenticator(auth), api.WithSealer(k), api.WithRegisterer(reg),
-		api.WithLogger(slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))),
-		api.WithDatabaseCheck(func(context.Context) error { return nil }), api.WithBrokerCheck(kc))
+		append([]api.Option{api.WithAuthenticator(auth), api.WithSealer(k), api.WithRegisterer(reg),
+			api.WithLogger(slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))),
+			api.WithDatabaseCheck(func(context.Context) error { return nil }), api.WithBrokerCheck(kc)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -76,7 +76,12 @@ func Publish(ctx context.Context, args []string) error {
 	defer cancel()
 
 	if *apiURL != "" {
-		return publishHTTP(ctx, *apiURL, firstToken(*tokens), attrs, raw)
+		return publishHTTPTo(ctx, os.Stdout, *apiURL, firstToken(*tokens), attrs, raw)
+	}
+	if typ == domain.TypeMailboxOwnerTransferred || typ == domain.TypeOrgOwnerTransferred {
+		// Straight to the brokers it would be on the log but not in the
+		// claims the API checks (internal/ownership).
+		return usageError("an ownership transfer goes through the API: give --api (or use mailplane ownership transfer)")
 	}
 
 	keyring, err := sealing.Load(*sealKeys, *sealKeyID, *dataDir, false)
@@ -122,8 +127,9 @@ func printProblems(ps domain.Problems) {
 	}
 }
 
-// publishHTTP sends the event to the ingest API in binary mode.
-func publishHTTP(ctx context.Context, base, token string, a domain.Attributes, data []byte) error {
+// publishHTTPTo sends the event to the ingest API in binary mode and
+// writes the API's answer to out.
+func publishHTTPTo(ctx context.Context, out io.Writer, base, token string, a domain.Attributes, data []byte) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(base, "/")+"/v1/events", bytes.NewReader(data))
 	if err != nil {
 		return err
@@ -142,7 +148,7 @@ func publishHTTP(ctx context.Context, base, token string, a domain.Attributes, d
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	os.Stdout.Write(body)
+	_, _ = out.Write(body)
 	if resp.StatusCode != http.StatusAccepted {
 		return fmt.Errorf("API answered %s", resp.Status)
 	}

@@ -49,10 +49,12 @@ var schemaValidData = map[string]string{
 	domain.TypeMailboxDisabled:     `{"mailbox_id":"` + sampleMailboxID + `","cause":"auth_failing","reason":"AUTHENTICATIONFAILED Invalid credentials (Failure)","failing_since":"2024-07-10T06:47:24Z"}`,
 	domain.TypeWarmupObserved: `{"mailbox_id":"` + sampleMailboxID + `","warmup_id":"wu-01J2ZK5Q8X.c001_7","placement":"junk","landed_at":"2024-07-12T06:40:11Z",
 		"source":"imap_sync","recipient_mailbox_id":"` + sampleRecipientID + `"}`,
-	domain.TypeOrgPlanChanged:      `{"org_id":"` + sampleOrgID + `","plan":"dedicated","dedicated_workers":2,"paid":true,"source":"billing:evt_1"}`,
-	domain.TypeUserActive:          `{"user_id":"` + sampleUserID + `","source":"ws_ping"}`,
-	domain.TypeWorkerHeartbeat:     `{"worker_id":"` + sampleWorkerID + `","tier":"shared_free","egress":"oauth_api","address":"10.0.0.7:2525","stopping":false}`,
-	domain.TypeWorkerHealthSampled: `{"worker_id":"` + sampleWorkerID + `","window_seconds":3600,"sends":1200,"hard_bounces":6,"complaints":1}`,
+	domain.TypeOrgPlanChanged:          `{"org_id":"` + sampleOrgID + `","plan":"dedicated","dedicated_workers":2,"paid":true,"source":"billing:evt_1"}`,
+	domain.TypeUserActive:              `{"user_id":"` + sampleUserID + `","source":"ws_ping"}`,
+	domain.TypeMailboxOwnerTransferred: `{"mailbox_id":"` + sampleMailboxID + `","owner":"/importer","comment":"ticket OPS-1"}`,
+	domain.TypeOrgOwnerTransferred:     `{"org_id":"` + sampleOrgID + `","owner":"urn:acme:","comment":"ticket OPS-2"}`,
+	domain.TypeWorkerHeartbeat:         `{"worker_id":"` + sampleWorkerID + `","tier":"shared_free","egress":"oauth_api","address":"10.0.0.7:2525","stopping":false}`,
+	domain.TypeWorkerHealthSampled:     `{"worker_id":"` + sampleWorkerID + `","window_seconds":3600,"sends":1200,"hard_bounces":6,"complaints":1}`,
 }
 
 // edit returns base with the value at a dotted path replaced (v is any JSON
@@ -372,6 +374,24 @@ func schemaHandSamples() map[string][]schemaSample {
 		schemaSample{"source 200", schemaEdit(op, "source", schemaRepeat("s", 200)), "", ""},
 		schemaSample{"source 201", schemaEdit(op, "source", schemaRepeat("s", 201)), domain.CodeTooLong, "data.source"},
 	)
+
+	for typ, idField := range map[string]string{domain.TypeMailboxOwnerTransferred: "mailbox_id", domain.TypeOrgOwnerTransferred: "org_id"} {
+		ot := schemaValidData[typ]
+		out[typ] = append(schemaCommonCases(typ, idField),
+			schemaSample{"missing owner", schemaEdit(ot, "owner", schemaDel), domain.CodeRequired, "data.owner"},
+			schemaSample{"empty owner", schemaEdit(ot, "owner", ""), domain.CodeRequired, "data.owner"},
+			schemaSample{"owner a urn prefix", schemaEdit(ot, "owner", "urn:acme:product"), "", ""},
+			schemaSample{"owner with a space", schemaEdit(ot, "owner", "/product api"), domain.CodeInvalid, "data.owner"},
+			schemaSample{"owner with a colon in its first segment", schemaEdit(ot, "owner", "1a:b"), domain.CodeInvalid, "data.owner"},
+			schemaSample{"owner 256", schemaEdit(ot, "owner", "/"+schemaRepeat("a", 255)), "", ""},
+			schemaSample{"owner 257", schemaEdit(ot, "owner", "/"+schemaRepeat("a", 256)), domain.CodeTooLong, "data.owner"},
+			schemaSample{"owner with a bidi override", schemaEdit(ot, "owner", "/a\u202eb"), domain.CodeForbiddenCharacter, "data.owner"},
+			schemaSample{"owner as number", schemaEdit(ot, "owner", 7), domain.CodeInvalidType, "data.owner"},
+			schemaSample{"missing comment", schemaEdit(ot, "comment", schemaDel), domain.CodeRequired, "data.comment"},
+			schemaSample{"comment 500", schemaEdit(ot, "comment", schemaRepeat("c", 500)), "", ""},
+			schemaSample{"comment 501", schemaEdit(ot, "comment", schemaRepeat("c", 501)), domain.CodeTooLong, "data.comment"},
+		)
+	}
 
 	ua := schemaValidData[domain.TypeUserActive]
 	out[domain.TypeUserActive] = append(schemaCommonCases(domain.TypeUserActive, "user_id"),

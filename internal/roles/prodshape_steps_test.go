@@ -2,6 +2,7 @@ package roles
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -274,11 +275,12 @@ const pgOutage = 60 * time.Second
 
 // postgresOutage stops Postgres for pgOutage. The API answers 503 where it
 // needs the database (assignments, its health), but heartbeats of known
-// workers and ingest carry on (they go to the log; the engine knows its
-// workers), a new worker's heartbeat is admitted on the new-worker bucket,
-// a role restarted meanwhile waits for the database, and the decision log
-// gains no death and no refusal: the fleet stays placed. After it, a
-// mailbox added during the outage flows end to end.
+// workers carry on (they go to the log; the engine knows its workers), a
+// new worker's heartbeat is admitted on the new-worker bucket, ingest of
+// what needs no ownership claim carries on, a role restarted meanwhile
+// waits for the database, and the decision log gains no death and no
+// refusal: the fleet stays placed. A mailbox.added (its claim needs
+// Postgres) is 503 meanwhile and flows end to end once published again.
 func (e *prodShape) postgresOutage(ctx context.Context) {
 	t := e.t
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -309,7 +311,18 @@ func (e *prodShape) postgresOutage(ctx context.Context) {
 		t.Errorf("the API's /healthz with Postgres down: %d %s", code, body)
 	}
 	e.healthSaysDown(ctx, "database")
-	id := e.addMailbox(ctx, psOrg, psUser)
+	// Ingest of what needs no ownership claim needs only the broker; a
+	// mailbox.added needs its claim (docs/architecture.md §9,
+	// "Ownership"): 503 unavailable, and the producer's retry after the
+	// outage goes through.
+	if code, body := e.publish(ctx, &domain.UserActive{UserID: psUser, Source: domain.ActivityLogin}); code != http.StatusAccepted {
+		t.Errorf("user.active with Postgres down: %d %s", code, body)
+	}
+	id, added := e.newMailbox(psOrg, psUser)
+	er = api.ErrorResponse{}
+	if code, body := e.publish(ctx, added); code != http.StatusServiceUnavailable || json.Unmarshal(body, &er) != nil || er.Error.Code != domain.CodeUnavailable {
+		t.Errorf("mailbox.added with Postgres down: %d %s, want 503 %s", code, body, domain.CodeUnavailable)
+	}
 	// A role (re)started while Postgres is down waits for it, saying so,
 	// instead of exiting.
 	restarted := e.f.get(t, "projector-2")
@@ -327,8 +340,9 @@ func (e *prodShape) postgresOutage(ctx context.Context) {
 		t.Fatal(err)
 	}
 	t.Logf("Postgres was down %s", time.Since(stopped).Round(10*time.Millisecond))
+	e.retryPublish(ctx, added)
 	d := e.waitFlowed(ctx, id, "after the Postgres outage")
-	t.Logf("postgres: the mailbox added during the outage flowed end to end %s after Postgres started again", d.Round(10*time.Millisecond))
+	t.Logf("postgres: the mailbox refused during the outage, published again, flowed end to end %s after Postgres started again", d.Round(10*time.Millisecond))
 	var died, refused int
 	e.decisionsSince(ctx, kcfg, before, func(d domain.PlacementDecision) {
 		switch d := d.(type) {

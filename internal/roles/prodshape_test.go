@@ -290,6 +290,18 @@ func (e *prodShape) mustPublish(ctx context.Context, ds ...domain.Data) {
 	}
 }
 
+// retryPublish publishes until the API accepts, as a producer retries a
+// 503.
+func (e *prodShape) retryPublish(ctx context.Context, ds ...domain.Data) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	waitUntil(ctx, e.t, "the API accepts the events again", func(ctx context.Context) bool {
+		code, _ := e.publish(ctx, ds...)
+		return code == http.StatusAccepted
+	})
+}
+
 // heartbeat posts worker heartbeats through the worker API, as sending
 // workers do, every 2 s until ctx is done; the test waits for it at
 // cleanup.
@@ -333,14 +345,21 @@ func (e *prodShape) placedOn(ctx context.Context, mailbox string) (worker string
 // addMailbox makes a Dovecot user with one message in its INBOX and
 // publishes its mailbox.added through the API; it returns the mailbox id.
 func (e *prodShape) addMailbox(ctx context.Context, org, user string) string {
+	id, added := e.newMailbox(org, user)
+	e.mustPublish(ctx, added)
+	return id
+}
+
+// newMailbox makes a Dovecot user with one message in its INBOX and
+// returns the id and the mailbox.added of its mailbox, not published.
+func (e *prodShape) newMailbox(org, user string) (string, *domain.MailboxAdded) {
 	n := e.next.Add(1)
 	name, pw := fmt.Sprintf("box%d", n), fmt.Sprintf("box-secret-%d", n)
 	id := fmt.Sprintf("0190a5b2-4c5e-7b1a-9c3d-%012x", 0xb00000+n)
 	e.dc.AddUser(e.t, name, pw)
 	e.dc.Deliver(e.t, name, "INBOX", fmt.Appendf(nil, "From: a@example.org\r\nTo: %s@example.org\r\nSubject: hello %d\r\n"+
 		"Message-ID: <m%d@example.org>\r\nDate: %s\r\n\r\nhello\r\n", name, n, n, time.Now().UTC().Format(time.RFC1123Z)))
-	e.mustPublish(ctx, e.mailbox(id, org, user, name, pw))
-	return id
+	return id, e.mailbox(id, org, user, name, pw)
 }
 
 func (e *prodShape) mailbox(id, org, user, name, pw string) *domain.MailboxAdded {

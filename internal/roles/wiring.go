@@ -22,6 +22,7 @@ import (
 	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/internal/opshttp"
 	"github.com/mailplane/mailplane/internal/outbox"
+	"github.com/mailplane/mailplane/internal/ownership"
 	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/placement/projection"
 	"github.com/mailplane/mailplane/internal/projections"
@@ -238,6 +239,7 @@ func (p *process) startAPI() error {
 		return err
 	}
 	p.start("api", srv.Run)
+	p.start("ownership backfill", p.backfillOwnership(ownership.NewStore(p.pools.Serve), p.log.With("role", "api")))
 	return nil
 }
 
@@ -260,10 +262,15 @@ func (p *process) buildAPI() (*api.Server, error) {
 	limiter := workerapi.NewWorkerLimiter(pgStore, rc.newWorkerRate, rc.newWorkerBurst, p.reg)
 	pc := producer.New(kc, producer.WithSealer(rc.keyring), producer.WithSource("mailplane/api"), producer.WithRegisterer(p.reg),
 		producer.WithNamespace(rc.kafka.Namespace))
-	srv, err := api.New(pc, append(rc.bodies.apiOptions(),
+	// Who owns each mailbox and org: claimed before producing, released
+	// once a removal is on the log (internal/ownership).
+	owners := ownership.NewGuard(ownership.NewStore(p.pools.Serve), ownership.WithLogger(log), ownership.WithRegisterer(p.reg))
+	srv, err := api.New(api.OwnershipProducer(pc, owners), append(rc.bodies.apiOptions(),
 		api.WithAddr(rc.httpAddr),
 		api.WithAuthenticator(auth),
-		api.WithAdmission(limiter.Admit),
+		// Ownership last: it records claims, which a refusal by the
+		// limiter must not leave behind.
+		api.WithAdmission(api.Admissions(limiter.Admit, api.OwnershipAdmission(owners))),
 		api.WithMaxInflightBytes(rc.inflightBytes),
 		api.WithSealer(rc.keyring),
 		api.WithTransportPolicy(rc.imapTransport),
