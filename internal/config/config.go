@@ -180,6 +180,10 @@ var (
 	OutlookClientSecret = register(Setting{"oauth-outlook-client-secret", "MAILPLANE_OAUTH_OUTLOOK_CLIENT_SECRET", "", "OAuth client secret for outlook (prefer the environment to the flag)"})
 	OutlookTokenURL     = register(Setting{"oauth-outlook-token-url", "MAILPLANE_OAUTH_OUTLOOK_TOKEN_URL", imapsync.MicrosoftTokenURL, "OAuth token endpoint for outlook"})
 	IMAPAllow           = register(Setting{"imap-allow", "MAILPLANE_IMAP_ALLOW", "", "comma-separated CIDRs, IPs and host names IMAP may reach although internal (loopback, private, link-local, CGNAT) and send plain text (tls none) to; checked at ingest and on the resolved address at dial time (dev mode adds its IMAP server)"})
+	SetupTimeout        = register(Setting{"sync-setup-timeout", "MAILPLANE_SYNC_SETUP_TIMEOUT", "3m", "the IMAP server's time (not the database's) one mailbox's setup (connect to first IDLE), warm or cold poll, or hot round between IDLEs may take in all, however often the server answers; past it the attempt fails server_slow and backs off (its progress kept)"})
+	SetupSharePerHost   = register(Setting{"sync-setup-share-per-host", "MAILPLANE_SYNC_SETUP_SHARE_PER_HOST", "25", "percent of a sync worker's setup slots (128) the mailboxes of one IMAP host may hold at once (at least one): a slow host cannot hold them all"})
+	IMAPMaxResponse     = register(Setting{"sync-imap-max-response-kib", "MAILPLANE_SYNC_IMAP_MAX_RESPONSE_KIB", "4096", "KiB an IMAP server may send for one command's answer, one fetched message or one IDLE; past it the connection is dropped (server_oversized)"})
+	IMAPMaxSession      = register(Setting{"sync-imap-max-session-mib", "MAILPLANE_SYNC_IMAP_MAX_SESSION_MIB", "1024", "MiB an IMAP server may send over one setup, poll or hot round; past it the connection is dropped (server_oversized; the sync's progress is kept)"})
 	SyncRunner          = register(Setting{"sync-runner", "MAILPLANE_SYNC_RUNNER", "imap", "what sync workers run per mailbox: imap, or record (logs what it is told, syncs nothing)"})
 )
 

@@ -208,15 +208,15 @@ func DefaultConfig() Config {
 // Runner is the IMAP runner. One Runner serves every mailbox of a worker;
 // it is safe for concurrent Runs.
 type Runner struct {
-	cfg     Config
-	setup   chan struct{} // setup slots: a send takes one
+	cfg   Config
+	setup chan struct{} // setup slots: a send takes one
 	// hostSetups holds each host's share of the setup slots, taken before
 	// one of setup.
 	hostSetups *mailsync.HostSlots
-	http    *http.Client
-	rep     Reporter
-	log     *slog.Logger
-	metrics *metrics
+	http       *http.Client
+	rep        Reporter
+	log        *slog.Logger
+	metrics    *metrics
 }
 
 var _ mailsync.Runner = (*Runner)(nil)

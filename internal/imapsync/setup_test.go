@@ -97,7 +97,7 @@ func newSetupWorld(t *testing.T) *setupWorld {
 
 // runner returns a runner with at most maxSetup setups in flight.
 func (w *setupWorld) runner(maxSetup int, cmdTimeout time.Duration) *imapsync.Runner {
-	r, err := imapsync.New(imapsync.Config{Keyring: w.kr, MaxSettingUp: maxSetup, CommandTimeout: cmdTimeout, DialTimeout: cmdTimeout,
+	r, err := imapsync.New(imapsync.Config{Keyring: w.kr, MaxSettingUp: maxSetup, SetupSharePerHost: 100, CommandTimeout: cmdTimeout, DialTimeout: cmdTimeout,
 		BackoffMin: 50 * time.Millisecond, BackoffMax: 300 * time.Millisecond, Transport: domain.MustTransportPolicy("127.0.0.0/8")})
 	if err != nil {
 		w.t.Fatal(err)
