@@ -80,8 +80,8 @@ type hostileServer struct {
 	mu       sync.Mutex
 	fetches  []span   // each session's FETCH, until the client hung up
 	selected []string // attackFolders: the SELECT commands received
-	wg             sync.WaitGroup
-	stop           chan struct{}
+	wg       sync.WaitGroup
+	stop     chan struct{}
 }
 
 // startHostile listens on host (a loopback address: the runner's
