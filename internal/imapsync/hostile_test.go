@@ -339,11 +339,13 @@ func mailboxIDOf(i int) string { return fmt.Sprintf("0190a1b2-c3d4-7e5f-8a9b-%01
 func TestHostileServers(t *testing.T) {
 	t.Parallel()
 	const (
-		maxSetup = 16
-		share    = 25
-		tarpits  = 200
-		healthy  = 4
+		share   = 25
+		tarpits = 200
+		healthy = 4
 	)
+	// 16 by default; BENCHMARKS.md's figures also ran the runner's
+	// default, 128.
+	maxSetup := envInt("MAILPLANE_IMAPSYNC_HOSTILE_MAX_SETUP", 16)
 	hostShare := imapsync.HostSetupSlots(maxSetup, share)
 	tarpit := startHostile(t, "127.0.0.2", attackTarpit, 500*time.Millisecond)
 	attacks := map[attack]*hostileServer{}
