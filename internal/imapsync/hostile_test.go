@@ -476,7 +476,7 @@ func TestHostileServerMemory(t *testing.T) {
 			if err != nil {
 				t.Fatalf("sync process: %v\n%s", err, out)
 			}
-			var kind string
+			var kind, op string
 			var before, after int64
 			for _, line := range strings.Split(string(out), "\n") {
 				if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "HOSTILE "); ok {
@@ -485,6 +485,8 @@ func TestHostileServerMemory(t *testing.T) {
 						switch k {
 						case "kind":
 							kind = v
+						case "op":
+							op = v
 						case "hwm_before_kib":
 							before, _ = strconv.ParseInt(v, 10, 64)
 						case "hwm_after_kib":
@@ -503,8 +505,8 @@ func TestHostileServerMemory(t *testing.T) {
 			if growth >= 100<<10 {
 				t.Errorf("peak RSS grew by %d MiB (from %d to %d MiB), bound 100 MiB", growth>>10, before>>10, after>>10)
 			}
-			t.Logf("%s: peak RSS %.1f MiB before, %.1f MiB after (+%.1f MiB); failed %s in %s",
-				a, float64(before)/1024, float64(after)/1024, float64(growth)/1024, kind, time.Since(start).Round(time.Millisecond))
+			t.Logf("%s: peak RSS %.1f MiB before, %.1f MiB after (+%.1f MiB); failed %s (op %s) in %s",
+				a, float64(before)/1024, float64(after)/1024, float64(growth)/1024, kind, op, time.Since(start).Round(time.Millisecond))
 		})
 	}
 }
@@ -532,7 +534,7 @@ func TestHostileSyncProcess(t *testing.T) {
 	w.runAt(r, mailboxIDOf(0), 0, host, port)
 	select {
 	case f := <-failed:
-		fmt.Printf("HOSTILE kind=%s op=%s hwm_before_kib=%d hwm_after_kib=%d\n", f.Err.Kind, f.Err.Op, before, vmHWMKiB())
+		fmt.Printf("HOSTILE kind=%s op=%s hwm_before_kib=%d hwm_after_kib=%d\n", f.Err.Kind, strings.ReplaceAll(f.Err.Op, " ", "_"), before, vmHWMKiB())
 	case <-time.After(2 * time.Minute):
 		t.Fatalf("no failure after 2 minutes (peak RSS %d KiB)", vmHWMKiB())
 	}
