@@ -383,14 +383,7 @@ func TestHostileServers(t *testing.T) {
 		w.runAt(r, mailboxIDOf(2000+i), i, px.Host(), px.Port())
 	}
 	waitFor(t, 60*time.Second, "the healthy mailboxes in IDLE", func() (bool, string) {
-		px.mu.Lock()
-		defer px.mu.Unlock()
-		idle := 0
-		for c := range px.conns {
-			if c.idled {
-				idle++
-			}
-		}
+		idle, _ := px.Idled()
 		return idle == healthy, fmt.Sprintf("%d of %d in IDLE", idle, healthy)
 	})
 	healthyAfter := time.Since(start)
