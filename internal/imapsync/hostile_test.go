@@ -48,6 +48,9 @@ const (
 	// attackTarpit answers the FETCH with one message every tick, for
 	// ever: each message would re-arm a per-command deadline.
 	attackTarpit attack = "tarpit"
+	// attackIdle lets the mailbox set up (an empty INBOX) and answers
+	// its IDLE with an unsolicited FETCH holding a 1 GiB body literal.
+	attackIdle attack = "idle"
 	// attackFolders lists a \Junk folder whose name holds bidi controls,
 	// CR, LF and NUL (evilFolder), and a \Sent folder (markedFolder) whose
 	// SELECT is refused with the server's own words.
@@ -165,7 +168,20 @@ func (s *hostileServer) serve(c net.Conn) {
 				continue
 			}
 			say(`* LIST (\HasNoChildren) "/" INBOX`, tag+" OK listed")
+		case "IDLE":
+			say("+ idling")
+			if s.kind == attackIdle {
+				fmt.Fprintf(w, "* 1 FETCH (FLAGS () BODY[] {%d}\r\n", literalSize)
+				if stream(w, literalSize) {
+					say(")")
+				}
+				return
+			}
 		case "SELECT", "EXAMINE":
+			if s.kind == attackIdle {
+				say("* 0 EXISTS", "* OK [UIDVALIDITY 7] ok", "* OK [UIDNEXT 1] ok", tag+" OK [READ-ONLY] selected")
+				continue
+			}
 			if s.kind == attackFolders {
 				s.mu.Lock()
 				s.selected = append(s.selected, strings.TrimSpace(line))
@@ -454,11 +470,12 @@ const (
 // TestHostileServerMemory runs a sync process (this test binary again,
 // TestHostileSyncProcess) with one mailbox on a hostile server and reads
 // its peak RSS (VmHWM) before the mailbox starts and once it has failed:
-// the 1 GiB literal and the 100 MB header each grow it by less than
-// 100 MiB, and fail server_oversized.
+// the 1 GiB literal, the 100 MB header, the endless LIST and the 1 GiB
+// literal sent unasked during IDLE each grow it by less than 100 MiB, and
+// fail server_oversized.
 func TestHostileServerMemory(t *testing.T) {
 	t.Parallel()
-	for _, a := range []attack{attackLiteral, attackHeader, attackList} {
+	for _, a := range []attack{attackLiteral, attackHeader, attackList, attackIdle} {
 		t.Run(string(a), func(t *testing.T) {
 			srv := startHostile(t, "127.0.0.1", a, 0)
 			start := time.Now()
