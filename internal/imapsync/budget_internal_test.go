@@ -84,10 +84,18 @@ func TestDeadlineConnByteBudgets(t *testing.T) {
 	}
 	server.Close()
 
+	// A command with a window of its own (a UID SEARCH sized to the rows
+	// stored) may read past maxWindow, up to its bound; the next arm
+	// restores maxWindow.
 	client, server = net.Pipe()
 	defer server.Close()
 	c = &deadlineConn{Conn: client, maxWindow: 100, maxOp: 1000}
 	c.startOp(time.Minute)
+	c.armWindow(time.Minute, 300)
+	feed(server, 300)
+	if err := read(c, 300); err != nil {
+		t.Fatalf("within the command's own window: %v", err)
+	}
 	c.arm(time.Minute)
 	feed(server, 101)
 	if err := read(c, 101); !errors.Is(err, errOversized) {

@@ -44,7 +44,10 @@ type deadlineConn struct {
 	maxWindow, maxOp int64 // <= 0: unbounded
 
 	window, op atomic.Int64
-	over       atomic.Bool // a byte budget was exceeded
+	// limit is the window's bound: maxWindow, or a command's own
+	// (armWindow); <= 0: unbounded.
+	limit atomic.Int64
+	over  atomic.Bool // a byte budget was exceeded
 
 	// The operation's time budget; the run's goroutine only.
 	timed   bool
@@ -66,7 +69,7 @@ func (c *deadlineConn) Read(p []byte) (int, error) {
 	}
 	n, err := c.Conn.Read(p)
 	w, o := c.window.Add(int64(n)), c.op.Add(int64(n))
-	if c.maxWindow > 0 && w > c.maxWindow || c.maxOp > 0 && o > c.maxOp {
+	if l := c.limit.Load(); l > 0 && w > l || c.maxOp > 0 && o > c.maxOp {
 		c.over.Store(true)
 		_ = c.Conn.Close()
 		return 0, errOversized
@@ -107,9 +110,15 @@ func (c *deadlineConn) charge() {
 
 // arm sets the read and write deadline d from now, cut to what is left
 // of the operation's budget, and opens a new byte window.
-func (c *deadlineConn) arm(d time.Duration) {
+func (c *deadlineConn) arm(d time.Duration) { c.armWindow(d, c.maxWindow) }
+
+// armWindow is arm with a window of its own bound (at least maxWindow).
+func (c *deadlineConn) armWindow(d time.Duration, limit int64) {
 	c.charge()
 	c.window.Store(0)
+	if c.maxWindow > 0 {
+		c.limit.Store(max(limit, c.maxWindow))
+	}
 	if c.timed {
 		d = min(d, max(c.left, 0))
 	}

@@ -165,8 +165,13 @@ func (m *mailboxRun) syncFolder(ctx context.Context, c *conn, f folder) error {
 // reconcile deletes the rows of messages no longer in the folder (expunged,
 // or moved away), found by a UID SEARCH ALL. It runs only when the folder's
 // message count differs from the rows stored.
+//
+// The answer lists every message of the folder, about 8 bytes each (a
+// million messages: 7 MB), more than one response's byte budget: its
+// window is sized to the rows stored, which the server cannot raise
+// without our storing them first, never to the count the server claims.
 func (m *mailboxRun) reconcile(ctx context.Context, c *conn, f folder, cur cursor) error {
-	c.arm()
+	c.raw.armWindow(c.cmdTO, searchBytesPerUID*int64(cur.stored+m.r.cfg.FetchBatch))
 	data, err := c.c.UIDSearch(&imap.SearchCriteria{}, nil).Wait()
 	if err != nil {
 		return c.fail("search "+f.role, err, ctx)
@@ -185,6 +190,10 @@ func (m *mailboxRun) reconcile(ctx context.Context, c *conn, f folder, cur curso
 	c.hold()
 	return m.deleteMissing(ctx, cur, uids)
 }
+
+// searchBytesPerUID is the most a UID takes in a SEARCH answer: ten digits
+// and a space.
+const searchBytesPerUID = 11
 
 func uidRange(from, to uint32) imap.UIDSet {
 	var s imap.UIDSet
