@@ -229,6 +229,11 @@ func (m *mailboxRun) fetchNew(ctx context.Context, c *conn, f folder, cur *curso
 		if len(batch) == 0 {
 			return nil
 		}
+		// While the batch is written, go-imap reads ahead (up to 128
+		// messages) in the same byte window; the window is not widened
+		// for it (that would widen what a hostile server can make us
+		// hold): a legitimate run of huge envelopes cut there fails after
+		// the batch is stored, and the next attempt goes on from it.
 		c.hold()
 		err := m.writeMessages(ctx, cur, batch)
 		if err == nil && incremental {
