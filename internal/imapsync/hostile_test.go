@@ -346,7 +346,8 @@ func (r *kindReporter) of(id string) map[imapsync.Kind]int {
 func mailboxIDOf(i int) string { return fmt.Sprintf("0190a1b2-c3d4-7e5f-8a9b-%012x", i) }
 
 // TestHostileServers runs, on one runner, 200 mailboxes on a tarpit
-// (one FETCH message per 500 ms, for ever), one on each of a 1 GiB
+// (one FETCH message per 500 ms, for ever; the first few warm, polling,
+// the rest hot), one on each of a 1 GiB
 // literal, a 100 MB header and a never-ending LIST, and then four on a
 // healthy server (another host). The healthy ones set up (reach IDLE)
 // while the attacks go on; the attacks fail with their stable categories
@@ -383,12 +384,17 @@ func TestHostileServers(t *testing.T) {
 	// Mailbox ids: tarpits 0..199, attacks 1000.., healthy 2000.. (the
 	// bench users' names and passwords by index: the hostile servers take
 	// any).
-	for i := range tarpits {
-		w.runAt(r, mailboxIDOf(i), i, "127.0.0.2", tarpit.port())
+	// The first ones are warm: their polls take the host's share first
+	// (a poll's deadline is the same as a setup's).
+	for i := range hostShare {
+		w.runTier(r, mailboxIDOf(i), i, "127.0.0.2", tarpit.port(), domain.SyncTierWarm)
 	}
 	waitFor(t, 30*time.Second, "the tarpit holding its share of the setups", func() (bool, string) {
 		return tarpit.fetching.Load() >= int64(hostShare), fmt.Sprintf("%d in FETCH", tarpit.fetching.Load())
 	})
+	for i := hostShare; i < tarpits; i++ {
+		w.runAt(r, mailboxIDOf(i), i, "127.0.0.2", tarpit.port())
+	}
 	attackID := map[attack]string{}
 	for i, a := range []attack{attackLiteral, attackHeader, attackList} {
 		attackID[a] = mailboxIDOf(1000 + i)
@@ -429,6 +435,11 @@ func TestHostileServers(t *testing.T) {
 		}
 		return slow >= 2*hostShare, fmt.Sprintf("%d failed server_slow", slow)
 	})
+	for i := range hostShare {
+		if k := rep.of(mailboxIDOf(i)); k[imapsync.KindSlow] == 0 {
+			t.Errorf("warm tarpit mailbox %d: failures %v, want %s", i, k, imapsync.KindSlow)
+		}
+	}
 	peak := tarpit.overlap(50 * time.Millisecond)
 	if peak > hostShare {
 		t.Errorf("the tarpit host held %d setups at once, its share is %d", peak, hostShare)
@@ -440,6 +451,12 @@ func TestHostileServers(t *testing.T) {
 // runAt starts a hot mailbox id on r at host:port in plain text, logging
 // in as bench user i.
 func (w *setupWorld) runAt(r *imapsync.Runner, id string, i int, host string, port int) {
+	w.runTier(r, id, i, host, port, domain.SyncTierHot)
+}
+
+// runTier is runAt in the given tier (a warm or cold mailbox polls at
+// once, then every hour).
+func (w *setupWorld) runTier(r *imapsync.Runner, id string, i int, host string, port int, tier domain.SyncTier) {
 	ep := domain.IMAPEndpoint{Host: host, Port: port, TLS: domain.TLSNone, Username: benchUser(i)}
 	plain, _ := json.Marshal(domain.Credentials{Password: benchPass(i)})
 	sealed, err := w.kr.Seal(plain, domain.CredentialsAAD(id, domain.ProviderSMTPIMAP, ep))
@@ -450,7 +467,7 @@ func (w *setupWorld) runAt(r *imapsync.Runner, id string, i int, host string, po
 		UserID: "0190a1b2-0000-7000-9000-" + id[len(id)-12:], Address: benchUser(i) + "@example.org",
 		Provider: domain.ProviderSMTPIMAP, IMAP: ep, SealedCredentials: &sealed, Enabled: true,
 		AddedAt: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
-	job, _ := mailsync.NewJob(mb, 0, w.epoch, owner, w.fence.Writer(0, w.epoch, owner, id), domain.SyncTierHot, nil)
+	job, _ := mailsync.NewJob(mb, 0, w.epoch, owner, w.fence.Writer(0, w.epoch, owner, id), tier, nil)
 	job.PollWarm, job.PollCold = time.Hour, time.Hour
 	w.wg.Add(1)
 	go func() {
