@@ -51,6 +51,9 @@ const (
 	// attackIdle lets the mailbox set up (an empty INBOX) and answers
 	// its IDLE with an unsolicited FETCH holding a 1 GiB body literal.
 	attackIdle attack = "idle"
+	// attackIdleSilent lets the mailbox set up (an empty INBOX) and never
+	// acknowledges its IDLE.
+	attackIdleSilent attack = "idle-silent"
 	// attackFolders lists a \Junk folder whose name holds bidi controls,
 	// CR, LF and NUL (evilFolder), and a \Sent folder (markedFolder) whose
 	// SELECT is refused with the server's own words.
@@ -169,6 +172,10 @@ func (s *hostileServer) serve(c net.Conn) {
 			}
 			say(`* LIST (\HasNoChildren) "/" INBOX`, tag+" OK listed")
 		case "IDLE":
+			if s.kind == attackIdleSilent {
+				_, _ = io.Copy(io.Discard, br) // until the client hangs up
+				return
+			}
 			say("+ idling")
 			if s.kind == attackIdle {
 				fmt.Fprintf(w, "* 1 FETCH (FLAGS () BODY[] {%d}\r\n", literalSize)
@@ -178,7 +185,7 @@ func (s *hostileServer) serve(c net.Conn) {
 				return
 			}
 		case "SELECT", "EXAMINE":
-			if s.kind == attackIdle {
+			if s.kind == attackIdle || s.kind == attackIdleSilent {
 				say("* 0 EXISTS", "* OK [UIDVALIDITY 7] ok", "* OK [UIDNEXT 1] ok", tag+" OK [READ-ONLY] selected")
 				continue
 			}
@@ -446,6 +453,29 @@ func TestHostileServers(t *testing.T) {
 	}
 	t.Logf("healthy mailboxes in IDLE %s after they started; tarpit: %d sessions, at most %d in FETCH at once (share %d of %d slots); %d mailboxes failed server_slow",
 		healthyAfter.Round(time.Millisecond), tarpit.sessions.Load(), peak, hostShare, maxSetup, slow)
+}
+
+// TestIDLENeverAcknowledged: a server that sets up and then never
+// acknowledges the IDLE (the setup slot is held until it does) fails
+// server_slow at the setup's deadline, not after the IDLE's 25 minutes.
+func TestIDLENeverAcknowledged(t *testing.T) {
+	t.Parallel()
+	srv := startHostile(t, "127.0.0.1", attackIdleSilent, 0)
+	rep := &kindReporter{}
+	w := newSetupWorld(t)
+	r, err := imapsync.New(imapsync.Config{Keyring: w.kr, Reporter: rep, CommandTimeout: 5 * time.Second, DialTimeout: 5 * time.Second,
+		SetupTimeout: time.Second, BackoffMin: time.Second, BackoffMax: 5 * time.Second, Transport: domain.MustTransportPolicy("127.0.0.0/8")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.runAt(r, mailboxIDOf(0), 0, "127.0.0.1", srv.port())
+	waitFor(t, 30*time.Second, "the mailbox failing server_slow", func() (bool, string) {
+		k := rep.of(mailboxIDOf(0))
+		return k[imapsync.KindSlow] > 0, fmt.Sprintf("%v", k)
+	})
+	if k := rep.of(mailboxIDOf(0)); len(k) != 1 {
+		t.Errorf("failures %v, want only %s", k, imapsync.KindSlow)
+	}
 }
 
 // runAt starts a hot mailbox id on r at host:port in plain text, logging

@@ -641,17 +641,20 @@ func (m *mailboxRun) idleSession(ctx context.Context, changed <-chan struct{}) (
 // the tier changed).
 func (m *mailboxRun) idle(ctx context.Context, c *conn, changed <-chan struct{}, wait time.Duration) (woke, done bool, err error) {
 	m.r.metrics.idles.Inc()
-	// The round's operation ends here: an IDLE's wait has only its own
-	// deadline.
-	c.raw.endOp()
-	c.armFor(wait + m.r.cfg.IdleMargin)
+	// Waiting for the IDLE's acknowledgement is part of the round (and of
+	// the setup): a server that never acknowledges it holds the setup slot
+	// no longer than any other answer.
+	c.arm()
 	c.idling = true
 	idle, err := c.c.Idle()
 	if err != nil {
 		return false, false, c.fail("idle", err, ctx)
 	}
-	// The server acknowledged the IDLE: the session is set up.
+	// The server acknowledged the IDLE: the session is set up, and the
+	// round's operation ends; the IDLE's wait has only its own deadline.
 	m.endSetup()
+	c.raw.endOp()
+	c.armFor(wait + m.r.cfg.IdleMargin)
 	t := time.NewTimer(max(wait, 0))
 	dropped := false
 	select {
