@@ -175,7 +175,8 @@ type SyncFailed struct {
 	Owner     string `json:"owner"`
 	Error     string `json:"error"`
 	// Category classifies an IMAP runner's failure (imapsync.Kind:
-	// auth_failed, credentials_unbound, policy_refused, connect, ...);
+	// auth_failed, credentials_unbound, policy_refused, connect,
+	// server_oversized, server_slow, ...);
 	// empty for other runners' failures.
 	Category string    `json:"category,omitempty"`
 	Attempt  int       `json:"attempt"`

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -19,21 +20,125 @@ import (
 	"github.com/mailplane/mailplane/domain"
 )
 
-// deadlineConn owns the deadlines of an IMAP connection. go-imap sets its
-// own (30 s per response, none while waiting for the next one, which never
-// notices a black-holed peer); its calls are ignored here, and the runner
-// arms a deadline before every command instead (arm), a longer one for an
-// IDLE.
+// deadlineConn owns the deadlines and the byte budgets of an IMAP
+// connection; the server is not trusted to be quick or brief.
+//
+// Deadlines: go-imap sets its own (30 s per response, none while waiting
+// for the next one, which never notices a black-holed peer); its calls are
+// ignored here, and the runner arms a deadline before every command
+// instead (arm), a longer one for an IDLE. An operation (a setup up to the
+// first IDLE, a poll, a hot round between IDLEs) also has a budget of the
+// server's time (startOp): every arm is cut to what is left of it, and the
+// time spent waiting on our own database (hold) is not charged, so a server
+// that answers one message every few seconds, re-arming the per-command
+// deadline each time, still ends at the operation's budget.
+//
+// Bytes: every byte read from the socket is counted (under TLS, the
+// ciphertext, a little more than the IMAP stream), in a window reset at
+// each arm (one command's answer, one fetched message, one IDLE) and over
+// the operation. Past either bound the read fails and the socket is
+// closed: go-imap holds a literal outside a body section wholly in memory,
+// so only the socket can bound what a server's literal costs.
 type deadlineConn struct {
 	net.Conn
+	maxWindow, maxOp int64 // <= 0: unbounded
+
+	window, op atomic.Int64
+	// limit is the window's bound: maxWindow, or a command's own
+	// (armWindow); <= 0: unbounded.
+	limit atomic.Int64
+	over  atomic.Bool // a byte budget was exceeded
+
+	// The operation's time budget; the run's goroutine only.
+	timed   bool
+	left    time.Duration
+	armedAt time.Time // zero: not armed (held, or idling outside an operation)
+}
+
+// oversized is the failure of a connection dropped past a byte budget.
+func oversized(op string, err error) *Error {
+	return &Error{Kind: KindOversized, Op: op, Reason: "the server sent more than the connection's byte budget", Err: err}
+}
+
+// errOversized is the read error past a byte budget.
+var errOversized = errors.New("imapsync: the server sent more than the connection's byte budget")
+
+func (c *deadlineConn) Read(p []byte) (int, error) {
+	if c.over.Load() {
+		return 0, errOversized
+	}
+	n, err := c.Conn.Read(p)
+	w, o := c.window.Add(int64(n)), c.op.Add(int64(n))
+	if l := c.limit.Load(); l > 0 && w > l || c.maxOp > 0 && o > c.maxOp {
+		c.over.Store(true)
+		_ = c.Conn.Close()
+		return 0, errOversized
+	}
+	return n, err
 }
 
 func (c *deadlineConn) SetDeadline(time.Time) error      { return nil }
 func (c *deadlineConn) SetReadDeadline(time.Time) error  { return nil }
 func (c *deadlineConn) SetWriteDeadline(time.Time) error { return nil }
 
-// arm sets the read and write deadline d from now.
-func (c *deadlineConn) arm(d time.Duration) { _ = c.Conn.SetDeadline(time.Now().Add(d)) }
+// startOp starts an operation with d of the server's time (d <= 0: no
+// time budget) and a fresh byte count.
+func (c *deadlineConn) startOp(d time.Duration) {
+	c.timed, c.left, c.armedAt = d > 0, d, time.Time{}
+	c.op.Store(0)
+}
+
+// endOp leaves the operation: what follows (an IDLE's wait, the logout)
+// has only its own deadline.
+func (c *deadlineConn) endOp() {
+	c.charge()
+	c.timed = false
+}
+
+// charge counts the time armed since the last charge against the
+// operation's budget.
+func (c *deadlineConn) charge() {
+	if c.armedAt.IsZero() {
+		return
+	}
+	now := time.Now()
+	if c.timed {
+		c.left -= now.Sub(c.armedAt)
+	}
+	c.armedAt = now
+}
+
+// arm sets the read and write deadline d from now, cut to what is left
+// of the operation's budget, and opens a new byte window.
+func (c *deadlineConn) arm(d time.Duration) { c.armWindow(d, c.maxWindow) }
+
+// armWindow is arm with a window of its own bound (at least maxWindow).
+func (c *deadlineConn) armWindow(d time.Duration, limit int64) {
+	c.charge()
+	c.window.Store(0)
+	if c.maxWindow > 0 {
+		c.limit.Store(max(limit, c.maxWindow))
+	}
+	if c.timed {
+		d = min(d, max(c.left, 0))
+	}
+	now := time.Now()
+	c.armedAt = now
+	_ = c.Conn.SetDeadline(now.Add(d))
+}
+
+// hold lifts the deadline and stops charging the operation's budget.
+func (c *deadlineConn) hold() {
+	c.charge()
+	c.armedAt = time.Time{}
+	_ = c.Conn.SetDeadline(time.Time{})
+}
+
+// outOfTime reports whether the operation's time budget is spent.
+func (c *deadlineConn) outOfTime() bool {
+	c.charge()
+	return c.timed && c.left <= 0
+}
 
 // conn is one IMAP connection of a mailbox run.
 type conn struct {
@@ -54,7 +159,24 @@ func (c *conn) arm() { c.raw.arm(c.cmdTO) }
 // commands: the client's reader reads all the time, so a deadline passing
 // during a long wait for the pool (a worker's whole fleet syncing at once)
 // would drop a healthy connection. The next command arms it again.
-func (c *conn) hold() { _ = c.raw.Conn.SetDeadline(time.Time{}) }
+func (c *conn) hold() { c.raw.hold() }
+
+// fail classifies err, a command's failure on c: past a byte budget
+// (KindOversized) or the operation's time (KindSlow) first, since go-imap
+// reports either as the connection's end.
+func (c *conn) fail(op string, err error, ctx context.Context) error {
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case c.raw.over.Load():
+		return oversized(op, err)
+	case c.raw.outOfTime():
+		return &Error{Kind: KindSlow, Op: op, Reason: "the server did not complete the setup or poll in time", Err: err}
+	}
+	return classify(op, err, ctx)
+}
 
 func (c *conn) armFor(d time.Duration) { c.raw.arm(d) }
 func (c *conn) has(cp imap.Cap) bool   { return c.c.Caps().Has(cp) }
@@ -78,6 +200,7 @@ func (c *conn) close() {
 		live := c.stop == nil || c.stop() // false: ctx closed the socket already
 		if live && !c.idling && c.c != nil && c.c.State() != imap.ConnStateLogout {
 			d := min(c.cmdTO, 2*time.Second)
+			c.raw.endOp()
 			c.raw.arm(d)
 			done := make(chan struct{})
 			go func() {
@@ -115,7 +238,8 @@ func (m *mailboxRun) dial(ctx context.Context) (*conn, error) {
 		return nil, dialError(err)
 	}
 	m.r.metrics.connects.WithLabelValues(string(m.tier)).Inc()
-	raw := &deadlineConn{Conn: rawNet}
+	raw := &deadlineConn{Conn: rawNet, maxWindow: m.r.cfg.MaxResponseBytes, maxOp: m.r.cfg.MaxSessionBytes}
+	raw.startOp(m.r.cfg.SetupTimeout)
 	c := &conn{raw: raw, cmdTO: m.r.cfg.CommandTimeout, notify: make(chan struct{}, 1)}
 	c.stop = context.AfterFunc(ctx, func() { _ = raw.Conn.Close() })
 	ok := false
@@ -134,7 +258,14 @@ func (m *mailboxRun) dial(ctx context.Context) (*conn, error) {
 					c.signal()
 				}
 			},
-			Fetch: func(*imapclient.FetchMessageData) { c.signal() },
+			Fetch: func(d *imapclient.FetchMessageData) {
+				c.signal()
+				// Read to its end (literals discarded, within the byte
+				// budget): left unread, it would stall the client's
+				// reader.
+				for d.Next() != nil {
+				}
+			},
 		},
 		WordDecoder: wordDecoder,
 	}
@@ -150,13 +281,13 @@ func (m *mailboxRun) dial(ctx context.Context) (*conn, error) {
 		opts.TLSConfig = tlsCfg
 		c.c, err = imapclient.NewStartTLS(raw, opts)
 		if err != nil {
-			return nil, classify("starttls", err, ctx)
+			return nil, c.fail("starttls", err, ctx)
 		}
 	default: // implicit, and anything not explicitly none
 		tlsCfg.NextProtos = []string{"imap"}
 		tc := tls.Client(raw, tlsCfg)
 		if err := tc.HandshakeContext(ctx); err != nil {
-			return nil, classify("tls", err, ctx)
+			return nil, c.fail("tls", err, ctx)
 		}
 		c.c = imapclient.New(tc, opts)
 		if err := c.c.WaitGreeting(); err != nil {
@@ -185,7 +316,7 @@ func (m *mailboxRun) login(ctx context.Context, c *conn) error {
 			return err
 		}
 		if _, err := m.caps(c); err != nil {
-			return classify("capability", err, ctx)
+			return c.fail("capability", err, ctx)
 		}
 		return nil
 	}
@@ -196,11 +327,11 @@ func (m *mailboxRun) login(ctx context.Context, c *conn) error {
 		if errors.As(err, &ie) {
 			return &Error{Kind: KindAuth, Op: "login", Code: knownCode(string(ie.Code)), Reason: "the server refused the credentials", Err: err}
 		}
-		return classify("login", err, ctx)
+		return c.fail("login", err, ctx)
 	}
 	// Refresh capabilities after login (servers add some).
 	if _, err := m.caps(c); err != nil {
-		return classify("capability", err, ctx)
+		return c.fail("capability", err, ctx)
 	}
 	return nil
 }

@@ -47,6 +47,18 @@ const (
 	KindTimeout Kind = "timeout"
 	// KindProtocol: the server answered a command with NO or BAD.
 	KindProtocol Kind = "protocol"
+	// KindOversized: the server sent more than a response or a session
+	// may hold (Config.MaxResponseBytes between two of the runner's
+	// reads: one command's answer, one fetched message, or what arrives
+	// during an IDLE; Config.MaxSessionBytes over a setup, poll or hot
+	// round): the connection was dropped there, so a server's literal or
+	// endless answer costs the worker a bounded amount of memory.
+	KindOversized Kind = "server_oversized"
+	// KindSlow: a setup, poll or hot round took longer than
+	// Config.SetupTimeout of the server's time (its answers, not our
+	// database's waits), however often the server sent a byte: a tarpit
+	// holds a setup slot for at most that long.
+	KindSlow Kind = "server_slow"
 	// KindStore: a Postgres write or read failed (not fenced: a fenced
 	// write ends the run).
 	KindStore Kind = "store"

@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"github.com/emersion/go-imap/v2"
+
+	"github.com/mailplane/mailplane/domain"
 )
 
 // Folder roles, as stored in imap_messages.role and imap_folder_cursors.role.
@@ -28,13 +30,25 @@ type folder struct {
 	role string
 }
 
+// MaxFolderName is the longest folder name (in bytes) the runner selects
+// and stores.
+const MaxFolderName = 1000
+
 // SpecialUse picks the Junk and Sent folders from a LIST answer: by the
 // \Junk and \Sent attributes first, then by JunkNames and SentNames.
-// Folders that cannot be selected are ignored. An empty name: none found.
+// Folders that cannot be selected are ignored, and so are names that are
+// not clean text (domain.IsCleanText: no control, line-separator or bidi
+// character; Postgres cannot store a NUL) or longer than MaxFolderName.
+// An empty name: none found.
+//
+// A folder name is the server's text: it is stored with the folder's rows
+// but never put in a log line or a sync.audit record, which name the
+// folder by its role (inbox, junk, sent).
 func SpecialUse(list []*imap.ListData) (junk, sent string) {
 	selectable := make([]*imap.ListData, 0, len(list))
 	for _, l := range list {
-		if hasAttr(l.Attrs, imap.MailboxAttrNoSelect) || hasAttr(l.Attrs, imap.MailboxAttrNonExistent) {
+		if hasAttr(l.Attrs, imap.MailboxAttrNoSelect) || hasAttr(l.Attrs, imap.MailboxAttrNonExistent) ||
+			len(l.Mailbox) > MaxFolderName || !domain.IsCleanText(l.Mailbox) {
 			continue
 		}
 		selectable = append(selectable, l)
@@ -98,7 +112,7 @@ func (m *mailboxRun) discover(ctx context.Context, c *conn) ([]folder, error) {
 	c.arm()
 	list, err := c.c.List("", "*", opts).Collect()
 	if err != nil {
-		return nil, classify("list", err, ctx)
+		return nil, c.fail("list", err, ctx)
 	}
 	out := []folder{{name: "INBOX", role: RoleInbox}}
 	junk, sent := SpecialUse(list)

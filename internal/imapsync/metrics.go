@@ -33,7 +33,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		connects: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mailplane_imap_connects_total",
 			Help: "TCP connections opened to IMAP servers, by tier."}, []string{"tier"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mailplane_imap_failures_total",
-			Help: "Failed sync attempts, by category (auth_failed, credentials, credentials_unbound, policy_refused, dns, connect, tls, timeout, protocol, store)."}, []string{"kind"}),
+			Help: "Failed sync attempts, by category (auth_failed, credentials, credentials_unbound, policy_refused, dns, connect, tls, timeout, protocol, server_oversized, server_slow, store)."}, []string{"kind"}),
 		idles: prometheus.NewCounter(prometheus.CounterOpts{Name: "mailplane_imap_idle_starts_total",
 			Help: "IDLE commands issued (starts and restarts)."}),
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mailplane_imap_messages_synced_total",

@@ -205,7 +205,7 @@ func (m *mailboxRun) loginOAuth(ctx context.Context, c *conn, refresh string) er
 			m.forgetToken()
 			return &Error{Kind: KindAuth, Op: "authenticate", Code: knownCode(string(ie.Code)), Reason: "the server refused the access token", Err: err}
 		}
-		return classify("authenticate", err, ctx)
+		return c.fail("authenticate", err, ctx)
 	}
 	return nil
 }

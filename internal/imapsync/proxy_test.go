@@ -198,6 +198,19 @@ func (p *proxy) Overlap(slack time.Duration) int {
 	return best
 }
 
+// Idled returns how many open connections have sent IDLE, and how many
+// are setting up (sent LIST, not IDLE yet).
+func (p *proxy) Idled() (idled, settingUp int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		if c.idled {
+			idled++
+		}
+	}
+	return idled, p.settingUp
+}
+
 // SetupPeak returns the most connections open at once whose client had
 // sent LIST but not IDLE yet.
 func (p *proxy) SetupPeak() int {

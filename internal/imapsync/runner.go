@@ -113,6 +113,30 @@ type Config struct {
 	// (mailsync) paces the connects and logins of each server; this bounds
 	// the worker's syncs in flight.
 	MaxSettingUp int
+	// SetupSharePerHost is the share of MaxSettingUp, in percent, that the
+	// mailboxes of one IMAP host (by name, like the connect pacing and the
+	// poll slots) may hold at once (MAILPLANE_SYNC_SETUP_SHARE_PER_HOST,
+	// default 25; at least one slot): a slow or hostile host cannot hold
+	// every slot, and mailboxes of other hosts still set up.
+	SetupSharePerHost int
+	// SetupTimeout bounds the server's time (armed commands; not our own
+	// database's waits) of a whole setup, from the connect to the first
+	// IDLE, of a warm or cold poll, and of each round of a hot session
+	// between two IDLEs (MAILPLANE_SYNC_SETUP_TIMEOUT, default 3 min).
+	// CommandTimeout bounds each answer; this bounds them all together,
+	// so a server answering one message every few seconds ends there
+	// (KindSlow). The sync's progress is kept: a large first sync cut
+	// short goes on from its cursor at the next attempt.
+	SetupTimeout time.Duration
+	// MaxResponseBytes bounds what a server may send between two of the
+	// runner's reads: one command's answer, one fetched message, or what
+	// arrives during one IDLE (MAILPLANE_SYNC_IMAP_MAX_RESPONSE, default
+	// 4 MiB). MaxSessionBytes bounds what it may send over one setup,
+	// poll or hot round (MAILPLANE_SYNC_IMAP_MAX_SESSION, default 1 GiB).
+	// Past either the connection is dropped (KindOversized): go-imap holds
+	// literals outside body sections wholly in memory, so these bound the
+	// memory one mailbox's server can make the worker hold.
+	MaxResponseBytes, MaxSessionBytes int64
 	// FetchBatch is how many messages are written per fenced transaction
 	// (default 500).
 	FetchBatch int
@@ -151,6 +175,14 @@ type Config struct {
 // so the bound costs no throughput, and small next to a worker's mailboxes.
 const DefaultMaxSettingUp = 128
 
+// Defaults of the bounds a hostile or slow IMAP server meets (Config).
+const (
+	DefaultSetupSharePerHost = 25
+	DefaultSetupTimeout      = 3 * time.Minute
+	DefaultMaxResponseBytes  = 4 << 20
+	DefaultMaxSessionBytes   = 1 << 30
+)
+
 // DefaultConfig returns the defaults (without a keyring).
 func DefaultConfig() Config {
 	return Config{
@@ -165,18 +197,26 @@ func DefaultConfig() Config {
 		FetchBatch:     500,
 		FlagWindow:     500,
 		MaxSettingUp:   DefaultMaxSettingUp,
+
+		SetupSharePerHost: DefaultSetupSharePerHost,
+		SetupTimeout:      DefaultSetupTimeout,
+		MaxResponseBytes:  DefaultMaxResponseBytes,
+		MaxSessionBytes:   DefaultMaxSessionBytes,
 	}
 }
 
 // Runner is the IMAP runner. One Runner serves every mailbox of a worker;
 // it is safe for concurrent Runs.
 type Runner struct {
-	cfg     Config
-	setup   chan struct{} // setup slots: a send takes one
-	http    *http.Client
-	rep     Reporter
-	log     *slog.Logger
-	metrics *metrics
+	cfg   Config
+	setup chan struct{} // setup slots: a send takes one
+	// hostSetups holds each host's share of the setup slots, taken before
+	// one of setup.
+	hostSetups *mailsync.HostSlots
+	http       *http.Client
+	rep        Reporter
+	log        *slog.Logger
+	metrics    *metrics
 }
 
 var _ mailsync.Runner = (*Runner)(nil)
@@ -212,13 +252,24 @@ func New(cfg Config) (*Runner, error) {
 	if cfg.MaxSettingUp <= 0 {
 		cfg.MaxSettingUp = d.MaxSettingUp
 	}
+	if cfg.SetupSharePerHost <= 0 || cfg.SetupSharePerHost > 100 {
+		cfg.SetupSharePerHost = d.SetupSharePerHost
+	}
+	setDefault(&cfg.SetupTimeout, d.SetupTimeout)
+	if cfg.MaxResponseBytes <= 0 {
+		cfg.MaxResponseBytes = d.MaxResponseBytes
+	}
+	if cfg.MaxSessionBytes <= 0 {
+		cfg.MaxSessionBytes = d.MaxSessionBytes
+	}
 	if cfg.WarmupHeader == "" {
 		cfg.WarmupHeader = DefaultWarmupHeader
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	r := &Runner{cfg: cfg, setup: make(chan struct{}, cfg.MaxSettingUp), http: cfg.HTTP, rep: cfg.Reporter, log: cfg.Logger, metrics: newMetrics(cfg.Registerer)}
+	r := &Runner{cfg: cfg, setup: make(chan struct{}, cfg.MaxSettingUp), hostSetups: mailsync.NewHostSlots(HostSetupSlots(cfg.MaxSettingUp, cfg.SetupSharePerHost)),
+		http: cfg.HTTP, rep: cfg.Reporter, log: cfg.Logger, metrics: newMetrics(cfg.Registerer)}
 	if r.http == nil {
 		r.http = &http.Client{Timeout: cfg.CommandTimeout}
 	}
@@ -229,6 +280,12 @@ func New(cfg Config) (*Runner, error) {
 		r.log = slog.New(slog.DiscardHandler)
 	}
 	return r, nil
+}
+
+// HostSetupSlots is how many of maxSettingUp setup slots one host's
+// mailboxes may hold: sharePercent of them, at least one.
+func HostSetupSlots(maxSettingUp, sharePercent int) int {
+	return max(1, maxSettingUp*sharePercent/100)
 }
 
 func setDefault(p *time.Duration, d time.Duration) {
@@ -269,6 +326,7 @@ type mailboxRun struct {
 	disableSent bool
 	authFailing bool
 	settingUp   bool         // holds a setup slot; the run's goroutine only
+	hostRelease func()       // gives back the host's share of the slot held
 	access      *accessToken // OAuth mailboxes: the current access token
 	// sealed replaces the job's sealed credentials once the provider
 	// rotated the refresh token (nil: the job's); pending is that rotation
@@ -480,7 +538,7 @@ func (m *mailboxRun) syncHeld(ctx context.Context, c *conn, f folder) error {
 		}
 		c.arm()
 		if err := c.c.Noop().Wait(); err != nil {
-			return classify("noop", err, ctx)
+			return c.fail("noop", err, ctx)
 		}
 	}
 }
@@ -583,14 +641,20 @@ func (m *mailboxRun) idleSession(ctx context.Context, changed <-chan struct{}) (
 // the tier changed).
 func (m *mailboxRun) idle(ctx context.Context, c *conn, changed <-chan struct{}, wait time.Duration) (woke, done bool, err error) {
 	m.r.metrics.idles.Inc()
-	c.armFor(wait + m.r.cfg.IdleMargin)
+	// Waiting for the IDLE's acknowledgement is part of the round (and of
+	// the setup): a server that never acknowledges it holds the setup slot
+	// no longer than any other answer.
+	c.arm()
 	c.idling = true
 	idle, err := c.c.Idle()
 	if err != nil {
-		return false, false, classify("idle", err, ctx)
+		return false, false, c.fail("idle", err, ctx)
 	}
-	// The server acknowledged the IDLE: the session is set up.
+	// The server acknowledged the IDLE: the session is set up, and the
+	// round's operation ends; the IDLE's wait has only its own deadline.
 	m.endSetup()
+	c.raw.endOp()
+	c.armFor(wait + m.r.cfg.IdleMargin)
 	t := time.NewTimer(max(wait, 0))
 	dropped := false
 	select {
@@ -610,15 +674,20 @@ func (m *mailboxRun) idle(ctx context.Context, c *conn, changed <-chan struct{},
 	if ctx.Err() != nil {
 		return false, true, nil
 	}
+	if dropped && c.raw.over.Load() {
+		return false, false, oversized("idle", errOversized)
+	}
 	if dropped {
 		return false, false, &Error{Kind: KindNetwork, Op: "idle", Reason: "connection dropped during IDLE", Err: errors.New("connection closed")}
 	}
+	// The next round, from the IDLE's end, has its own budgets.
+	c.raw.startOp(m.r.cfg.SetupTimeout)
 	c.arm()
 	if err := idle.Close(); err != nil {
-		return false, false, classify("idle done", err, ctx)
+		return false, false, c.fail("idle done", err, ctx)
 	}
 	if err := idle.Wait(); err != nil {
-		return false, false, classify("idle done", err, ctx)
+		return false, false, c.fail("idle done", err, ctx)
 	}
 	c.idling = false
 	return woke, closed(changed), nil
@@ -670,25 +739,28 @@ func (m *mailboxRun) connect(ctx context.Context) (_ *conn, err error) {
 	return c, nil
 }
 
-// beginSetup waits for one of the runner's setup slots (ctx done: its
-// error).
+// beginSetup waits for one of the runner's setup slots, first one of the
+// host's share (Config.SetupSharePerHost), then one of the runner's (ctx
+// done: its error).
 func (m *mailboxRun) beginSetup(ctx context.Context) error {
 	if m.settingUp {
 		return nil
 	}
-	select {
-	case m.r.setup <- struct{}{}:
-	default:
-		m.r.metrics.setupWaiting.Inc()
+	m.r.metrics.setupWaiting.Inc()
+	release, err := m.r.hostSetups.Acquire(ctx, m.job.Mailbox.IMAP.Host)
+	if err == nil {
 		select {
 		case m.r.setup <- struct{}{}:
-			m.r.metrics.setupWaiting.Dec()
 		case <-ctx.Done():
-			m.r.metrics.setupWaiting.Dec()
-			return ctx.Err()
+			release()
+			err = ctx.Err()
 		}
 	}
-	m.settingUp = true
+	m.r.metrics.setupWaiting.Dec()
+	if err != nil {
+		return err
+	}
+	m.settingUp, m.hostRelease = true, release
 	m.r.metrics.settingUp.Inc()
 	return nil
 }
@@ -700,6 +772,8 @@ func (m *mailboxRun) endSetup() {
 	}
 	m.settingUp = false
 	<-m.r.setup
+	m.hostRelease()
+	m.hostRelease = nil
 	m.r.metrics.settingUp.Dec()
 }
 

@@ -3,7 +3,6 @@ package imapsync_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log"
@@ -97,7 +96,7 @@ func newSetupWorld(t *testing.T) *setupWorld {
 
 // runner returns a runner with at most maxSetup setups in flight.
 func (w *setupWorld) runner(maxSetup int, cmdTimeout time.Duration) *imapsync.Runner {
-	r, err := imapsync.New(imapsync.Config{Keyring: w.kr, MaxSettingUp: maxSetup, CommandTimeout: cmdTimeout, DialTimeout: cmdTimeout,
+	r, err := imapsync.New(imapsync.Config{Keyring: w.kr, MaxSettingUp: maxSetup, SetupSharePerHost: 100, CommandTimeout: cmdTimeout, DialTimeout: cmdTimeout,
 		BackoffMin: 50 * time.Millisecond, BackoffMax: 300 * time.Millisecond, Transport: domain.MustTransportPolicy("127.0.0.0/8")})
 	if err != nil {
 		w.t.Fatal(err)
@@ -107,26 +106,7 @@ func (w *setupWorld) runner(maxSetup int, cmdTimeout time.Duration) *imapsync.Ru
 
 // run starts bench user i's hot mailbox on r, at host:port in plain text.
 func (w *setupWorld) run(r *imapsync.Runner, i int, host string, port int) {
-	id := fmt.Sprintf("0190a1b2-c3d4-7e5f-8a9b-%012x", i)
-	ep := domain.IMAPEndpoint{Host: host, Port: port, TLS: domain.TLSNone, Username: benchUser(i)}
-	plain, _ := json.Marshal(domain.Credentials{Password: benchPass(i)})
-	sealed, err := w.kr.Seal(plain, domain.CredentialsAAD(id, domain.ProviderSMTPIMAP, ep))
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	mb := domain.MailboxStateRecord{MailboxID: id, OrgID: "0190a1b2-0000-7000-8000-000000000001",
-		UserID: "0190a1b2-0000-7000-9000-" + fmt.Sprintf("%012x", i), Address: benchUser(i) + "@example.org",
-		Provider: domain.ProviderSMTPIMAP, IMAP: ep, SealedCredentials: &sealed, Enabled: true,
-		AddedAt: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
-	job, _ := mailsync.NewJob(mb, 0, w.epoch, owner, w.fence.Writer(0, w.epoch, owner, id), domain.SyncTierHot, nil)
-	job.PollWarm, job.PollCold = time.Hour, time.Hour
-	w.wg.Add(1)
-	go func() {
-		defer w.wg.Done()
-		if err := r.Run(w.ctx, job); err != nil {
-			w.t.Errorf("Run %s: %v", id, err)
-		}
-	}()
+	w.runAt(r, fmt.Sprintf("0190a1b2-c3d4-7e5f-8a9b-%012x", i), i, host, port)
 }
 
 // plainServer starts imapmemserver in plain text with bench users 0..n-1
@@ -172,15 +152,8 @@ func runSetupFleet(t *testing.T, n, maxSetup int) int {
 		w.run(r, i, px.Host(), px.Port())
 	}
 	waitFor(t, 30*time.Second, strconv.Itoa(n)+" mailboxes in IDLE", func() (bool, string) {
-		px.mu.Lock()
-		defer px.mu.Unlock()
-		idle := 0
-		for c := range px.conns {
-			if c.idled {
-				idle++
-			}
-		}
-		return idle == n, fmt.Sprintf("%d in IDLE, %d setting up", idle, px.settingUp)
+		idle, settingUp := px.Idled()
+		return idle == n, fmt.Sprintf("%d in IDLE, %d setting up", idle, settingUp)
 	})
 	_, _, total := px.Stats()
 	if total != n {

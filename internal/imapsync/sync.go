@@ -73,7 +73,7 @@ func (m *mailboxRun) checkSpecial(ctx context.Context, c *conn, folders []folder
 			c.arm()
 			st, err := c.c.Status(f.name, &imap.StatusOptions{NumMessages: true, UIDNext: true, UIDValidity: true, HighestModSeq: condstore}).Wait()
 			if err != nil {
-				return selected, classify("status "+f.name, err, ctx)
+				return selected, c.fail("status "+f.role, err, ctx)
 			}
 			if was.unchangedBy(st, condstore) {
 				m.r.metrics.specialChecks.WithLabelValues("unchanged").Inc()
@@ -96,14 +96,14 @@ func (m *mailboxRun) syncFolder(ctx context.Context, c *conn, f folder) error {
 	c.arm()
 	sel, err := c.c.Select(f.name, &imap.SelectOptions{ReadOnly: true, CondStore: condstore}).Wait()
 	if err != nil {
-		return classify("select "+f.name, err, ctx)
+		return c.fail("select "+f.role, err, ctx)
 	}
 	// Forgotten until this sync completes: a STATUS compared with it must
 	// not pass over what a failed sync left unstored.
 	delete(m.seen, f.name)
 	cur, known := m.cursor(f.name)
 	if known && cur.uidValidity != sel.UIDValidity {
-		m.log.Info("uidvalidity changed: folder resynced", "folder", f.name, "from", cur.uidValidity, "to", sel.UIDValidity)
+		m.log.Info("uidvalidity changed: folder resynced", "role", f.role, "from", cur.uidValidity, "to", sel.UIDValidity)
 		cur = cursor{folder: f.name, role: f.role, uidValidity: sel.UIDValidity}
 		c.hold()
 		if err := m.resetFolder(ctx, cur); err != nil {
@@ -165,15 +165,20 @@ func (m *mailboxRun) syncFolder(ctx context.Context, c *conn, f folder) error {
 // reconcile deletes the rows of messages no longer in the folder (expunged,
 // or moved away), found by a UID SEARCH ALL. It runs only when the folder's
 // message count differs from the rows stored.
+//
+// The answer lists every message of the folder, about 8 bytes each (a
+// million messages: 7 MB), more than one response's byte budget: its
+// window is sized to the rows stored, which the server cannot raise
+// without our storing them first, never to the count the server claims.
 func (m *mailboxRun) reconcile(ctx context.Context, c *conn, f folder, cur cursor) error {
-	c.arm()
+	c.raw.armWindow(c.cmdTO, searchBytesPerUID*int64(cur.stored+m.r.cfg.FetchBatch))
 	data, err := c.c.UIDSearch(&imap.SearchCriteria{}, nil).Wait()
 	if err != nil {
-		return classify("search "+f.name, err, ctx)
+		return c.fail("search "+f.role, err, ctx)
 	}
 	if _, ok := data.All.(imap.UIDSet); data.All != nil && !ok {
 		// Not an answer in UIDs: never delete on it.
-		return &Error{Kind: KindProtocol, Op: "search " + f.name, Reason: "UID SEARCH answered without UIDs"}
+		return &Error{Kind: KindProtocol, Op: "search " + f.role, Reason: "UID SEARCH answered without UIDs"}
 	}
 	present := data.AllUIDs()
 	uids := make([]int64, 0, len(present))
@@ -186,19 +191,30 @@ func (m *mailboxRun) reconcile(ctx context.Context, c *conn, f folder, cur curso
 	return m.deleteMissing(ctx, cur, uids)
 }
 
+// searchBytesPerUID is the most a UID takes in a SEARCH answer: ten digits
+// and a space.
+const searchBytesPerUID = 11
+
 func uidRange(from, to uint32) imap.UIDSet {
 	var s imap.UIDSet
 	s.AddRange(imap.UID(from), imap.UID(to))
 	return s
 }
 
+// fetchNew fetches the messages above the cursor and writes them in
+// batches. Each message is read item by item as it arrives (readMessage),
+// never collected whole: its warmup header section is requested with a
+// size bound and parsed from the stream, and whatever else a server sends
+// is bounded by the connection's byte budget (deadlineConn).
 func (m *mailboxRun) fetchNew(ctx context.Context, c *conn, f folder, cur *cursor) error {
 	opts := &imap.FetchOptions{UID: true, Flags: true, InternalDate: true, RFC822Size: true, Envelope: true,
 		ModSeq: c.has(imap.CapCondStore)}
 	var warmup *imap.FetchItemBodySection
 	if f.role == RoleInbox || f.role == RoleJunk {
-		// Only the one header, without setting \Seen.
-		warmup = &imap.FetchItemBodySection{Specifier: imap.PartSpecifierHeader, HeaderFields: []string{m.r.cfg.WarmupHeader}, Peek: true}
+		// Only the one header, without setting \Seen, and only its first
+		// warmupMax bytes.
+		warmup = &imap.FetchItemBodySection{Specifier: imap.PartSpecifierHeader, HeaderFields: []string{m.r.cfg.WarmupHeader}, Peek: true,
+			Partial: &imap.SectionPartial{Offset: 0, Size: warmupMax}}
 		opts.BodySection = []*imap.FetchItemBodySection{warmup}
 	}
 	var set imap.UIDSet
@@ -213,6 +229,11 @@ func (m *mailboxRun) fetchNew(ctx context.Context, c *conn, f folder, cur *curso
 		if len(batch) == 0 {
 			return nil
 		}
+		// While the batch is written, go-imap reads ahead (up to 128
+		// messages) in the same byte window; the window is not widened
+		// for it (that would widen what a hostile server can make us
+		// hold): a legitimate run of huge envelopes cut there fails after
+		// the batch is stored, and the next attempt goes on from it.
 		c.hold()
 		err := m.writeMessages(ctx, cur, batch)
 		if err == nil && incremental {
@@ -231,26 +252,14 @@ func (m *mailboxRun) fetchNew(ctx context.Context, c *conn, f folder, cur *curso
 		if md == nil {
 			break
 		}
-		buf, err := md.Collect()
-		c.arm()
-		if err != nil {
-			_ = cmd.Close()
-			return classify("fetch "+f.name, err, ctx)
-		}
+		msg := m.readMessage(md, warmup)
+		c.arm() // the next message's deadline and byte window
 		// n:* always returns the last message, even below n.
-		if uint32(buf.UID) <= cur.lastUID {
+		if msg.uid <= cur.lastUID {
 			continue
 		}
-		msg := toMessage(buf)
-		if warmup != nil {
-			tag, outcome := parseWarmup(buf.FindBodySection(warmup), m.r.cfg.WarmupHeader, m.r.cfg.WarmupKey)
-			if outcome != "" && tag == nil {
-				m.r.metrics.warmupRejected.WithLabelValues(outcome).Inc()
-			}
-			msg.warmup = tag
-		}
 		batch = append(batch, msg)
-		cur.lastUID = max(cur.lastUID, uint32(buf.UID))
+		cur.lastUID = max(cur.lastUID, msg.uid)
 		if len(batch) >= m.r.cfg.FetchBatch {
 			if err := flush(); err != nil {
 				_ = cmd.Close()
@@ -258,10 +267,64 @@ func (m *mailboxRun) fetchNew(ctx context.Context, c *conn, f folder, cur *curso
 			}
 		}
 	}
+	// A connection that broke mid-message (a byte budget, a deadline)
+	// fails here, before the batch holding that message is written.
 	if err := cmd.Close(); err != nil {
-		return classify("fetch "+f.name, err, ctx)
+		return c.fail("fetch "+f.role, err, ctx)
 	}
 	return flush()
+}
+
+// readMessage reads one FETCH response item by item. Envelope strings are
+// cleaned and bounded; a body section is read only when it is the warmup
+// section asked for (at most warmupMax bytes of it), and every other
+// literal is discarded as it streams by (FetchMessageData.Next).
+func (m *mailboxRun) readMessage(md *imapclient.FetchMessageData, warmup *imap.FetchItemBodySection) message {
+	var msg message
+	parsed := false
+	for {
+		item := md.Next()
+		if item == nil {
+			break
+		}
+		switch it := item.(type) {
+		case imapclient.FetchItemDataUID:
+			msg.uid = uint32(it.UID)
+		case imapclient.FetchItemDataFlags:
+			msg.flags = flagString(it.Flags)
+		case imapclient.FetchItemDataInternalDate:
+			msg.internalDate = it.Time
+		case imapclient.FetchItemDataRFC822Size:
+			msg.size = it.Size
+		case imapclient.FetchItemDataModSeq:
+			msg.modseq = it.ModSeq
+		case imapclient.FetchItemDataEnvelope:
+			setEnvelope(&msg, it.Envelope)
+		case imapclient.FetchItemDataBodySection:
+			if warmup == nil || parsed || it.Literal == nil || !isWarmupSection(it, warmup) {
+				continue
+			}
+			parsed = true
+			tag, outcome := parseWarmup(it.Literal, m.r.cfg.WarmupHeader, m.r.cfg.WarmupKey)
+			if outcome != "" && tag == nil {
+				m.r.metrics.warmupRejected.WithLabelValues(outcome).Inc()
+			}
+			msg.warmup = tag
+		}
+	}
+	if msg.internalDate.IsZero() {
+		msg.internalDate = time.Unix(0, 0).UTC()
+	}
+	return msg
+}
+
+// isWarmupSection reports whether a fetched body section answers the
+// warmup section asked for, with or without the partial's origin echoed
+// (RFC 9051 asks servers to echo it; not all do).
+func isWarmupSection(it imapclient.FetchItemDataBodySection, warmup *imap.FetchItemBodySection) bool {
+	whole := *warmup
+	whole.Partial = nil
+	return it.MatchCommand(warmup) || it.MatchCommand(&whole)
 }
 
 // fetchFlags returns the flags of the fetched messages at or below upTo.
@@ -274,42 +337,35 @@ func (m *mailboxRun) fetchFlags(ctx context.Context, c *conn, f folder, set imap
 		if md == nil {
 			break
 		}
-		buf, err := md.Collect()
+		msg := m.readMessage(md, nil)
 		c.arm()
-		if err != nil {
-			_ = cmd.Close()
-			return nil, classify("fetch flags "+f.name, err, ctx)
-		}
-		if buf.UID == 0 || uint32(buf.UID) > upTo {
+		if msg.uid == 0 || msg.uid > upTo {
 			continue
 		}
-		out = append(out, flagUpdate{uid: uint32(buf.UID), flags: flagString(buf.Flags), modseq: buf.ModSeq})
+		out = append(out, flagUpdate{uid: msg.uid, flags: msg.flags, modseq: msg.modseq})
 	}
 	if err := cmd.Close(); err != nil {
-		return nil, classify("fetch flags "+f.name, err, ctx)
+		return nil, c.fail("fetch flags "+f.role, err, ctx)
 	}
 	return out, nil
 }
 
-func toMessage(b *imapclient.FetchMessageBuffer) message {
-	msg := message{uid: uint32(b.UID), internalDate: b.InternalDate, size: b.RFC822Size,
-		flags: flagString(b.Flags), modseq: b.ModSeq}
-	if e := b.Envelope; e != nil {
-		msg.messageID = clean(e.MessageID, 998)
-		msg.subject = clean(e.Subject, 998)
-		if len(e.From) > 0 {
-			a := e.From[0]
-			addr := a.Addr()
-			if a.Name != "" {
-				addr = a.Name + " <" + addr + ">"
-			}
-			msg.from = clean(addr, 998)
+// setEnvelope copies the stored envelope fields into msg, cleaned and
+// bounded.
+func setEnvelope(msg *message, e *imap.Envelope) {
+	if e == nil {
+		return
+	}
+	msg.messageID = clean(e.MessageID, 998)
+	msg.subject = clean(e.Subject, 998)
+	if len(e.From) > 0 {
+		a := e.From[0]
+		addr := a.Addr()
+		if a.Name != "" {
+			addr = a.Name + " <" + addr + ">"
 		}
+		msg.from = clean(addr, 998)
 	}
-	if msg.internalDate.IsZero() {
-		msg.internalDate = time.Unix(0, 0).UTC()
-	}
-	return msg
 }
 
 func flagString(flags []imap.Flag) string {

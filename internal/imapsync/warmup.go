@@ -2,10 +2,11 @@ package imapsync
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/textproto"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,19 +32,31 @@ type warmupTag struct {
 	id     string
 }
 
-// parseWarmup reads the warmup header out of a fetched header section. The
-// outcome is "" when the header is absent, else one of domain's
-// WarmupValid, WarmupMalformed, WarmupUnsigned, WarmupForged; tag is set
-// only when valid.
-func parseWarmup(section []byte, header string, key []byte) (tag *warmupTag, outcome string) {
-	if len(bytes.TrimSpace(section)) == 0 {
-		return nil, ""
+// warmupMax is the most of a message's warmup header section that is
+// fetched (a partial FETCH) and read: the header is one line of about 200
+// bytes, and a server's longer answer is cut here, not held.
+const warmupMax = 4096
+
+// parseWarmup reads the warmup header out of a fetched header section,
+// streamed from r (at most warmupMax bytes of it are read; the caller
+// discards the rest). The outcome is "" when the header is absent, else
+// one of domain's WarmupValid, WarmupMalformed, WarmupUnsigned,
+// WarmupForged; tag is set only when valid.
+func parseWarmup(r io.Reader, header string, key []byte) (tag *warmupTag, outcome string) {
+	// A header section ends with an empty line; one is added after the
+	// section (a section that has one already ends the parse before it).
+	br := bufio.NewReaderSize(io.MultiReader(io.LimitReader(r, warmupMax), strings.NewReader("\r\n\r\n")), 512)
+	for {
+		b, err := br.ReadByte()
+		if err != nil {
+			return nil, "" // nothing but white space: no header
+		}
+		if b != ' ' && b != '\t' && b != '\r' && b != '\n' {
+			_ = br.UnreadByte()
+			break
+		}
 	}
-	// A header section ends with an empty line; make sure it does.
-	if !bytes.HasSuffix(section, []byte("\r\n\r\n")) && !bytes.HasSuffix(section, []byte("\n\n")) {
-		section = append(append([]byte{}, section...), "\r\n\r\n"...)
-	}
-	h, err := textproto.NewReader(bufio.NewReader(bytes.NewReader(section))).ReadMIMEHeader()
+	h, err := textproto.NewReader(br).ReadMIMEHeader()
 	if err != nil && len(h) == 0 {
 		return nil, domain.WarmupMalformed
 	}

@@ -2,6 +2,7 @@ package imapsync
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,7 +42,7 @@ func TestParseWarmup(t *testing.T) {
 			domain.FormatWarmupHeader(warmSender, "s-1", key)[len("mailbox=")+36+len("; id=s-1; sig="):] + "\r\n\r\n", key, domain.WarmupForged, "", ""},
 	}
 	for _, c := range cases {
-		tag, outcome := parseWarmup([]byte(c.section), h, c.key)
+		tag, outcome := parseWarmup(strings.NewReader(c.section), h, c.key)
 		if outcome != c.outcome || (tag != nil) != (c.outcome == domain.WarmupValid) {
 			t.Errorf("%s: outcome %q parsed %v, want %q", c.name, outcome, tag != nil, c.outcome)
 			continue
@@ -49,6 +50,38 @@ func TestParseWarmup(t *testing.T) {
 		if tag != nil && (tag.sender != c.sender || tag.id != c.id) {
 			t.Errorf("%s: %+v", c.name, tag)
 		}
+	}
+}
+
+// endless is a header section that never ends: the warmup header's value
+// goes on forever. It counts what was read of it.
+type endless struct{ read int }
+
+func (e *endless) Read(p []byte) (int, error) {
+	prefix := DefaultWarmupHeader + ": mailbox=" + warmSender + "; id="
+	for i := range p {
+		if e.read+i < len(prefix) {
+			p[i] = prefix[e.read+i]
+		} else {
+			p[i] = 'a'
+		}
+	}
+	e.read += len(p)
+	return len(p), nil
+}
+
+// TestParseWarmupBounded: a header section that never ends (a server's
+// 100 MB header, or more) is read up to warmupMax and refused as
+// malformed; nothing past that bound is read or held.
+func TestParseWarmupBounded(t *testing.T) {
+	t.Parallel()
+	e := &endless{}
+	tag, outcome := parseWarmup(e, DefaultWarmupHeader, nil)
+	if tag != nil || outcome != domain.WarmupMalformed {
+		t.Errorf("endless header: tag %v outcome %q, want malformed", tag, outcome)
+	}
+	if e.read > warmupMax {
+		t.Errorf("read %d bytes of an endless header section, bound %d", e.read, warmupMax)
 	}
 }
 
@@ -63,7 +96,7 @@ func FuzzParseWarmup(f *testing.F) {
 		if signed {
 			k = key
 		}
-		tag, outcome := parseWarmup(b, DefaultWarmupHeader, k)
+		tag, outcome := parseWarmup(bytes.NewReader(b), DefaultWarmupHeader, k)
 		if (tag != nil) != (outcome == domain.WarmupValid) {
 			t.Fatalf("tag %v with outcome %q", tag, outcome)
 		}

@@ -82,7 +82,9 @@ func (p *hostPacer) pruneLocked(now time.Time) {
 	}
 }
 
-// pollSlots bounds the polls a worker runs at once on each IMAP host. The
+// HostSlots bounds what a worker runs at once on each IMAP host: the warm
+// and cold polls (Config.PollsInFlight), and the IMAP runner's setups
+// (imapsync's share of its setup slots per host). For the polls: the
 // connection pacing bounds how fast polls start, not how many are open:
 // when the runners' store is slower than the pace (a cold start of 25,000
 // mailboxes per worker, each first poll writing its cursors), polls that
@@ -92,7 +94,7 @@ func (p *hostPacer) pruneLocked(now time.Time) {
 // host, like the pacing and like the connection limits providers set per
 // client: a host that does not answer holds only its own mailboxes' slots.
 // Slots are handed out first come, first served.
-type pollSlots struct {
+type HostSlots struct {
 	n int64 // per host; <= 0: unbounded
 
 	mu    sync.Mutex
@@ -104,13 +106,15 @@ type hostSlots struct {
 	users int // holding or waiting: the entry goes with the last
 }
 
-func newPollSlots(n int) *pollSlots {
-	return &pollSlots{n: int64(n), hosts: map[string]*hostSlots{}}
+// NewHostSlots returns n slots per host (n <= 0: unbounded). Host names
+// are compared case-insensitively.
+func NewHostSlots(n int) *HostSlots {
+	return &HostSlots{n: int64(n), hosts: map[string]*hostSlots{}}
 }
 
-// acquire waits for a slot of host; release gives it back (once, however
+// Acquire waits for a slot of host; release gives it back (once, however
 // often it is called).
-func (p *pollSlots) acquire(ctx context.Context, host string) (release func(), err error) {
+func (p *HostSlots) Acquire(ctx context.Context, host string) (release func(), err error) {
 	if p == nil || p.n <= 0 {
 		return func() {}, ctx.Err()
 	}

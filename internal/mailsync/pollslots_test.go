@@ -14,7 +14,7 @@ import (
 // it waits takes no slot, and hosts do not share slots.
 func TestPollSlots(t *testing.T) {
 	t.Parallel()
-	slots := newPollSlots(3)
+	slots := NewHostSlots(3)
 	ctx := context.Background()
 
 	var held, most atomic.Int32
@@ -45,7 +45,7 @@ func TestPollSlots(t *testing.T) {
 	// All three taken: a fourth waits, and gives up with its context.
 	var releases []func()
 	for range 3 {
-		r, err := slots.acquire(ctx, "IMAP.example.com")
+		r, err := slots.Acquire(ctx, "IMAP.example.com")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,23 +53,23 @@ func TestPollSlots(t *testing.T) {
 	}
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer cancel()
-	if _, err := slots.acquire(wctx, "imap.example.com"); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := slots.Acquire(wctx, "imap.example.com"); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a fourth poll got %v, want to wait until its deadline", err)
 	}
 	// The one that gave up took nothing: one release makes room for one.
 	releases[0]()
 	releases[0]()
-	r, err := slots.acquire(ctx, "IMAP.example.com")
+	r, err := slots.Acquire(ctx, "IMAP.example.com")
 	if err != nil {
 		t.Fatal(err)
 	}
 	tctx, tcancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer tcancel()
-	if _, err := slots.acquire(tctx, "imap.example.com"); err == nil {
+	if _, err := slots.Acquire(tctx, "imap.example.com"); err == nil {
 		t.Fatal("a double release made room for two polls")
 	}
 	// Another host has slots of its own.
-	o, err := slots.acquire(ctx, "imap.other.example")
+	o, err := slots.Acquire(ctx, "imap.other.example")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,9 +88,9 @@ func TestPollSlots(t *testing.T) {
 // TestPollSlotsUnbounded: PollsInFlight below zero bounds nothing.
 func TestPollSlotsUnbounded(t *testing.T) {
 	t.Parallel()
-	slots := newPollSlots(-1)
+	slots := NewHostSlots(-1)
 	for range 1000 {
-		if _, err := slots.acquire(context.Background(), "imap.example.com"); err != nil {
+		if _, err := slots.Acquire(context.Background(), "imap.example.com"); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -53,7 +53,7 @@ type Job struct {
 
 	box    *tierBox
 	pacer  *hostPacer
-	polls  *pollSlots
+	polls  *HostSlots
 	report func(newest time.Time, known bool)
 }
 
@@ -89,7 +89,7 @@ func (j *Job) PaceConnect(ctx context.Context) error {
 // none. Call release once the poll's connection is closed; calling it again
 // does nothing.
 func (j *Job) PollSlot(ctx context.Context) (release func(), err error) {
-	return j.polls.acquire(ctx, j.Mailbox.IMAP.Host)
+	return j.polls.Acquire(ctx, j.Mailbox.IMAP.Host)
 }
 
 // ReportNewestMail tells the worker the internal date of the newest message

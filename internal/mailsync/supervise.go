@@ -26,7 +26,7 @@ import (
 type supervisor struct {
 	runner              Runner
 	pacer               *hostPacer
-	polls               *pollSlots
+	polls               *HostSlots
 	log                 *slog.Logger
 	m                   *metrics
 	backoff, maxBackoff time.Duration
@@ -50,7 +50,7 @@ type runHandle struct {
 }
 
 func newSupervisor(runner Runner, cfg Config, log *slog.Logger, m *metrics) *supervisor {
-	s := &supervisor{runner: runner, pacer: newHostPacer(cfg.ConnectRatePerHost, cfg.ConnectBurstPerHost), polls: newPollSlots(cfg.PollsInFlight),
+	s := &supervisor{runner: runner, pacer: newHostPacer(cfg.ConnectRatePerHost, cfg.ConnectBurstPerHost), polls: NewHostSlots(cfg.PollsInFlight),
 		log: log, m: m, backoff: cfg.RestartBackoff, maxBackoff: cfg.RestartMaxBackoff,
 		runs: map[string]*runHandle{}, stopping: map[string]*runHandle{}, alive: map[int32]int{}}
 	s.exited = sync.NewCond(&s.mu)

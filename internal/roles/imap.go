@@ -95,6 +95,9 @@ func newRunner(rc *roleConfig, kc *kgo.Client, log *slog.Logger) (mailsync.Runne
 		WarmupKey:    rc.imapWarmupKey,
 		OAuth:        rc.imapOAuth,
 		Transport:    rc.imapTransport,
+
+		SetupTimeout: rc.imapBounds.SetupTimeout, SetupSharePerHost: rc.imapBounds.SetupSharePerHost,
+		MaxResponseBytes: rc.imapBounds.MaxResponseBytes, MaxSessionBytes: rc.imapBounds.MaxSessionBytes,
 	})
 }
 

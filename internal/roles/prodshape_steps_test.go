@@ -336,6 +336,9 @@ func (e *prodShape) postgresOutage(ctx context.Context) {
 	if n := e.hbRefused.Load(); n != 0 {
 		t.Errorf("%d heartbeats of known workers were refused while Postgres was down", n)
 	}
+	// The stop's context has run out during the outage.
+	sctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	if err := e.pg.Start(sctx); err != nil {
 		t.Fatal(err)
 	}

@@ -91,6 +91,9 @@ type roleConfig struct {
 	syncRunner       string // imap or record
 	imapCAFile       string
 	imapDisableAfter time.Duration
+	// imapBounds are the IMAP runner's bounds on slow and oversized
+	// servers (zero fields: imapsync's defaults).
+	imapBounds       imapsync.Config
 	imapWarmupHeader string
 	imapWarmupKey    []byte
 	imapOAuth        map[domain.Provider]imapsync.OAuthClient

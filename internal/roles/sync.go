@@ -22,7 +22,8 @@ type syncFlags struct {
 	session, heartbeat, warm, cold, grace, hotActivity, coldAfter *time.Duration
 	budget, connectRate, pollsInFlight                            *int
 	runner, caFile, warmupHeader, warmupKey, imapAllow            *string
-	disableAfter                                                  *time.Duration
+	disableAfter, setupTimeout                                    *time.Duration
+	setupShare, maxResponseKiB, maxSessionMiB                     *int
 	oauth                                                         func() map[domain.Provider]imapsync.OAuthClient
 }
 
@@ -34,7 +35,8 @@ func registerSyncFlags(fs *flag.FlagSet) *syncFlags {
 		pollsInFlight: config.PollsInFlight.Int(fs),
 		runner:        config.SyncRunner.String(fs), caFile: config.IMAPCAFile.String(fs), disableAfter: config.IMAPDisableAfter.Duration(fs),
 		warmupHeader: config.WarmupHeader.String(fs), warmupKey: config.WarmupKey.String(fs), oauth: oauthFlags(fs),
-		imapAllow: config.IMAPAllow.String(fs),
+		imapAllow: config.IMAPAllow.String(fs), setupTimeout: config.SetupTimeout.Duration(fs), setupShare: config.SetupSharePerHost.Int(fs),
+		maxResponseKiB: config.IMAPMaxResponse.Int(fs), maxSessionMiB: config.IMAPMaxSession.Int(fs),
 	}
 }
 
@@ -49,6 +51,8 @@ func (f *syncFlags) transport(extra ...string) (domain.TransportPolicy, error) {
 func (f *syncFlags) applyIMAP(rc *roleConfig, warmupKey []byte, transport domain.TransportPolicy) {
 	rc.syncRunner, rc.imapCAFile, rc.imapDisableAfter = *f.runner, *f.caFile, *f.disableAfter
 	rc.imapWarmupHeader, rc.imapWarmupKey, rc.imapOAuth, rc.imapTransport = *f.warmupHeader, warmupKey, f.oauth(), transport
+	rc.imapBounds = imapsync.Config{SetupTimeout: *f.setupTimeout, SetupSharePerHost: *f.setupShare,
+		MaxResponseBytes: int64(*f.maxResponseKiB) << 10, MaxSessionBytes: int64(*f.maxSessionMiB) << 20}
 }
 
 func (f *syncFlags) config() mailsync.Config {
