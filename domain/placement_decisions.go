@@ -143,6 +143,9 @@ const (
 	ReasonFleetSilent PlacementReason = "fleet_silent"
 	// ReasonHeartbeatsResumed: the hold ends, heartbeats flow again.
 	ReasonHeartbeatsResumed PlacementReason = "heartbeats_resumed"
+	// ReasonLivenessHoldExpired: the hold ends, it lasted the engine's
+	// longest hold while too many workers stayed silent.
+	ReasonLivenessHoldExpired PlacementReason = "liveness_hold_expired"
 )
 
 var placementReasons = []PlacementReason{
@@ -153,6 +156,7 @@ var placementReasons = []PlacementReason{
 	ReasonHealthSampled, ReasonHeartbeatExpired, ReasonWorkerDied, ReasonRetentionExpired, ReasonPlanChanged,
 	ReasonPoolNeeded, ReasonDedicatedNeeded, ReasonDedicatedAvailable, ReasonIdle, ReasonRetry,
 	ReasonNoEligibleWorker, ReasonNoDedicatedCapacity, ReasonFleetSilent, ReasonHeartbeatsResumed,
+	ReasonLivenessHoldExpired,
 }
 
 // RiskPool is a shared worker's risk pool, and a mailbox's risk band (a
@@ -737,11 +741,14 @@ func (d *PlacementLivenessHeld) Validate() Problems {
 	return ps
 }
 
-// PlacementLivenessResumed ends a hold (HeldSince, the hold's time): at a
-// tick, fewer than ThresholdPermille of the Live workers were still silent
+// PlacementLivenessResumed ends a hold (HeldSince, the hold's time) at a
+// tick: fewer than ThresholdPermille of the Live workers were still silent
 // (not heard since the hold began, or the engine's takeover when later,
-// and within a window). Every live worker not heard since gets a whole
-// liveness window from this decision's time before it can die.
+// and within a window), reason heartbeats_resumed; or the hold lasted the
+// engine's longest hold, reason liveness_hold_expired. Every live worker
+// gets a whole liveness window from this decision's time before it can
+// die, and the workers not heard during the hold die then without holding
+// liveness again.
 type PlacementLivenessResumed struct {
 	PlacementMeta
 	Scope             string    `json:"scope"`
