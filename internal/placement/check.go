@@ -326,7 +326,7 @@ func (s *State) Clone() *State {
 		cw.heard = w.heard
 		c.reindexSeen(cw)
 	}
-	c.graceFrom = s.graceFrom
+	c.graceFrom, c.takeover = s.graceFrom, s.takeover
 	return c
 }
 

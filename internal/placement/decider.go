@@ -126,6 +126,31 @@ package placement
 // and its mailboxes move where they fit (the rest stay and are retried).
 // A heartbeat changing a shared worker's tier moves its mailboxes off at
 // once (refusing those that fit nowhere); older heartbeats are ignored.
+// A live worker's tier changes at most once per TierDwell (default 5
+// minutes): the decision that changes it records until when
+// (tier_held_until), and a heartbeat asking for another tier before then
+// is heard, not recorded (its other changes are), so a worker flipping its
+// tier on every heartbeat moves its mailboxes at most once per dwell.
+//
+// Liveness hold. When a worker's window runs out while at least
+// LivenessHoldPermille (default 550) of at least LivenessHoldMinWorkers
+// (default 3) live workers have not been heard for half a window, the
+// engine is more likely blind (the API, Postgres or the network between
+// them down) than the fleet dead: it records liveness_held and declares
+// no death for silence until heartbeats flow again, the silent share
+// (workers not heard since the hold began, or since the engine took over)
+// below the threshold, or until the hold has lasted LivenessHoldMax
+// (default 10 minutes); liveness_resumed ends it. Its fold grants every
+// live worker a whole window from then; the workers silent through the
+// hold then die without holding again. The threshold is above half so
+// that losing exactly one of two equal halves (zones, racks) fails over
+// at once, and the minimum keeps one- and two-worker fleets failing over.
+// Explicit events still act while holding (a stopping heartbeat drains,
+// a removal removes). Fewer silent workers die at the end of their
+// window, as always. The decisions record the counts and the threshold;
+// the fold reads no heard time and no configuration, and an engine that
+// takes over mid-hold keeps holding (it counts as heard only what it
+// heard itself).
 //
 // Retention. A dead worker (holding nothing, as every dead worker does)
 // last seen (as its death recorded) longer ago than WorkerRetention (default
@@ -523,6 +548,9 @@ type State struct {
 	// graceFrom: no worker dies before LivenessWindow has passed since it
 	// (GrantLiveness, or a hold's end), whatever its heard time says.
 	graceFrom time.Time
+	// takeover is the last time GrantLiveness was called (an engine taking
+	// over): live state only, like graceFrom.
+	takeover time.Time
 	// liveness is the hold, as the liveness decisions recorded it.
 	liveness LivenessView
 	// Decider scratch, reset on every Apply.
@@ -1297,7 +1325,13 @@ func (s *State) healthSampled(e *domain.WorkerHealthSampled, at time.Time) {
 // heartbeats that changed nothing, so a restored worker's last heartbeat is
 // unknown and a tick must not take its recorded one for it.
 func (s *State) GrantLiveness(at time.Time) {
-	if at = at.Round(0).UTC(); at.After(s.graceFrom) {
+	at = at.Round(0).UTC()
+	s.grant(at)
+	s.takeover = maxTime(s.takeover, at)
+}
+
+func (s *State) grant(at time.Time) {
+	if at.After(s.graceFrom) {
 		s.graceFrom = at
 	}
 }
@@ -1374,10 +1408,11 @@ func (s *State) holdLiveness(at time.Time, expiring bool) bool {
 	// A worker expiring means the grace ended over a window ago, so a
 	// worker's heard time alone says whether it is silent.
 	silent := int64(s.liveBySeen.countBefore(at.Add(-s.cfg.LivenessWindow / 2)))
-	if !lv.ResumedAt.IsZero() && !s.graceFrom.After(lv.HeldSince) {
-		// (An engine that took over since knows no heartbeat of the hold:
-		// it excludes none.)
-		silent -= int64(s.liveBySeen.countBefore(lv.HeldSince.Add(time.Nanosecond)))
+	if !lv.ResumedAt.IsZero() && !s.takeover.After(lv.ResumedAt) {
+		// Silent through the hold: not heard after it began, or after
+		// this engine took over when later. (An engine that took over
+		// since the hold ended knows no heartbeat of it: it excludes none.)
+		silent -= int64(s.liveBySeen.countBefore(maxTime(lv.HeldSince, s.takeover).Add(time.Nanosecond)))
 	}
 	if silent*1000 < threshold*live {
 		return false

@@ -293,14 +293,14 @@ func applyLivenessHeld(s *State, d *domain.PlacementLivenessHeld) error {
 }
 
 // applyLivenessResumed ends the hold and grants every live worker a whole
-// window from the decision's time (GrantLiveness): a worker still silent
+// window from the decision's time (as GrantLiveness does): a worker still silent
 // dies a window later.
 func applyLivenessResumed(s *State, d *domain.PlacementLivenessResumed) error {
 	if !s.liveness.Holding || !s.liveness.HeldSince.Equal(d.HeldSince) {
 		return fmt.Errorf("liveness is not held since %s", d.HeldSince)
 	}
 	s.liveness = LivenessView{HeldSince: d.HeldSince, ResumedAt: d.At, Silent: d.Silent, Live: d.Live, SharePermille: d.SharePermille, ThresholdPermille: d.ThresholdPermille}
-	s.GrantLiveness(d.At)
+	s.grant(d.At)
 	return nil
 }
 
