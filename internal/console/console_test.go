@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -63,10 +64,22 @@ func unit(t *testing.T) (*httptest.Server, *clock, *prometheus.Registry) {
 // unitWith is unit with a console that redrives through redrive.
 func unitWith(t *testing.T, redrive console.Redriver) (*httptest.Server, *clock, *prometheus.Registry) {
 	t.Helper()
+	return unitOn(t, unitDB(t), redrive)
+}
+
+// unitDB is a fresh migrated schema.
+func unitDB(t *testing.T) *pgxpool.Pool {
+	t.Helper()
 	db := pgtest.New(t)
 	if err := migrations.Apply(t.Context(), db.Pool); err != nil {
 		t.Fatal(err)
 	}
+	return db.Pool
+}
+
+// unitOn is unitWith over the schema of pool.
+func unitOn(t *testing.T, pool *pgxpool.Pool, redrive console.Redriver) (*httptest.Server, *clock, *prometheus.Registry) {
+	t.Helper()
 	auth, err := access.FromBytes([]byte(
 		access.Line("ops-person", unitOps, []string{domain.ScopeOps}, "/ops") + "\n" +
 			access.Line("product", unitReader, []string{domain.ScopeFleetRead, domain.ScopePublishPublic}, "/product") + "\n" +
@@ -85,7 +98,7 @@ func unitWith(t *testing.T, redrive console.Redriver) (*httptest.Server, *clock,
 		Partition: 0, Offset: 8, Time: clk.t, SourceTopic: "mailplane.user.events.v1", Consumer: "health",
 		ErrorCode: "invalid", Error: "bad", Value: []byte(`{"html":"</pre><script>alert(4)</script>"}`),
 	}}
-	reader := query.NewReader(db.Pool, 4)
+	reader := query.NewReader(pool, 4)
 	reg := prometheus.NewRegistry()
 	srv, err := api.New(nopProducer{}, api.WithAuthenticator(auth))
 	if err != nil {
@@ -95,7 +108,7 @@ func unitWith(t *testing.T, redrive console.Redriver) (*httptest.Server, *clock,
 		t.Fatal(err)
 	}
 	if err := console.Register(srv, console.Config{
-		Auth: auth, Facts: reader, Consumers: query.NewConsumerReader(db.Pool, nil, nil),
+		Auth: auth, Facts: reader, Consumers: query.NewConsumerReader(pool, nil, nil),
 		DLQ: func(context.Context, int) ([]dlq.Entry, error) { return entries, nil },
 		Now: clk.now, SessionTTL: time.Hour, Registerer: reg, Redrive: redrive,
 	}); err != nil {
