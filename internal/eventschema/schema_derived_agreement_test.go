@@ -46,7 +46,7 @@ const (
 // derivedValidData is one valid data object per derived record type.
 var derivedValidData = map[string]string{
 	domain.TypePlacementWorkerRegistered: `{"at":"` + dvT + `","reason":"worker_registered","worker_id":"` + dvW + `","tier":"shared_free","egress":"cold_smtp","address":"10.0.0.1:25","stopping":false,"capacity":4}`,
-	domain.TypePlacementWorkerChanged:    `{"at":"` + dvT + `","reason":"heartbeat","worker_id":"` + dvW + `","tier":"shared_premium","egress":"oauth_api","address":"10.0.0.1:25","stopping":true,"capacity":400,` +
+	domain.TypePlacementWorkerChanged: `{"at":"` + dvT + `","reason":"heartbeat","worker_id":"` + dvW + `","tier":"shared_premium","egress":"oauth_api","address":"10.0.0.1:25","stopping":true,"capacity":400,` +
 		`"tier_held_until":"2026-03-01T12:05:00Z"}`,
 	domain.TypePlacementWorkerHealthChanged: `{"at":"` + dvT + `","reason":"health_sampled","worker_id":"` + dvW + `","from_health":"healthy","health":"throttled",` +
 		`"capacity":200,"window_seconds":3600,"sends":1000,"hard_bounces":0,"complaints":4}`,
