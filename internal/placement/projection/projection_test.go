@@ -450,7 +450,7 @@ func plCheckAssignments(t testing.TB, pool *pgxpool.Pool, boundaries []plBoundar
 // plTables are the placement projection's tables.
 var plTables = []string{
 	"placement_workers", "placement_orgs", "placement_mailboxes", "placement_history",
-	"placement_assignment_changes", "placement_assignment_retention", "placement_checkpoint",
+	"placement_assignment_changes", "placement_assignment_retention", "placement_checkpoint", "placement_liveness",
 }
 
 // plDiffSchemas compares the placement tables of two schemas row for row
