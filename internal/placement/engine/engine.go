@@ -59,7 +59,8 @@ type config struct {
 	restoreTimeout time.Duration
 	committed      []func(Commit)
 	kgoOpts        []kgo.Opt
-	beforeEnd      func() // tests: runs after the flush, before the commit
+	beforeEnd      func()          // tests: runs after the flush, before the commit
+	ticked         func(time.Time) // tests: runs after each tick is decided, with its time
 }
 
 // WithLogger sets the logger. Default: discard.
@@ -797,6 +798,9 @@ func (s *session) decide(recs []*kgo.Record, tick bool) (b batch, err error) {
 		}
 		b.decided = append(b.decided, ds...)
 		s.nextTick = time.Now().Add(e.cfg.tick)
+		if e.cfg.ticked != nil {
+			e.cfg.ticked(now)
+		}
 	}
 	b.c.Decisions, b.c.DeadLetters = len(b.decided), len(b.dead)
 	return b, nil

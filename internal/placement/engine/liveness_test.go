@@ -11,19 +11,18 @@ import (
 	"github.com/mailplane/mailplane/internal/placement"
 )
 
-// tickWatch remembers the ticks the engine committed (a tick that decides
-// nothing commits when inputs that decided nothing ride with it).
+// withTicked calls fn after each tick the engine decides.
+func withTicked(fn func(time.Time)) Option { return func(c *config) { c.ticked = fn } }
+
+// tickWatch remembers the times of the ticks the engine decided.
 type tickWatch struct {
 	mu    sync.Mutex
 	ticks []time.Time
 }
 
-func (w *tickWatch) committed(c Commit) {
-	if !c.Tick {
-		return
-	}
+func (w *tickWatch) ticked(at time.Time) {
 	w.mu.Lock()
-	w.ticks = append(w.ticks, c.TickAt)
+	w.ticks = append(w.ticks, at)
 	w.mu.Unlock()
 }
 
@@ -38,13 +37,12 @@ func (w *tickWatch) reached(at time.Time) bool {
 	return false
 }
 
-// tickedAt moves the engine's clock to at and waits until a tick at that
-// time has committed: an input that decides nothing (user.active) is
-// published at at, and the engine commits it with its next tick.
-func tickedAt(t *testing.T, b testBroker, p *publisher, clock *fakeClock, w *tickWatch, at time.Time) {
+// tickedAt moves the engine's clock to at and waits until the engine has
+// decided a tick at that time. (A tick that decides nothing writes
+// nothing: the decision log cannot show it.)
+func tickedAt(t *testing.T, clock *fakeClock, w *tickWatch, at time.Time) {
 	t.Helper()
 	clock.Set(at)
-	p.publish(at, &domain.UserActive{UserID: orgID(9), Source: domain.ActivityLogin})
 	waitFor(t, 30*time.Second, "a tick at "+at.Format(time.RFC3339), func() bool { return w.reached(at) })
 }
 
@@ -67,7 +65,9 @@ func liveFleet(t *testing.T, b testBroker, p *publisher, workers, mailboxes int)
 // TestEngineHoldsLivenessWhenEveryHeartbeatStops: every heartbeat stops
 // for three liveness windows (the API down): no worker dies, no mailbox
 // leaves its worker, one liveness_held decision, the holding gauge at 1.
-// Heartbeats flow again but for one worker that died meanwhile: a
+// The engine is replaced mid-hold: its successor, restored from the log,
+// keeps holding (gauge 1, no second hold, still no death). Heartbeats
+// flow again but for one worker that died meanwhile: a
 // liveness_resumed decision, the gauge back at 0, and that worker dies a
 // window after the resume, its mailboxes moving in the same tick.
 func TestEngineHoldsLivenessWhenEveryHeartbeatStops(t *testing.T) {
@@ -75,13 +75,13 @@ func TestEngineHoldsLivenessWhenEveryHeartbeatStops(t *testing.T) {
 	b := newTestBroker(t)
 	clock := newFakeClock(t0)
 	var w tickWatch
-	e, _ := startEngine(t, b, WithClock(clock.Now), WithTickInterval(20*time.Millisecond), WithCommitted(w.committed))
+	e, stop := startEngine(t, b, WithClock(clock.Now), WithTickInterval(20*time.Millisecond), withTicked(w.ticked))
 	p := newPublisher(t, b)
 	liveFleet(t, b, p, 4, 12)
 
 	// Three windows (30 s each, the default) of silence, in steps.
 	for s := 10; s <= 95; s += 5 {
-		tickedAt(t, b, p, clock, &w, t0.Add(time.Duration(s)*time.Second))
+		tickedAt(t, clock, &w, t0.Add(time.Duration(s)*time.Second))
 	}
 	l := readLog(t, b)
 	if n := count[*domain.PlacementLivenessHeld](l); n != 1 {
@@ -102,8 +102,22 @@ func TestEngineHoldsLivenessWhenEveryHeartbeatStops(t *testing.T) {
 		t.Fatalf("mailplane_placement_liveness_holds_total %v", c)
 	}
 
+	// A new engine takes over in the middle of the hold and keeps holding.
+	stop()
+	e, _ = startEngine(t, b, WithClock(clock.Now), WithTickInterval(20*time.Millisecond), withTicked(w.ticked))
+	for s := 100; s <= 160; s += 5 {
+		tickedAt(t, clock, &w, t0.Add(time.Duration(s)*time.Second))
+	}
+	l = readLog(t, b)
+	if count[*domain.PlacementLivenessHeld](l) != 1 || count[*domain.PlacementLivenessResumed](l) != 0 || count[*domain.PlacementWorkerDied](l) != 0 {
+		t.Fatalf("after the takeover mid-hold:%s", groupJSON(l))
+	}
+	if g := testutil.ToFloat64(e.m.holding); g != 1 {
+		t.Fatalf("the new engine's holding gauge %v", g)
+	}
+
 	// Heartbeats flow again from workers 1-3; worker 4 is gone.
-	back := t0.Add(100 * time.Second)
+	back := t0.Add(165 * time.Second)
 	clock.Set(back)
 	beat := func(at time.Time) {
 		p.publish(at, heartbeat(1, domain.TierSharedPremium, domain.EgressOAuthAPI),
