@@ -1375,8 +1375,8 @@ func (s *State) tick(at time.Time) {
 // (they were given their window when it ended, and die).
 //
 // Holding, a worker counts as silent until it is heard after the hold
-// began (or after the grace granted, when later: an engine that took over
-// mid-hold has heard nothing before) and within a window. The hold ends
+// began (or after this engine took over, when later: it has heard
+// nothing before) and within a window. The hold ends
 // when the silent share falls below the threshold, or when it has lasted
 // LivenessHoldMax; the fold of that decision grants every live worker a
 // whole window from then, so those still silent die a window later, as
@@ -1387,13 +1387,16 @@ func (s *State) holdLiveness(at time.Time, expiring bool) bool {
 	threshold := s.cfg.LivenessHoldPermille
 	lv := s.liveness
 	if lv.Holding {
-		anchor := maxTime(lv.HeldSince, s.graceFrom)
+		if live == 0 {
+			return true // (no death during a hold: never so)
+		}
+		anchor := maxTime(lv.HeldSince, s.takeover)
 		silent := int64(s.liveBySeen.countBefore(maxTime(anchor.Add(time.Nanosecond), at.Add(-s.cfg.LivenessWindow))))
 		reason := domain.ReasonHeartbeatsResumed
 		switch {
 		case s.cfg.LivenessHoldMax > 0 && at.Sub(lv.HeldSince) >= s.cfg.LivenessHoldMax:
 			reason = domain.ReasonLivenessHoldExpired
-		case live > 0 && silent*1000 >= threshold*live:
+		case silent*1000 >= threshold*live:
 			return true
 		}
 		s.emit(&domain.PlacementLivenessResumed{
