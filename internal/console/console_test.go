@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -64,22 +63,16 @@ func unit(t *testing.T) (*httptest.Server, *clock, *prometheus.Registry) {
 // unitWith is unit with a console that redrives through redrive.
 func unitWith(t *testing.T, redrive console.Redriver) (*httptest.Server, *clock, *prometheus.Registry) {
 	t.Helper()
-	return unitOn(t, unitDB(t), redrive)
+	return unitConfig(t, func(c *console.Config) { c.Redrive = redrive })
 }
 
-// unitDB is a fresh migrated schema.
-func unitDB(t *testing.T) *pgxpool.Pool {
+// unitConfig is unit with the console's configuration changed by set.
+func unitConfig(t *testing.T, set func(*console.Config)) (*httptest.Server, *clock, *prometheus.Registry) {
 	t.Helper()
 	db := pgtest.New(t)
 	if err := migrations.Apply(t.Context(), db.Pool); err != nil {
 		t.Fatal(err)
 	}
-	return db.Pool
-}
-
-// unitOn is unitWith over the schema of pool.
-func unitOn(t *testing.T, pool *pgxpool.Pool, redrive console.Redriver) (*httptest.Server, *clock, *prometheus.Registry) {
-	t.Helper()
 	auth, err := access.FromBytes([]byte(
 		access.Line("ops-person", unitOps, []string{domain.ScopeOps}, "/ops") + "\n" +
 			access.Line("product", unitReader, []string{domain.ScopeFleetRead, domain.ScopePublishPublic}, "/product") + "\n" +
@@ -98,7 +91,7 @@ func unitOn(t *testing.T, pool *pgxpool.Pool, redrive console.Redriver) (*httpte
 		Partition: 0, Offset: 8, Time: clk.t, SourceTopic: "mailplane.user.events.v1", Consumer: "health",
 		ErrorCode: "invalid", Error: "bad", Value: []byte(`{"html":"</pre><script>alert(4)</script>"}`),
 	}}
-	reader := query.NewReader(pool, 4)
+	reader := query.NewReader(db.Pool, 4)
 	reg := prometheus.NewRegistry()
 	srv, err := api.New(nopProducer{}, api.WithAuthenticator(auth))
 	if err != nil {
@@ -107,11 +100,13 @@ func unitOn(t *testing.T, pool *pgxpool.Pool, redrive console.Redriver) (*httpte
 	if err := query.Register(srv, reader, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := console.Register(srv, console.Config{
-		Auth: auth, Facts: reader, Consumers: query.NewConsumerReader(pool, nil, nil),
+	cfg := console.Config{
+		Auth: auth, Facts: reader, Consumers: query.NewConsumerReader(db.Pool, nil, nil),
 		DLQ: func(context.Context, int) ([]dlq.Entry, error) { return entries, nil },
-		Now: clk.now, SessionTTL: time.Hour, Registerer: reg, Redrive: redrive,
-	}); err != nil {
+		Now: clk.now, SessionTTL: time.Hour, Registerer: reg,
+	}
+	set(&cfg)
+	if err := console.Register(srv, cfg); err != nil {
 		t.Fatal(err)
 	}
 	ts := httptest.NewServer(srv.Handler())

@@ -11,7 +11,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/console"
+	"github.com/mailplane/mailplane/internal/migrations"
+	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/query"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -31,14 +35,25 @@ func projectDecisions(t *testing.T, pool *pgxpool.Pool, off int64, ds ...domain.
 	}
 }
 
+// unitDB is a fresh migrated schema.
+func unitDB(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	db := pgtest.New(t)
+	if err := migrations.Apply(t.Context(), db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	return db.Pool
+}
+
 // TestConsoleFleetShowsLivenessHold: while the placement projection says
 // the engine holds liveness, the fleet page says so (since when, how many
-// workers of how many are silent) and the query API's /v1/workers carries
-// it; once the hold ends, the banner is gone.
+// workers of how many are silent) and the read model the query API's
+// /v1/workers serves carries it; once the hold ends, the banner is gone.
 func TestConsoleFleetShowsLivenessHold(t *testing.T) {
 	t.Parallel()
 	pool := unitDB(t)
-	ts, _, _ := unitOn(t, pool, nil)
+	reader := query.NewReader(pool, 4)
+	ts, _, _ := unitConfig(t, func(c *console.Config) { c.Facts = reader })
 	cl := browserish(t)
 	if resp, _ := login(t, ts, cl, unitOps); resp.StatusCode != http.StatusSeeOther {
 		t.Fatalf("login: %d", resp.StatusCode)
@@ -56,16 +71,20 @@ func TestConsoleFleetShowsLivenessHold(t *testing.T) {
 		!strings.Contains(page, "5 of 6 workers silent") {
 		t.Fatalf("no hold banner on the fleet page:\n%s", page)
 	}
-	resp, body := fetch(t, cl, "GET", ts.URL+"/v1/workers", nil, map[string]string{"Authorization": "Bearer " + unitReader})
-	var o struct {
+	o, err := reader.Workers(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(o)
+	var got struct {
 		Liveness struct {
 			Holding bool      `json:"holding"`
 			Since   time.Time `json:"held_since"`
 			Silent  int       `json:"silent_workers"`
 		} `json:"liveness"`
 	}
-	if err := json.Unmarshal([]byte(body), &o); err != nil || resp.StatusCode != http.StatusOK || !o.Liveness.Holding || !o.Liveness.Since.Equal(held) || o.Liveness.Silent != 5 {
-		t.Fatalf("/v1/workers: %d %v %s", resp.StatusCode, err, body)
+	if err := json.Unmarshal(b, &got); err != nil || !got.Liveness.Holding || !got.Liveness.Since.Equal(held) || got.Liveness.Silent != 5 {
+		t.Fatalf("/v1/workers' overview: %v %s", err, b)
 	}
 	projectDecisions(t, pool, 1, &domain.PlacementLivenessResumed{
 		PlacementMeta: domain.PlacementMeta{At: held.Add(time.Minute), Reason: domain.ReasonHeartbeatsResumed}, Scope: domain.LivenessScopeFleet,
