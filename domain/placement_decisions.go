@@ -29,6 +29,8 @@ const (
 	TypePlacementUnassigned          = "mailplane.placement.unassigned.v1"
 	TypePlacementBandChanged         = "mailplane.placement.band_changed.v1"
 	TypePlacementBandHeld            = "mailplane.placement.band_held.v1"
+	TypePlacementLivenessHeld        = "mailplane.placement.liveness_held.v1"
+	TypePlacementLivenessResumed     = "mailplane.placement.liveness_resumed.v1"
 )
 
 var placementDecisionRegistry = map[string]func() PlacementDecision{
@@ -48,14 +50,16 @@ var placementDecisionRegistry = map[string]func() PlacementDecision{
 	TypePlacementUnassigned:          func() PlacementDecision { return new(PlacementUnassigned) },
 	TypePlacementBandChanged:         func() PlacementDecision { return new(PlacementBandChanged) },
 	TypePlacementBandHeld:            func() PlacementDecision { return new(PlacementBandHeld) },
+	TypePlacementLivenessHeld:        func() PlacementDecision { return new(PlacementLivenessHeld) },
+	TypePlacementLivenessResumed:     func() PlacementDecision { return new(PlacementLivenessResumed) },
 }
 
 // PlacementDecisionTypes returns every placement decision type, sorted.
 func PlacementDecisionTypes() []string {
 	return []string{
 		TypePlacementAssigned, TypePlacementBandChanged, TypePlacementBandHeld,
-		TypePlacementDedicatedBound, TypePlacementDedicatedReleased, TypePlacementMigrated,
-		TypePlacementPlanRecorded, TypePlacementRefused, TypePlacementUnassigned,
+		TypePlacementDedicatedBound, TypePlacementDedicatedReleased, TypePlacementLivenessHeld,
+		TypePlacementLivenessResumed, TypePlacementMigrated, TypePlacementPlanRecorded, TypePlacementRefused, TypePlacementUnassigned,
 		TypePlacementWorkerChanged, TypePlacementWorkerDied, TypePlacementWorkerForgotten, TypePlacementWorkerHealthChanged,
 		TypePlacementWorkerPromoted, TypePlacementWorkerRegistered, TypePlacementWorkerReverted,
 	}
@@ -133,6 +137,15 @@ const (
 	ReasonRetry               PlacementReason = "retry"
 	ReasonNoEligibleWorker    PlacementReason = "no_eligible_worker"
 	ReasonNoDedicatedCapacity PlacementReason = "no_dedicated_capacity"
+	// ReasonFleetSilent: liveness is held, too large a share of the live
+	// workers went silent at once (the observer is more likely blind than
+	// the fleet dead).
+	ReasonFleetSilent PlacementReason = "fleet_silent"
+	// ReasonHeartbeatsResumed: the hold ends, heartbeats flow again.
+	ReasonHeartbeatsResumed PlacementReason = "heartbeats_resumed"
+	// ReasonLivenessHoldExpired: the hold ends, it lasted the engine's
+	// longest hold while too many workers stayed silent.
+	ReasonLivenessHoldExpired PlacementReason = "liveness_hold_expired"
 )
 
 var placementReasons = []PlacementReason{
@@ -142,7 +155,8 @@ var placementReasons = []PlacementReason{
 	ReasonWorkerStopping, ReasonWorkerResumed, ReasonWorkerChanged, ReasonCapacityRamp,
 	ReasonHealthSampled, ReasonHeartbeatExpired, ReasonWorkerDied, ReasonRetentionExpired, ReasonPlanChanged,
 	ReasonPoolNeeded, ReasonDedicatedNeeded, ReasonDedicatedAvailable, ReasonIdle, ReasonRetry,
-	ReasonNoEligibleWorker, ReasonNoDedicatedCapacity,
+	ReasonNoEligibleWorker, ReasonNoDedicatedCapacity, ReasonFleetSilent, ReasonHeartbeatsResumed,
+	ReasonLivenessHoldExpired,
 }
 
 // RiskPool is a shared worker's risk pool, and a mailbox's risk band (a
@@ -257,15 +271,19 @@ func (d *PlacementWorkerRegistered) cleanText() { d.Address = CleanText(d.Addres
 // PlacementWorkerChanged records a heartbeat that changed the worker or
 // renewed its liveness: the heartbeat's attributes (tier as the worker
 // asks; a promoted worker stays dedicated), the capacity recomputed at its
-// time, and live from then.
+// time, and live from then. TierHeldUntil, set when the decision changes
+// the worker's tier, is when its next tier change may be honoured (the
+// engine's tier dwell, recorded so that the fold reads no configuration);
+// absent, the worker's tier may change at its next heartbeat.
 type PlacementWorkerChanged struct {
 	PlacementMeta
-	WorkerID string `json:"worker_id"`
-	Tier     Tier   `json:"tier"`
-	Egress   Egress `json:"egress"`
-	Address  string `json:"address"`
-	Stopping bool   `json:"stopping"`
-	Capacity int64  `json:"capacity"`
+	WorkerID      string    `json:"worker_id"`
+	Tier          Tier      `json:"tier"`
+	Egress        Egress    `json:"egress"`
+	Address       string    `json:"address"`
+	Stopping      bool      `json:"stopping"`
+	Capacity      int64     `json:"capacity"`
+	TierHeldUntil time.Time `json:"tier_held_until,omitzero"`
 }
 
 func (*PlacementWorkerChanged) EventType() string     { return TypePlacementWorkerChanged }
@@ -280,6 +298,9 @@ func (d *PlacementWorkerChanged) Validate() Problems {
 	checkEnum(&ps, "egress", d.Egress, true, placementEgresses...)
 	checkText(&ps, "address", d.Address, false, 255)
 	checkRange(&ps, "capacity", d.Capacity, 1, 1<<31)
+	if !d.TierHeldUntil.IsZero() && d.TierHeldUntil.Before(d.At) {
+		ps.Add("tier_held_until", CodeInvalid, "must not be before at")
+	}
 	return ps
 }
 
@@ -681,4 +702,92 @@ func (d *PlacementBandHeld) Validate() Problems {
 		ps.Add("since", CodeRequired, "is required with a candidate")
 	}
 	return ps
+}
+
+// ---- liveness ----
+
+// LivenessScopeFleet is the scope of a liveness hold over the whole fleet
+// of sending workers: the key of the liveness decisions.
+const LivenessScopeFleet = "fleet"
+
+// MaxLivenessWorkers bounds the worker counts a liveness decision records.
+const MaxLivenessWorkers = 1 << 31
+
+// PlacementLivenessHeld records that the engine stopped declaring workers
+// dead: at a tick where a worker's liveness window ran out, Silent of the
+// Live workers (at least MinWorkers of them) had not been heard for half a
+// window, a share (SharePermille, rounded down) at or above
+// ThresholdPermille. While the hold lasts no worker dies for silence;
+// explicit events (a stopping heartbeat, a removal) still act.
+type PlacementLivenessHeld struct {
+	PlacementMeta
+	Scope             string `json:"scope"`
+	Silent            int64  `json:"silent_workers"`
+	Live              int64  `json:"live_workers"`
+	SharePermille     int64  `json:"share_permille"`
+	ThresholdPermille int64  `json:"threshold_permille"`
+	MinWorkers        int64  `json:"min_workers"`
+}
+
+func (*PlacementLivenessHeld) EventType() string     { return TypePlacementLivenessHeld }
+func (d *PlacementLivenessHeld) AggregateID() string { return d.Scope }
+
+// Validate checks the decision.
+func (d *PlacementLivenessHeld) Validate() Problems {
+	var ps Problems
+	d.validate(&ps)
+	checkLiveness(&ps, d.Scope, d.Silent, d.Live, d.SharePermille, d.ThresholdPermille)
+	checkRange(&ps, "min_workers", d.MinWorkers, 1, MaxLivenessWorkers)
+	return ps
+}
+
+// PlacementLivenessResumed ends a hold (HeldSince, the hold's time) at a
+// tick: fewer than ThresholdPermille of the Live workers were still silent
+// (not heard since the hold began, or the engine's takeover when later,
+// and within a window), reason heartbeats_resumed; or the hold lasted the
+// engine's longest hold, reason liveness_hold_expired. Every live worker
+// gets a whole liveness window from this decision's time before it can
+// die, and the workers not heard during the hold die then without holding
+// liveness again.
+type PlacementLivenessResumed struct {
+	PlacementMeta
+	Scope             string    `json:"scope"`
+	Silent            int64     `json:"silent_workers"`
+	Live              int64     `json:"live_workers"`
+	SharePermille     int64     `json:"share_permille"`
+	ThresholdPermille int64     `json:"threshold_permille"`
+	HeldSince         time.Time `json:"held_since"`
+}
+
+func (*PlacementLivenessResumed) EventType() string     { return TypePlacementLivenessResumed }
+func (d *PlacementLivenessResumed) AggregateID() string { return d.Scope }
+
+// Validate checks the decision.
+func (d *PlacementLivenessResumed) Validate() Problems {
+	var ps Problems
+	d.validate(&ps)
+	checkLiveness(&ps, d.Scope, d.Silent, d.Live, d.SharePermille, d.ThresholdPermille)
+	switch {
+	case d.HeldSince.IsZero():
+		ps.Add("held_since", CodeRequired, "is required")
+	case d.HeldSince.After(d.At):
+		ps.Add("held_since", CodeInvalid, "must not be after at")
+	}
+	return ps
+}
+
+// checkLiveness checks what both liveness decisions record: the scope,
+// the counts and the share they make.
+func checkLiveness(ps *Problems, scope string, silent, live, share, threshold int64) {
+	checkEnum(ps, "scope", scope, true, LivenessScopeFleet)
+	checkRange(ps, "silent_workers", silent, 0, MaxLivenessWorkers)
+	checkRange(ps, "live_workers", live, 1, MaxLivenessWorkers)
+	checkRange(ps, "share_permille", share, 0, 1000)
+	checkRange(ps, "threshold_permille", threshold, 1, 1000)
+	switch {
+	case silent > live:
+		ps.Add("silent_workers", CodeInvalid, "must not exceed live_workers")
+	case live > 0 && share != silent*1000/live:
+		ps.Add("share_permille", CodeInvalid, "must be silent_workers × 1000 / live_workers, rounded down")
+	}
 }

@@ -88,6 +88,10 @@ func showPlacement(out io.Writer, o projection.Overview) {
 			milli(p.LoadMilli), p.Capacity, util(p.LoadMilli, p.LiveCapacity), p.Count)
 	}
 	w.Flush()
+	if lv := o.Liveness; lv.Holding {
+		fmt.Fprintf(out, "\nliveness held since %s: %d of %d workers silent at once; no worker is declared dead for silence until heartbeats flow again (docs/runbook.md#mailplaneplacementlivenessheld)\n",
+			lv.HeldSince.Format(time.RFC3339), lv.Silent, lv.Live)
+	}
 	// Dead workers stay listed until the engine forgets them.
 	if o.DeadWorkers > 0 && !o.OldestDead.IsZero() {
 		fmt.Fprintf(out, "\ndead workers: %d, the oldest last seen %s; the engine forgets a dead worker once its last heartbeat is older than its --%s\n",

@@ -151,6 +151,20 @@ var (
 var WorkerRetention = register(Setting{"placement-worker-retention", "MAILPLANE_PLACEMENT_WORKER_RETENTION", "168h", // placement.DefaultWorkerRetention
 	"placement engine: a sending worker dead this long (no heartbeat) is forgotten (worker_forgotten), so placement state stays bounded; every engine of a deployment must use the same"})
 
+// The placement engine's liveness hold and tier dwell
+// (internal/placement, package comment). Every engine of a deployment
+// must use the same.
+var (
+	LivenessHoldShare = register(Setting{"placement-liveness-hold-share", "MAILPLANE_PLACEMENT_LIVENESS_HOLD_SHARE", "0.55", // placement.DefaultLivenessHoldPermille
+		"placement engine: when a worker's liveness window runs out while at least this share (0 to 1, in thousandths) of the live workers went silent at once, the engine holds liveness (liveness_held) instead of declaring them dead, until heartbeats flow again"})
+	LivenessHoldMinWorkers = register(Setting{"placement-liveness-hold-min-workers", "MAILPLANE_PLACEMENT_LIVENESS_HOLD_MIN_WORKERS", "3", // placement.DefaultLivenessHoldMinWorkers
+		"placement engine: with fewer live sending workers liveness is never held (a one- or two-worker fleet fails over)"})
+	LivenessHoldMax = register(Setting{"placement-liveness-hold-max", "MAILPLANE_PLACEMENT_LIVENESS_HOLD_MAX", "10m", // placement.DefaultLivenessHoldMax
+		"placement engine: the longest a liveness hold lasts; then the workers silent through it die a window later; 0: no bound"})
+	TierDwell = register(Setting{"placement-tier-dwell", "MAILPLANE_PLACEMENT_TIER_DWELL", "5m", // placement.DefaultTierDwell
+		"placement engine: a sending worker's tier changes at most once per this long (a change asked for sooner is ignored); 0: no dwell"})
+)
+
 // Consumer-group timings of the roles that consume in a group (sync has
 // its own below). The session timeout is how long after a member dies its
 // partitions move to the others; a member stopped with SIGTERM leaves its

@@ -40,6 +40,8 @@ var derivedValid = map[string]string{
 	domain.TypePlacementUnassigned:          `{"at":"` + dT + `","reason":"mailbox_removed","mailbox_id":"` + dM + `","org_id":"` + dO + `","band":"clean","weight_milli":1000}`,
 	domain.TypePlacementBandChanged:         `{"at":"` + dT + `","reason":"band_improved","mailbox_id":"` + dM + `","org_id":"` + dO + `","from_band":"quarantine","to_band":"risky","health":"throttled","score":40}`,
 	domain.TypePlacementBandHeld:            `{"at":"` + dT + `","reason":"band_recovery_cancelled","mailbox_id":"` + dM + `","band":"risky","health":"watch"}`,
+	domain.TypePlacementLivenessHeld:        `{"at":"` + dT + `","reason":"fleet_silent","scope":"fleet","silent_workers":2,"live_workers":3,"share_permille":666,"threshold_permille":500,"min_workers":3}`,
+	domain.TypePlacementLivenessResumed:     `{"at":"` + dT + `","reason":"heartbeats_resumed","scope":"fleet","silent_workers":0,"live_workers":3,"share_permille":0,"threshold_permille":500,"held_since":"` + dT + `"}`,
 	domain.TypeMailboxStateRecord: `{"mailbox_id":"` + dM + `","org_id":"` + dO + `","user_id":"` + dU + `","address":"ada@example.com","provider":"gmail","warmup_enabled":false,` +
 		`"imap":{"host":"imap.gmail.com","port":993,"tls":"implicit","username":"ada@example.com"},` +
 		`"sealed_credentials":{"key_id":"k1","alg":"A256GCM","nonce":"AAECAwQFBgcICQoL","ciphertext":"c2VhbGVk"},"enabled":true,"added_at":"` + dT + `","source_event_id":"` + dW + `"}`,
@@ -78,7 +80,7 @@ func TestDerivedCompilesEveryType(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := v.Types(), derived.Types(); !slices.Equal(got, want) || len(got) != 23 {
+	if got, want := v.Types(), derived.Types(); !slices.Equal(got, want) || len(got) != 25 {
 		t.Errorf("types %v, want the %d of package derived", got, len(want))
 	}
 	if first, second := eventschema.Derived(), eventschema.Derived(); first != second {
@@ -173,6 +175,8 @@ func TestDerivedRejectsInvalid(t *testing.T) {
 		domain.TypePlacementUnassigned:          {{"worker_id", `""`}, {"detail", `""`}, {"detail", `"` + strings.Repeat("d", 501) + `"`}, {"weight_milli", ""}},
 		domain.TypePlacementBandChanged:         {{"score", `100.5`}, {"score", `-0.5`}, {"health", ""}, {"to_band", `"worse"`}},
 		domain.TypePlacementBandHeld:            {{"candidate", `""`}, {"since", `"2026-03-01"`}, {"band", ""}},
+		domain.TypePlacementLivenessHeld:        {{"scope", `"zone"`}, {"live_workers", `0`}, {"share_permille", `1001`}, {"min_workers", ""}},
+		domain.TypePlacementLivenessResumed:     {{"held_since", ""}, {"threshold_permille", `0`}, {"silent_workers", `-1`}, {"scope", ""}},
 		domain.TypeMailboxStateRecord: {{"added_at", ""}, {"address", `"ada"`}, {"provider", `"yahoo"`}, {"imap.tls", `"ssl"`}, {"sealed_credentials", ""},
 			{"sealed_credentials.alg", `"none"`}, {"source_event_id", `"` + dU[:14] + "4" + dU[15:] + `"`}, {"enabled", `"true"`}},
 		domain.TypeSyncTierRecord:         {{"tier", `"lukewarm"`}, {"reason", `"why"`}, {"changed_at", ""}, {"mailbox_id", `"mb-1"`}},
@@ -241,6 +245,8 @@ func TestDerivedGoZeroValuesConform(t *testing.T) {
 		&domain.PlacementUnassigned{PlacementMeta: meta, MailboxID: dM, OrgID: dO, Band: domain.RiskQuarantine, Weight: domain.PlacementWeightFull},
 		&domain.PlacementBandChanged{PlacementMeta: meta, MailboxID: dM, OrgID: dO, FromBand: domain.RiskRisky, ToBand: domain.RiskClean, Health: domain.HealthHealthy},
 		&domain.PlacementBandHeld{PlacementMeta: meta, MailboxID: dM, Band: domain.RiskRisky, Health: domain.HealthWatch},
+		&domain.PlacementLivenessHeld{PlacementMeta: meta, Scope: domain.LivenessScopeFleet, Live: 1, ThresholdPermille: 1, MinWorkers: 1},
+		&domain.PlacementLivenessResumed{PlacementMeta: meta, Scope: domain.LivenessScopeFleet, Live: 1, ThresholdPermille: 1, HeldSince: at},
 		&domain.SyncTierRecord{MailboxID: dM, Tier: domain.SyncTierWarm, Reason: domain.SyncReasonDefault, Epoch: 1, Owner: "o", ChangedAt: at},
 		&domain.SyncOwnershipAcquired{Epoch: 1, Owner: "o", At: at},
 		&domain.SyncOwnershipLost{Epoch: 1, Owner: "o", Reason: domain.SyncLostRevoked, At: at},

@@ -46,7 +46,8 @@ const (
 // derivedValidData is one valid data object per derived record type.
 var derivedValidData = map[string]string{
 	domain.TypePlacementWorkerRegistered: `{"at":"` + dvT + `","reason":"worker_registered","worker_id":"` + dvW + `","tier":"shared_free","egress":"cold_smtp","address":"10.0.0.1:25","stopping":false,"capacity":4}`,
-	domain.TypePlacementWorkerChanged:    `{"at":"` + dvT + `","reason":"heartbeat","worker_id":"` + dvW + `","tier":"shared_premium","egress":"oauth_api","address":"10.0.0.1:25","stopping":true,"capacity":400}`,
+	domain.TypePlacementWorkerChanged: `{"at":"` + dvT + `","reason":"heartbeat","worker_id":"` + dvW + `","tier":"shared_premium","egress":"oauth_api","address":"10.0.0.1:25","stopping":true,"capacity":400,` +
+		`"tier_held_until":"2026-03-01T12:05:00Z"}`,
 	domain.TypePlacementWorkerHealthChanged: `{"at":"` + dvT + `","reason":"health_sampled","worker_id":"` + dvW + `","from_health":"healthy","health":"throttled",` +
 		`"capacity":200,"window_seconds":3600,"sends":1000,"hard_bounces":0,"complaints":4}`,
 	domain.TypePlacementWorkerDied:      `{"at":"` + dvT + `","reason":"heartbeat_expired","worker_id":"` + dvW + `","last_seen":"2026-03-01T11:59:29.5Z"}`,
@@ -69,6 +70,10 @@ var derivedValidData = map[string]string{
 	domain.TypePlacementBandChanged: `{"at":"` + dvT + `","reason":"band_worsened","mailbox_id":"` + dvM + `","org_id":"` + dvO + `","from_band":"clean","to_band":"risky","health":"watch","score":62.5}`,
 	domain.TypePlacementBandHeld: `{"at":"` + dvT + `","reason":"band_recovery_started","mailbox_id":"` + dvM + `","band":"risky","candidate":"clean",` +
 		`"since":"2026-03-01T11:00:00Z","health":"healthy"}`,
+	domain.TypePlacementLivenessHeld: `{"at":"` + dvT + `","reason":"fleet_silent","scope":"fleet","silent_workers":9,"live_workers":9,` +
+		`"share_permille":1000,"threshold_permille":550,"min_workers":3}`,
+	domain.TypePlacementLivenessResumed: `{"at":"` + dvT + `","reason":"heartbeats_resumed","scope":"fleet","silent_workers":1,"live_workers":9,` +
+		`"share_permille":111,"threshold_permille":550,"held_since":"2026-03-01T11:58:00Z"}`,
 	domain.TypeMailboxStateRecord: `{"mailbox_id":"` + dvM + `","org_id":"` + dvO + `","user_id":"` + dvU + `","address":"ada@example.com","provider":"smtp_imap",` +
 		`"warmup_enabled":true,"imap":{"host":"imap.example.com","port":993,"tls":"implicit","username":"ada@example.com"},` +
 		`"sealed_credentials":{"key_id":"k1","alg":"A256GCM","nonce":"AAECAwQFBgcICQoL","ciphertext":"c2VhbGVk"},` +
@@ -269,6 +274,16 @@ var derivedGoStricter = map[string]func(typ string, s derivedSample) bool{
 	},
 	"migrated: to_worker differs from from_worker": func(typ string, s derivedSample) bool {
 		return typ == domain.TypePlacementMigrated && s.kind == "same worker"
+	},
+	"liveness: silent_workers is at most live_workers and share_permille is their ratio": func(typ string, s derivedSample) bool {
+		return (typ == domain.TypePlacementLivenessHeld || typ == domain.TypePlacementLivenessResumed) &&
+			slices.Contains([]string{"silent_workers", "live_workers", "share_permille"}, s.path)
+	},
+	"liveness_resumed: held_since is not after at": func(typ string, s derivedSample) bool {
+		return typ == domain.TypePlacementLivenessResumed && (s.path == "held_since" || s.path == "at") && s.kind == "time"
+	},
+	"worker_changed: tier_held_until is not before at": func(typ string, s derivedSample) bool {
+		return typ == domain.TypePlacementWorkerChanged && (s.path == "tier_held_until" || s.path == "at") && s.kind == "time"
 	},
 }
 

@@ -130,8 +130,10 @@ type drDecider struct {
 	n       int
 }
 
-func newDrDecider(t *testing.T) *drDecider {
-	return &drDecider{t: t, v: eventschema.Derived(), st: placement.NewState(placement.Config{}),
+func newDrDecider(t *testing.T) *drDecider { return newDrDeciderWith(t, placement.Config{}) }
+
+func newDrDeciderWith(t *testing.T, cfg placement.Config) *drDecider {
+	return &drDecider{t: t, v: eventschema.Derived(), st: placement.NewState(cfg),
 		now: drT0, types: map[string]int{}, reasons: map[domain.PlacementReason]bool{}}
 }
 
@@ -264,7 +266,9 @@ func (d *drDecider) advance(by time.Duration) { d.now = d.now.Add(by) }
 // every decision record the engine would write.
 func TestDerivedDecisionsConform(t *testing.T) {
 	t.Parallel()
-	d := newDrDecider(t)
+	// (Liveness never held here: its silences must kill; the hold has a
+	// fleet of its own below.)
+	d := newDrDeciderWith(t, placement.Config{LivenessHoldMinWorkers: 1 << 30})
 	// Shared premium workers, a premium org, three mailboxes.
 	d.hb(1, domain.TierSharedPremium, domain.EgressOAuthAPI, false)
 	d.hb(2, domain.TierSharedPremium, domain.EgressOAuthAPI, false)
@@ -332,6 +336,40 @@ func TestDerivedDecisionsConform(t *testing.T) {
 	d.tick()
 	d.remove(1)
 	d.remove(9) // unknown: nothing
+
+	// The liveness hold, on a fleet of its own: three workers fall silent
+	// at once (held), two come back (resumed), the third dies a window
+	// later; a second silence outlasts the longest hold (expired).
+	l := newDrDeciderWith(t, placement.Config{LivenessHoldMax: 2 * time.Minute})
+	l.n, l.types, l.reasons = d.n, d.types, d.reasons
+	l.plan(1, domain.PlanPremium, 0, true)
+	for w := 1; w <= 3; w++ {
+		l.hb(w, domain.TierSharedPremium, domain.EgressOAuthAPI, false)
+	}
+	l.add(1, 1, domain.ProviderGmail, false)
+	l.advance(35 * time.Second)
+	l.tick()
+	l.hb(1, domain.TierSharedPremium, domain.EgressOAuthAPI, false)
+	l.hb(2, domain.TierSharedPremium, domain.EgressOAuthAPI, false)
+	l.advance(time.Second)
+	l.tick()
+	for range 4 {
+		l.advance(10 * time.Second)
+		l.hb(1, domain.TierSharedPremium, domain.EgressOAuthAPI, false)
+		l.hb(2, domain.TierSharedPremium, domain.EgressOAuthAPI, false)
+		l.tick()
+	}
+	l.hb(3, domain.TierSharedPremium, domain.EgressOAuthAPI, false)
+	for range 20 {
+		l.advance(10 * time.Second)
+		l.tick()
+	}
+	d.n = l.n
+	for _, r := range []domain.PlacementReason{domain.ReasonFleetSilent, domain.ReasonHeartbeatsResumed, domain.ReasonLivenessHoldExpired} {
+		if !d.reasons[r] {
+			t.Errorf("the scenario made no decision with reason %s", r)
+		}
+	}
 
 	for _, typ := range domain.PlacementDecisionTypes() {
 		if d.types[typ] == 0 {

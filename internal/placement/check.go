@@ -28,6 +28,23 @@ type WorkerView struct {
 	Load         int64              `json:"load_milli"`
 	Capacity     int64              `json:"capacity"`
 	Mailboxes    int                `json:"mailboxes"`
+	// TierHeldUntil: the worker's tier does not change before it (the
+	// tier dwell its last tier change recorded).
+	TierHeldUntil time.Time `json:"tier_held_until,omitzero"`
+}
+
+// LivenessView is the liveness hold as the liveness decisions recorded
+// it: Holding since HeldSince; or, once a hold ended (ResumedAt), the
+// last hold's HeldSince and end. The counts are those of the last
+// liveness decision.
+type LivenessView struct {
+	Holding           bool      `json:"holding"`
+	HeldSince         time.Time `json:"held_since,omitzero"`
+	ResumedAt         time.Time `json:"resumed_at,omitzero"`
+	Silent            int64     `json:"silent_workers"`
+	Live              int64     `json:"live_workers"`
+	SharePermille     int64     `json:"share_permille"`
+	ThresholdPermille int64     `json:"threshold_permille"`
 }
 
 // MailboxView is a mailbox as the state holds it. WorkerID is empty
@@ -65,13 +82,14 @@ type Snapshot struct {
 	Workers   []WorkerView  `json:"workers"`
 	Mailboxes []MailboxView `json:"mailboxes"`
 	Orgs      []OrgView     `json:"orgs"`
+	Liveness  LivenessView  `json:"liveness"`
 }
 
 func (w *placementWorker) view() WorkerView {
 	return WorkerView{
 		ID: w.id, BaseTier: w.baseTier, Tier: w.tier, Egress: w.egress, Address: w.address, Pool: w.pool,
 		DedicatedOrg: w.org, Releasing: w.releasing, Health: w.health, FirstSeen: w.firstSeen, LastSeen: w.lastSeen,
-		Live: w.live, Stopping: w.stopping, Load: w.load, Capacity: w.capacity, Mailboxes: w.count,
+		Live: w.live, Stopping: w.stopping, Load: w.load, Capacity: w.capacity, Mailboxes: w.count, TierHeldUntil: w.tierHeldUntil,
 	}
 }
 
@@ -101,7 +119,7 @@ func (o *placementOrg) view() OrgView {
 
 // Snapshot returns the whole state.
 func (s *State) Snapshot() Snapshot {
-	var snap Snapshot
+	snap := Snapshot{Liveness: s.liveness}
 	for _, w := range s.workers {
 		snap.Workers = append(snap.Workers, w.view())
 	}
@@ -116,6 +134,9 @@ func (s *State) Snapshot() Snapshot {
 	slices.SortFunc(snap.Orgs, func(a, b OrgView) int { return strings.Compare(a.ID, b.ID) })
 	return snap
 }
+
+// Liveness returns the liveness hold.
+func (s *State) Liveness() LivenessView { return s.liveness }
 
 // Worker returns one worker.
 func (s *State) Worker(id string) (WorkerView, bool) {
@@ -210,6 +231,7 @@ func newStateFrom(cfg Config, snap Snapshot, partial bool) (*State, error) {
 	s.workers = make(map[string]*placementWorker, len(snap.Workers))
 	s.mailboxes = make(map[string]*placementMailbox, len(snap.Mailboxes))
 	s.orgs = make(map[string]*placementOrg, len(snap.Orgs))
+	s.liveness = snap.Liveness
 	for _, v := range snap.Orgs {
 		o := s.org(v.ID)
 		o.recorded, o.plan, o.dedicated, o.paid, o.planSince = v.Recorded, v.Plan, v.DedicatedWorkers, v.Paid, v.PlanSince
@@ -251,7 +273,7 @@ func (s *State) loadWorker(v WorkerView) error {
 	w := &placementWorker{
 		id: v.ID, baseTier: v.BaseTier, tier: v.Tier, egress: v.Egress, address: v.Address, pool: v.Pool,
 		org: v.DedicatedOrg, releasing: v.Releasing, health: v.Health, firstSeen: v.FirstSeen, lastSeen: v.LastSeen, heard: v.LastSeen,
-		live: v.Live, stopping: v.Stopping, capacity: v.Capacity, bucket: -1,
+		live: v.Live, stopping: v.Stopping, capacity: v.Capacity, bucket: -1, tierHeldUntil: v.TierHeldUntil,
 	}
 	for c := range w.pos {
 		w.pos[c] = -1
@@ -304,7 +326,7 @@ func (s *State) Clone() *State {
 		cw.heard = w.heard
 		c.reindexSeen(cw)
 	}
-	c.graceFrom = s.graceFrom
+	c.graceFrom, c.takeover = s.graceFrom, s.takeover
 	return c
 }
 
@@ -699,6 +721,31 @@ func DecisionJustified(before *State, d domain.PlacementDecision) error {
 	case *domain.PlacementDedicatedBound:
 		if org := before.orgs[d.OrgID]; org.shortfall() == 0 {
 			return fmt.Errorf("binding %s to org %s, which is not short", d.WorkerID, d.OrgID)
+		}
+	case *domain.PlacementWorkerDied:
+		if before.liveness.Holding {
+			return fmt.Errorf("worker %s died while liveness is held", d.WorkerID)
+		}
+	case *domain.PlacementWorkerChanged:
+		if w := before.workers[d.WorkerID]; w != nil && w.live && d.Tier != w.baseTier && d.At.Before(w.tierHeldUntil) {
+			return fmt.Errorf("worker %s changed tier at %s, within its dwell (until %s)", d.WorkerID, d.At, w.tierHeldUntil)
+		}
+	case *domain.PlacementLivenessHeld:
+		live := int64(0)
+		for _, w := range before.workers {
+			if w.live {
+				live++
+			}
+		}
+		switch {
+		case before.liveness.Holding:
+			return errors.New("liveness held twice")
+		case d.Live != live || d.Live < d.MinWorkers || d.Silent*1000 < d.ThresholdPermille*d.Live:
+			return fmt.Errorf("liveness held with %d of %d silent (%d live, threshold %d, minimum %d)", d.Silent, d.Live, live, d.ThresholdPermille, d.MinWorkers)
+		}
+	case *domain.PlacementLivenessResumed:
+		if !before.liveness.Holding || d.Reason == domain.ReasonHeartbeatsResumed && d.Silent*1000 >= d.ThresholdPermille*d.Live {
+			return fmt.Errorf("liveness resumed with %d of %d silent (threshold %d)", d.Silent, d.Live, d.ThresholdPermille)
 		}
 	}
 	return nil

@@ -126,6 +126,31 @@ package placement
 // and its mailboxes move where they fit (the rest stay and are retried).
 // A heartbeat changing a shared worker's tier moves its mailboxes off at
 // once (refusing those that fit nowhere); older heartbeats are ignored.
+// A live worker's tier changes at most once per TierDwell (default 5
+// minutes): the decision that changes it records until when
+// (tier_held_until), and a heartbeat asking for another tier before then
+// is heard, not recorded (its other changes are), so a worker flipping its
+// tier on every heartbeat moves its mailboxes at most once per dwell.
+//
+// Liveness hold. When a worker's window runs out while at least
+// LivenessHoldPermille (default 550) of at least LivenessHoldMinWorkers
+// (default 3) live workers have not been heard for half a window, the
+// engine is more likely blind (the API, Postgres or the network between
+// them down) than the fleet dead: it records liveness_held and declares
+// no death for silence until heartbeats flow again, the silent share
+// (workers not heard since the hold began, or since the engine took over)
+// below the threshold, or until the hold has lasted LivenessHoldMax
+// (default 10 minutes); liveness_resumed ends it. Its fold grants every
+// live worker a whole window from then; the workers silent through the
+// hold then die without holding again. The threshold is above half so
+// that losing exactly one of two equal halves (zones, racks) fails over
+// at once, and the minimum keeps one- and two-worker fleets failing over.
+// Explicit events still act while holding (a stopping heartbeat drains,
+// a removal removes). Fewer silent workers die at the end of their
+// window, as always. The decisions record the counts and the threshold;
+// the fold reads no heard time and no configuration, and an engine that
+// takes over mid-hold keeps holding (it counts as heard only what it
+// heard itself).
 //
 // Retention. A dead worker (holding nothing, as every dead worker does)
 // last seen (as its death recorded) longer ago than WorkerRetention (default
@@ -302,7 +327,31 @@ type Config struct {
 	// million of sends, for watch, throttled, quarantined and blocked.
 	ComplaintPPM  [4]int64
 	HardBouncePPM [4]int64
+	// LivenessHoldPermille is the share of live workers, in thousandths,
+	// silent at once at or above which the engine holds liveness rather
+	// than declare them dead (default 550, at most 1000; see the package
+	// comment, Liveness).
+	LivenessHoldPermille int64
+	// LivenessHoldMinWorkers: with fewer live workers liveness is never
+	// held, so a one- or two-worker fleet still fails over (default 3).
+	LivenessHoldMinWorkers int
+	// LivenessHoldMax is the longest a hold lasts: then liveness resumes
+	// whatever the share, and the workers not heard during the hold die a
+	// window later (default 10 minutes; negative: no bound).
+	LivenessHoldMax time.Duration
+	// TierDwell is how long a live worker's tier stays as it was last
+	// changed: a heartbeat asking for another tier within it is heard, not
+	// recorded (default 5 minutes; negative: no dwell).
+	TierDwell time.Duration
 }
+
+// Defaults of the liveness hold and the tier dwell.
+const (
+	DefaultLivenessHoldPermille   = 550
+	DefaultLivenessHoldMinWorkers = 3
+	DefaultLivenessHoldMax        = 10 * time.Minute
+	DefaultTierDwell              = 5 * time.Minute
+)
 
 // DefaultWorkerRetention is how long a dead worker is remembered by default.
 const DefaultWorkerRetention = 7 * 24 * time.Hour
@@ -339,6 +388,20 @@ func (c Config) withDefaults() Config {
 	}
 	if c.HardBouncePPM == [4]int64{} {
 		c.HardBouncePPM = [4]int64{20000, 50000, 80000, 100000}
+	}
+	if c.LivenessHoldPermille <= 0 {
+		c.LivenessHoldPermille = DefaultLivenessHoldPermille
+	}
+	c.LivenessHoldPermille = min(c.LivenessHoldPermille, 1000)
+	if c.LivenessHoldMinWorkers <= 0 {
+		c.LivenessHoldMinWorkers = DefaultLivenessHoldMinWorkers
+	}
+	c.LivenessHoldMinWorkers = min(c.LivenessHoldMinWorkers, domain.MaxLivenessWorkers)
+	if c.LivenessHoldMax == 0 {
+		c.LivenessHoldMax = DefaultLivenessHoldMax
+	}
+	if c.TierDwell == 0 {
+		c.TierDwell = DefaultTierDwell
 	}
 	return c
 }
@@ -399,18 +462,21 @@ type placementWorker struct {
 	releasing bool   // dedicated and released, draining
 	health    domain.HealthState
 	firstSeen time.Time
-	lastSeen  time.Time // recorded: the last decision that heard it (registration, change, death)
-	heard     time.Time // its last heartbeat heard (≥ lastSeen): live state only, orders the heaps by seen
-	live      bool
-	stopping  bool
-	load      int64 // thousandths, the exact sum of its mailboxes' weights
-	capacity  int64 // effective capacity, in mailboxes of weight 1
-	head      *placementMailbox
-	count     int
-	bucket    int
-	pos       [placementClasses]int
-	seenPos   int // position in liveBySeen or deadBySeen (seenDead), -1 when in neither
-	seenDead  bool
+	// tierHeldUntil: a tier change asked for before it is not honoured
+	// (recorded by the decision that last changed the tier).
+	tierHeldUntil time.Time
+	lastSeen      time.Time // recorded: the last decision that heard it (registration, change, death)
+	heard         time.Time // its last heartbeat heard (≥ lastSeen): live state only, orders the heaps by seen
+	live          bool
+	stopping      bool
+	load          int64 // thousandths, the exact sum of its mailboxes' weights
+	capacity      int64 // effective capacity, in mailboxes of weight 1
+	head          *placementMailbox
+	count         int
+	bucket        int
+	pos           [placementClasses]int
+	seenPos       int // position in liveBySeen or deadBySeen (seenDead), -1 when in neither
+	seenDead      bool
 }
 
 type placementMailbox struct {
@@ -480,8 +546,13 @@ type State struct {
 	liveBySeen    placementSeenHeap                  // live workers, oldest heartbeat first
 	deadBySeen    placementSeenHeap                  // dead workers, oldest heartbeat first
 	// graceFrom: no worker dies before LivenessWindow has passed since it
-	// (GrantLiveness), whatever its heard time says.
+	// (GrantLiveness, or a hold's end), whatever its heard time says.
 	graceFrom time.Time
+	// takeover is the last time GrantLiveness was called (an engine taking
+	// over): live state only, like graceFrom.
+	takeover time.Time
+	// liveness is the hold, as the liveness decisions recorded it.
+	liveness LivenessView
 	// Decider scratch, reset on every Apply.
 	out              []domain.PlacementDecision
 	capacityAppeared bool
@@ -1169,6 +1240,12 @@ func (s *State) heartbeat(e *domain.WorkerHeartbeat, at time.Time) {
 	if at.Before(w.heard) {
 		return // stale
 	}
+	if tier != w.baseTier && w.live && at.Before(w.tierHeldUntil) {
+		// Within the tier dwell: the change is not honoured now (a worker
+		// flipping its tier would move its mailboxes on every heartbeat);
+		// asked again after the dwell, it is.
+		tier = w.baseTier
+	}
 	capacity := Capacity(e.Egress, w.health, w.firstSeen, at)
 	tierChanged := tier != w.baseTier
 	var reason domain.PlacementReason
@@ -1193,10 +1270,14 @@ func (s *State) heartbeat(e *domain.WorkerHeartbeat, at time.Time) {
 	}
 	before := w.offer()
 	wasStopping := w.stopping
-	s.emit(&domain.PlacementWorkerChanged{
+	changed := &domain.PlacementWorkerChanged{
 		PlacementMeta: placementMeta(at, reason),
 		WorkerID:      w.id, Tier: tier, Egress: e.Egress, Address: e.Address, Stopping: e.Stopping, Capacity: capacity,
-	})
+	}
+	if tierChanged && s.cfg.TierDwell > 0 {
+		changed.TierHeldUntil = at.Add(s.cfg.TierDwell)
+	}
+	s.emit(changed)
 	switch {
 	case w.tier == domain.TierDedicated && !w.releasing && (tierChanged || e.Stopping):
 		org := s.orgs[w.org]
@@ -1244,7 +1325,13 @@ func (s *State) healthSampled(e *domain.WorkerHealthSampled, at time.Time) {
 // heartbeats that changed nothing, so a restored worker's last heartbeat is
 // unknown and a tick must not take its recorded one for it.
 func (s *State) GrantLiveness(at time.Time) {
-	if at = at.Round(0).UTC(); at.After(s.graceFrom) {
+	at = at.Round(0).UTC()
+	s.grant(at)
+	s.takeover = maxTime(s.takeover, at)
+}
+
+func (s *State) grant(at time.Time) {
+	if at.After(s.graceFrom) {
 		s.graceFrom = at
 	}
 }
@@ -1255,6 +1342,9 @@ func (s *State) tick(at time.Time) {
 	var dead []*placementWorker
 	if cutoff := at.Add(-s.cfg.LivenessWindow); cutoff.After(s.graceFrom) {
 		dead = s.liveBySeen.before(cutoff)
+	}
+	if s.holdLiveness(at, len(dead) > 0) {
+		dead = nil
 	}
 	slices.SortFunc(dead, func(a, b *placementWorker) int { return strings.Compare(a.id, b.id) })
 	for _, w := range dead {
@@ -1271,6 +1361,78 @@ func (s *State) tick(at time.Time) {
 	}
 	s.forget(at)
 	s.retry(at)
+}
+
+// holdLiveness decides the liveness hold at a tick (expiring: some live
+// worker's window ran out) and reports whether this tick declares no
+// death.
+//
+// Not holding, it holds when at least LivenessHoldMinWorkers are live and
+// at least LivenessHoldPermille of them were not heard for half a window:
+// a fleet falling silent within one window is more likely the engine's
+// view of it failing (the API, Postgres, the network) than the fleet
+// dying. Workers not heard during the last hold do not count as silent
+// (they were given their window when it ended, and die).
+//
+// Holding, a worker counts as silent until it is heard after the hold
+// began (or after this engine took over, when later: it has heard
+// nothing before) and within a window. The hold ends
+// when the silent share falls below the threshold, or when it has lasted
+// LivenessHoldMax; the fold of that decision grants every live worker a
+// whole window from then, so those still silent die a window later, as
+// after a takeover. The decisions record the counts and the threshold;
+// the fold reads no heard time and no configuration.
+func (s *State) holdLiveness(at time.Time, expiring bool) bool {
+	live := int64(len(s.liveBySeen.items))
+	threshold := s.cfg.LivenessHoldPermille
+	lv := s.liveness
+	if lv.Holding {
+		if live == 0 {
+			return true // (no death during a hold: never so)
+		}
+		anchor := maxTime(lv.HeldSince, s.takeover)
+		silent := int64(s.liveBySeen.countBefore(maxTime(anchor.Add(time.Nanosecond), at.Add(-s.cfg.LivenessWindow))))
+		reason := domain.ReasonHeartbeatsResumed
+		switch {
+		case s.cfg.LivenessHoldMax > 0 && at.Sub(lv.HeldSince) >= s.cfg.LivenessHoldMax:
+			reason = domain.ReasonLivenessHoldExpired
+		case silent*1000 >= threshold*live:
+			return true
+		}
+		s.emit(&domain.PlacementLivenessResumed{
+			PlacementMeta: placementMeta(at, reason), Scope: domain.LivenessScopeFleet,
+			Silent: silent, Live: live, SharePermille: permille(silent, live), ThresholdPermille: threshold, HeldSince: lv.HeldSince,
+		})
+		return true
+	}
+	if !expiring || live < int64(s.cfg.LivenessHoldMinWorkers) {
+		return false
+	}
+	// A worker expiring means the grace ended over a window ago, so a
+	// worker's heard time alone says whether it is silent.
+	silent := int64(s.liveBySeen.countBefore(at.Add(-s.cfg.LivenessWindow / 2)))
+	if !lv.ResumedAt.IsZero() && !s.takeover.After(lv.ResumedAt) {
+		// Silent through the hold: not heard after it began, or after
+		// this engine took over when later. (An engine that took over
+		// since the hold ended knows no heartbeat of it: it excludes none.)
+		silent -= int64(s.liveBySeen.countBefore(maxTime(lv.HeldSince, s.takeover).Add(time.Nanosecond)))
+	}
+	if silent*1000 < threshold*live {
+		return false
+	}
+	s.emit(&domain.PlacementLivenessHeld{
+		PlacementMeta: placementMeta(at, domain.ReasonFleetSilent), Scope: domain.LivenessScopeFleet,
+		Silent: silent, Live: live, SharePermille: permille(silent, live), ThresholdPermille: threshold,
+		MinWorkers: int64(s.cfg.LivenessHoldMinWorkers),
+	})
+	return true
+}
+
+func permille(n, of int64) int64 {
+	if of <= 0 {
+		return 0
+	}
+	return n * 1000 / of
 }
 
 // forget forgets the dead workers whose last heartbeat is more than

@@ -864,6 +864,8 @@ func TestPlacementWorkerTierChange(t *testing.T) {
 	h.add(20, 2, domain.ProviderGmail, false)
 	h.on(20, 1)
 	h.hb(3, domain.TierSharedPremium, domain.EgressOAuthAPI)
+	// (Its tier changed a moment ago: the next change waits for the dwell.)
+	h.advance(DefaultTierDwell)
 	ds = h.hb(1, domain.TierSharedFree, domain.EgressOAuthAPI)
 	if v := h.worker(1); v.Tier != domain.TierSharedFree || v.DedicatedOrg != "" {
 		t.Fatalf("worker 1 after tier change: %+v %s", v, plJSON(ds))

@@ -41,6 +41,9 @@ func applyWorkerChanged(s *State, d *domain.PlacementWorkerChanged) error {
 		w.tier = d.Tier
 	}
 	w.egress, w.address, w.stopping, w.capacity = d.Egress, d.Address, d.Stopping, d.Capacity
+	if !d.TierHeldUntil.IsZero() {
+		w.tierHeldUntil = d.TierHeldUntil
+	}
 	w.live, w.lastSeen = true, d.At
 	if d.At.After(w.heard) {
 		w.heard = d.At
@@ -281,6 +284,26 @@ func applyBandHeld(s *State, d *domain.PlacementBandHeld) error {
 	return nil
 }
 
+func applyLivenessHeld(s *State, d *domain.PlacementLivenessHeld) error {
+	if s.liveness.Holding {
+		return fmt.Errorf("liveness already held since %s", s.liveness.HeldSince)
+	}
+	s.liveness = LivenessView{Holding: true, HeldSince: d.At, Silent: d.Silent, Live: d.Live, SharePermille: d.SharePermille, ThresholdPermille: d.ThresholdPermille}
+	return nil
+}
+
+// applyLivenessResumed ends the hold and grants every live worker a whole
+// window from the decision's time (as GrantLiveness does): a worker still silent
+// dies a window later.
+func applyLivenessResumed(s *State, d *domain.PlacementLivenessResumed) error {
+	if !s.liveness.Holding || !s.liveness.HeldSince.Equal(d.HeldSince) {
+		return fmt.Errorf("liveness is not held since %s", d.HeldSince)
+	}
+	s.liveness = LivenessView{HeldSince: d.HeldSince, ResumedAt: d.At, Silent: d.Silent, Live: d.Live, SharePermille: d.SharePermille, ThresholdPermille: d.ThresholdPermille}
+	s.grant(d.At)
+	return nil
+}
+
 // ApplyDecision folds one decision into s: the only place the state
 // changes. A decision inconsistent with the state is refused with an error
 // and changes nothing.
@@ -318,6 +341,10 @@ func (s *State) ApplyDecision(d domain.PlacementDecision) error {
 		return applyBandChanged(s, d)
 	case *domain.PlacementBandHeld:
 		return applyBandHeld(s, d)
+	case *domain.PlacementLivenessHeld:
+		return applyLivenessHeld(s, d)
+	case *domain.PlacementLivenessResumed:
+		return applyLivenessResumed(s, d)
 	}
 	return fmt.Errorf("placement: unknown decision %T", d)
 }

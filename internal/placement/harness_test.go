@@ -17,6 +17,10 @@ func plOrg(i int) string     { return fmt.Sprintf("00000003-0000-4000-8000-%012x
 
 var plT0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
+// plNoHold as LivenessHoldMinWorkers: liveness is never held, for tests
+// whose fleets must die all at once.
+const plNoHold = 1 << 30
+
 // plHarness drives a live state and, beside it, a state restored only by
 // folding the JSON of the live state's decisions. On every input it checks
 // the invariants, that each decision validates and survives JSON, that each

@@ -193,6 +193,23 @@ func (h *placementSeenHeap) before(cutoff time.Time) []*placementWorker {
 	return out
 }
 
+// countBefore counts the workers last heard strictly before cutoff,
+// visiting only them (and the roots of the subtrees it skips).
+func (h *placementSeenHeap) countBefore(cutoff time.Time) int {
+	n := 0
+	stack := []int{0}
+	for len(stack) > 0 {
+		i := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if i >= len(h.items) || !h.items[i].heard.Before(cutoff) {
+			continue
+		}
+		n++
+		stack = append(stack, 2*i+1, 2*i+2)
+	}
+	return n
+}
+
 // reindexSeen puts w in the live or the dead heap, at its place by
 // heard time.
 func (s *State) reindexSeen(w *placementWorker) {

@@ -26,7 +26,9 @@ func plRandomWorkerID(r *rand.Rand) string {
 func TestPlacementForgetsDeadWorkers(t *testing.T) {
 	t.Parallel()
 	const flood = 500
-	cfg := Config{HeartbeatInterval: 10 * time.Second, WorkerRetention: 24 * time.Hour}
+	// Hundreds of workers silent at once would hold liveness
+	// (TestPlacementLivenessHold...): here they must die.
+	cfg := Config{HeartbeatInterval: 10 * time.Second, WorkerRetention: 24 * time.Hour, LivenessHoldMinWorkers: plNoHold}
 	h := newPlHarness(t, cfg)
 	r := rand.New(rand.NewPCG(9, 9))
 	live := []int{1, 2, 3}
@@ -214,7 +216,7 @@ func TestPlacementWorkerRetentionBounds(t *testing.T) {
 func TestPlacementForgetSpreadsOverTicks(t *testing.T) {
 	t.Parallel()
 	const n, per = 250, 100
-	h := newPlHarness(t, Config{HeartbeatInterval: 10 * time.Second, WorkerRetention: time.Hour, MaxForgetPerTick: per})
+	h := newPlHarness(t, Config{HeartbeatInterval: 10 * time.Second, WorkerRetention: time.Hour, MaxForgetPerTick: per, LivenessHoldMinWorkers: plNoHold})
 	order := make([]string, n) // by last heartbeat
 	for i := range n {
 		h.advance(time.Millisecond)

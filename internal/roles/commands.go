@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"time"
 
@@ -189,11 +190,34 @@ func Engine(ctx context.Context, args []string) error {
 // returned func reads them once fs is parsed.
 func placementFlags(fs *flag.FlagSet) func() (placement.Config, error) {
 	retention := config.WorkerRetention.Duration(fs)
+	share := config.LivenessHoldShare.Float(fs)
+	minWorkers := config.LivenessHoldMinWorkers.Int(fs)
+	holdMax := config.LivenessHoldMax.Duration(fs)
+	dwell := config.TierDwell.Duration(fs)
 	return func() (placement.Config, error) {
-		if *retention < time.Minute || *retention > domain.MaxWorkerRetentionSeconds*time.Second {
+		permille := int64(math.Round(*share * 1000))
+		switch {
+		case *retention < time.Minute || *retention > domain.MaxWorkerRetentionSeconds*time.Second:
 			return placement.Config{}, fmt.Errorf("--%s %s: want a minute to ten years", config.WorkerRetention.Flag, *retention)
+		case math.IsNaN(*share) || permille < 1 || permille > 1000:
+			return placement.Config{}, fmt.Errorf("--%s %v: want a share above 0 and at most 1", config.LivenessHoldShare.Flag, *share)
+		case *minWorkers < 1:
+			return placement.Config{}, fmt.Errorf("--%s %d: want at least 1", config.LivenessHoldMinWorkers.Flag, *minWorkers)
+		case *holdMax < 0 || *holdMax > 0 && *holdMax < time.Minute:
+			return placement.Config{}, fmt.Errorf("--%s %s: want 0 (no bound) or at least a minute", config.LivenessHoldMax.Flag, *holdMax)
+		case *dwell < 0 || *dwell > 24*time.Hour:
+			return placement.Config{}, fmt.Errorf("--%s %s: want 0 (no dwell) to a day", config.TierDwell.Flag, *dwell)
 		}
-		return placement.Config{WorkerRetention: *retention}, nil
+		pc := placement.Config{WorkerRetention: *retention, LivenessHoldPermille: permille, LivenessHoldMinWorkers: *minWorkers,
+			LivenessHoldMax: *holdMax, TierDwell: *dwell}
+		// The decider's zero means its default: none is spelled negative.
+		if pc.LivenessHoldMax == 0 {
+			pc.LivenessHoldMax = -1
+		}
+		if pc.TierDwell == 0 {
+			pc.TierDwell = -1
+		}
+		return pc, nil
 	}
 }
 

@@ -38,3 +38,44 @@ func TestPlacementWorkerRetentionFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestPlacementLivenessHoldAndTierDwellFlags: the defaults are the
+// decider's, values given reach its configuration (0 turning the bound
+// or the dwell off), and values out of range are refused.
+func TestPlacementLivenessHoldAndTierDwellFlags(t *testing.T) {
+	parse := func(args ...string) (placement.Config, error) {
+		fs := flag.NewFlagSet("engine", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		read := placementFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return read()
+	}
+	for _, s := range []config.Setting{config.LivenessHoldShare, config.LivenessHoldMinWorkers, config.LivenessHoldMax, config.TierDwell} {
+		t.Setenv(s.Env, "")
+	}
+	pc, err := parse()
+	want := placement.DefaultConfig()
+	if err != nil || pc.LivenessHoldPermille != want.LivenessHoldPermille || pc.LivenessHoldMinWorkers != want.LivenessHoldMinWorkers ||
+		pc.LivenessHoldMax != want.LivenessHoldMax || pc.TierDwell != want.TierDwell {
+		t.Fatalf("defaults: %+v %v, want the decider's %+v", pc, err, want)
+	}
+	pc, err = parse("--placement-liveness-hold-share", "0.8", "--placement-liveness-hold-min-workers", "10",
+		"--placement-liveness-hold-max", "0", "--placement-tier-dwell", "0")
+	if err != nil || pc.LivenessHoldPermille != 800 || pc.LivenessHoldMinWorkers != 10 || pc.LivenessHoldMax >= 0 || pc.TierDwell >= 0 {
+		t.Fatalf("set: %+v %v", pc, err)
+	}
+	if got := placement.NewState(pc).Config(); got.LivenessHoldMax >= 0 || got.TierDwell >= 0 {
+		t.Fatalf("0 became the decider's default: %+v", got)
+	}
+	for _, bad := range [][]string{
+		{"--placement-liveness-hold-share", "0"}, {"--placement-liveness-hold-share", "1.5"}, {"--placement-liveness-hold-share", "NaN"},
+		{"--placement-liveness-hold-min-workers", "0"}, {"--placement-liveness-hold-max", "30s"}, {"--placement-liveness-hold-max", "-1m"},
+		{"--placement-tier-dwell", "-1s"}, {"--placement-tier-dwell", "48h"},
+	} {
+		if _, err := parse(bad...); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+}

@@ -118,7 +118,10 @@
 // reads, the log's end and the committed offsets belong to the same
 // transaction. An engine refuses to decide when the log holds committed
 // decisions but the group has no committed offsets (the group was deleted),
-// rather than decide every input a second time.
+// rather than decide every input a second time. A state restored in the
+// middle of a liveness hold keeps holding: the hold is folded from the log
+// (placement.liveness_held), and the new engine counts as heard only the
+// heartbeats it heard itself.
 //
 // # Metrics
 //
@@ -126,7 +129,10 @@
 // mailplane_placement_pending, mailplane_placement_promotions_total,
 // mailplane_placement_migrations_total,
 // mailplane_placement_workers{tier,pool,health},
-// mailplane_placement_engine_active, plus transactions, aborts{reason},
+// mailplane_placement_engine_active,
+// mailplane_placement_liveness_holding (1 while the active engine holds
+// liveness; alert MailplanePlacementLivenessHeld),
+// mailplane_placement_liveness_holds_total, plus transactions, aborts{reason},
 // dead letters{code}, restore seconds and restore size. As the
 // placement-engine consumer (internal/sla) it reports lag per input
 // partition and mailplane_consumer_latency_seconds (input record append

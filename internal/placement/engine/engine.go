@@ -59,7 +59,8 @@ type config struct {
 	restoreTimeout time.Duration
 	committed      []func(Commit)
 	kgoOpts        []kgo.Opt
-	beforeEnd      func() // tests: runs after the flush, before the commit
+	beforeEnd      func()          // tests: runs after the flush, before the commit
+	ticked         func(time.Time) // tests: runs after each tick is decided, with its time
 }
 
 // WithLogger sets the logger. Default: discard.
@@ -347,7 +348,7 @@ func (e *Engine) runSession(ctx context.Context) error {
 	e.log.Info("placement engine joining", "group", e.cfg.group, "transactional_id", e.cfg.txnID)
 	defer func() {
 		e.active.Store(false)
-		e.m.active.Set(0)
+		e.m.setActive(false, nil)
 		// The transaction in flight is finished or aborted by now; the
 		// leave only hands over sooner than the session's expiry would.
 		if !kafka.CloseWithin(leaveTimeout, cl.Close) {
@@ -412,7 +413,7 @@ func (s *session) endLeadership(how string) {
 	s.ended = true
 	s.mu.Unlock()
 	s.e.active.Store(false)
-	s.e.m.active.Set(0)
+	s.e.m.setActive(false, nil)
 	s.e.meter.ForgetAll()
 	if first {
 		s.log.Info("placement engine inputs " + how + "; standing down")
@@ -633,7 +634,7 @@ const (
 func (s *session) restore(ctx context.Context) error {
 	e := s.e
 	e.active.Store(false)
-	e.m.active.Set(0)
+	e.m.setActive(false, nil)
 	start := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, e.cfg.restoreTimeout)
 	defer cancel()
@@ -664,8 +665,12 @@ func (s *session) restore(ctx context.Context) error {
 	s.log.Info("placement engine active", "restored_from", r.checkpoint, "log_end", r.end, "decisions_folded", r.decisions,
 		"workers", workers, "mailboxes", mailboxes, "refused", refused, "took", took, "restores", s.restores,
 		"checkpoint_load", r.loadTook, "state_build", r.stateTook, "log_fold", r.logTook)
+	if lv := s.st.Liveness(); lv.Holding {
+		s.log.Warn("placement liveness is held (restored): no worker dies for silence until heartbeats flow again",
+			"held_since", lv.HeldSince, "silent_workers", lv.Silent, "live_workers", lv.Live)
+	}
 	e.active.Store(true)
-	e.m.active.Set(1)
+	e.m.setActive(true, s.st)
 	return nil
 }
 
@@ -793,6 +798,9 @@ func (s *session) decide(recs []*kgo.Record, tick bool) (b batch, err error) {
 		}
 		b.decided = append(b.decided, ds...)
 		s.nextTick = time.Now().Add(e.cfg.tick)
+		if e.cfg.ticked != nil {
+			e.cfg.ticked(now)
+		}
 	}
 	b.c.Decisions, b.c.DeadLetters = len(b.decided), len(b.dead)
 	return b, nil
@@ -863,16 +871,24 @@ func (s *session) committed(b batch) {
 	for _, d := range b.decided {
 		m := d.Meta()
 		e.m.decisions.WithLabelValues(decisionKind(d.EventType()), string(m.Reason)).Inc()
-		switch d.(type) {
+		switch d := d.(type) {
 		case *domain.PlacementWorkerPromoted:
 			e.m.promotions.Inc()
 		case *domain.PlacementMigrated:
 			e.m.migrations.Inc()
+		case *domain.PlacementLivenessHeld:
+			e.m.holds.Inc()
+			s.log.Warn("placement liveness held: too many workers silent at once, no worker dies for silence until heartbeats flow again",
+				"silent_workers", d.Silent, "live_workers", d.Live, "share_permille", d.SharePermille, "threshold_permille", d.ThresholdPermille)
+		case *domain.PlacementLivenessResumed:
+			s.log.Warn("placement liveness resumed", "reason", d.Reason, "held_since", d.HeldSince,
+				"silent_workers", d.Silent, "live_workers", d.Live)
 		}
 		if id, ok := workerOf(d); ok {
 			s.workers.update(s.st, id)
 		}
 	}
+	e.m.setActive(true, s.st)
 	for _, code := range b.dead {
 		e.m.deadLetter.WithLabelValues(code).Inc()
 	}

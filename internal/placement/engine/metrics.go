@@ -26,6 +26,10 @@ type metrics struct {
 	restoreLen prometheus.Gauge
 	// restoreFailures counts restores retried.
 	restoreFailures prometheus.Counter
+	// holding is 1 while the active engine holds liveness; holds counts
+	// the holds it began.
+	holding prometheus.Gauge
+	holds   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -75,6 +79,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "mailplane_placement_restore_failures_total",
 			Help: "Restores that failed (checkpoint or decision log unreadable) and were retried while the engine kept its inputs.",
 		}),
+		holding: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "mailplane_placement_liveness_holding",
+			Help: "1 while the active engine holds liveness (too many workers silent at once: no worker is declared dead for silence), 0 otherwise and on a standby.",
+		}),
+		holds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "mailplane_placement_liveness_holds_total",
+			Help: "Liveness holds this engine began (placement.liveness_held decisions committed).",
+		}),
 		restoreLen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "mailplane_placement_restore_decisions",
 			Help: "Decisions folded from the decision log by the last restore.",
@@ -92,7 +104,23 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.restore = promreg.MustRegister(reg, m.restore)
 	m.restoreLen = promreg.MustRegister(reg, m.restoreLen)
 	m.restoreFailures = promreg.MustRegister(reg, m.restoreFailures)
+	m.holding = promreg.MustRegister(reg, m.holding)
+	m.holds = promreg.MustRegister(reg, m.holds)
 	return m
+}
+
+// setActive sets the active gauge and, from st (nil when not active),
+// the liveness hold gauge.
+func (m *metrics) setActive(active bool, st *placement.State) {
+	a, h := 0.0, 0.0
+	if active {
+		a = 1
+	}
+	if active && st != nil && st.Liveness().Holding {
+		h = 1
+	}
+	m.active.Set(a)
+	m.holding.Set(h)
 }
 
 // decisionKind is the kind label of a decision type:

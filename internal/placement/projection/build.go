@@ -125,6 +125,11 @@ func (b *Builder) Finish(ctx context.Context, tx pgx.Tx, next int64) error {
 			return fmt.Errorf("placement: copy into placement_mailboxes: %w", err)
 		}
 	}
+	if l := b.f.liveness; l != nil {
+		if _, err := tx.Exec(ctx, plUpsertLivenessSQL, l.row()...); err != nil {
+			return fmt.Errorf("placement: write placement_liveness: %w", err)
+		}
+	}
 	return setPlacementCheckpoint(ctx, tx, b.log, next, b.f.lastID)
 }
 

@@ -21,7 +21,8 @@ func TestCheckPlacementInvariantsDeadWorkers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := plNewDB(t)
-	st := placement.NewState(placement.Config{HeartbeatInterval: 10 * time.Second, WorkerRetention: time.Hour})
+	// (Two of three silent would hold liveness: here they must die.)
+	st := placement.NewState(placement.Config{HeartbeatInterval: 10 * time.Second, WorkerRetention: time.Hour, LivenessHoldMinWorkers: 1 << 30})
 	at := plT0
 	var recs []projection.Record
 	apply := func(ev domain.Data) {

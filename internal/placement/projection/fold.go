@@ -46,6 +46,7 @@ type plWorker struct {
 	releasing       bool
 	firstSeen       int64 // Unix ns
 	lastSeen        int64
+	tierHeldUntil   int64 // Unix ns, 0: none
 	live, stopping  bool
 	load, capacity  int64
 	count           int64
@@ -83,6 +84,14 @@ type plOrg struct {
 	offset    int64
 }
 
+// plLiveness is the placement_liveness row.
+type plLiveness struct {
+	v      placement.LivenessView
+	offset int64
+	inDB   bool
+	dirty  bool
+}
+
 // plHistory is a placement_history row.
 type plHistory struct {
 	mailbox          plKey
@@ -111,6 +120,7 @@ type plFold struct {
 	workers   map[plKey]*plWorker
 	mailboxes map[plKey]*plMailbox
 	orgs      map[plKey]*plOrg
+	liveness  *plLiveness // nil: not loaded (the batch names no liveness decision) or no row
 	history   []plHistory
 	changes   []plChange
 	lastID    string
@@ -189,6 +199,26 @@ func plTouched(d domain.PlacementDecision, worker, mailbox func(string)) {
 	}
 }
 
+// plIsLiveness reports whether d is a liveness decision (the
+// placement_liveness row).
+func plIsLiveness(d domain.PlacementDecision) bool {
+	switch d.(type) {
+	case *domain.PlacementLivenessHeld, *domain.PlacementLivenessResumed:
+		return true
+	}
+	return false
+}
+
+// row is the placement_liveness row's values.
+func (l *plLiveness) row() []any {
+	var resumed any
+	if !l.v.Holding {
+		resumed = plNs(l.v.ResumedAt)
+	}
+	return []any{domain.LivenessScopeFleet, l.v.Holding, plNs(l.v.HeldSince), resumed, l.v.Silent, l.v.Live,
+		int32(l.v.SharePermille), int32(l.v.ThresholdPermille), l.offset}
+}
+
 // plShortType is a decision type without "mailplane.placement." and the
 // version: "assigned".
 func plShortType(t string) string {
@@ -203,6 +233,9 @@ func (w *plWorker) view() placement.WorkerView {
 		FirstSeen: plTime(w.firstSeen), LastSeen: plTime(w.lastSeen), Live: w.live, Stopping: w.stopping,
 		Load: w.load, Capacity: w.capacity, Mailboxes: int(w.count),
 	}
+	if w.tierHeldUntil != 0 {
+		v.TierHeldUntil = plTime(w.tierHeldUntil)
+	}
 	if w.hasOrg {
 		v.DedicatedOrg = plKeyString(w.org)
 	}
@@ -215,6 +248,7 @@ func (w *plWorker) set(v placement.WorkerView) error {
 	w.pool, w.health, w.releasing = string(v.Pool), string(v.Health), v.Releasing
 	w.firstSeen, w.lastSeen, w.live, w.stopping = plNs(v.FirstSeen), plNs(v.LastSeen), v.Live, v.Stopping
 	w.load, w.capacity, w.count = v.Load, v.Capacity, int64(v.Mailboxes)
+	w.tierHeldUntil = plNs(v.TierHeldUntil)
 	w.org, w.hasOrg = plKey{}, v.DedicatedOrg != ""
 	if w.hasOrg {
 		org, err := plID("dedicated_org", v.DedicatedOrg)
@@ -271,6 +305,9 @@ func (f *plFold) loadState() error {
 	}
 	for _, m := range f.mailboxes {
 		snap.Mailboxes = append(snap.Mailboxes, m.view())
+	}
+	if f.liveness != nil {
+		snap.Liveness = f.liveness.v
 	}
 	st, err := placement.NewPartialState(placement.DefaultConfig(), snap)
 	if err != nil {
@@ -354,6 +391,12 @@ func (f *plFold) apply(off int64, id string, d domain.PlacementDecision) error {
 	}
 	if err := f.refresh(d, off); err != nil {
 		return err
+	}
+	if plIsLiveness(d) {
+		if f.liveness == nil {
+			f.liveness = &plLiveness{}
+		}
+		f.liveness.v, f.liveness.offset, f.liveness.dirty = f.st.Liveness(), off, true
 	}
 	if err := f.note(off, did, d, bandWorker); err != nil {
 		return err

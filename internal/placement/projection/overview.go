@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/mailplane/mailplane/internal/placement"
 )
 
 // Overview is the placement projection as an operator reads it, from one
@@ -20,6 +22,9 @@ type Overview struct {
 	// the oldest one's last heartbeat.
 	DeadWorkers int64     `json:"dead_workers"`
 	OldestDead  time.Time `json:"oldest_dead"`
+	// Liveness is the engine's liveness hold (placement_liveness): while
+	// Holding, no worker is declared dead for silence.
+	Liveness placement.LivenessView `json:"liveness"`
 	// Workers is filled when asked for, by tier, pool and id.
 	Workers    []WorkerRow `json:"workers"`
 	Shortfalls []Shortfall `json:"dedicated_shortfalls"`
@@ -168,6 +173,9 @@ func (s *Store) Overview(ctx context.Context, workers bool, pendingLimit int) (O
 		}
 		if oldest != nil {
 			o.OldestDead = oldest.UTC()
+		}
+		if o.Liveness, err = ReadLiveness(ctx, tx); err != nil {
+			return fmt.Errorf("placement store: %w", err)
 		}
 		if workers {
 			if o.Workers, err = collect(ctx, tx, "workers", sqlWorkers, nil, func(r *WorkerRow) []any {

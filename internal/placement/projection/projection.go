@@ -186,18 +186,22 @@ func setPlacementCheckpoint(ctx context.Context, tx pgx.Tx, log string, next int
 
 const (
 	loadWorkersSQL = `SELECT worker_id, base_tier, tier, egress, address, pool, dedicated_org, releasing, health,
-    first_seen_ns, last_seen_ns, live, stopping, load_milli, capacity, mailboxes, decision_offset
+    first_seen_ns, last_seen_ns, live, stopping, load_milli, capacity, mailboxes, decision_offset, COALESCE(tier_held_until_ns, 0)
 FROM placement_workers
 WHERE worker_id = ANY($1)
    OR worker_id IN (SELECT worker_id FROM placement_mailboxes WHERE mailbox_id = ANY($2) AND worker_id IS NOT NULL)`
 	loadMailboxesSQL = `SELECT mailbox_id, org_id, worker_id, band, weight_milli, candidate, candidate_since_ns,
     pending_reason, pending_since_ns, assigned_at, decision_offset
 FROM placement_mailboxes WHERE mailbox_id = ANY($1)`
+	loadLivenessSQL = `SELECT holding, held_since_ns, COALESCE(resumed_at_ns, 0), silent_workers, live_workers,
+    share_permille, threshold_permille, decision_offset
+FROM placement_liveness WHERE scope = 'fleet'`
 )
 
 func (f *plFold) load(ctx context.Context, tx pgx.Tx, recs []Record) error {
 	wset := map[plKey]struct{}{}
 	mset := map[plKey]struct{}{}
+	liveness := false
 	var perr error
 	add := func(set map[plKey]struct{}, field string) func(string) {
 		return func(s string) {
@@ -214,6 +218,7 @@ func (f *plFold) load(ctx context.Context, tx pgx.Tx, recs []Record) error {
 	for _, r := range recs {
 		if r.Decision.Data != nil {
 			plTouched(r.Decision.Data, add(wset, "worker_id"), add(mset, "mailbox_id"))
+			liveness = liveness || plIsLiveness(r.Decision.Data)
 		}
 	}
 	if perr != nil {
@@ -230,6 +235,9 @@ func (f *plFold) load(ctx context.Context, tx pgx.Tx, recs []Record) error {
 	b := &pgx.Batch{}
 	b.Queue(loadWorkersSQL, wids, mids)
 	b.Queue(loadMailboxesSQL, mids)
+	if liveness {
+		b.Queue(loadLivenessSQL)
+	}
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
 
@@ -242,7 +250,7 @@ func (f *plFold) load(ctx context.Context, tx pgx.Tx, recs []Record) error {
 		org pgtype.UUID
 	)
 	_, err = pgx.ForEachRow(rows, []any{&w.id, &w.baseTier, &w.tier, &w.egress, &w.address, &w.pool, &org, &w.releasing, &w.health,
-		&w.firstSeen, &w.lastSeen, &w.live, &w.stopping, &w.load, &w.capacity, &w.count, &w.offset}, func() error {
+		&w.firstSeen, &w.lastSeen, &w.live, &w.stopping, &w.load, &w.capacity, &w.count, &w.offset, &w.tierHeldUntil}, func() error {
 		row := w
 		row.org, row.hasOrg = org.Bytes, org.Valid
 		row.inDB, row.seen = true, true
@@ -284,17 +292,55 @@ func (f *plFold) load(ctx context.Context, tx pgx.Tx, recs []Record) error {
 	if err != nil {
 		return fmt.Errorf("placement: load mailboxes: %w", err)
 	}
+	if liveness {
+		if err := f.loadLiveness(br); err != nil {
+			return err
+		}
+	}
 	if err := br.Close(); err != nil {
 		return fmt.Errorf("placement: load: %w", err)
 	}
 	return f.loadState()
 }
 
+// loadLiveness reads the placement_liveness row, if any.
+func (f *plFold) loadLiveness(br pgx.BatchResults) error {
+	l, ok, err := scanLiveness(br.QueryRow())
+	if err != nil {
+		return fmt.Errorf("placement: load %w", err)
+	}
+	if ok {
+		l.inDB = true
+		f.liveness = &l
+	}
+	return nil
+}
+
+// scanLiveness scans a loadLivenessSQL row; ok is false when there is none.
+func scanLiveness(row pgx.Row) (l plLiveness, ok bool, err error) {
+	var (
+		held, resumed    int64
+		share, threshold int32
+	)
+	err = row.Scan(&l.v.Holding, &held, &resumed, &l.v.Silent, &l.v.Live, &share, &threshold, &l.offset)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return plLiveness{}, false, nil
+	case err != nil:
+		return plLiveness{}, false, fmt.Errorf("liveness: %w", err)
+	}
+	l.v.HeldSince, l.v.SharePermille, l.v.ThresholdPermille = plTime(held), int64(share), int64(threshold)
+	if resumed != 0 {
+		l.v.ResumedAt = plTime(resumed)
+	}
+	return l, true, nil
+}
+
 // ---- writing the fold back ----
 
 var (
 	plWorkerColumns = []string{"worker_id", "base_tier", "tier", "egress", "address", "pool", "dedicated_org", "releasing", "health",
-		"first_seen_ns", "last_seen_ns", "live", "stopping", "load_milli", "capacity", "mailboxes", "decision_offset"}
+		"first_seen_ns", "last_seen_ns", "live", "stopping", "load_milli", "capacity", "mailboxes", "decision_offset", "tier_held_until_ns"}
 	plMailboxColumns = []string{"mailbox_id", "org_id", "worker_id", "band", "weight_milli", "candidate", "candidate_since_ns",
 		"pending_reason", "pending_since_ns", "assigned_at", "decision_offset"}
 	plHistoryColumns = []string{"mailbox_id", "decision_offset", "decision_id", "type", "reason", "at",
@@ -331,7 +377,14 @@ var (
 const (
 	plDeleteMailboxesSQL = `DELETE FROM placement_mailboxes WHERE mailbox_id = ANY($1)`
 	plDeleteWorkersSQL   = `DELETE FROM placement_workers WHERE worker_id = ANY($1)`
-	plUpsertOrgsSQL      = `INSERT INTO placement_orgs (org_id, plan, dedicated_workers, paid, source, plan_since_ns, decision_offset)
+	plUpsertLivenessSQL  = `INSERT INTO placement_liveness (scope, holding, held_since_ns, resumed_at_ns, silent_workers, live_workers,
+    share_permille, threshold_permille, decision_offset)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ON CONFLICT (scope) DO UPDATE SET holding = EXCLUDED.holding, held_since_ns = EXCLUDED.held_since_ns,
+    resumed_at_ns = EXCLUDED.resumed_at_ns, silent_workers = EXCLUDED.silent_workers, live_workers = EXCLUDED.live_workers,
+    share_permille = EXCLUDED.share_permille, threshold_permille = EXCLUDED.threshold_permille,
+    decision_offset = EXCLUDED.decision_offset`
+	plUpsertOrgsSQL = `INSERT INTO placement_orgs (org_id, plan, dedicated_workers, paid, source, plan_since_ns, decision_offset)
 SELECT * FROM unnest($1::uuid[], $2::text[], $3::int4[], $4::bool[], $5::text[], $6::int8[], $7::int8[])
 ON CONFLICT (org_id) DO UPDATE SET plan = EXCLUDED.plan, dedicated_workers = EXCLUDED.dedicated_workers,
     paid = EXCLUDED.paid, source = EXCLUDED.source, plan_since_ns = EXCLUDED.plan_since_ns,
@@ -354,7 +407,15 @@ func nullText(s string) any {
 
 func (w *plWorker) row() []any {
 	return []any{pgtype.UUID{Bytes: w.id, Valid: true}, w.baseTier, w.tier, w.egress, w.address, w.pool, nullUUID(w.org, w.hasOrg),
-		w.releasing, w.health, w.firstSeen, w.lastSeen, w.live, w.stopping, w.load, w.capacity, int32(w.count), w.offset}
+		w.releasing, w.health, w.firstSeen, w.lastSeen, w.live, w.stopping, w.load, w.capacity, int32(w.count), w.offset, nullNs(w.tierHeldUntil)}
+}
+
+// nullNs is a stored time, NULL for none.
+func nullNs(ns int64) any {
+	if ns == 0 {
+		return nil
+	}
+	return ns
 }
 
 func (m *plMailbox) row() []any {
@@ -384,7 +445,7 @@ func (f *plFold) write(ctx context.Context, tx pgx.Tx) error {
 	if err := f.copyAppendOnly(ctx, tx); err != nil {
 		return err
 	}
-	return r.merge(ctx, tx, f.orgs)
+	return r.merge(ctx, tx, f.orgs, f.liveness)
 }
 
 // plRows are a batch's rows to write: fresh ones (COPYed into their
@@ -468,8 +529,11 @@ func (f *plFold) copyAppendOnly(ctx context.Context, tx pgx.Tx) error {
 
 // merge merges the staged rows, deletes the gone ones and upserts the
 // plans, in one round trip.
-func (r plRows) merge(ctx context.Context, tx pgx.Tx, orgs map[plKey]*plOrg) error {
+func (r plRows) merge(ctx context.Context, tx pgx.Tx, orgs map[plKey]*plOrg, liveness *plLiveness) error {
 	b := &pgx.Batch{}
+	if liveness != nil && liveness.dirty {
+		b.Queue(plUpsertLivenessSQL, liveness.row()...)
+	}
 	if len(r.staleW) > 0 {
 		b.Queue(plMergeWorkersSQL)
 	}

@@ -222,10 +222,13 @@ func TestPlacementProjectionFoldsLikeTheDecider(t *testing.T) {
 	t.Parallel()
 	const seeds, steps = 12, 500
 	var mu sync.Mutex
-	forgotten := 0
+	forgotten, held, resumed := 0, 0, 0
 	t.Cleanup(func() {
 		if forgotten == 0 && !t.Failed() {
 			t.Errorf("no worker was forgotten in %d random runs: the retention is not exercised", seeds)
+		}
+		if (held == 0 || resumed == 0) && !t.Failed() {
+			t.Errorf("liveness held %d times and resumed %d times in %d random runs: placement_liveness is not exercised", held, resumed, seeds)
 		}
 	})
 	for seed := range uint64(seeds) {
@@ -234,6 +237,8 @@ func TestPlacementProjectionFoldsLikeTheDecider(t *testing.T) {
 			types := plRunRandom(t, seed, steps)
 			mu.Lock()
 			forgotten += types[domain.TypePlacementWorkerForgotten]
+			held += types[domain.TypePlacementLivenessHeld]
+			resumed += types[domain.TypePlacementLivenessResumed]
 			mu.Unlock()
 		})
 	}
@@ -445,7 +450,7 @@ func plCheckAssignments(t testing.TB, pool *pgxpool.Pool, boundaries []plBoundar
 // plTables are the placement projection's tables.
 var plTables = []string{
 	"placement_workers", "placement_orgs", "placement_mailboxes", "placement_history",
-	"placement_assignment_changes", "placement_assignment_retention", "placement_checkpoint",
+	"placement_assignment_changes", "placement_assignment_retention", "placement_checkpoint", "placement_liveness",
 }
 
 // plDiffSchemas compares the placement tables of two schemas row for row

@@ -68,23 +68,27 @@ func LoadSnapshot(ctx context.Context, tx pgx.Tx) (engine.Checkpoint, error) {
 	ck := engine.Checkpoint{NextOffset: c.NextOffset, LastDecisionID: c.LastDecisionID}
 
 	rows, _ := tx.Query(ctx, `SELECT worker_id::text, base_tier, tier, egress, address, pool, dedicated_org::text, releasing, health,
-    first_seen_ns, last_seen_ns, live, stopping, load_milli, capacity, mailboxes
+    first_seen_ns, last_seen_ns, live, stopping, load_milli, capacity, mailboxes, COALESCE(tier_held_until_ns, 0)
 FROM placement_workers w ORDER BY w.worker_id`)
 	var (
 		v        placement.WorkerView
 		org      *string
 		fs, ls   int64
+		held     int64
 		tier     string
 		baseTier string
 	)
 	_, err = pgx.ForEachRow(rows, []any{&v.ID, &baseTier, &tier, &v.Egress, &v.Address, &v.Pool, &org, &v.Releasing, &v.Health,
-		&fs, &ls, &v.Live, &v.Stopping, &v.Load, &v.Capacity, &v.Mailboxes}, func() error {
+		&fs, &ls, &v.Live, &v.Stopping, &v.Load, &v.Capacity, &v.Mailboxes, &held}, func() error {
 		w := v
 		w.BaseTier, w.Tier = domain.Tier(baseTier), domain.Tier(tier)
 		if org != nil {
 			w.DedicatedOrg = *org
 		}
 		w.FirstSeen, w.LastSeen = plTime(fs), plTime(ls)
+		if held != 0 {
+			w.TierHeldUntil = plTime(held)
+		}
 		ck.State.Workers = append(ck.State.Workers, w)
 		return nil
 	})
@@ -117,7 +121,19 @@ FROM placement_workers w ORDER BY w.worker_id`)
 	if err != nil {
 		return engine.Checkpoint{}, fmt.Errorf("placement snapshot: orgs: %w", err)
 	}
+	if ck.State.Liveness, err = ReadLiveness(ctx, tx); err != nil {
+		return engine.Checkpoint{}, fmt.Errorf("placement snapshot: %w", err)
+	}
 	return ck, nil
+}
+
+// ReadLiveness reads the liveness hold (the zero view when liveness was
+// never held).
+func ReadLiveness(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (placement.LivenessView, error) {
+	l, _, err := scanLiveness(q.QueryRow(ctx, loadLivenessSQL))
+	return l.v, err
 }
 
 // sqlSnapshotMailboxes reads every mailbox in one sequential scan: the

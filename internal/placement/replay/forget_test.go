@@ -54,6 +54,11 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 	// half-hour steps, the real workers heartbeating at each, so they stay
 	// live across the jumps while the silent flood dies and is forgotten.
 	e.cfg.HeartbeatInterval = 20 * time.Minute
+	// A thousand ids falling silent at once next to three live workers
+	// would hold liveness for up to LivenessHoldMax and then die
+	// (placement's TestPlacementLivenessHoldExpires); here the flood must
+	// die at its window.
+	e.cfg.LivenessHoldMinWorkers = 1 << 30
 	pool := e.db.Pool
 	reg := prometheus.NewRegistry()
 	stopEngine := e.engine(engine.WithRegisterer(reg))

@@ -578,6 +578,7 @@ func logEnd(kcfg kafka.Config) (int64, error) {
 var placementTables = []rebuild.Table{
 	{Name: "placement_checkpoint"}, {Name: "placement_workers"}, {Name: "placement_orgs"}, {Name: "placement_mailboxes"},
 	{Name: "placement_assignment_retention"}, {Name: "placement_assignment_changes"}, {Name: "placement_history"},
+	{Name: "placement_liveness"},
 }
 
 // TableReport is one table's comparison.
