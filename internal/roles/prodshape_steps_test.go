@@ -20,6 +20,7 @@ import (
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/internal/opshttp"
+	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -47,7 +48,7 @@ func TestProductionShape(t *testing.T) {
 	start := time.Now()
 	e := startProdShape(t)
 	t.Logf("started in %s: %d processes", time.Since(start).Round(time.Millisecond), len(e.f.procs))
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	e.workers = []string{"0190a5b2-4c5e-7b1a-9c3d-0000000d0f01", "0190a5b2-4c5e-7b1a-9c3d-0000000d0f02", "0190a5b2-4c5e-7b1a-9c3d-0000000d0f03"}
 	e.heartbeat(ctx)
@@ -59,6 +60,8 @@ func TestProductionShape(t *testing.T) {
 	e.syncFailover(ctx)
 	e.postgresOutage(ctx)
 	e.brokerRestart(ctx)
+	e.apiOutage(ctx)
+	e.workerKilled(ctx)
 	e.f.alive(t, e.jobs)
 	e.stopAll()
 	t.Logf("production shape: %s in all", time.Since(start).Round(time.Millisecond))
@@ -532,4 +535,115 @@ func (e *prodShape) stopAll() {
 		}
 	}
 	e.t.Logf("SIGTERM to every role: all stopped within %s", time.Since(start).Round(10*time.Millisecond))
+}
+
+// livenessWindow is the engine's liveness window on compose's settings
+// (placement's default: three heartbeat intervals).
+var livenessWindow = placement.DefaultConfig().LivenessWindow
+
+var livenessHoldingLine = regexp.MustCompile(`(?m)^mailplane_placement_liveness_holding(\{[^}]*\})? 1$`)
+
+// apiOutage stops the API for three liveness windows, so no heartbeat of
+// the fleet reaches the log: the observer is blind, not the fleet dead.
+// The engine holds liveness (one liveness_held decision, its gauge at 1,
+// which the alert MailplanePlacementLivenessHeld watches) instead of
+// declaring every worker dead; no mailbox moves or is refused; once the
+// API is back and heartbeats flow, liveness resumes.
+func (e *prodShape) apiOutage(ctx context.Context) {
+	t := e.t
+	kcfg := kafka.Config{Brokers: e.brokers, Namespace: e.ns, ClientID: "prodshape-test"}
+	id := e.addMailbox(ctx, psOrg, psUser)
+	e.waitFlowed(ctx, id, "before the API outage")
+	placed, _ := e.placedOn(ctx, id)
+	before := e.decisionsEnd(ctx, kcfg)
+	apis := e.f.service("api")
+	for _, p := range apis {
+		if err := p.signal(t, syscall.SIGTERM, 30*time.Second); err != nil {
+			t.Errorf("%s on SIGTERM: %v", p.name, err)
+		}
+	}
+	stopped := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, 3*livenessWindow)
+	defer cancel()
+	waitUntil(wctx, t, "the active engine holding liveness", func(ctx context.Context) bool {
+		for _, p := range e.activeEngines(ctx) {
+			code, body := e.call(ctx, http.MethodGet, "http://"+p.addrs["--ops-http"]+"/metrics", "", "", nil, nil)
+			if code == http.StatusOK && livenessHoldingLine.Match(body) {
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("api: every heartbeat cut; the engine holds liveness %s later", time.Since(stopped).Round(100*time.Millisecond))
+	time.Sleep(time.Until(stopped.Add(3 * livenessWindow)))
+	for _, p := range apis {
+		p.start(t)
+	}
+	e.waitHealthy()
+	var held, resumed, died, moved int
+	rctx, rcancel := context.WithTimeout(ctx, 2*livenessWindow)
+	defer rcancel()
+	waitUntil(rctx, t, "liveness resumed on the decision log", func(ctx context.Context) bool {
+		held, resumed, died, moved = 0, 0, 0, 0
+		e.decisionsSince(ctx, kcfg, before, func(d domain.PlacementDecision) {
+			switch d.(type) {
+			case *domain.PlacementLivenessHeld:
+				held++
+			case *domain.PlacementLivenessResumed:
+				resumed++
+			case *domain.PlacementWorkerDied:
+				died++
+			case *domain.PlacementRefused, *domain.PlacementMigrated, *domain.PlacementUnassigned:
+				moved++
+			}
+		})
+		return resumed > 0
+	})
+	t.Logf("api: down %s; heartbeats flowed again and liveness resumed %s after the restart", (3 * livenessWindow).Round(time.Second), time.Since(stopped.Add(3*livenessWindow)).Round(100*time.Millisecond))
+	if held != 1 || died != 0 || moved != 0 {
+		t.Errorf("API down for three liveness windows: %d liveness_held, %d worker_died, %d mailboxes moved, refused or unassigned; want 1, 0, 0", held, died, moved)
+	}
+	if w, _ := e.placedOn(ctx, id); w != placed {
+		t.Errorf("mailbox %s on %q after the API outage, was on %q", id, w, placed)
+	}
+}
+
+// workerKilled stops one sending worker's heartbeats, as a SIGKILL of it
+// would, while the rest of the fleet heartbeats: one worker of three is no
+// outage of the observer, so it dies when its window runs out and its
+// mailboxes move to the others within the window (plus a tick).
+func (e *prodShape) workerKilled(ctx context.Context) {
+	t := e.t
+	kcfg := kafka.Config{Brokers: e.brokers, Namespace: e.ns, ClientID: "prodshape-test"}
+	id := e.addMailbox(ctx, psOrg, psUser)
+	e.waitFlowed(ctx, id, "before the worker kill")
+	victim, _ := e.placedOn(ctx, id)
+	if victim == "" {
+		t.Fatalf("mailbox %s is placed on no worker", id)
+	}
+	before := e.decisionsEnd(ctx, kcfg)
+	e.hbSilenced.Store(victim, true)
+	killed := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, livenessWindow+failoverSlack+10*time.Second)
+	defer cancel()
+	var on string
+	waitUntil(wctx, t, "the dead worker's mailbox on another worker", func(ctx context.Context) bool {
+		on, _ = e.placedOn(ctx, id)
+		return on != "" && on != victim
+	})
+	t.Logf("worker: %s stopped heartbeating; its mailbox moved to %s %s later (liveness window %s)", victim, on, time.Since(killed).Round(100*time.Millisecond), livenessWindow)
+	var held, died int
+	e.decisionsSince(ctx, kcfg, before, func(d domain.PlacementDecision) {
+		switch d := d.(type) {
+		case *domain.PlacementLivenessHeld:
+			held++
+		case *domain.PlacementWorkerDied:
+			if d.WorkerID == victim {
+				died++
+			}
+		}
+	})
+	if held != 0 || died != 1 {
+		t.Errorf("one worker of three silenced: %d liveness_held, %d worker_died for it; want 0, 1", held, died)
+	}
 }

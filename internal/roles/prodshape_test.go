@@ -67,6 +67,9 @@ type prodShape struct {
 	// hbRefused counts the heartbeats of heartbeat's loop that were not
 	// answered 2xx (postgresOutage resets it when Postgres stops).
 	hbRefused atomic.Int64
+	// hbSilenced holds the worker ids heartbeat's loop no longer
+	// heartbeats for (workerKilled's victim).
+	hbSilenced sync.Map
 }
 
 // roleSession is the longest group session the roles run on: compose
@@ -311,6 +314,9 @@ func (e *prodShape) heartbeat(ctx context.Context) {
 	wg.Go(func() {
 		for {
 			for _, w := range e.workers {
+				if _, silenced := e.hbSilenced.Load(w); silenced {
+					continue
+				}
 				b, _ := json.Marshal(domain.WorkerHeartbeat{WorkerID: w, Tier: domain.TierSharedFree,
 					Egress: domain.EgressColdSMTP, Address: "smtp-" + w[len(w)-2:] + ".example.org"})
 				code, _ := e.call(ctx, http.MethodPost, e.apiURL+"/v1/workers/heartbeat", access.WorkerToken(e.fleet, w), "application/json", b, nil)
