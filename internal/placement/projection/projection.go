@@ -198,17 +198,17 @@ FROM placement_mailboxes WHERE mailbox_id = ANY($1)`
 FROM placement_liveness WHERE scope = 'fleet'`
 )
 
-func (f *plFold) load(ctx context.Context, tx pgx.Tx, recs []Record) error {
+// plTouchedKeys returns the workers and mailboxes a batch's decisions
+// name, and whether one of them is a liveness decision.
+func plTouchedKeys(recs []Record) (wids, mids [][16]byte, liveness bool, err error) {
 	wset := map[plKey]struct{}{}
 	mset := map[plKey]struct{}{}
-	liveness := false
-	var perr error
 	add := func(set map[plKey]struct{}, field string) func(string) {
 		return func(s string) {
-			k, err := plID(field, s)
-			if err != nil {
-				if perr == nil {
-					perr = err
+			k, kerr := plID(field, s)
+			if kerr != nil {
+				if err == nil {
+					err = kerr
 				}
 				return
 			}
@@ -221,16 +221,24 @@ func (f *plFold) load(ctx context.Context, tx pgx.Tx, recs []Record) error {
 			liveness = liveness || plIsLiveness(r.Decision.Data)
 		}
 	}
-	if perr != nil {
-		return perr
+	if err != nil {
+		return nil, nil, false, err
 	}
-	wids := make([][16]byte, 0, len(wset))
+	wids = make([][16]byte, 0, len(wset))
 	for k := range wset {
 		wids = append(wids, k)
 	}
-	mids := make([][16]byte, 0, len(mset))
+	mids = make([][16]byte, 0, len(mset))
 	for k := range mset {
 		mids = append(mids, k)
+	}
+	return wids, mids, liveness, nil
+}
+
+func (f *plFold) load(ctx context.Context, tx pgx.Tx, recs []Record) error {
+	wids, mids, liveness, err := plTouchedKeys(recs)
+	if err != nil {
+		return err
 	}
 	b := &pgx.Batch{}
 	b.Queue(loadWorkersSQL, wids, mids)
