@@ -30,7 +30,8 @@ type Class string
 // The caller classes.
 const (
 	// ClassAnonymous: requests with no credential checked before their body
-	// (the console login form, a console post without a live session).
+	// (the console login form; a console post without a live session is
+	// refused from its headers).
 	ClassAnonymous Class = "anonymous"
 	// ClassConsole: posts of a live console session.
 	ClassConsole Class = "console"
