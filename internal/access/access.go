@@ -84,7 +84,7 @@ var errTooLarge = fmt.Errorf("access: tokens file larger than %d bytes", maxFile
 // parseLines returns the callers of b's valid lines, and a problem for
 // each other line. A caller whose name or token hash is also on an
 // invalid line (a second line for the same name or token, or a typo on
-// it) is left out too: which of the lines the operator meant cannot be
+// it; but not an exact repeat of its line) is left out too: which of the lines the operator meant cannot be
 // told, and keeping the valid one would keep a grant that the other
 // narrows or revokes (Load keeps only what the valid lines repeat).
 func parseLines(b []byte) ([]*domain.Caller, [][sha256.Size]byte, []error) {
@@ -132,10 +132,7 @@ func parseLines(b []byte) ([]*domain.Caller, [][sha256.Size]byte, []error) {
 			continue
 		}
 		lineName = name
-		if j, dup := names[name]; dup {
-			bad("name %q already used on line %d", name, j)
-			continue
-		}
+		dupLine, dup := names[name]
 		var h [sha256.Size]byte
 		if raw, err := hex.DecodeString(strings.TrimPrefix(hexHash, "sha256:")); err != nil || len(raw) != sha256.Size {
 			bad("caller %s: the token hash must be 64 hex digits (sha256)", name)
@@ -144,7 +141,7 @@ func parseLines(b []byte) ([]*domain.Caller, [][sha256.Size]byte, []error) {
 			copy(h[:], raw)
 		}
 		lineHash = &h
-		if j, dup := seen[h]; dup {
+		if j, same := seen[h]; same && !dup {
 			bad("caller %s: same token as line %d", name, j)
 			continue
 		}
@@ -159,8 +156,19 @@ func parseLines(b []byte) ([]*domain.Caller, [][sha256.Size]byte, []error) {
 			bad("caller %s: %s", name, msg)
 			continue
 		}
+		c := &domain.Caller{Name: name, Scopes: scopes, Source: source}
+		if dup {
+			// A line repeated exactly (a file appended to itself) says
+			// nothing new: refused, but it leaves the caller alone.
+			if i := slices.IndexFunc(callers, func(o *domain.Caller) bool { return o.Name == name }); i >= 0 &&
+				sameEntry(entry{hashes[i], callers[i]}, entry{h, c}) {
+				lineName, lineHash = "", nil
+			}
+			bad("name %q already used on line %d", name, dupLine)
+			continue
+		}
 		names[name], seen[h] = n, n
-		callers = append(callers, &domain.Caller{Name: name, Scopes: scopes, Source: source})
+		callers = append(callers, c)
 		hashes = append(hashes, h)
 	}
 	if len(badNames) == 0 && len(badHashes) == 0 {

@@ -55,6 +55,20 @@ func TestReloadDuplicateLinesKeepNothing(t *testing.T) {
 		t.Fatalf("the untouched caller: %+v %v", c, ok)
 	}
 
+	// A file appended to itself repeats every line exactly: nothing is
+	// ambiguous, and every caller it names stays (the reload is still
+	// partial, and reported).
+	good := product + "\n" + other + "\n" + keep + "\n"
+	write(t, path, good, t0.Add(2*time.Second))
+	waitFor(t, "the good file loaded", func() bool { _, ok := a.Authenticate(tokProduct); return ok })
+	write(t, path, good+good, t0.Add(3*time.Second))
+	waitFor(t, "the doubled file's partial reload counted", func() bool { return reloads(t, reg, "partial") == 2 })
+	for _, tok := range []string{tokProduct, tokOther, tokKeep} {
+		if _, ok := a.Authenticate(tok); !ok {
+			t.Errorf("token %s... refused after the file was appended to itself", tok[:8])
+		}
+	}
+
 	// At start, such a file is refused whole, as any file with an error.
 	if _, err := access.New(path); err == nil {
 		t.Fatal("a file naming a caller twice was accepted at start")
