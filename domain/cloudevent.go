@@ -56,10 +56,18 @@ const MaxFutureSkew = 5 * time.Minute
 // also refuses an event time more than MaxFutureSkew ahead of now.
 func (e Event) ValidateAt(now time.Time) Problems {
 	ps := e.Validate()
-	if !e.Time.IsZero() && !now.IsZero() && e.Time.Sub(now) > MaxFutureSkew {
+	if TooFarAhead(e.Time, now) {
 		ps.Add("time", CodeTimeInFuture, "is more than %s ahead of the server's clock (%s)", MaxFutureSkew, now.UTC().Format(time.RFC3339))
 	}
 	return ps
+}
+
+// TooFarAhead reports whether a time a client claims, t, is more than
+// MaxFutureSkew ahead of the receiver's clock, now (never when either is
+// zero): such a time is refused at ingest (CodeTimeInFuture), whether an
+// event's or a Stripe event's created.
+func TooFarAhead(t, now time.Time) bool {
+	return !t.IsZero() && !now.IsZero() && t.Sub(now) > MaxFutureSkew
 }
 
 // TrustedTime is the time rules (liveness, band dwell, capacity ramp,

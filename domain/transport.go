@@ -166,7 +166,9 @@ func (p TransportPolicy) String() string {
 // IPv4 address sits depends on the length the operator chose for it
 // (RFC 6052), so no one reading of it can be trusted.
 func IsInternalAddr(a netip.Addr) bool {
-	a = a.Unmap()
+	// A zone names an interface, not a network; left on, it hides the
+	// address from every prefix (netip.Prefix.Contains is false for it).
+	a = a.Unmap().WithZone("")
 	if internalAddr(a) || nat64Local.Contains(a) {
 		return true
 	}
@@ -252,7 +254,7 @@ func (p TransportPolicy) lists(host string, addr netip.Addr, port uint16) bool {
 // none) to an address that is neither loopback nor allowlisted. It is the
 // dial-time half of the policy (CheckEndpoint is the ingest half).
 func (p TransportPolicy) DialRefusal(host string, peer netip.AddrPort, tls TLSMode) string {
-	addr := peer.Addr().Unmap()
+	addr := peer.Addr().Unmap().WithZone("") // as IsInternalAddr reads it
 	listed := p.lists(host, addr, peer.Port())
 	if IsInternalAddr(addr) && !listed {
 		return "address " + addr.String() + " port " + strconv.Itoa(int(peer.Port())) + " is internal and not on the IMAP allowlist"

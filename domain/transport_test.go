@@ -253,6 +253,18 @@ func TestTransportPolicyDial(t *testing.T) {
 		{none, "imap.example.com", "64:ff9b::5db8:d822", domain.TLSImplicit, false},
 		{none, "imap.example.com", "2002:5db8:d822::1", domain.TLSImplicit, false},
 		{loop, "rebind.example.com", "64:ff9b::7f00:1", domain.TLSImplicit, true},
+		// With a zone (an address read from a connection, a hosts file):
+		// the zone said nothing about internal, but it hid the address
+		// from every prefix (netip.Prefix.Contains is false for a zoned
+		// address), so these were public.
+		{none, "rebind.example.com", "64:ff9b::7f00:1%eth0", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "64:ff9b:1::a00:1%eth0", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "2002:c0a8:101::1%eth0", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "::a9fe:a9fe%eth0", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "fec0::1%eth0", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "2001:0:4136:e378:8000:63bf:80ff:fffe%eth0", domain.TLSImplicit, true},
+		{none, "rebind.example.com", "fe80::1%eth0", domain.TLSImplicit, true},
+		{domain.MustTransportPolicy("fe80::/10"), "rebind.example.com", "fe80::1%eth0", domain.TLSImplicit, false},
 	}
 	for _, c := range cases {
 		why := c.p.DialRefusal(c.host, netip.AddrPortFrom(netip.MustParseAddr(c.addr), 993), c.tls)

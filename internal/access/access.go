@@ -82,14 +82,20 @@ func Parse(b []byte) ([]*domain.Caller, [][sha256.Size]byte, error) {
 var errTooLarge = fmt.Errorf("access: tokens file larger than %d bytes", maxFileBytes)
 
 // parseLines returns the callers of b's valid lines, and a problem for
-// each other line.
+// each other line. A caller whose name or token hash is also on an
+// invalid line (a second line for the same name or token, or a typo on
+// it; but not an exact repeat of its line) is left out too: which of the lines the operator meant cannot be
+// told, and keeping the valid one would keep a grant that the other
+// narrows or revokes (Load keeps only what the valid lines repeat).
 func parseLines(b []byte) ([]*domain.Caller, [][sha256.Size]byte, []error) {
 	var (
-		callers []*domain.Caller
-		hashes  [][sha256.Size]byte
-		errs    []error
-		names   = map[string]int{}
-		seen    = map[[sha256.Size]byte]int{}
+		callers   []*domain.Caller
+		hashes    [][sha256.Size]byte
+		errs      []error
+		names     = map[string]int{}
+		seen      = map[[sha256.Size]byte]int{}
+		badNames  = map[string]bool{}
+		badHashes = map[[sha256.Size]byte]bool{}
 	)
 	// Split rather than scan: no line is too long to be read, so one
 	// invalid line never hides the lines after it.
@@ -103,8 +109,18 @@ func parseLines(b []byte) ([]*domain.Caller, [][sha256.Size]byte, []error) {
 		if len(f) == 0 {
 			continue
 		}
+		var (
+			lineName string             // the line's name, once read
+			lineHash *[sha256.Size]byte // its token hash, once read
+		)
 		bad := func(format string, args ...any) {
 			errs = append(errs, fmt.Errorf("line %d: "+format, append([]any{n}, args...)...))
+			if lineName != "" {
+				badNames[lineName] = true
+			}
+			if lineHash != nil {
+				badHashes[*lineHash] = true
+			}
 		}
 		if len(f) != 4 {
 			bad("want 4 fields (name, sha256 hex, scopes, source), have %d", len(f))
@@ -115,10 +131,8 @@ func parseLines(b []byte) ([]*domain.Caller, [][sha256.Size]byte, []error) {
 			bad("name %q: want 1-%d of [a-z0-9._-]", truncate(name), maxNameLen)
 			continue
 		}
-		if j, dup := names[name]; dup {
-			bad("name %q already used on line %d", name, j)
-			continue
-		}
+		lineName = name
+		dupLine, dup := names[name]
 		var h [sha256.Size]byte
 		if raw, err := hex.DecodeString(strings.TrimPrefix(hexHash, "sha256:")); err != nil || len(raw) != sha256.Size {
 			bad("caller %s: the token hash must be 64 hex digits (sha256)", name)
@@ -126,7 +140,8 @@ func parseLines(b []byte) ([]*domain.Caller, [][sha256.Size]byte, []error) {
 		} else {
 			copy(h[:], raw)
 		}
-		if j, dup := seen[h]; dup {
+		lineHash = &h
+		if j, same := seen[h]; same && !dup {
 			bad("caller %s: same token as line %d", name, j)
 			continue
 		}
@@ -141,11 +156,32 @@ func parseLines(b []byte) ([]*domain.Caller, [][sha256.Size]byte, []error) {
 			bad("caller %s: %s", name, msg)
 			continue
 		}
+		c := &domain.Caller{Name: name, Scopes: scopes, Source: source}
+		if dup {
+			// A line repeated exactly (a file appended to itself) says
+			// nothing new: refused, but it leaves the caller alone.
+			if i := slices.IndexFunc(callers, func(o *domain.Caller) bool { return o.Name == name }); i >= 0 &&
+				sameEntry(entry{hashes[i], callers[i]}, entry{h, c}) {
+				lineName, lineHash = "", nil
+			}
+			bad("name %q already used on line %d", name, dupLine)
+			continue
+		}
 		names[name], seen[h] = n, n
-		callers = append(callers, &domain.Caller{Name: name, Scopes: scopes, Source: source})
+		callers = append(callers, c)
 		hashes = append(hashes, h)
 	}
-	return callers, hashes, errs
+	if len(badNames) == 0 && len(badHashes) == 0 {
+		return callers, hashes, errs
+	}
+	var okCallers []*domain.Caller
+	var okHashes [][sha256.Size]byte
+	for i, c := range callers {
+		if !badNames[c.Name] && !badHashes[hashes[i]] {
+			okCallers, okHashes = append(okCallers, c), append(okHashes, hashes[i])
+		}
+	}
+	return okCallers, okHashes, errs
 }
 
 // checkSource refuses sources that are empty, too long or carry control

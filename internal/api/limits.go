@@ -30,7 +30,8 @@ type Class string
 // The caller classes.
 const (
 	// ClassAnonymous: requests with no credential checked before their body
-	// (the console login form, a console post without a live session).
+	// (the console login form; a console post without a live session is
+	// refused from its headers).
 	ClassAnonymous Class = "anonymous"
 	// ClassConsole: posts of a live console session.
 	ClassConsole Class = "console"
@@ -137,27 +138,76 @@ func WithClassLimits(m map[Class]ClassLimits) Option {
 // after DefaultBodyRateGrace).
 func WithBodyRate(r BodyRate) Option { return func(c *config) { c.rate = r } }
 
-// budget counts the bytes of request bodies of one class being read.
+// One authenticated caller (a tokens-file caller, a worker id) holds at
+// most a quarter of its class's budget, and at most callerBodies bodies
+// of its route's cap: a class is shared by many callers (every sending
+// worker's heartbeats, every producer), and without a share of its own
+// one worker credential, or one producer token, trickling bodies held the
+// whole class budget and every other caller of the class got 503.
+const (
+	callerShareDivisor = 4
+	callerBodies       = 16
+)
+
+// budget counts the bytes of request bodies of one class being read, in
+// all and by caller.
 type budget struct {
-	max int64
-	mu  sync.Mutex
-	n   int64
+	max     int64
+	mu      sync.Mutex
+	n       int64
+	callers map[string]int64 // bytes held by each caller with any held
 }
 
-func (b *budget) acquire(n int64) bool {
+// acquire reserves n bytes for caller (a key, "" for a caller not
+// authenticated before its body), of which the caller may hold at most
+// perCaller (but always one body); it reports whether it did, and whether a refusal is the
+// caller's own share being spent.
+func (b *budget) acquire(n int64, caller string, perCaller int64) (ok, own bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	// A caller holding nothing may always take one body (the class
+	// budget permitting), whatever its share.
+	if held := b.callers[caller]; caller != "" && held > 0 && held+n > perCaller {
+		return false, true
+	}
 	if b.n+n > b.max {
-		return false
+		return false, false
 	}
 	b.n += n
-	return true
+	if caller != "" {
+		if b.callers == nil {
+			b.callers = map[string]int64{}
+		}
+		b.callers[caller] += n
+	}
+	return true, false
 }
 
-func (b *budget) release(n int64) {
+func (b *budget) release(n int64, caller string) {
 	b.mu.Lock()
 	b.n -= n
+	if caller != "" {
+		if b.callers[caller] -= n; b.callers[caller] <= 0 {
+			delete(b.callers, caller)
+		}
+	}
 	b.mu.Unlock()
+}
+
+// callerShareKey names the authenticated caller of r for its share of a
+// class's budget: a worker credential by its worker id, a tokens-file
+// caller by its name; "" when the route does not authenticate before
+// the body.
+func callerShareKey(r *http.Request) string {
+	c := CallerFrom(r.Context())
+	switch {
+	case c == nil:
+		return ""
+	case c.WorkerID != "":
+		return "worker " + c.WorkerID
+	default:
+		return "caller " + c.Name
+	}
 }
 
 func (c *config) validLimits() error {
@@ -203,17 +253,21 @@ func (s *Server) admitBody(lim RouteLimits, h http.Handler) http.Handler {
 			n = lim.MaxBody // unknown length: reserve the most the route reads
 		}
 		b, m := s.budgets[class], s.metrics.classes[class]
-		if !b.acquire(n) {
+		who := callerShareKey(r)
+		if ok, own := b.acquire(n, who, min(b.max/callerShareDivisor, callerBodies*lim.MaxBody)); !ok {
 			m.shed.Inc()
+			msg := "too many request bodies in flight; retry shortly"
+			if own {
+				msg = "too many request bodies of this caller in flight; retry shortly"
+			}
 			w.Header().Set("Retry-After", "1")
 			w.Header().Set("Connection", "close")
-			WriteError(w, http.StatusServiceUnavailable, domain.CodeUnavailable,
-				"too many request bodies in flight; retry shortly")
+			WriteError(w, http.StatusServiceUnavailable, domain.CodeUnavailable, msg)
 			return
 		}
 		m.inflight.Add(float64(n))
 		defer func() {
-			b.release(n)
+			b.release(n, who)
 			m.inflight.Sub(float64(n))
 		}()
 		start := time.Now()

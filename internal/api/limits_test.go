@@ -219,3 +219,58 @@ func TestRouteBodyCap(t *testing.T) {
 		t.Errorf("shed request not counted by class")
 	}
 }
+
+// TestCallerShareOfClassBudget: one authenticated caller trickling many
+// bodies holds at most its share of its class's budget (a quarter, or 16
+// bodies of the route's cap); its next bodies get 503 at once, and
+// another caller of the class is still served. Before, one producer
+// token (or one worker credential on the heartbeat class) held the whole
+// class budget and every other caller of the class got 503.
+func TestCallerShareOfClassBudget(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{opts: []Option{
+		WithMaxInflightBytes(8000),
+		WithMaxBodyBytes(1000),
+		WithBodyRate(BodyRate{Min: 1, Grace: time.Minute}),
+	}})
+	addr := strings.TrimPrefix(e.base, "http://")
+	headers := "Authorization: Bearer " + tokenA + "\r\nContent-Type: " + ContentTypeStructured + "\r\nContent-Length: 1000\r\n"
+	held, refused := 0, 0
+	for i := range 8 {
+		conn := slowConn(t, addr, nil, "/v1/events", headers, `{"spec`)
+		answered := make(chan *http.Response, 1)
+		go func() {
+			_ = conn.SetReadDeadline(time.Now().Add(time.Minute))
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				resp = &http.Response{StatusCode: -1}
+			}
+			answered <- resp
+		}()
+		// Either its reservation shows or it is answered.
+		want := fmt.Sprintf(`mailplane_http_inflight_body_bytes{class="producer"} %d`, (held+1)*1000)
+		for {
+			if strings.Contains(e.metricsText(), want+"\n") {
+				held++
+				break
+			}
+			select {
+			case resp := <-answered:
+				if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+					t.Fatalf("slow body %d: %d, want 503 with Retry-After", i, resp.StatusCode)
+				}
+				refused++
+			case <-time.After(5 * time.Millisecond):
+				continue
+			}
+			break
+		}
+	}
+	if held != 2 || refused != 6 {
+		t.Fatalf("one caller's 8 slow bodies of 1000 bytes: %d held, %d refused; want 2 held (a quarter of 8000), 6 refused", held, refused)
+	}
+	resp, body := e.do(req{ct: ContentTypeStructured, body: mustJSON(t, userActive()), token: ptr(tokenB)})
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("another producer beside them: %d %s", resp.StatusCode, body)
+	}
+}

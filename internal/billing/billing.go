@@ -301,6 +301,10 @@ func (w *webhook) serve(rw http.ResponseWriter, r *http.Request) {
 	if ev.Created <= 0 {
 		// Events are applied in created order per subscription.
 		ps.Add("created", domain.CodeRequired, "is required")
+	} else if domain.TooFarAhead(time.Unix(ev.Created, 0), now) {
+		// It would become its subscription's high-water mark, and every
+		// later event would be ignored as older.
+		ps.Add("created", domain.CodeTimeInFuture, "is more than %s ahead of the server's clock", domain.MaxFutureSkew)
 	}
 	if len(ps) > 0 {
 		writeProblems(rw, http.StatusBadRequest, "the event is not usable; nothing was produced", ps...)

@@ -69,6 +69,12 @@ func unitWith(t *testing.T, redrive console.Redriver) (*httptest.Server, *clock,
 // unitConfig is unit with the console's configuration changed by set.
 func unitConfig(t *testing.T, set func(*console.Config)) (*httptest.Server, *clock, *prometheus.Registry) {
 	t.Helper()
+	return unitConfigAPI(t, set)
+}
+
+// unitConfigAPI is unitConfig with options for the api server.
+func unitConfigAPI(t *testing.T, set func(*console.Config), apiOpts ...api.Option) (*httptest.Server, *clock, *prometheus.Registry) {
+	t.Helper()
 	db := pgtest.New(t)
 	if err := migrations.Apply(t.Context(), db.Pool); err != nil {
 		t.Fatal(err)
@@ -93,7 +99,7 @@ func unitConfig(t *testing.T, set func(*console.Config)) (*httptest.Server, *clo
 	}}
 	reader := query.NewReader(db.Pool, 4)
 	reg := prometheus.NewRegistry()
-	srv, err := api.New(nopProducer{}, api.WithAuthenticator(auth))
+	srv, err := api.New(nopProducer{}, append([]api.Option{api.WithAuthenticator(auth)}, apiOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -178,14 +178,24 @@ func (c *Console) screenLogin(w http.ResponseWriter, r *http.Request) (api.Class
 	return api.ClassAnonymous, true
 }
 
-// screenPost charges a console post to the console's budget when it
-// comes with a live session, else to the anonymous budget (the handler
-// then refuses it).
-func (c *Console) screenPost(_ http.ResponseWriter, r *http.Request) (api.Class, bool) {
+// screenPost charges a console post with a live session to the
+// console's budget and refuses one without, from its headers, before any
+// budget is reserved or its form read: such posts are not login attempts,
+// so the per-address login limit does not see them, and reading their
+// forms let one address hold the anonymous budget that the login form
+// needs.
+func (c *Console) screenPost(w http.ResponseWriter, r *http.Request) (api.Class, bool) {
 	if _, ok := c.authenticate(r); ok {
 		return api.ClassConsole, true
 	}
-	return api.ClassAnonymous, true
+	c.headers(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !sameOrigin(r) {
+			c.refuse(w, http.StatusForbidden, "cross-site form posts are refused")
+			return
+		}
+		c.refuse(w, http.StatusForbidden, "the form expired or was not ours")
+	})).ServeHTTP(w, r)
+	return "", false
 }
 
 // limits are the body limits of a console route: forms of a few KiB.
