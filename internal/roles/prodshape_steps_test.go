@@ -84,18 +84,22 @@ func (e *prodShape) healthLoop(ctx context.Context) {
 	e.mustPublish(ctx, &domain.OrgPlanChanged{OrgID: psOrg, Plan: domain.PlanFree, Source: "test"})
 	e.mustPublish(ctx, e.mailbox(ann, psOrg, psUser, "ann", "ann-secret-1"), e.mailbox(bob, psOrg, psUser, "bob", "bob-secret-2"))
 
-	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute) // a loaded machine (CI beside other work) once took longer than a minute
 	defer cancel()
 	var annWorker string
 	waitUntil(wctx, t, "ann placed", func(ctx context.Context) bool {
 		annWorker, _ = e.placedOn(ctx, ann)
 		return annWorker != ""
 	})
+	start := time.Now()
+	t.Logf("health loop: ann placed on %s", annWorker)
 	checkWarmupObserved(t, kafka.Config{Brokers: e.brokers, Namespace: e.ns}, ann, bob)
+	t.Logf("health loop: bob's runner reported ann's warmup mail %s after ann was placed", time.Since(start).Round(10*time.Millisecond))
 	waitUntil(wctx, t, "ann moved to a quarantine-pool worker (assignments API)", func(ctx context.Context) bool {
 		w, band := e.placedOn(ctx, ann)
 		return w != "" && w != annWorker && band == domain.RiskQuarantine
 	})
+	t.Logf("health loop: ann on a quarantine-pool worker %s after she was placed", time.Since(start).Round(10*time.Millisecond))
 	waitUntil(wctx, t, "the registry shows ann quarantined", func(ctx context.Context) bool {
 		var s *string
 		_ = e.db.QueryRow(ctx, `SELECT health_state FROM mailboxes WHERE mailbox_id = $1`, ann).Scan(&s)
