@@ -289,24 +289,7 @@ func (w *webhook) serve(rw http.ResponseWriter, r *http.Request) {
 		writeProblems(rw, http.StatusBadRequest, "the event is not usable; nothing was produced", *perr)
 		return
 	}
-	var ps domain.Problems
-	if ev.ID == "" {
-		ps.Add("id", domain.CodeRequired, "is required")
-	} else if !validStripeID(ev.ID) {
-		ps.Add("id", domain.CodeInvalid, "is not a Stripe event id")
-	}
-	if ev.Type == "" {
-		ps.Add("type", domain.CodeRequired, "is required")
-	}
-	if ev.Created <= 0 {
-		// Events are applied in created order per subscription.
-		ps.Add("created", domain.CodeRequired, "is required")
-	} else if domain.TooFarAhead(time.Unix(ev.Created, 0), now) {
-		// It would become its subscription's high-water mark, and every
-		// later event would be ignored as older.
-		ps.Add("created", domain.CodeTimeInFuture, "is more than %s ahead of the server's clock", domain.MaxFutureSkew)
-	}
-	if len(ps) > 0 {
+	if ps := ev.check(now); len(ps) > 0 {
 		writeProblems(rw, http.StatusBadRequest, "the event is not usable; nothing was produced", ps...)
 		return
 	}
@@ -366,6 +349,29 @@ func (w *webhook) serve(rw http.ResponseWriter, r *http.Request) {
 	default:
 		buf.sendTo(rw)
 	}
+}
+
+// check reports what makes an event's envelope unusable: its id, type
+// and created time (at the server's clock now).
+func (ev *stripeEvent) check(now time.Time) domain.Problems {
+	var ps domain.Problems
+	if ev.ID == "" {
+		ps.Add("id", domain.CodeRequired, "is required")
+	} else if !validStripeID(ev.ID) {
+		ps.Add("id", domain.CodeInvalid, "is not a Stripe event id")
+	}
+	if ev.Type == "" {
+		ps.Add("type", domain.CodeRequired, "is required")
+	}
+	if ev.Created <= 0 {
+		// Events are applied in created order per subscription.
+		ps.Add("created", domain.CodeRequired, "is required")
+	} else if domain.TooFarAhead(time.Unix(ev.Created, 0), now) {
+		// It would become its subscription's high-water mark, and every
+		// later event would be ignored as older.
+		ps.Add("created", domain.CodeTimeInFuture, "is more than %s ahead of the server's clock", domain.MaxFutureSkew)
+	}
+	return ps
 }
 
 // planEvent is the org.plan_changed of c, produced for the Stripe event
