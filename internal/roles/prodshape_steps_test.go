@@ -93,6 +93,11 @@ func (e *prodShape) healthLoop(ctx context.Context) {
 	})
 	start := time.Now()
 	t.Logf("health loop: ann placed on %s", annWorker)
+	t.Cleanup(func() {
+		if t.Failed() {
+			e.logDecisions(kafka.Config{Brokers: e.brokers, Namespace: e.ns, ClientID: "prodshape-test"})
+		}
+	})
 	checkWarmupObserved(t, kafka.Config{Brokers: e.brokers, Namespace: e.ns}, ann, bob)
 	t.Logf("health loop: bob's runner reported ann's warmup mail %s after ann was placed", time.Since(start).Round(10*time.Millisecond))
 	waitUntil(wctx, t, "ann moved to a quarantine-pool worker (assignments API)", func(ctx context.Context) bool {
@@ -650,4 +655,16 @@ func (e *prodShape) workerKilled(ctx context.Context) {
 	if held != 0 || died != 1 {
 		t.Errorf("one worker of three silenced: %d liveness_held, %d worker_died for it; want 0, 1", held, died)
 	}
+}
+
+// logDecisions logs the decision log's first 300 decisions, one a line: a
+// failed step's story.
+func (e *prodShape) logDecisions(kcfg kafka.Config) {
+	n := 0
+	e.decisionsSince(context.Background(), kcfg, 0, func(d domain.PlacementDecision) {
+		if n++; n <= 300 {
+			b, _ := json.Marshal(d)
+			e.t.Logf("decision %d: %s %s", n, d.EventType(), b)
+		}
+	})
 }
