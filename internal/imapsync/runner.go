@@ -677,6 +677,9 @@ func (m *mailboxRun) idle(ctx context.Context, c *conn, changed <-chan struct{},
 	if dropped && c.raw.over.Load() {
 		return false, false, oversized("idle", errOversized)
 	}
+	if dropped && c.nest.tooDeep.Load() {
+		return false, false, tooDeep("idle", errNested)
+	}
 	if dropped {
 		return false, false, &Error{Kind: KindNetwork, Op: "idle", Reason: "connection dropped during IDLE", Err: errors.New("connection closed")}
 	}
