@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/imapsync"
 )
 
@@ -36,6 +37,10 @@ type answerServer struct {
 	// idle is sent once the IDLE is acknowledged.
 	idle string
 	wg   sync.WaitGroup
+
+	mu          sync.Mutex
+	selects     int       // SELECT and EXAMINE commands received
+	firstSelect time.Time // when the first was
 }
 
 func startAnswers(t *testing.T, s *answerServer) *answerServer {
@@ -112,6 +117,11 @@ func (s *answerServer) serve(c net.Conn) {
 		case "LIST":
 			ok = say(`* LIST (\HasNoChildren) "/" INBOX`, tag+" OK listed")
 		case "SELECT", "EXAMINE":
+			s.mu.Lock()
+			if s.selects++; s.selects == 1 {
+				s.firstSelect = time.Now()
+			}
+			s.mu.Unlock()
 			modseq++
 			if s.condstore {
 				w.WriteString(fmt.Sprintf("* OK [HIGHESTMODSEQ %d] ok\r\n", modseq))
@@ -240,4 +250,37 @@ func TestHostileAnswers(t *testing.T) {
 				tc.name, float64(before)/1024, float64(after)/1024, float64(growth)/1024, kind, op, time.Since(start).Round(time.Millisecond))
 		})
 	}
+}
+
+// TestIDLEWakeStormPaced: a server that answers every IDLE with an EXISTS
+// at once wakes the runner at most once per second (each wake a sync
+// round: a SELECT). Before, the runner synced in a loop, about 12,000
+// rounds a second, a core of the worker's for one mailbox.
+func TestIDLEWakeStormPaced(t *testing.T) {
+	t.Parallel()
+	srv := startAnswers(t, &answerServer{exists: 0, uidNext: 1, idle: "* 0 EXISTS\r\n"})
+	w := newSetupWorld(t)
+	r, err := imapsync.New(imapsync.Config{Keyring: w.kr, Reporter: &kindReporter{}, Transport: domain.MustTransportPolicy("127.0.0.0/8")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.runAt(r, mailboxIDOf(0), 0, "127.0.0.1", srv.ln.Addr().(*net.TCPAddr).Port)
+	rounds := func() (int, time.Duration) {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		if srv.selects == 0 {
+			return 0, 0
+		}
+		return srv.selects, time.Since(srv.firstSelect)
+	}
+	waitFor(t, 30*time.Second, "four sync rounds", func() (bool, string) {
+		n, _ := rounds()
+		return n >= 4, fmt.Sprintf("%d rounds", n)
+	})
+	n, since := rounds()
+	if most := int(since/time.Second) + 2; n > most {
+		t.Errorf("%d sync rounds in %s, at most %d", n, since.Round(time.Millisecond), most)
+	}
+	w.cancel()
+	w.wg.Wait()
 }
