@@ -60,10 +60,10 @@ func oversized(op string, err error) *Error {
 	return &Error{Kind: KindOversized, Op: op, Reason: "the server sent more than the connection's byte budget", Err: err}
 }
 
-// tooDeep is the failure of a connection dropped for an answer nested
-// past maxNesting.
-func tooDeep(op string, err error) *Error {
-	return &Error{Kind: KindProtocol, Op: op, Reason: "the server's answer nests too deep", Err: err}
+// refusedAnswer is the failure of a connection dropped for an answer its
+// nestConn refused.
+func refusedAnswer(op string, why lexError, err error) *Error {
+	return &Error{Kind: KindProtocol, Op: op, Reason: string(why), Err: err}
 }
 
 // errOversized is the read error past a byte budget.
@@ -179,8 +179,8 @@ func (c *conn) fail(op string, err error, ctx context.Context) error {
 		return ctx.Err()
 	case c.raw.over.Load():
 		return oversized(op, err)
-	case c.nest != nil && c.nest.tooDeep.Load():
-		return tooDeep(op, err)
+	case c.nest != nil && c.nest.refused.Load():
+		return refusedAnswer(op, c.nest.why, err)
 	case c.raw.outOfTime():
 		return &Error{Kind: KindSlow, Op: op, Reason: "the server did not complete the setup or poll in time", Err: err}
 	}
@@ -303,7 +303,7 @@ func (m *mailboxRun) dial(ctx context.Context) (*conn, error) {
 	}
 	c.c = imapclient.New(c.nest, opts)
 	if err := c.c.WaitGreeting(); err != nil {
-		if c.nest.tooDeep.Load() {
+		if c.nest.refused.Load() {
 			return nil, c.fail("connect", err, ctx)
 		}
 		return nil, greetingError(err, ctx)

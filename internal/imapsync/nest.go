@@ -19,19 +19,38 @@ import (
 // addresses in a FETCH).
 const maxNesting = 100
 
-// errNested is the read error of an answer nested past maxNesting.
-var errNested = errors.New("imapsync: the server's answer nests too deep")
+// maxRetainedLine bounds the lines whose content go-imap keeps for the
+// connection's life: the capabilities (a CAPABILITY response or code, an
+// ENABLED), a folder's FLAGS and PERMANENTFLAGS, and so every status
+// response. Within one response's byte budget, 3 MiB of each made a
+// connection keep 36 MiB (a map entry or a string per word) for as long as
+// it lived, a hot one for ever: a hundred mailboxes on one hostile server
+// would keep 3.6 GB. Real servers send a few hundred bytes.
+const maxRetainedLine = 16 << 10
+
+// lexError is an answer the lexer refuses; its text is fixed.
+type lexError string
+
+func (e lexError) Error() string { return "imapsync: " + string(e) }
+
+// The answers a nestConn refuses.
+const (
+	errNested   lexError = "the server's answer nests too deep"
+	errLongLine lexError = "the server's answer holds a line too long"
+)
 
 // nestConn bounds the nesting of what the IMAP client reads: it sits
 // between the client and the plain text (above TLS), lexes every byte as
 // it is read (nestLexer), and fails the read, closing the connection,
-// before a byte nested past maxNesting reaches go-imap's parser. pre is
-// served first (a greeting for a client created after STARTTLS).
+// before a byte nested past maxNesting, or a line past maxRetainedLine,
+// reaches go-imap's parser. pre is served first (a greeting for a client
+// created after STARTTLS).
 type nestConn struct {
 	net.Conn
 	pre     []byte
 	lex     nestLexer
-	tooDeep atomic.Bool
+	refused atomic.Bool
+	why     lexError // set before refused
 }
 
 func newNestConn(c net.Conn, pre string) *nestConn {
@@ -39,8 +58,8 @@ func newNestConn(c net.Conn, pre string) *nestConn {
 }
 
 func (c *nestConn) Read(p []byte) (int, error) {
-	if c.tooDeep.Load() {
-		return 0, errNested
+	if c.refused.Load() {
+		return 0, c.why
 	}
 	var (
 		n   int
@@ -52,10 +71,11 @@ func (c *nestConn) Read(p []byte) (int, error) {
 	} else {
 		n, err = c.Conn.Read(p)
 	}
-	if !c.lex.feed(p[:n]) {
-		c.tooDeep.Store(true)
+	if why := c.lex.feed(p[:n]); why != "" {
+		c.why = why
+		c.refused.Store(true)
 		_ = c.Conn.Close()
-		return 0, errNested
+		return 0, why
 	}
 	return n, err
 }
@@ -100,6 +120,8 @@ type nestLexer struct {
 	headN      int
 	classified bool // the line's kind is known
 	status     bool // a status response or continuation: text
+	retained   bool // a line go-imap keeps (maxRetainedLine)
+	lineLen    int  // bytes of the line so far
 	bracket    bool // in a status response, after "[" and before "]"
 
 	digits int   // of the literal's count
@@ -108,17 +130,21 @@ type nestLexer struct {
 	opaque bool  // the literal is at depth 0: its parentheses counted
 }
 
-// feed lexes p; false when it nests past maxNesting.
-func (l *nestLexer) feed(p []byte) bool {
+// feed lexes p; the refusal, or "".
+func (l *nestLexer) feed(p []byte) lexError {
 	for i := 0; i < len(p); i++ {
 		b := p[i]
+		if l.lineLen++; l.retained && l.lineLen > maxRetainedLine {
+			return errLongLine
+		}
 		switch l.state {
 		case lexLiteral:
 			k := int(min(l.left, int64(len(p)-i)))
+			l.lineLen += k - 1
 			if l.opaque {
 				for _, x := range p[i : i+k] {
 					if !l.paren(x) {
-						return false
+						return errNested
 					}
 				}
 			}
@@ -194,11 +220,11 @@ func (l *nestLexer) feed(p []byte) bool {
 			l.endLine()
 		default:
 			if !l.paren(b) {
-				return false
+				return errNested
 			}
 		}
 	}
-	return true
+	return ""
 }
 
 // paren counts b if it is a parenthesis; false past maxNesting.
@@ -220,7 +246,7 @@ func (l *nestLexer) endLine() {
 	if l.bracket {
 		return
 	}
-	l.headN, l.classified, l.status = 0, false, false
+	l.headN, l.classified, l.status, l.retained, l.lineLen = 0, false, false, false, 0
 }
 
 // classify adds b to the line's head and, once it can, tells whether the
@@ -233,7 +259,7 @@ func (l *nestLexer) classify(b byte) {
 		l.headN++
 	}
 	h := l.head[:l.headN]
-	decide := func(status bool) { l.classified, l.status = true, status }
+	decide := func(status bool) { l.classified, l.status, l.retained = true, status, status }
 	if h[0] == '+' {
 		decide(true)
 		return
@@ -260,6 +286,9 @@ func (l *nestLexer) classify(b byte) {
 		switch strings.ToUpper(string(rest[:end])) {
 		case "OK", "NO", "BAD", "BYE", "PREAUTH":
 			decide(true)
+		case "FLAGS", "CAPABILITY", "ENABLED":
+			decide(false)
+			l.retained = true
 		default:
 			decide(false)
 		}
@@ -283,7 +312,8 @@ func digitsPrefix(b []byte) int {
 // as plain text (a command injected before the handshake). A PREAUTH
 // greeting is refused (RFC 9051 section 7.1.4: it would skip the upgrade).
 func startTLS(ctx context.Context, c *conn, cfg *tls.Config) (*tls.Conn, error) {
-	greeting, err := readLine(c.raw)
+	left := maxLine // for the whole exchange
+	greeting, err := readLine(c.raw, &left)
 	if err != nil {
 		return nil, greetingError(err, ctx)
 	}
@@ -299,7 +329,7 @@ func startTLS(ctx context.Context, c *conn, cfg *tls.Config) (*tls.Conn, error) 
 		return nil, c.fail("starttls", err, ctx)
 	}
 	for {
-		line, err := readLine(c.raw)
+		line, err := readLine(c.raw, &left)
 		if err != nil {
 			return nil, c.fail("starttls", err, ctx)
 		}
@@ -319,14 +349,17 @@ func startTLS(ctx context.Context, c *conn, cfg *tls.Config) (*tls.Conn, error) 
 	return tc, nil
 }
 
-// maxLine bounds a line of the greeting or the STARTTLS exchange.
+// maxLine bounds what the greeting and the STARTTLS exchange may take
+// together (read a byte at a time, a system call each).
 const maxLine = 64 << 10
 
-// readLine reads one line, a byte at a time (see startTLS).
-func readLine(r net.Conn) (string, error) {
+// readLine reads one line, a byte at a time (see startTLS), taking its
+// bytes from *left.
+func readLine(r net.Conn, left *int) (string, error) {
 	var line []byte
 	b := make([]byte, 1)
-	for len(line) < maxLine {
+	for *left > 0 {
+		*left--
 		if _, err := r.Read(b); err != nil {
 			return "", err
 		}
@@ -335,5 +368,5 @@ func readLine(r net.Conn) (string, error) {
 		}
 		line = append(line, b[0])
 	}
-	return "", errors.New("imapsync: line too long")
+	return "", errors.New("imapsync: the STARTTLS exchange is too long")
 }

@@ -3,9 +3,11 @@ package imapsync
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/emersion/go-imap/v2/imapclient"
 )
@@ -16,16 +18,22 @@ import (
 // process gone) before nestConn.
 var deepFetch = "* 1 FETCH (UID 1 BODYSTRUCTURE " + strings.Repeat("(", 3<<20) + ")\r\n"
 
-// noopThrough runs a NOOP on a go-imap client reading through a nestConn
+// noopThrough runs a NOOP (the greeting "* OK ready") on a go-imap client reading through a nestConn
 // from a server that greets, then answers the NOOP with script and OK.
 func noopThrough(t *testing.T, script string) (*nestConn, error) {
+	t.Helper()
+	return greetThenNoop(t, "* OK ready\r\n", script)
+}
+
+// greetThenNoop is noopThrough with the given greeting.
+func greetThenNoop(t *testing.T, greeting, script string) (*nestConn, error) {
 	t.Helper()
 	a, b := net.Pipe()
 	t.Cleanup(func() { a.Close(); b.Close() })
 	go func() {
 		w := bufio.NewWriter(b)
 		r := bufio.NewReader(b)
-		w.WriteString("* OK ready\r\n")
+		w.WriteString(greeting)
 		if w.Flush() != nil {
 			return
 		}
@@ -71,7 +79,7 @@ func TestNestingBounded(t *testing.T) {
 	} {
 		t.Run(what, func(t *testing.T) {
 			nc, err := noopThrough(t, script)
-			if !nc.tooDeep.Load() {
+			if !nc.refused.Load() || nc.why != errNested {
 				t.Fatalf("not refused as too deep (err %v)", err)
 			}
 			if err == nil {
@@ -94,10 +102,85 @@ func TestNestingLegitimate(t *testing.T) {
 		"* OK [ALERT] (((( {5}\r\n" +
 		"* 2 EXISTS\r\n"
 	nc, err := noopThrough(t, script)
-	if err != nil || nc.tooDeep.Load() {
-		t.Fatalf("a legitimate answer failed: %v (too deep: %v)", err, nc.tooDeep.Load())
+	if err != nil || nc.refused.Load() {
+		t.Fatalf("a legitimate answer failed: %v (refused: %q)", err, nc.why)
 	}
 	if nc.lex.depth != 0 {
 		t.Errorf("depth %d after complete responses, want 0", nc.lex.depth)
+	}
+}
+
+// words is n bytes of distinct short words, as a hostile server lists
+// capabilities or keywords: go-imap keeps a map entry or a string for each.
+func words(prefix string, n int) string {
+	var b strings.Builder
+	for i := 0; b.Len() < n; i++ {
+		fmt.Fprintf(&b, "%s%d ", prefix, i)
+	}
+	return strings.TrimSpace(b.String())
+}
+
+// TestRetainedLinesBounded: the lines whose content go-imap keeps for the
+// connection's life (capabilities, FLAGS, PERMANENTFLAGS, ENABLED) are
+// refused past maxRetainedLine. Before, 3 MiB of each, within one
+// response's byte budget, made one connection keep about 36 MiB (10
+// connections: 362 MiB of heap), a hot one for ever.
+func TestRetainedLinesBounded(t *testing.T) {
+	t.Parallel()
+	big := 3 << 20
+	for what, answer := range map[string][2]string{
+		"greeting capabilities": {"* OK [CAPABILITY IMAP4rev1 " + words("C", big) + "] hi\r\n", ""},
+		"capability response":   {"* OK ready\r\n", "* CAPABILITY IMAP4rev1 " + words("C", big) + "\r\n"},
+		"flags":                 {"* OK ready\r\n", "* FLAGS (" + words("k", big) + ")\r\n"},
+		"permanentflags":        {"* OK ready\r\n", "* OK [PERMANENTFLAGS (" + words("k", big) + ")] ok\r\n"},
+		"enabled":               {"* OK ready\r\n", "* ENABLED " + words("E", big) + "\r\n"},
+	} {
+		t.Run(what, func(t *testing.T) {
+			nc, err := greetThenNoop(t, answer[0], answer[1])
+			if !nc.refused.Load() || nc.why != errLongLine {
+				t.Fatalf("not refused as too long (err %v, refused %q)", err, nc.why)
+			}
+		})
+	}
+	// What real servers send is far shorter, and passes.
+	nc, err := greetThenNoop(t, "* OK [CAPABILITY IMAP4rev1 "+words("C", 4<<10)+"] hi\r\n",
+		"* FLAGS ("+words("k", 12<<10)+")\r\n* OK [PERMANENTFLAGS ("+words("k", 12<<10)+")] ok\r\n"+
+			"* 1 FETCH (UID 1 FLAGS ("+words("k", 64<<10)+"))\r\n")
+	if err != nil || nc.refused.Load() {
+		t.Fatalf("a legitimate answer failed: %v (refused %q)", err, nc.why)
+	}
+}
+
+// TestSTARTTLSExchangeBounded: the STARTTLS exchange, read a byte at a
+// time, ends after maxLine bytes however many untagged lines the server
+// sends before its OK.
+func TestSTARTTLSExchangeBounded(t *testing.T) {
+	t.Parallel()
+	a, b := net.Pipe()
+	t.Cleanup(func() { a.Close(); b.Close() })
+	sent := make(chan int, 1)
+	go func() {
+		n := 0
+		defer func() { sent <- n }()
+		if _, err := b.Write([]byte("* OK ready\r\n")); err != nil {
+			return
+		}
+		go io.Copy(io.Discard, b)
+		for {
+			k, err := b.Write([]byte("* CAPABILITY IMAP4rev1 STARTTLS\r\n"))
+			n += k
+			if err != nil {
+				return
+			}
+		}
+	}()
+	c := &conn{raw: &deadlineConn{Conn: a}, cmdTO: time.Minute}
+	_, err := startTLS(t.Context(), c, nil)
+	a.Close()
+	if err == nil {
+		t.Fatal("an endless STARTTLS exchange succeeded")
+	}
+	if n := <-sent; n > maxLine+64 {
+		t.Errorf("read %d bytes of the exchange, bound %d", n, maxLine)
 	}
 }

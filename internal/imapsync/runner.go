@@ -696,8 +696,8 @@ func (m *mailboxRun) idle(ctx context.Context, c *conn, changed <-chan struct{},
 	if dropped && c.raw.over.Load() {
 		return false, false, oversized("idle", errOversized)
 	}
-	if dropped && c.nest.tooDeep.Load() {
-		return false, false, tooDeep("idle", errNested)
+	if dropped && c.nest.refused.Load() {
+		return false, false, refusedAnswer("idle", c.nest.why, c.nest.why)
 	}
 	if dropped {
 		return false, false, &Error{Kind: KindNetwork, Op: "idle", Reason: "connection dropped during IDLE", Err: errors.New("connection closed")}
