@@ -88,8 +88,9 @@ const (
 	lexQuotedEscape
 	lexLiteralCount // after "{": digits
 	lexLiteralPlus  // after "{n+"
-	lexLiteralCR    // after "{n}"
-	lexLiteralLF    // after "{n}\r"
+	lexLiteralSP    // after "{n}"
+	lexLiteralCR    // after "{n} "
+	lexLiteralLF    // after "{n}\r" or "{n} \r"
 	lexLiteral      // in a literal's n bytes
 )
 
@@ -172,33 +173,40 @@ func (l *nestLexer) feed(p []byte) lexError {
 			continue
 		case lexLiteralCount:
 			switch {
-			case b >= '0' && b <= '9' && l.digits < 18:
+			case b >= '0' && b <= '9':
+				// Leading zeros and all: go-imap reads the number whole.
 				l.digits++
-				l.count = l.count*10 + int64(b-'0')
+				l.count = min(l.count*10+int64(b-'0'), 1<<50)
 				continue
 			case b == '+' && l.digits > 0:
 				l.state = lexLiteralPlus
 				continue
 			case b == '}' && l.digits > 0:
-				l.state = lexLiteralCR
+				l.state = lexLiteralSP
 				continue
 			}
 		case lexLiteralPlus:
 			if b == '}' {
+				l.state = lexLiteralSP
+				continue
+			}
+		case lexLiteralSP, lexLiteralCR:
+			// go-imap ends a literal's count as it ends a line: an
+			// optional space, an optional CR, an LF.
+			switch {
+			case b == ' ' && l.state == lexLiteralSP:
 				l.state = lexLiteralCR
 				continue
-			}
-		case lexLiteralCR:
-			if b == '\r' {
+			case b == '\r':
 				l.state = lexLiteralLF
 				continue
+			case b == '\n':
+				if l.startLiteral() {
+					continue
+				}
 			}
 		case lexLiteralLF:
-			if b == '\n' && l.classified && !l.status && !l.bracket {
-				l.state, l.left, l.opaque = lexNormal, l.count, l.depth == 0
-				if l.left > 0 {
-					l.state = lexLiteral
-				}
+			if b == '\n' && l.startLiteral() {
 				continue
 			}
 		}
@@ -225,6 +233,19 @@ func (l *nestLexer) feed(p []byte) lexError {
 		}
 	}
 	return ""
+}
+
+// startLiteral starts a literal whose count line just ended, where
+// go-imap reads one (see nestLexer); false: none.
+func (l *nestLexer) startLiteral() bool {
+	if !l.classified || l.status || l.bracket {
+		return false
+	}
+	l.state, l.left, l.opaque = lexNormal, l.count, l.depth == 0
+	if l.left > 0 {
+		l.state = lexLiteral
+	}
+	return true
 }
 
 // paren counts b if it is a parenthesis; false past maxNesting.

@@ -18,6 +18,13 @@ import (
 // process gone) before nestConn.
 var deepFetch = "* 1 FETCH (UID 1 BODYSTRUCTURE " + strings.Repeat("(", 3<<20) + ")\r\n"
 
+// levels is a FETCH whose BODYSTRUCTURE nests 60,000 multiparts, each
+// with a first part whose media type is a literal (counted by count, its
+// 4 bytes holding a line feed) and the next level as its second part.
+func levels(count string) string {
+	return "* 1 FETCH (UID 1 BODYSTRUCTURE " + strings.Repeat("(("+count+"a\nbc \"plain\" NIL NIL NIL \"7BIT\" 1)", 60000) + "\r\n"
+}
+
 // noopThrough runs a NOOP (the greeting "* OK ready") on a go-imap client reading through a nestConn
 // from a server that greets, then answers the NOOP with script and OK.
 func noopThrough(t *testing.T, script string) (*nestConn, error) {
@@ -76,11 +83,17 @@ func TestNestingBounded(t *testing.T) {
 		"code text over lines":   fmt.Sprintf("* OK [XYZ \r\n((( {%d}\r\n]\r\n", len(deepFetch)) + deepFetch,
 		"literal in a name":      fmt.Sprintf("* LIST () \"/\" {%d}\r\n%s\r\n", len(name), name) + deepFetch,
 		"numbered status":        fmt.Sprintf("* 5 OK ((( {%d}\r\n", len(deepFetch)) + deepFetch,
+		// Literals go-imap reads and a strict lexer would not: a count
+		// line ended by a lone LF, or by a space, or with leading zeros;
+		// each literal a line feed that would end the nesting.
+		"bare LF literals":     levels("{4}\n"),
+		"spaced literals":      levels("{4} \r\n"),
+		"zero-padded literals": levels("{0000000000000000000004}\r\n"),
 	} {
 		t.Run(what, func(t *testing.T) {
 			nc, err := noopThrough(t, script)
 			if !nc.refused.Load() || nc.why != errNested {
-				t.Fatalf("not refused as too deep (err %v)", err)
+				t.Fatalf("not refused as too deep (err %.200v)", err)
 			}
 			if err == nil {
 				t.Fatal("the NOOP succeeded")
