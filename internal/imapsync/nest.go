@@ -111,8 +111,11 @@ const headMax = 48
 //     lines: no literal is recognised there.
 //   - A literal at depth 0 (a mailbox name) is read by go-imap as one
 //     string; its bytes are lexed for parentheses only.
-//   - A line feed outside a literal ends a response for go-imap (or fails
-//     it), so it ends the nesting.
+//   - A quoted string is one where go-imap reads one (not in a status
+//     response's text), and ends, as go-imap ends it, at the next
+//     unescaped quote, line feeds included.
+//   - A line feed outside a literal or a quoted string ends a response
+//     for go-imap (or fails it), so it ends the nesting.
 type nestLexer struct {
 	state lexState
 	depth int
@@ -156,20 +159,17 @@ func (l *nestLexer) feed(p []byte) lexError {
 			}
 			continue
 		case lexQuoted:
+			// As go-imap reads one: to the next unescaped quote, line
+			// feeds and all.
 			switch b {
 			case '\\':
 				l.state = lexQuotedEscape
 			case '"':
 				l.state = lexNormal
-			case '\n':
-				l.endLine()
 			}
 			continue
 		case lexQuotedEscape:
 			l.state = lexQuoted
-			if b == '\n' {
-				l.endLine()
-			}
 			continue
 		case lexLiteralCount:
 			switch {
@@ -217,7 +217,11 @@ func (l *nestLexer) feed(p []byte) lexError {
 		}
 		switch b {
 		case '"':
-			l.state = lexQuoted
+			// A quoted string where go-imap reads one; elsewhere (a
+			// status response's text) a quote is text.
+			if l.classified && !l.status && !l.bracket {
+				l.state = lexQuoted
+			}
 		case '{':
 			l.state, l.digits, l.count = lexLiteralCount, 0, 0
 		case '[':

@@ -89,6 +89,10 @@ func TestNestingBounded(t *testing.T) {
 		"bare LF literals":     levels("{4}\n"),
 		"spaced literals":      levels("{4} \r\n"),
 		"zero-padded literals": levels("{0000000000000000000004}\r\n"),
+		// A quoted string go-imap reads across line feeds; and a quote in
+		// a status response's text, which go-imap reads as text.
+		"quoted line feeds":    "* 1 FETCH (UID 1 BODYSTRUCTURE " + strings.Repeat("((\"a\nb\" \"plain\" NIL NIL NIL \"7BIT\" 1)", 60000) + "\r\n",
+		"quote in status text": "* OK \"\r\n" + deepFetch,
 	} {
 		t.Run(what, func(t *testing.T) {
 			nc, err := noopThrough(t, script)
