@@ -126,7 +126,8 @@ type nestLexer struct {
 	status     bool // a status response or continuation: text
 	retained   bool // a line go-imap keeps (maxRetainedLine)
 	lineLen    int  // bytes of the line so far
-	bracket    bool // in a status response, after "[" and before "]"
+	bracket    bool // in a status response's code, after "[" and before "]"
+	codeNext   bool // the next byte opens a status response's code if "["
 
 	digits int   // of the literal's count
 	count  int64 // the literal's count
@@ -212,6 +213,8 @@ func (l *nestLexer) feed(p []byte) lexError {
 		}
 		// lexNormal, or a literal's start that was none: b is lexed anew.
 		l.state = lexNormal
+		code := l.codeNext // b is where a response code may open
+		l.codeNext = false
 		if !l.classified {
 			l.classify(b)
 		}
@@ -225,7 +228,7 @@ func (l *nestLexer) feed(p []byte) lexError {
 		case '{':
 			l.state, l.digits, l.count = lexLiteralCount, 0, 0
 		case '[':
-			l.bracket = l.bracket || l.status
+			l.bracket = l.bracket || code
 		case ']':
 			l.bracket = false
 		case '\n':
@@ -311,6 +314,7 @@ func (l *nestLexer) classify(b byte) {
 		switch strings.ToUpper(string(rest[:end])) {
 		case "OK", "NO", "BAD", "BYE", "PREAUTH":
 			decide(true)
+			l.codeNext = b == ' '
 		case "FLAGS", "CAPABILITY", "ENABLED":
 			decide(false)
 			l.retained = true

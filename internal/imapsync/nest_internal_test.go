@@ -117,6 +117,8 @@ func TestNestingLegitimate(t *testing.T) {
 		len(subject), subject, len(header), header) +
 		"* LIST (\\HasNoChildren) \"/\" {8}\r\nInbox ((\r\n" +
 		"* OK [ALERT] (((( {5}\r\n" +
+		// An unbalanced "[" in a status response's text is text.
+		"* OK ready [1\r\n* 1 FETCH (UID 1 ENVELOPE (NIL \"" + strings.Repeat("(", 200) + "\" NIL NIL NIL NIL NIL NIL NIL NIL))\r\n" +
 		"* 2 EXISTS\r\n"
 	nc, err := noopThrough(t, script)
 	if err != nil || nc.refused.Load() {
