@@ -60,6 +60,12 @@ func oversized(op string, err error) *Error {
 	return &Error{Kind: KindOversized, Op: op, Reason: "the server sent more than the connection's byte budget", Err: err}
 }
 
+// refusedAnswer is the failure of a connection dropped for an answer its
+// nestConn refused.
+func refusedAnswer(op string, why lexError, err error) *Error {
+	return &Error{Kind: KindProtocol, Op: op, Reason: string(why), Err: err}
+}
+
 // errOversized is the read error past a byte budget.
 var errOversized = errors.New("imapsync: the server sent more than the connection's byte budget")
 
@@ -144,6 +150,7 @@ func (c *deadlineConn) outOfTime() bool {
 type conn struct {
 	c       *imapclient.Client
 	raw     *deadlineConn
+	nest    *nestConn // the plain text the client reads
 	cmdTO   time.Duration
 	stop    func() bool // unregisters the close on ctx
 	closing sync.Once
@@ -172,6 +179,8 @@ func (c *conn) fail(op string, err error, ctx context.Context) error {
 		return ctx.Err()
 	case c.raw.over.Load():
 		return oversized(op, err)
+	case c.nest != nil && c.nest.refused.Load():
+		return refusedAnswer(op, c.nest.why, err)
 	case c.raw.outOfTime():
 		return &Error{Kind: KindSlow, Op: op, Reason: "the server did not complete the setup or poll in time", Err: err}
 	}
@@ -271,28 +280,33 @@ func (m *mailboxRun) dial(ctx context.Context) (*conn, error) {
 	}
 	tlsCfg := &tls.Config{ServerName: ep.Host, RootCAs: m.r.cfg.RootCAs, MinVersion: tls.VersionTLS12}
 	c.arm()
+	// The client reads the plain text through a nestConn (nest.go).
 	switch ep.TLS {
 	case domain.TLSNone:
-		c.c = imapclient.New(raw, opts)
-		if err := c.c.WaitGreeting(); err != nil {
-			return nil, greetingError(err, ctx)
-		}
+		c.nest = newNestConn(raw, "")
 	case domain.TLSStartTLS:
-		opts.TLSConfig = tlsCfg
-		c.c, err = imapclient.NewStartTLS(raw, opts)
+		tc, err := startTLS(ctx, c, tlsCfg)
 		if err != nil {
-			return nil, c.fail("starttls", err, ctx)
+			return nil, err
 		}
+		// The greeting was read before the upgrade; the client starts
+		// from one of its own, and asks for the capabilities again, as
+		// it must after STARTTLS.
+		c.nest = newNestConn(tc, "* OK secured\r\n")
 	default: // implicit, and anything not explicitly none
 		tlsCfg.NextProtos = []string{"imap"}
 		tc := tls.Client(raw, tlsCfg)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			return nil, c.fail("tls", err, ctx)
 		}
-		c.c = imapclient.New(tc, opts)
-		if err := c.c.WaitGreeting(); err != nil {
-			return nil, greetingError(err, ctx)
+		c.nest = newNestConn(tc, "")
+	}
+	c.c = imapclient.New(c.nest, opts)
+	if err := c.c.WaitGreeting(); err != nil {
+		if c.nest.refused.Load() {
+			return nil, c.fail("connect", err, ctx)
 		}
+		return nil, greetingError(err, ctx)
 	}
 	if err := m.login(ctx, c); err != nil {
 		return nil, err

@@ -526,35 +526,7 @@ func TestHostileServerMemory(t *testing.T) {
 		t.Run(string(a), func(t *testing.T) {
 			srv := startHostile(t, "127.0.0.1", a, 0)
 			start := time.Now()
-			cmd := exec.Command(os.Args[0], "-test.run=^TestHostileSyncProcess$", "-test.count=1", "-test.v")
-			cmd.Env = append(os.Environ(), envHostileChild+"="+srv.ln.Addr().String())
-			cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-			out, err := cmd.CombinedOutput()
-			if err != nil {
-				t.Fatalf("sync process: %v\n%s", err, out)
-			}
-			var kind, op string
-			var before, after int64
-			for _, line := range strings.Split(string(out), "\n") {
-				if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "HOSTILE "); ok {
-					for _, f := range strings.Fields(rest) {
-						k, v, _ := strings.Cut(f, "=")
-						switch k {
-						case "kind":
-							kind = v
-						case "op":
-							op = v
-						case "hwm_before_kib":
-							before, _ = strconv.ParseInt(v, 10, 64)
-						case "hwm_after_kib":
-							after, _ = strconv.ParseInt(v, 10, 64)
-						}
-					}
-				}
-			}
-			if kind == "" || before == 0 || after == 0 {
-				t.Fatalf("the sync process reported nothing:\n%s", out)
-			}
+			kind, op, before, after := syncProcess(t, srv.ln.Addr().String())
 			if kind != string(imapsync.KindOversized) {
 				t.Errorf("failed %s, want %s", kind, imapsync.KindOversized)
 			}
@@ -566,6 +538,46 @@ func TestHostileServerMemory(t *testing.T) {
 				a, float64(before)/1024, float64(after)/1024, float64(growth)/1024, kind, op, time.Since(start).Round(time.Millisecond))
 		})
 	}
+}
+
+// syncProcess runs a sync process (this test binary again,
+// TestHostileSyncProcess) with one hot mailbox on the server at addr until
+// its first failure, and returns the failure's category and operation and
+// the process's peak RSS (VmHWM, KiB) before the mailbox started and after
+// it failed.
+func syncProcess(t *testing.T, addr string) (kind, op string, before, after int64) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHostileSyncProcess$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), envHostileChild+"="+addr)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("sync process: %v\n%.4000s", err, out)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "HOSTILE-ERROR "); ok {
+			t.Logf("the mailbox failed: %s", rest)
+		}
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "HOSTILE "); ok {
+			for _, f := range strings.Fields(rest) {
+				k, v, _ := strings.Cut(f, "=")
+				switch k {
+				case "kind":
+					kind = v
+				case "op":
+					op = v
+				case "hwm_before_kib":
+					before, _ = strconv.ParseInt(v, 10, 64)
+				case "hwm_after_kib":
+					after, _ = strconv.ParseInt(v, 10, 64)
+				}
+			}
+		}
+	}
+	if kind == "" || before == 0 || after == 0 {
+		t.Fatalf("the sync process reported nothing:\n%s", out)
+	}
+	return kind, op, before, after
 }
 
 // TestHostileSyncProcess is the sync process of TestHostileServerMemory,
@@ -592,6 +604,7 @@ func TestHostileSyncProcess(t *testing.T) {
 	select {
 	case f := <-failed:
 		fmt.Printf("HOSTILE kind=%s op=%s hwm_before_kib=%d hwm_after_kib=%d\n", f.Err.Kind, strings.ReplaceAll(f.Err.Op, " ", "_"), before, vmHWMKiB())
+		fmt.Printf("HOSTILE-ERROR %.300q\n", f.Err.Error())
 	case <-time.After(2 * time.Minute):
 		t.Fatalf("no failure after 2 minutes (peak RSS %d KiB)", vmHWMKiB())
 	}

@@ -319,6 +319,9 @@ type mailboxRun struct {
 	// lastSpecialFull is the hot session's last check of the special-use
 	// folders by SELECT rather than STATUS.
 	lastSpecialFull time.Time
+	// lastWake is when the server last woke an IDLE (the hot session's
+	// goroutine only).
+	lastWake time.Time
 	// seen is each folder's state as of its last complete sync: a hot
 	// session's STATUS that matches it needs no SELECT. Used by the run's
 	// one goroutine only.
@@ -667,6 +670,22 @@ func (m *mailboxRun) idle(ctx context.Context, c *conn, changed <-chan struct{},
 		dropped = true
 	case <-c.notify:
 		woke = true
+		// Paced: a server answering every IDLE with an EXISTS at once
+		// would have the runner sync in a loop, thousands of rounds a
+		// second, a core of the worker's for one mailbox. Mail arriving
+		// meanwhile waits at most wakeInterval.
+		if wait := time.Until(m.lastWake.Add(wakeInterval)); wait > 0 {
+			p := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+			case <-c.c.Closed():
+				dropped = true
+			case <-changed:
+			case <-p.C:
+			}
+			p.Stop()
+		}
+		m.lastWake = time.Now()
 	case <-changed:
 	case <-t.C:
 	}
@@ -676,6 +695,9 @@ func (m *mailboxRun) idle(ctx context.Context, c *conn, changed <-chan struct{},
 	}
 	if dropped && c.raw.over.Load() {
 		return false, false, oversized("idle", errOversized)
+	}
+	if dropped && c.nest.refused.Load() {
+		return false, false, refusedAnswer("idle", c.nest.why, c.nest.why)
 	}
 	if dropped {
 		return false, false, &Error{Kind: KindNetwork, Op: "idle", Reason: "connection dropped during IDLE", Err: errors.New("connection closed")}
@@ -692,6 +714,9 @@ func (m *mailboxRun) idle(ctx context.Context, c *conn, changed <-chan struct{},
 	c.idling = false
 	return woke, closed(changed), nil
 }
+
+// wakeInterval is the shortest time between two IDLEs the server wakes.
+const wakeInterval = time.Second
 
 // connect opens a connection, reporting and recording authentication
 // outcomes. Once logged in it takes a setup slot, held on success until

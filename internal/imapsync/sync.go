@@ -127,7 +127,7 @@ func (m *mailboxRun) syncFolder(ctx context.Context, c *conn, f folder) error {
 	switch {
 	case condstore && sel.HighestModSeq > 0:
 		if prevLast > 0 && cur.modseq > 0 && sel.HighestModSeq > cur.modseq {
-			updates, err = m.fetchFlags(ctx, c, f, uidRange(1, prevLast), &imap.FetchOptions{UID: true, Flags: true, ModSeq: true, ChangedSince: cur.modseq}, prevLast)
+			updates, err = m.fetchFlags(ctx, c, f, uidRange(1, prevLast), &imap.FetchOptions{UID: true, Flags: true, ModSeq: true, ChangedSince: cur.modseq}, prevLast, cur.stored+m.r.cfg.FetchBatch)
 			if err != nil {
 				return err
 			}
@@ -140,7 +140,7 @@ func (m *mailboxRun) syncFolder(ctx context.Context, c *conn, f folder) error {
 		}
 		var ss imap.SeqSet
 		ss.AddRange(from, sel.NumMessages)
-		updates, err = m.fetchFlags(ctx, c, f, ss, &imap.FetchOptions{UID: true, Flags: true}, prevLast)
+		updates, err = m.fetchFlags(ctx, c, f, ss, &imap.FetchOptions{UID: true, Flags: true}, prevLast, cur.stored+m.r.cfg.FetchBatch)
 		if err != nil {
 			return err
 		}
@@ -176,19 +176,44 @@ func (m *mailboxRun) reconcile(ctx context.Context, c *conn, f folder, cur curso
 	if err != nil {
 		return c.fail("search "+f.role, err, ctx)
 	}
-	if _, ok := data.All.(imap.UIDSet); data.All != nil && !ok {
+	set, ok := data.All.(imap.UIDSet)
+	if data.All != nil && !ok {
 		// Not an answer in UIDs: never delete on it.
 		return &Error{Kind: KindProtocol, Op: "search " + f.role, Reason: "UID SEARCH answered without UIDs"}
 	}
-	present := data.AllUIDs()
-	uids := make([]int64, 0, len(present))
-	for _, u := range present {
-		if uint32(u) <= cur.lastUID {
-			uids = append(uids, int64(u))
-		}
+	uids, reason := presentUIDs(set, cur.lastUID, cur.stored+m.r.cfg.FetchBatch)
+	if reason != "" {
+		return &Error{Kind: KindProtocol, Op: "search " + f.role, Reason: reason}
 	}
 	c.hold()
 	return m.deleteMissing(ctx, cur, uids)
+}
+
+// presentUIDs lists the UIDs of set at or below lastUID, refusing a set
+// that names more than most of them, or "*". The set is the server's: a
+// range of a few bytes (an ESEARCH "1:4294967295") names billions of
+// UIDs, and a "*" (a "0" in a SEARCH answer) made go-imap's expansion
+// panic (SearchData.AllUIDs), so it is walked range by range, never
+// expanded whole. A folder holds no more UIDs at or below the cursor than
+// the rows stored (UIDs only grow): most is that count, with slack.
+func presentUIDs(set imap.UIDSet, lastUID uint32, most int) ([]int64, string) {
+	uids := []int64{} // empty, not nil: an empty array, not NULL, to deleteMissing
+	for _, r := range set {
+		if r.Start == 0 || r.Stop == 0 {
+			return nil, "UID SEARCH answered with a dynamic UID set"
+		}
+		lo, hi := min(r.Start, r.Stop), min(max(r.Start, r.Stop), imap.UID(lastUID))
+		if lo > hi {
+			continue
+		}
+		if int64(len(uids))+int64(hi-lo)+1 > int64(most) {
+			return nil, "UID SEARCH answered with more UIDs than the folder holds"
+		}
+		for u := int64(lo); u <= int64(hi); u++ {
+			uids = append(uids, u)
+		}
+	}
+	return uids, ""
 }
 
 // searchBytesPerUID is the most a UID takes in a SEARCH answer: ten digits
@@ -327,8 +352,13 @@ func isWarmupSection(it imapclient.FetchItemDataBodySection, warmup *imap.FetchI
 	return it.MatchCommand(warmup) || it.MatchCommand(&whole)
 }
 
-// fetchFlags returns the flags of the fetched messages at or below upTo.
-func (m *mailboxRun) fetchFlags(ctx context.Context, c *conn, f folder, set imap.NumSet, opts *imap.FetchOptions, upTo uint32) ([]flagUpdate, error) {
+// fetchFlags returns the flags of the fetched messages at or below upTo,
+// at most most of them: each FETCH response opens a byte window of its
+// own, so without a count a server answering "* 1 FETCH (UID 1 FLAGS ())"
+// for ever would grow the list up to the operation's byte budget (a
+// gigabyte of answers, more of memory). A folder has no more messages to
+// update than rows stored; most is that count, with slack.
+func (m *mailboxRun) fetchFlags(ctx context.Context, c *conn, f folder, set imap.NumSet, opts *imap.FetchOptions, upTo uint32, most int) ([]flagUpdate, error) {
 	c.arm()
 	cmd := c.c.Fetch(set, opts)
 	var out []flagUpdate
@@ -341,6 +371,11 @@ func (m *mailboxRun) fetchFlags(ctx context.Context, c *conn, f folder, set imap
 		c.arm()
 		if msg.uid == 0 || msg.uid > upTo {
 			continue
+		}
+		if len(out) >= most {
+			_ = c.raw.Conn.Close() // the rest of the answer is not worth reading
+			_ = cmd.Close()
+			return nil, &Error{Kind: KindProtocol, Op: "fetch flags " + f.role, Reason: "the server answered with more messages than the folder holds"}
 		}
 		out = append(out, flagUpdate{uid: msg.uid, flags: msg.flags, modseq: msg.modseq})
 	}
@@ -378,8 +413,23 @@ func flagString(flags []imap.Flag) string {
 		s = append(s, string(f))
 	}
 	slices.Sort(s)
-	return strings.Join(slices.Compact(s), " ")
+	s = slices.Compact(s)
+	// Bounded as the envelope's strings are: a message's FLAGS list may be
+	// as long as a response's byte budget, and a batch holds FetchBatch
+	// messages; the keywords past the bound are not stored.
+	n := 0
+	for i, f := range s {
+		if n += len(f) + 1; n > maxFlagsBytes+1 {
+			s = s[:i]
+			break
+		}
+	}
+	return strings.Join(s, " ")
 }
+
+// maxFlagsBytes bounds a message's stored flags (a real message has a few
+// dozen bytes of them).
+const maxFlagsBytes = 1000
 
 // clean makes header text storable: valid UTF-8, no NUL, bounded.
 func clean(s string, n int) string {

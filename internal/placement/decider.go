@@ -1343,9 +1343,43 @@ func (s *State) tick(at time.Time) {
 	if cutoff := at.Add(-s.cfg.LivenessWindow); cutoff.After(s.graceFrom) {
 		dead = s.liveBySeen.before(cutoff)
 	}
-	if s.holdLiveness(at, len(dead) > 0) {
+	expiring := len(dead) > 0
+	// The workers silent through the last hold die first, before a new
+	// hold can begin at this tick: the resume granted them their window,
+	// and a hold entered again whenever it ran out (heartbeats cut in a
+	// loop) would spare them for ever.
+	if doomed := s.silentThroughHold(dead); len(doomed) > 0 {
+		s.die(doomed, at)
+		dead = slices.DeleteFunc(dead, func(w *placementWorker) bool { return !w.live })
+	}
+	if s.holdLiveness(at, expiring) {
 		dead = nil
 	}
+	s.die(dead, at)
+	s.forget(at)
+	s.retry(at)
+}
+
+// silentThroughHold returns the workers of dead not heard since the last
+// hold began (or since this engine took over, when later), once that hold
+// has ended on this engine: holdLiveness does not count them as silent.
+func (s *State) silentThroughHold(dead []*placementWorker) []*placementWorker {
+	lv := s.liveness
+	if lv.Holding || lv.ResumedAt.IsZero() || s.takeover.After(lv.ResumedAt) {
+		return nil
+	}
+	anchor := maxTime(lv.HeldSince, s.takeover)
+	var out []*placementWorker
+	for _, w := range dead {
+		if !w.heard.After(anchor) {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// die declares the workers dead (ordered by id) and moves their mailboxes.
+func (s *State) die(dead []*placementWorker, at time.Time) {
 	slices.SortFunc(dead, func(a, b *placementWorker) int { return strings.Compare(a.id, b.id) })
 	for _, w := range dead {
 		// Last seen: its last heartbeat heard, or the grace granted when
@@ -1359,8 +1393,6 @@ func (s *State) tick(at time.Time) {
 		}
 		s.evacuate(w, domain.ReasonWorkerDied, at)
 	}
-	s.forget(at)
-	s.retry(at)
 }
 
 // holdLiveness decides the liveness hold at a tick (expiring: some live

@@ -374,3 +374,119 @@ func TestPlacementTierFlapBounded(t *testing.T) {
 	}
 	t.Logf("20 flips: %d decisions; an hour of flips: %d tier changes, %d moves", first, len(changes), moves)
 }
+
+// Holds entered and resumed in a loop (heartbeats cut for a little over
+// half a window each time a window is about to run out, the rest flowing,
+// as an attacker who can stall the API at will would do) do not keep a
+// worker that died alive: a worker silent through a hold dies when the
+// window the resume granted runs out, even if a new hold begins at that
+// tick (its death recorded before the hold). Before, each new hold spared
+// it again, for ever: its mailboxes never moved.
+func TestPlacementLivenessHoldFlappingKillsTheDead(t *testing.T) {
+	t.Parallel()
+	h := plFleet(t, Config{HeartbeatInterval: 10 * time.Second}, 6, 24)
+	others := []int{1, 2, 4, 5, 6}
+	h.advance(10 * time.Second)
+	h.beat(1, 2, 3, 4, 5, 6)
+	h.tick()
+	// Worker 3 dies now; the others go on, but every heartbeat is cut
+	// from 10 s after a resume until a hold begins, then flows again.
+	diedAt := h.now
+	var resumed time.Time
+	holds, deaths := 0, 0
+	for h.now.Sub(diedAt) < 30*time.Minute && deaths == 0 {
+		h.advance(2 * time.Second)
+		holding := h.live.Liveness().Holding
+		if holding || resumed.IsZero() && h.now.Sub(diedAt) < 10*time.Second || !resumed.IsZero() && h.now.Sub(resumed) < 10*time.Second {
+			h.beat(others...)
+		}
+		for _, d := range h.tick() {
+			switch d := d.(type) {
+			case *domain.PlacementLivenessHeld:
+				holds++
+			case *domain.PlacementLivenessResumed:
+				resumed = d.At
+			case *domain.PlacementWorkerDied:
+				if d.WorkerID != plWorker(3) {
+					t.Fatalf("%s died: %s", d.WorkerID, plJSON(d))
+				}
+				deaths++
+			}
+		}
+	}
+	if holds == 0 {
+		t.Fatal("no hold: the test shows nothing")
+	}
+	if deaths != 1 {
+		t.Fatalf("worker 3, silent since %s, not dead after %s and %d holds", diedAt, h.now.Sub(diedAt), holds)
+	}
+	if limit := DefaultLivenessHoldMax + 2*30*time.Second; h.now.Sub(diedAt) > limit {
+		t.Fatalf("worker 3 died %s after its last heartbeat, over %s (%d holds)", h.now.Sub(diedAt), limit, holds)
+	}
+	if n := h.worker(3).Mailboxes; n != 0 {
+		t.Fatalf("worker 3 still holds %d mailboxes", n)
+	}
+	t.Logf("worker 3 died %s after its last heartbeat, after %d holds", h.now.Sub(diedAt), holds)
+}
+
+// The same loop of holds across a takeover: an engine restored from the
+// fold of the log right after a resume, granted liveness on its clock as
+// the engine that never stopped is, decides exactly as it does, and the
+// dead worker still dies (one hold later: a takeover knows no heartbeat
+// of the hold before it).
+func TestPlacementLivenessHoldFlappingRestoreDecidesAlike(t *testing.T) {
+	t.Parallel()
+	cfg := Config{HeartbeatInterval: 10 * time.Second}
+	h := plFleet(t, cfg, 6, 24)
+	others := []int{1, 2, 4, 5, 6}
+	var restored *State
+	var all []domain.PlacementDecision
+	step := func(in Input) {
+		t.Helper()
+		a := h.live.Apply(in)
+		if restored != nil {
+			if b := restored.Apply(in); plJSON(a) != plJSON(b) {
+				t.Fatalf("at %s: decisions differ after the takeover:\n%s\n%s", in.At, plJSON(a), plJSON(b))
+			}
+		}
+		all = append(all, a...)
+	}
+	beat := func() {
+		for _, w := range others {
+			v := h.worker(w)
+			step(Input{At: h.now, Event: &domain.WorkerHeartbeat{WorkerID: v.ID, Tier: v.BaseTier, Egress: v.Egress, Address: v.Address}})
+		}
+	}
+	diedAt := h.now
+	var resumed time.Time
+	for h.now.Sub(diedAt) < 30*time.Minute && plCount[*domain.PlacementWorkerDied](all) == 0 {
+		h.advance(2 * time.Second)
+		if restored == nil && !resumed.IsZero() { // the takeover, a tick after the first resume
+			var err error
+			if restored, err = NewStateFromSnapshot(cfg, h.live.Snapshot()); err != nil {
+				t.Fatal(err)
+			}
+			restored.GrantLiveness(h.now)
+			h.live.GrantLiveness(h.now)
+		}
+		if h.live.Liveness().Holding || h.now.Sub(diedAt) < 10*time.Second || !resumed.IsZero() && h.now.Sub(resumed) < 10*time.Second {
+			beat()
+		}
+		n := len(all)
+		step(Tick(h.now))
+		for _, d := range plOf[*domain.PlacementLivenessResumed](all[n:]) {
+			resumed = d.At
+		}
+	}
+	if restored == nil {
+		t.Fatal("no resume: the test shows nothing")
+	}
+	died := plOf[*domain.PlacementWorkerDied](all)
+	if len(died) != 1 || died[0].WorkerID != plWorker(3) {
+		t.Fatalf("after %s and %d holds: died %s", h.now.Sub(diedAt), plCount[*domain.PlacementLivenessHeld](all), plJSON(died))
+	}
+	if !reflect.DeepEqual(restored.Snapshot(), h.live.Snapshot()) {
+		t.Fatal("states diverged")
+	}
+	t.Logf("worker 3 died %s after its last heartbeat, after %d holds", h.now.Sub(diedAt), plCount[*domain.PlacementLivenessHeld](all))
+}
