@@ -212,31 +212,39 @@ func (l *nestLexer) feed(p []byte) lexError {
 			}
 		}
 		// lexNormal, or a literal's start that was none: b is lexed anew.
-		l.state = lexNormal
-		code := l.codeNext // b is where a response code may open
-		l.codeNext = false
-		if !l.classified {
-			l.classify(b)
+		if err := l.normal(b); err != "" {
+			return err
 		}
-		switch b {
-		case '"':
-			// A quoted string where go-imap reads one; elsewhere (a
-			// status response's text) a quote is text.
-			if l.classified && !l.status && !l.bracket {
-				l.state = lexQuoted
-			}
-		case '{':
-			l.state, l.digits, l.count = lexLiteralCount, 0, 0
-		case '[':
-			l.bracket = l.bracket || code
-		case ']':
-			l.bracket = false
-		case '\n':
-			l.endLine()
-		default:
-			if !l.paren(b) {
-				return errNested
-			}
+	}
+	return ""
+}
+
+// normal lexes b outside literals and quoted strings.
+func (l *nestLexer) normal(b byte) lexError {
+	l.state = lexNormal
+	code := l.codeNext // b is where a response code may open
+	l.codeNext = false
+	if !l.classified {
+		l.classify(b)
+	}
+	switch b {
+	case '"':
+		// A quoted string where go-imap reads one; elsewhere (a
+		// status response's text) a quote is text.
+		if l.classified && !l.status && !l.bracket {
+			l.state = lexQuoted
+		}
+	case '{':
+		l.state, l.digits, l.count = lexLiteralCount, 0, 0
+	case '[':
+		l.bracket = l.bracket || code
+	case ']':
+		l.bracket = false
+	case '\n':
+		l.endLine()
+	default:
+		if !l.paren(b) {
+			return errNested
 		}
 	}
 	return ""
