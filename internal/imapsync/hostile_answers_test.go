@@ -50,22 +50,7 @@ func startAnswers(t *testing.T, s *answerServer) *answerServer {
 		t.Fatal(err)
 	}
 	s.ln = ln
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s.wg.Add(1)
-			go func() {
-				defer s.wg.Done()
-				defer c.Close()
-				s.serve(c)
-			}()
-		}
-	}()
+	acceptLoop(ln, &s.wg, s.serve)
 	t.Cleanup(func() {
 		ln.Close()
 		s.wg.Wait()

@@ -99,29 +99,39 @@ func startHostile(t testing.TB, host string, kind attack, tick time.Duration) *h
 		t.Fatal(err)
 	}
 	s := &hostileServer{ln: ln, kind: kind, tick: tick, stop: make(chan struct{})}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s.sessions.Add(1)
-			s.wg.Add(1)
-			go func() {
-				defer s.wg.Done()
-				defer c.Close()
-				s.serve(c)
-			}()
-		}
-	}()
+	acceptLoop(ln, &s.wg, func(c net.Conn) {
+		s.sessions.Add(1)
+		s.serve(c)
+	})
 	t.Cleanup(func() {
 		close(s.stop)
 		ln.Close()
 		s.wg.Wait()
 	})
 	return s
+}
+
+// acceptLoop serves each connection ln accepts with serve on a goroutine
+// of its own, closing it after, until ln is closed; wg counts the loop
+// and every connection's goroutine, so waiting on it after closing ln
+// waits for them all.
+func acceptLoop(ln net.Listener, wg *sync.WaitGroup, serve func(net.Conn)) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
 }
 
 func (s *hostileServer) port() int { return s.ln.Addr().(*net.TCPAddr).Port }
