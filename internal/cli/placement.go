@@ -15,7 +15,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/config"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 )
 
 const placementUsage = `usage: mailplane placement show [--mailbox ID] [--summary]
@@ -48,7 +48,7 @@ func Placement(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	store := projection.NewStore(pool)
+	store := postgres.NewStore(pool)
 	if *mailbox != "" {
 		if !domain.IsUUID(*mailbox) {
 			return fmt.Errorf("--mailbox %q is not a lower-case UUID", *mailbox)
@@ -79,7 +79,7 @@ const pendingShown = 50
 
 // showPlacement prints the pools, the workers (grouped by tier and pool)
 // and the pending placements.
-func showPlacement(out io.Writer, o projection.Overview) {
+func showPlacement(out io.Writer, o postgres.Overview) {
 	fmt.Fprintf(out, "placement projection at decision-log offset %d\n\n", o.NextOffset)
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "TIER\tPOOL\tWORKERS\tLIVE\tELIGIBLE\tLOAD\tCAPACITY\tUTIL\tMAILBOXES")
@@ -122,7 +122,7 @@ func showPlacement(out io.Writer, o projection.Overview) {
 	}
 }
 
-func showWorkers(out io.Writer, workers []projection.WorkerRow) {
+func showWorkers(out io.Writer, workers []postgres.WorkerRow) {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "TIER\tPOOL\tWORKER\tEGRESS\tHEALTH\tSTATE\tLOAD/CAPACITY\tUTIL\tMAILBOXES\tORG\tLAST SEEN")
 	for _, r := range workers {
@@ -142,7 +142,7 @@ func showWorkers(out io.Writer, workers []projection.WorkerRow) {
 }
 
 // showMailbox prints one mailbox's placement and its decisions.
-func showMailbox(out io.Writer, id string, m projection.MailboxStory) {
+func showMailbox(out io.Writer, id string, m postgres.MailboxStory) {
 	switch {
 	case !m.Placed:
 		fmt.Fprintf(out, "mailbox %s is not placed (unknown, or removed)\n", id)

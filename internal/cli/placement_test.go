@@ -19,7 +19,7 @@ import (
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/placement"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -89,16 +89,16 @@ func TestReplayAndShowCommands(t *testing.T) {
 	if err := kc.ProduceSync(ctx, kafkatest.InNamespace(kcfg, recs...)...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	live := make([]projection.Record, len(recs))
+	live := make([]postgres.Record, len(recs))
 	for i, r := range recs {
 		d, err := topics.DecodeDecision(r)
 		if err != nil {
 			t.Fatal(err)
 		}
-		live[i] = projection.Record{Offset: r.Offset, Decision: d}
+		live[i] = postgres.Record{Offset: r.Offset, Decision: d}
 	}
 	if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-		return projection.New(kcfg.Namespace).ApplyDecisions(ctx, tx, live, int64(len(live)))
+		return postgres.New(kcfg.Namespace).ApplyDecisions(ctx, tx, live, int64(len(live)))
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func TestReplayAndShowCommands(t *testing.T) {
 	// For scripts: --format json, and exit codes that tell findings
 	// (drift 3, a failed verify 4) from failures (1) and usage (2).
 	stdout, stderr, code = run("placement", "show", "--format", "json")
-	var o projection.Overview
+	var o postgres.Overview
 	if err := json.Unmarshal([]byte(stdout), &o); code != 0 || err != nil || o.NextOffset != int64(len(ds)) || len(o.Pools) == 0 || o.Refused != 1 {
 		t.Errorf("placement show --format json: exit %d, %v: %+v\n%s", code, err, o, stderr)
 	}

@@ -31,7 +31,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/api"
 	"github.com/mailplane/mailplane/internal/dlq"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/promreg"
 	"github.com/mailplane/mailplane/internal/query"
 )
@@ -40,7 +40,7 @@ import (
 type Facts interface {
 	Mailbox(ctx context.Context, id string) (query.Mailbox, error)
 	Org(ctx context.Context, id string) (query.Org, error)
-	Workers(ctx context.Context) (projection.Overview, error)
+	Workers(ctx context.Context) (postgres.Overview, error)
 }
 
 // Consumers reads the consumers' standing; *query.ConsumerReader is one.

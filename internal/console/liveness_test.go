@@ -14,7 +14,7 @@ import (
 	"github.com/mailplane/mailplane/internal/console"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/query"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -23,12 +23,12 @@ import (
 // offsets from off, as the placement projector does.
 func projectDecisions(t *testing.T, pool *pgxpool.Pool, off int64, ds ...domain.PlacementDecision) {
 	t.Helper()
-	var recs []projection.Record
+	var recs []postgres.Record
 	for i, d := range ds {
-		recs = append(recs, projection.Record{Offset: off + int64(i), Decision: topics.Decision{ID: domain.NewEventID(), Data: d}})
+		recs = append(recs, postgres.Record{Offset: off + int64(i), Decision: topics.Decision{ID: domain.NewEventID(), Data: d}})
 	}
 	err := pgx.BeginFunc(t.Context(), pool, func(tx pgx.Tx) error {
-		return projection.New("").ApplyDecisions(t.Context(), tx, recs, off+int64(len(ds)))
+		return postgres.New("").ApplyDecisions(t.Context(), tx, recs, off+int64(len(ds)))
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -21,7 +21,7 @@ import (
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
 	"github.com/mailplane/mailplane/internal/placement/engine"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/internal/sealing"
 	"github.com/mailplane/mailplane/producer"
@@ -149,7 +149,7 @@ func TestHostileStringsNeverStallAProjection(t *testing.T) {
 	})
 	reg, _ := e.projector(e.db.Pool, projections.NewRegistry())
 	start(t, reg)
-	pp, err := projection.NewProjector(e.kcfg, e.db.Pool, projection.WithLogger(testLogger(t)), projection.WithStandbyPoll(20*time.Millisecond))
+	pp, err := postgres.NewProjector(e.kcfg, e.db.Pool, postgres.WithLogger(testLogger(t)), postgres.WithStandbyPoll(20*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestHostileStringsNeverStallAProjection(t *testing.T) {
 	if decEnd == 0 {
 		t.Fatal("the engine decided nothing")
 	}
-	waitCaughtUp(t, e.kcfg, e.db.Pool, projection.Name, []string{topics.PlacementDecisions}, time.Minute)
+	waitCaughtUp(t, e.kcfg, e.db.Pool, postgres.Name, []string{topics.PlacementDecisions}, time.Minute)
 
 	// What the engine decided is stored as it was sent.
 	for worker, addr := range accepted {

@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/internal/sla"
 )
@@ -80,7 +80,7 @@ func projectorOf(n sla.Name) string {
 	case sla.Registry, sla.Health:
 		return string(n)
 	case sla.PlacementProjection:
-		return projection.Name
+		return postgres.Name
 	}
 	return ""
 }

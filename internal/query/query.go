@@ -8,7 +8,7 @@
 // by Register) and the ops console (internal/console) both read through
 // it, so they show the same facts.
 //
-// It owns no table: placement facts come through projection.Store (the
+// It owns no table: placement facts come through postgres.Store (the
 // one reader of the placement tables), the rest from the registry,
 // health and sync tables as their writers leave them
 // (docs/architecture.md §2).
@@ -27,7 +27,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/mailsync"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -98,7 +98,7 @@ func (r *Reader) read(ctx context.Context, fn func(tx pgx.Tx) error) error {
 	return fn(tx)
 }
 
-// inTx lets projection.Store read inside our transaction: its "begin" is
+// inTx lets postgres.Store read inside our transaction: its "begin" is
 // a savepoint of tx, which shares tx's snapshot.
 type inTx struct{ tx pgx.Tx }
 
@@ -109,9 +109,9 @@ type Mailbox struct {
 	ID       string           `json:"mailbox_id"`
 	Registry *MailboxRegistry `json:"registry"`
 	// Placement is its band, worker and decision history.
-	Placement projection.MailboxStory `json:"placement"`
-	Health    *Health                 `json:"health"`
-	Sync      Sync                    `json:"sync"`
+	Placement postgres.MailboxStory `json:"placement"`
+	Health    *Health               `json:"health"`
+	Sync      Sync                  `json:"sync"`
 }
 
 // MailboxRegistry is the registry's row of a mailbox (never its
@@ -221,7 +221,7 @@ func (r *Reader) Mailbox(ctx context.Context, id string) (Mailbox, error) {
 		default:
 			m.Registry = &reg
 		}
-		if m.Placement, err = projection.NewStore(inTx{tx}).Mailbox(ctx, id); err != nil {
+		if m.Placement, err = postgres.NewStore(inTx{tx}).Mailbox(ctx, id); err != nil {
 			return err
 		}
 		if m.Health, err = readHealth(ctx, tx, id); err != nil {
@@ -233,7 +233,7 @@ func (r *Reader) Mailbox(ctx context.Context, id string) (Mailbox, error) {
 		return Mailbox{}, err
 	}
 	if m.Placement.History == nil {
-		m.Placement.History = []projection.HistoryRow{}
+		m.Placement.History = []postgres.HistoryRow{}
 	}
 	if m.Registry == nil && !m.Placement.Placed && len(m.Placement.History) == 0 && m.Health == nil {
 		return Mailbox{}, ErrNotFound
@@ -459,24 +459,24 @@ func (r *Reader) Org(ctx context.Context, id string) (Org, error) {
 
 // Workers reads the sending workers by tier and pool with the pools'
 // load against capacity and the oldest pending placements: the placement
-// projection's overview (projection.Store.Overview, its own snapshot).
-func (r *Reader) Workers(ctx context.Context) (projection.Overview, error) {
-	o, err := projection.NewStore(r.db).Overview(ctx, true, PendingShown)
+// projection's overview (postgres.Store.Overview, its own snapshot).
+func (r *Reader) Workers(ctx context.Context) (postgres.Overview, error) {
+	o, err := postgres.NewStore(r.db).Overview(ctx, true, PendingShown)
 	if err != nil {
 		return o, err
 	}
 	// Empty lists, not null, for scripts and the OpenAPI document.
 	if o.Pools == nil {
-		o.Pools = []projection.PoolRow{}
+		o.Pools = []postgres.PoolRow{}
 	}
 	if o.Workers == nil {
-		o.Workers = []projection.WorkerRow{}
+		o.Workers = []postgres.WorkerRow{}
 	}
 	if o.Shortfalls == nil {
-		o.Shortfalls = []projection.Shortfall{}
+		o.Shortfalls = []postgres.Shortfall{}
 	}
 	if o.Pending == nil {
-		o.Pending = []projection.PendingRow{}
+		o.Pending = []postgres.PendingRow{}
 	}
 	return o, nil
 }

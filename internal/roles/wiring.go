@@ -24,7 +24,7 @@ import (
 	"github.com/mailplane/mailplane/internal/outbox"
 	"github.com/mailplane/mailplane/internal/ownership"
 	"github.com/mailplane/mailplane/internal/placement/engine"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/internal/query"
 	"github.com/mailplane/mailplane/internal/workerapi"
@@ -53,9 +53,9 @@ func (p *process) startProjectors() error {
 	p.start("projector registry", pr.Run)
 
 	// The placement projection reads the decision log with offsets,
-	// so it has its own runner (see projection.Projection).
-	pp, err := projection.NewProjector(p.kcfg("projector-placement"), p.pools.Work,
-		projection.WithLogger(log), projection.WithRegisterer(p.reg))
+	// so it has its own runner (see postgres.Projection).
+	pp, err := postgres.NewProjector(p.kcfg("projector-placement"), p.pools.Work,
+		postgres.WithLogger(log), postgres.WithRegisterer(p.reg))
 	if err != nil {
 		return err
 	}
@@ -67,12 +67,12 @@ func (p *process) startProjectors() error {
 // pruneAssignmentChanges drops the assignment changes of decision-log
 // offsets older than the newest assignmentChangesRetained.
 func (p *process) pruneAssignmentChanges(ctx context.Context) (int64, []any, error) {
-	cp, err := projection.ReadCheckpoint(ctx, p.pools.Work)
+	cp, err := postgres.ReadCheckpoint(ctx, p.pools.Work)
 	if err != nil || cp.NextOffset <= assignmentChangesRetained {
 		return 0, nil, err
 	}
 	below := cp.NextOffset - assignmentChangesRetained
-	n, err := projection.PruneChanges(ctx, p.pools.Work, below)
+	n, err := postgres.PruneChanges(ctx, p.pools.Work, below)
 	return n, []any{"below_offset", below}, err
 }
 
@@ -153,7 +153,7 @@ func (p *process) startEngine() error {
 		engine.WithHeartbeatInterval(p.rc.engineGroup.orDefault().heartbeat),
 		// Restore from the placement projection and read only the
 		// decision log's tail.
-		engine.WithSnapshotter(projection.NewSnapshotter(p.pools.Work)))
+		engine.WithSnapshotter(postgres.NewSnapshotter(p.pools.Work)))
 	if err != nil {
 		return err
 	}
@@ -258,7 +258,7 @@ func (p *process) buildAPI() (*api.Server, error) {
 		// Returns only when ctx is done (a role returning stops them all).
 		p.start("tokens file watch", func(ctx context.Context) error { auth.Watch(ctx, 0); return nil })
 	}
-	pgStore := projection.NewStore(p.pools.Serve)
+	pgStore := postgres.NewStore(p.pools.Serve)
 	limiter := workerapi.NewWorkerLimiter(pgStore, rc.newWorkerRate, rc.newWorkerBurst, p.reg)
 	pc := producer.New(kc, producer.WithSealer(rc.keyring), producer.WithSource("mailplane/api"), producer.WithRegisterer(p.reg),
 		producer.WithNamespace(rc.kafka.Namespace))

@@ -16,7 +16,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/access"
 	"github.com/mailplane/mailplane/internal/api"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/workerapi"
 )
 
@@ -188,7 +188,7 @@ func TestKnownWorkersFromPlacement(t *testing.T) {
 VALUES ($1, 'shared_free', 'shared_free', 'cold_smtp', '10.0.0.7:25', 'clean', false, 'healthy', 1, 1, true, false, 0, 10, 0, 0)`, workerID); err != nil {
 		t.Fatal(err)
 	}
-	got, err := projection.NewStore(pool).KnownWorkers(ctx, []string{workerID, otherWorkerID})
+	got, err := postgres.NewStore(pool).KnownWorkers(ctx, []string{workerID, otherWorkerID})
 	if err != nil {
 		t.Fatal(err)
 	}

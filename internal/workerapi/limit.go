@@ -27,7 +27,7 @@ const (
 )
 
 // KnownWorkers tells which worker ids placement already knows; *PGStore is
-// one (placement_workers), in internal/placement/projection.
+// one (placement_workers), in internal/placement/postgres.
 type KnownWorkers interface {
 	KnownWorkers(ctx context.Context, ids []string) (map[string]bool, error)
 }

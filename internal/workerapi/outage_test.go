@@ -22,7 +22,7 @@ import (
 	"github.com/mailplane/mailplane/internal/api"
 	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/pgtest"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/workerapi"
 )
 
@@ -207,7 +207,7 @@ VALUES ($1, 'shared_free', 'shared_free', 'cold_smtp', '10.0.0.7:25', 'clean', f
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	lim := workerapi.NewWorkerLimiter(projection.NewStore(pool), 0.0001, 1, nil)
+	lim := workerapi.NewWorkerLimiter(postgres.NewStore(pool), 0.0001, 1, nil)
 	e := newEnvWith(t, []api.Option{api.WithAdmission(lim.Admit)})
 
 	if resp, b := e.heartbeatAs(workerID); resp.StatusCode != http.StatusAccepted {

@@ -15,7 +15,7 @@ import (
 	"github.com/mailplane/mailplane/internal/api"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/workerapi"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -44,7 +44,7 @@ type projector struct {
 }
 
 func newProjector(t testing.TB, pool *pgxpool.Pool) *projector {
-	return &projector{t: t, pool: pool, name: projection.Name}
+	return &projector{t: t, pool: pool, name: postgres.Name}
 }
 
 // id builds fixed UUIDs: id('w', 1) = 00000000-0000-7000-8000-0000000000w1.
@@ -174,7 +174,7 @@ func assertResult(t testing.TB, name string, got workerapi.Result, err error, fu
 func TestPGStore(t *testing.T) {
 	t.Parallel()
 	pool := newDB(t)
-	s := projection.NewStore(pool)
+	s := postgres.NewStore(pool)
 	ctx := context.Background()
 	none := []string{}
 
@@ -239,7 +239,7 @@ func TestPGStore(t *testing.T) {
 	}
 
 	// Prune below 5: tokens below the horizon expire, the rest still work.
-	n, err := projection.PruneChanges(ctx, pool, 5)
+	n, err := postgres.PruneChanges(ctx, pool, 5)
 	if err != nil || n != 5 { // offsets 0-4: A, B, C, D added, D removed
 		t.Fatalf("prune: %d rows, %v", n, err)
 	}
@@ -249,18 +249,18 @@ func TestPGStore(t *testing.T) {
 	res, err = s.Assignments(ctx, w1, workerapi.TokenAt(5))
 	assertResult(t, "w1 since 5 after prune", res, err, false, nil, []string{mbB, mbC}, []string{mbA}, 11)
 	// The horizon never moves down.
-	if _, err := projection.PruneChanges(ctx, pool, 2); err != nil {
+	if _, err := postgres.PruneChanges(ctx, pool, 2); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Assignments(ctx, w1, workerapi.TokenAt(4)); !errors.Is(err, workerapi.ErrTokenExpired) {
 		t.Errorf("horizon moved down: %v", err)
 	}
-	if _, err := projection.PruneChanges(ctx, pool, -1); err == nil {
+	if _, err := postgres.PruneChanges(ctx, pool, -1); err == nil {
 		t.Error("negative horizon accepted")
 	}
 
 	// The position is the named projector's.
-	other := projection.NewStore(pool, projection.WithStoreProjector("placement-rebuild"))
+	other := postgres.NewStore(pool, postgres.WithStoreProjector("placement-rebuild"))
 	res, err = other.Assignments(ctx, w1, workerapi.Token{})
 	assertResult(t, "another projector's position", res, err, true, []string{mbB, mbC}, nil, nil, 0)
 
@@ -277,7 +277,7 @@ func TestPGStore(t *testing.T) {
 func TestAssignmentsOverHTTP(t *testing.T) {
 	t.Parallel()
 	pool := newDB(t)
-	e := newEnv(t, workerapi.WithAssignmentStore(projection.NewStore(pool)))
+	e := newEnv(t, workerapi.WithAssignmentStore(postgres.NewStore(pool)))
 	p := newProjector(t, pool)
 	path := "/v1/workers/" + w1 + "/assignments"
 
@@ -311,7 +311,7 @@ func TestAssignmentsOverHTTP(t *testing.T) {
 		t.Fatalf("nothing new: %d %s", resp.StatusCode, b)
 	}
 
-	if _, err := projection.PruneChanges(context.Background(), pool, 3); err != nil {
+	if _, err := postgres.PruneChanges(context.Background(), pool, 3); err != nil {
 		t.Fatal(err)
 	}
 	resp, b = e.do(req{token: ptr(readerToken), method: http.MethodGet, path: path + "?since=" + full.Token})

@@ -22,7 +22,7 @@ import (
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/placement/replay"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -143,7 +143,7 @@ func BenchmarkReplayPlacement(b *testing.B) {
 
 	// How long an engine takes to restore from this projection.
 	lstart := time.Now()
-	ck, err := projection.NewSnapshotter(rb.Pool()).Load(ctx)
+	ck, err := postgres.NewSnapshotter(rb.Pool()).Load(ctx)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -246,7 +246,7 @@ func BenchmarkEventToProjectedRow(b *testing.B) {
 	e := newEnv(b)
 	var mu sync.Mutex
 	projected := map[string]time.Time{}
-	p, err := projection.NewProjector(e.kcfg, e.db.Pool, projection.WithCommitted(func(c projection.Commit) {
+	p, err := postgres.NewProjector(e.kcfg, e.db.Pool, postgres.WithCommitted(func(c postgres.Commit) {
 		mu.Lock()
 		for _, r := range c.Records {
 			if _, ok := projected[r.Decision.Cause.ID]; !ok {
@@ -323,7 +323,7 @@ func BenchmarkEventToProjectedRow(b *testing.B) {
 }
 
 // BenchmarkPlacementProjectorBacklog measures the live placement projector
-// (projection.Projector, default batches of 20,000, rows read back and merged
+// (postgres.Projector, default batches of 20,000, rows read back and merged
 // through the indexed tables) catching up a decision log of b.N decisions.
 func BenchmarkPlacementProjectorBacklog(b *testing.B) {
 	ds := benchDecisions(b.N)
@@ -335,7 +335,7 @@ func BenchmarkPlacementProjectorBacklog(b *testing.B) {
 	}
 	done := make(chan struct{})
 	var once sync.Once
-	p, err := projection.NewProjector(kcfg, db.Pool, projection.WithCommitted(func(c projection.Commit) {
+	p, err := postgres.NewProjector(kcfg, db.Pool, postgres.WithCommitted(func(c postgres.Commit) {
 		if c.NextOffset >= int64(len(ds)) {
 			once.Do(func() { close(done) })
 		}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/placement/engine"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/workerapi"
 )
 
@@ -193,7 +193,7 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 			break
 		}
 	}
-	res, err := projection.NewStore(pool).Assignments(ctx, gone, workerapi.Token{})
+	res, err := postgres.NewStore(pool).Assignments(ctx, gone, workerapi.Token{})
 	if err != nil || !res.Full || len(res.Mailboxes) != 0 {
 		t.Fatalf("a forgotten worker's assignments: %+v %v, want an empty full list", res, err)
 	}
@@ -214,7 +214,7 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 	// An engine restored from the projection no longer knows the
 	// forgotten ids: one heartbeating again is a new worker.
 	stopEngine()
-	e.engine(engine.WithSnapshotter(projection.NewSnapshotter(pool)))
+	e.engine(engine.WithSnapshotter(postgres.NewSnapshotter(pool)))
 	again := later.Add(time.Minute) // within liveness of the real workers: a tick first decides nothing
 	e.publish(again, &domain.WorkerHeartbeat{WorkerID: gone, Tier: domain.TierSharedFree, Egress: domain.EgressColdSMTP, Address: "198.51.100.7:25"})
 	e.clock.Set(again)

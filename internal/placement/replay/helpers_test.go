@@ -23,7 +23,7 @@ import (
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
@@ -158,9 +158,9 @@ func (e *env) engine(opts ...engine.Option) (stop func()) {
 // projector starts the live placement projector.
 func (e *env) projector(pool *pgxpool.Pool) (stop func()) {
 	e.t.Helper()
-	p, err := projection.NewProjector(e.kcfg, pool, projection.WithLogger(testLogger(e.t)),
-		projection.WithStandbyPoll(50*time.Millisecond),
-		projection.WithRetry(projections.RetryPolicy{Backoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond}))
+	p, err := postgres.NewProjector(e.kcfg, pool, postgres.WithLogger(testLogger(e.t)),
+		postgres.WithStandbyPoll(50*time.Millisecond),
+		postgres.WithRetry(projections.RetryPolicy{Backoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond}))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -282,7 +282,7 @@ func (e *env) settle(pool *pgxpool.Pool) int64 {
 		stable := time.Since(stableSince)
 		ok := stable > 2*time.Second || (stable > 300*time.Millisecond && e.engineCaughtUp())
 		if ok && pool != nil {
-			ck, err := projection.ReadCheckpoint(context.Background(), pool)
+			ck, err := postgres.ReadCheckpoint(context.Background(), pool)
 			if err != nil {
 				e.t.Fatal(err)
 			}
@@ -292,9 +292,9 @@ func (e *env) settle(pool *pgxpool.Pool) int64 {
 			return end
 		}
 		if time.Now().After(deadline) {
-			var ck projection.Checkpoint
+			var ck postgres.Checkpoint
 			if pool != nil {
-				ck, _ = projection.ReadCheckpoint(context.Background(), pool)
+				ck, _ = postgres.ReadCheckpoint(context.Background(), pool)
 			}
 			e.t.Fatalf("not settled after 60s (log end %d, stable for %s, projection at %d); engine behind:%s",
 				end, time.Since(stableSince), ck.NextOffset, e.engineBehind())

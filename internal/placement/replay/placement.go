@@ -5,7 +5,7 @@
 // the live one drifted (or the code changed), and swapping the rebuild in
 // repairs it.
 //
-// The placement projection (projection.Projection) is the one rebuilt
+// The placement projection (postgres.Projection) is the one rebuilt
 // here: `mailplane replay placement`. Its fold of the decision log is its
 // own; the fresh schema and its marker, the row comparison and the move of
 // tables between schemas are internal/rebuild's, shared with the registry
@@ -29,7 +29,7 @@ import (
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/placement/engine"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/rebuild"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -95,7 +95,7 @@ type Placement struct {
 	live   string
 	schema string
 	pool   *pgxpool.Pool // search_path = schema
-	proj   *projection.Projection
+	proj   *postgres.Projection
 
 	release   func() // the rebuild's hold on its schema (rebuild.Hold)
 	next      int64  // the rebuild's checkpoint
@@ -129,7 +129,7 @@ func RebuildPlacement(ctx context.Context, cfg Config) (*Placement, error) {
 	if cfg.Schema == "" {
 		cfg.Schema = rebuild.DefaultName(live, rebuild.Placement, time.Now())
 	}
-	p := &Placement{cfg: cfg, live: live, schema: cfg.Schema, proj: projection.New(cfg.Kafka.Namespace)}
+	p := &Placement{cfg: cfg, live: live, schema: cfg.Schema, proj: postgres.New(cfg.Kafka.Namespace)}
 	if err := rebuild.Create(ctx, cfg.Live, rebuild.Placement, live, p.schema); err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
@@ -177,7 +177,7 @@ func (p *Placement) rebuild(ctx context.Context) error {
 // input at the end costs a fraction of maintaining it insert by insert,
 // and a duplicate key still fails the rebuild, when the key is added back.
 // (The first pass writes every row once, from memory, and reads none
-// back; see projection.Builder.)
+// back; see postgres.Builder.)
 var deferredTables = []string{"placement_workers", "placement_orgs", "placement_mailboxes", "placement_history", "placement_assignment_changes"}
 
 // deferredIndex is a primary key or index dropped for the load.
@@ -304,7 +304,7 @@ func (p *Placement) build(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	start := time.Now()
-	chunks := make(chan []projection.Record, 16)
+	chunks := make(chan []postgres.Record, 16)
 	var (
 		readEnd int64
 		readErr error
@@ -316,8 +316,8 @@ func (p *Placement) build(ctx context.Context) error {
 		readEnd, readErr = readParallel(ctx, p.cfg.Kafka, 0, chunks)
 	}()
 
-	b := projection.NewBuilder(p.cfg.Kafka.Namespace)
-	writes := make(chan projection.AppendOnly, 4)
+	b := postgres.NewBuilder(p.cfg.Kafka.Namespace)
+	writes := make(chan postgres.AppendOnly, 4)
 	finish := make(chan int64, 1) // the checkpoint, once everything is folded
 	writeErr := make(chan error, 1)
 	go func() {
@@ -400,22 +400,22 @@ func (p *Placement) build(ctx context.Context) error {
 // to < 0: a reader goroutine decodes, this one applies, batch by batch.
 // readChunks reads the decision log from from (up to to, when not -1) in
 // chunks into chunks, which it closes, and returns the log's end.
-func (p *Placement) readChunks(ctx context.Context, from, to int64, chunks chan<- []projection.Record) (int64, error) {
+func (p *Placement) readChunks(ctx context.Context, from, to int64, chunks chan<- []postgres.Record) (int64, error) {
 	defer close(chunks)
 	const chunk = 2048
-	buf := make([]projection.Record, 0, chunk)
+	buf := make([]postgres.Record, 0, chunk)
 	end, err := engine.ReadDecisions(ctx, p.cfg.Kafka, from, func(off int64, d topics.Decision) error {
 		if to >= 0 && off >= to {
 			return errStop
 		}
-		buf = append(buf, projection.Record{Offset: off, Decision: d})
+		buf = append(buf, postgres.Record{Offset: off, Decision: d})
 		if len(buf) == chunk {
 			select {
 			case chunks <- buf:
 			case <-ctx.Done():
 				return ctx.Err()
 			}
-			buf = make([]projection.Record, 0, chunk)
+			buf = make([]postgres.Record, 0, chunk)
 		}
 		return nil
 	})
@@ -433,7 +433,7 @@ func (p *Placement) pass(ctx context.Context, to int64) error {
 	defer cancel()
 	from := p.next
 	start := time.Now()
-	chunks := make(chan []projection.Record, 8)
+	chunks := make(chan []postgres.Record, 8)
 	var (
 		readEnd int64
 		readErr error
@@ -450,7 +450,7 @@ func (p *Placement) pass(ctx context.Context, to int64) error {
 	offset.Store(from)
 	stopReport := p.reporter(from, to, start, &applied, &offset)
 
-	batch := make([]projection.Record, 0, p.cfg.BatchSize)
+	batch := make([]postgres.Record, 0, p.cfg.BatchSize)
 	var applyErr error
 	apply := func(next int64) {
 		if applyErr != nil {
@@ -610,7 +610,7 @@ var ErrLiveBehind = errors.New("replay: the live projection is behind the rebuil
 // the live checkpoint; when the live projection is ahead the rebuild
 // catches up to exactly its offset first, when it is behind Verify waits
 // for it (up to wait). The rebuild also adopts the live retention horizon
-// of assignment changes (pruning below it, as projection.PruneChanges did
+// of assignment changes (pruning below it, as postgres.PruneChanges did
 // on the live side). Each table is compared with EXCEPT both ways.
 func (p *Placement) Verify(ctx context.Context, wait time.Duration) (Report, error) {
 	if p.swapped {
@@ -641,7 +641,7 @@ func (p *Placement) verifyOnce(ctx context.Context) (rep Report, again bool, err
 		if err != nil {
 			return Report{}, false, fmt.Errorf("replay: begin: %w", err)
 		}
-		ck, err := projection.ReadCheckpoint(ctx, tx)
+		ck, err := postgres.ReadCheckpoint(ctx, tx)
 		var horizon, rebuiltHorizon int64
 		if err == nil {
 			err = tx.QueryRow(ctx, `SELECT COALESCE((SELECT retained_from FROM placement_assignment_retention), 0),
@@ -681,7 +681,7 @@ func (p *Placement) verifyOnce(ctx context.Context) (rep Report, again bool, err
 // adoptHorizon prunes the rebuild's assignment changes below the live
 // retention horizon and records the horizon, as the live side did.
 func (p *Placement) adoptHorizon(ctx context.Context, horizon int64) error {
-	_, err := projection.PruneChanges(ctx, p.pool, horizon)
+	_, err := postgres.PruneChanges(ctx, p.pool, horizon)
 	if err != nil {
 		return fmt.Errorf("replay: adopt the live retention horizon %d: %w", horizon, err)
 	}
@@ -740,7 +740,7 @@ func (p *Placement) Swap(ctx context.Context) error {
     (projector, topic, partition, next_offset, updated_at)
 SELECT $1, $2, 0, COALESCE((SELECT next_offset FROM `+pgx.Identifier{p.live, "placement_checkpoint"}.Sanitize()+`), 0), now()
 ON CONFLICT (projector, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at`,
-			projection.Name, p.cfg.Kafka.Topic(topics.PlacementDecisions))
+			postgres.Name, p.cfg.Kafka.Topic(topics.PlacementDecisions))
 		if err != nil {
 			return fmt.Errorf("replay: move the placement projector's offset: %w", err)
 		}

@@ -15,7 +15,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/placement/replay"
 	rebuildpkg "github.com/mailplane/mailplane/internal/rebuild"
 )
@@ -31,10 +31,10 @@ func checkProjection(t testing.TB, pool *pgxpool.Pool, want *placement.State) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	if err := projection.CheckInvariants(ctx, tx); err != nil {
+	if err := postgres.CheckInvariants(ctx, tx); err != nil {
 		t.Fatalf("projection: %v", err)
 	}
-	ck, err := projection.LoadSnapshot(ctx, tx)
+	ck, err := postgres.LoadSnapshot(ctx, tx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +117,7 @@ func TestReplayPlacementEqualsLive(t *testing.T) {
 			if seed == 1 {
 				// The live side pruned old assignment changes; the
 				// rebuild adopts its horizon before comparing.
-				if _, err := projection.PruneChanges(ctx, e.db.Pool, l[len(l)/2].offset); err != nil {
+				if _, err := postgres.PruneChanges(ctx, e.db.Pool, l[len(l)/2].offset); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -231,7 +231,7 @@ func (r *recordingSnapshotter) last(t testing.TB) engine.Checkpoint {
 }
 
 // TestEngineRestoresFromPostgres: an engine restored from the placement
-// projection (projection.Snapshotter) decides exactly as one
+// projection (postgres.Snapshotter) decides exactly as one
 // restored from the whole log: the whole decision log, across engines
 // restored from a checkpoint behind the log's end (folding the tail) and
 // at its very end (seeding tick ids from the checkpoint's last decision
@@ -253,7 +253,7 @@ func TestEngineRestoresFromPostgres(t *testing.T) {
 	stopEngine()
 	s.round(20) // and inputs wait for the next engine
 
-	snap := &recordingSnapshotter{Snapshotter: projection.NewSnapshotter(pool)}
+	snap := &recordingSnapshotter{Snapshotter: postgres.NewSnapshotter(pool)}
 	stopEngine = e.engine(engine.WithSnapshotter(snap))
 	end := e.settle(nil)
 	ck := snap.last(t)
@@ -268,7 +268,7 @@ func TestEngineRestoresFromPostgres(t *testing.T) {
 	stopProj = e.projector(pool)
 	end = e.settle(pool)
 	stopProj()
-	snap2 := &recordingSnapshotter{Snapshotter: projection.NewSnapshotter(pool)}
+	snap2 := &recordingSnapshotter{Snapshotter: postgres.NewSnapshotter(pool)}
 	e.engine(engine.WithSnapshotter(snap2))
 	waitActive := time.Now().Add(30 * time.Second)
 	for {

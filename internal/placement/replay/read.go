@@ -8,7 +8,7 @@ import (
 
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/placement/engine"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -23,7 +23,7 @@ const readFetchBytes = 64 << 20
 // (kafka.ReadDecoded): decoding (JSON and validation) is most of a
 // rebuild's Go work. Chunks of decisions reach out in log order; out is
 // closed when the read ends. It returns the end offset.
-func readParallel(ctx context.Context, kcfg kafka.Config, from int64, out chan<- []projection.Record) (int64, error) {
+func readParallel(ctx context.Context, kcfg kafka.Config, from int64, out chan<- []postgres.Record) (int64, error) {
 	defer close(out)
 	log := kafka.Partition{Topic: kcfg.Topic(topics.PlacementDecisions), Partition: 0}
 	spec := kafka.ReadSpec{
@@ -37,14 +37,14 @@ func readParallel(ctx context.Context, kcfg kafka.Config, from int64, out chan<-
 		},
 		FetchMaxBytes: readFetchBytes,
 	}
-	decode := func(r *kgo.Record) (projection.Record, error) {
+	decode := func(r *kgo.Record) (postgres.Record, error) {
 		d, err := topics.DecodeDecision(r)
 		if err != nil {
-			return projection.Record{}, fmt.Errorf("replay: decision at offset %d: %w", r.Offset, err)
+			return postgres.Record{}, fmt.Errorf("replay: decision at offset %d: %w", r.Offset, err)
 		}
-		return projection.Record{Offset: r.Offset, Decision: d}, nil
+		return postgres.Record{Offset: r.Offset, Decision: d}, nil
 	}
-	bounds, err := kafka.ReadDecoded(ctx, kcfg, spec, decode, func(ds []projection.Record) error {
+	bounds, err := kafka.ReadDecoded(ctx, kcfg, spec, decode, func(ds []postgres.Record) error {
 		select {
 		case out <- ds:
 			return nil

@@ -31,7 +31,7 @@ import (
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/placement/replay"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -135,7 +135,7 @@ func restoreChild(mode string) error {
 				return err
 			}
 			defer pool.Close()
-			opts = append(opts, engine.WithSnapshotter(projection.NewSnapshotter(pool)))
+			opts = append(opts, engine.WithSnapshotter(postgres.NewSnapshotter(pool)))
 		}
 		reg := prometheus.NewRegistry()
 		eng, err := engine.New(kcfg, append(opts, engine.WithRegisterer(reg))...)

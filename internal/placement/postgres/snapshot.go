@@ -1,4 +1,4 @@
-package projection
+package postgres
 
 import (
 	"context"
@@ -85,9 +85,9 @@ FROM placement_workers w ORDER BY w.worker_id`)
 		if org != nil {
 			w.DedicatedOrg = *org
 		}
-		w.FirstSeen, w.LastSeen = plTime(fs), plTime(ls)
+		w.FirstSeen, w.LastSeen = fromNanos(fs), fromNanos(ls)
 		if held != 0 {
-			w.TierHeldUntil = plTime(held)
+			w.TierHeldUntil = fromNanos(held)
 		}
 		ck.State.Workers = append(ck.State.Workers, w)
 		return nil
@@ -114,7 +114,7 @@ FROM placement_workers w ORDER BY w.worker_id`)
 	)
 	_, err = pgx.ForEachRow(rows, []any{&o.ID, &plan, &o.DedicatedWorkers, &o.Paid, &since}, func() error {
 		ov := o
-		ov.Recorded, ov.Plan, ov.PlanSince = true, domain.Plan(plan), plTime(since)
+		ov.Recorded, ov.Plan, ov.PlanSince = true, domain.Plan(plan), fromNanos(since)
 		ck.State.Orgs = append(ck.State.Orgs, ov)
 		return nil
 	})
@@ -174,10 +174,10 @@ func loadMailboxes(ctx context.Context, tx pgx.Tx, sizeHint int) ([]placement.Ma
 		m.Band = domain.RiskPool(dec.word(raw, 3, words))
 		m.Weight = dec.int8(raw, 4)
 		if raw[5] != nil && raw[6] != nil {
-			m.Candidate, m.CandidateSince = domain.RiskPool(dec.word(raw, 5, words)), plTime(dec.int8(raw, 6))
+			m.Candidate, m.CandidateSince = domain.RiskPool(dec.word(raw, 5, words)), fromNanos(dec.int8(raw, 6))
 		}
 		if raw[7] != nil && raw[8] != nil {
-			m.PendingReason, m.PendingSince = domain.PlacementReason(dec.word(raw, 7, words)), plTime(dec.int8(raw, 8))
+			m.PendingReason, m.PendingSince = domain.PlacementReason(dec.word(raw, 7, words)), fromNanos(dec.int8(raw, 8))
 		}
 		if dec.err != nil {
 			return nil, fmt.Errorf("mailbox %s: %w", m.ID, dec.err)
@@ -253,7 +253,7 @@ func (d *rawDecoder) fail(err error) {
 	}
 }
 
-// plTime is a stored Unix-nanosecond time as the decider holds it (UTC).
-func plTime(ns int64) time.Time { return time.Unix(0, ns).UTC() }
+// fromNanos is a stored Unix-nanosecond time as the decider holds it (UTC).
+func fromNanos(ns int64) time.Time { return time.Unix(0, ns).UTC() }
 
 var _ engine.Snapshotter = (*Snapshotter)(nil)

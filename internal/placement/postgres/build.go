@@ -1,4 +1,4 @@
-package projection
+package postgres
 
 import (
 	"context"
@@ -21,7 +21,7 @@ import (
 // (about 200 bytes per mailbox).
 type Builder struct {
 	log   string // the decision log's name, in the namespace
-	f     *plFold
+	f     *fold
 	last  int64
 	added int64
 }
@@ -29,7 +29,7 @@ type Builder struct {
 // NewBuilder returns a builder at offset 0 of the decision log in
 // namespace ns.
 func NewBuilder(ns topics.Namespace) *Builder {
-	return &Builder{log: ns.Topic(topics.PlacementDecisions), f: newPlFold(), last: -1}
+	return &Builder{log: ns.Topic(topics.PlacementDecisions), f: newFold(), last: -1}
 }
 
 // Add folds recs, which follow every record added before, in log order.
@@ -53,8 +53,8 @@ func (b *Builder) Decisions() int64 { return b.added }
 // AppendOnly holds history and assignment-change rows taken from
 // a builder, ready to write.
 type AppendOnly struct {
-	history []plHistory
-	changes []plChange
+	history []history
+	changes []change
 }
 
 // Len is the number of rows.
@@ -72,12 +72,12 @@ func (b *Builder) TakeAppendOnly() AppendOnly {
 // placement_assignment_changes.
 func (a AppendOnly) WriteAppendOnly(ctx context.Context, tx pgx.Tx) error {
 	if len(a.history) > 0 {
-		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"placement_history"}, plHistoryColumns, &plHistorySource{rows: a.history, i: -1}); err != nil {
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"placement_history"}, historyColumns, &historySource{rows: a.history, i: -1}); err != nil {
 			return fmt.Errorf("placement: copy into placement_history: %w", err)
 		}
 	}
 	if len(a.changes) > 0 {
-		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"placement_assignment_changes"}, plChangeColumns, &plChangeSource{rows: a.changes, i: -1}); err != nil {
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"placement_assignment_changes"}, changeColumns, &changeSource{rows: a.changes, i: -1}); err != nil {
 			return fmt.Errorf("placement: copy into placement_assignment_changes: %w", err)
 		}
 	}
@@ -101,7 +101,7 @@ func (b *Builder) Finish(ctx context.Context, tx pgx.Tx, next int64) error {
 		}
 	}
 	if len(workers) > 0 {
-		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"placement_workers"}, plWorkerColumns, pgx.CopyFromRows(workers)); err != nil {
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"placement_workers"}, workerColumns, pgx.CopyFromRows(workers)); err != nil {
 			return fmt.Errorf("placement: copy into placement_workers: %w", err)
 		}
 	}
@@ -110,37 +110,37 @@ func (b *Builder) Finish(ctx context.Context, tx pgx.Tx, next int64) error {
 		orgs = append(orgs, []any{pgtype.UUID{Bytes: o.id, Valid: true}, o.plan, o.dedicated, o.paid, o.source, o.since, o.offset})
 	}
 	if len(orgs) > 0 {
-		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"placement_orgs"}, plOrgColumns, pgx.CopyFromRows(orgs)); err != nil {
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"placement_orgs"}, orgColumns, pgx.CopyFromRows(orgs)); err != nil {
 			return fmt.Errorf("placement: copy into placement_orgs: %w", err)
 		}
 	}
-	ms := make([]*plMailbox, 0, len(b.f.mailboxes))
+	ms := make([]*mailbox, 0, len(b.f.mailboxes))
 	for _, m := range b.f.mailboxes {
 		if m.present {
 			ms = append(ms, m)
 		}
 	}
 	if len(ms) > 0 {
-		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"placement_mailboxes"}, plMailboxColumns, &plMailboxSource{rows: ms, i: -1}); err != nil {
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"placement_mailboxes"}, mailboxColumns, &mailboxSource{rows: ms, i: -1}); err != nil {
 			return fmt.Errorf("placement: copy into placement_mailboxes: %w", err)
 		}
 	}
 	if l := b.f.liveness; l != nil {
-		if _, err := tx.Exec(ctx, plUpsertLivenessSQL, l.row()...); err != nil {
+		if _, err := tx.Exec(ctx, upsertLivenessSQL, l.row()...); err != nil {
 			return fmt.Errorf("placement: write placement_liveness: %w", err)
 		}
 	}
 	return setPlacementCheckpoint(ctx, tx, b.log, next, b.f.lastID)
 }
 
-var plOrgColumns = []string{"org_id", "plan", "dedicated_workers", "paid", "source", "plan_since_ns", "decision_offset"}
+var orgColumns = []string{"org_id", "plan", "dedicated_workers", "paid", "source", "plan_since_ns", "decision_offset"}
 
-// plMailboxSource streams mailbox rows to COPY.
-type plMailboxSource struct {
-	rows []*plMailbox
+// mailboxSource streams mailbox rows to COPY.
+type mailboxSource struct {
+	rows []*mailbox
 	i    int
 }
 
-func (s *plMailboxSource) Next() bool             { s.i++; return s.i < len(s.rows) }
-func (s *plMailboxSource) Err() error             { return nil }
-func (s *plMailboxSource) Values() ([]any, error) { return s.rows[s.i].row(), nil }
+func (s *mailboxSource) Next() bool             { s.i++; return s.i < len(s.rows) }
+func (s *mailboxSource) Err() error             { return nil }
+func (s *mailboxSource) Values() ([]any, error) { return s.rows[s.i].row(), nil }

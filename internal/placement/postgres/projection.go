@@ -1,9 +1,11 @@
-// Package projection is the placement projection: the decision log folded
+// Package postgres is the placement projection in Postgres (named after
+// its technology, as internal/projections holds the projector of the
+// registry and health projections): the decision log folded
 // into Postgres through the decider's own fold (placement.State.ApplyDecision
 // over the rows a batch names), its runner, the rebuild builder, the
 // engine's snapshotter, and Store, the one reader of its tables (the worker
 // API and placement show). See docs/architecture.md §6.
-package projection
+package postgres
 
 import (
 	"context"
@@ -82,7 +84,7 @@ func (p *Projection) ApplyDecisions(ctx context.Context, tx pgx.Tx, recs []Recor
 		if last := recs[len(recs)-1].Offset; next <= last {
 			return fmt.Errorf("placement: next offset %d is not past the last decision's %d", next, last)
 		}
-		f := newPlFold()
+		f := newFold()
 		if err := f.load(ctx, tx, recs); err != nil {
 			return err
 		}
@@ -198,14 +200,14 @@ FROM placement_mailboxes WHERE mailbox_id = ANY($1)`
 FROM placement_liveness WHERE scope = 'fleet'`
 )
 
-// plTouchedKeys returns the workers and mailboxes a batch's decisions
+// touchedKeys returns the workers and mailboxes a batch's decisions
 // name, and whether one of them is a liveness decision.
-func plTouchedKeys(recs []Record) (wids, mids [][16]byte, liveness bool, err error) {
-	wset := map[plKey]struct{}{}
-	mset := map[plKey]struct{}{}
-	add := func(set map[plKey]struct{}, field string) func(string) {
+func touchedKeys(recs []Record) (wids, mids [][16]byte, liveness bool, err error) {
+	wset := map[uuidKey]struct{}{}
+	mset := map[uuidKey]struct{}{}
+	add := func(set map[uuidKey]struct{}, field string) func(string) {
 		return func(s string) {
-			k, kerr := plID(field, s)
+			k, kerr := parseKey(field, s)
 			if kerr != nil {
 				if err == nil {
 					err = kerr
@@ -217,8 +219,8 @@ func plTouchedKeys(recs []Record) (wids, mids [][16]byte, liveness bool, err err
 	}
 	for _, r := range recs {
 		if r.Decision.Data != nil {
-			plTouched(r.Decision.Data, add(wset, "worker_id"), add(mset, "mailbox_id"))
-			liveness = liveness || plIsLiveness(r.Decision.Data)
+			touched(r.Decision.Data, add(wset, "worker_id"), add(mset, "mailbox_id"))
+			liveness = liveness || isLiveness(r.Decision.Data)
 		}
 	}
 	if err != nil {
@@ -235,8 +237,8 @@ func plTouchedKeys(recs []Record) (wids, mids [][16]byte, liveness bool, err err
 	return wids, mids, liveness, nil
 }
 
-func (f *plFold) load(ctx context.Context, tx pgx.Tx, recs []Record) error {
-	wids, mids, liveness, err := plTouchedKeys(recs)
+func (f *fold) load(ctx context.Context, tx pgx.Tx, recs []Record) error {
+	wids, mids, liveness, err := touchedKeys(recs)
 	if err != nil {
 		return err
 	}
@@ -254,7 +256,7 @@ func (f *plFold) load(ctx context.Context, tx pgx.Tx, recs []Record) error {
 		return fmt.Errorf("placement: load workers: %w", err)
 	}
 	var (
-		w   plWorker
+		w   worker
 		org pgtype.UUID
 	)
 	_, err = pgx.ForEachRow(rows, []any{&w.id, &w.baseTier, &w.tier, &w.egress, &w.address, &w.pool, &org, &w.releasing, &w.health,
@@ -274,7 +276,7 @@ func (f *plFold) load(ctx context.Context, tx pgx.Tx, recs []Record) error {
 		return fmt.Errorf("placement: load mailboxes: %w", err)
 	}
 	var (
-		m                       plMailbox
+		m                       mailbox
 		worker                  pgtype.UUID
 		candidate, pending      *string
 		candSince, pendingSince *int64
@@ -312,7 +314,7 @@ func (f *plFold) load(ctx context.Context, tx pgx.Tx, recs []Record) error {
 }
 
 // loadLiveness reads the placement_liveness row, if any.
-func (f *plFold) loadLiveness(br pgx.BatchResults) error {
+func (f *fold) loadLiveness(br pgx.BatchResults) error {
 	l, ok, err := scanLiveness(br.QueryRow())
 	if err != nil {
 		return fmt.Errorf("placement: load %w", err)
@@ -325,7 +327,7 @@ func (f *plFold) loadLiveness(br pgx.BatchResults) error {
 }
 
 // scanLiveness scans a loadLivenessSQL row; ok is false when there is none.
-func scanLiveness(row pgx.Row) (l plLiveness, ok bool, err error) {
+func scanLiveness(row pgx.Row) (l liveness, ok bool, err error) {
 	var (
 		held, resumed    int64
 		share, threshold int32
@@ -333,13 +335,13 @@ func scanLiveness(row pgx.Row) (l plLiveness, ok bool, err error) {
 	err = row.Scan(&l.v.Holding, &held, &resumed, &l.v.Silent, &l.v.Live, &share, &threshold, &l.offset)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return plLiveness{}, false, nil
+		return liveness{}, false, nil
 	case err != nil:
-		return plLiveness{}, false, fmt.Errorf("liveness: %w", err)
+		return liveness{}, false, fmt.Errorf("liveness: %w", err)
 	}
-	l.v.HeldSince, l.v.SharePermille, l.v.ThresholdPermille = plTime(held), int64(share), int64(threshold)
+	l.v.HeldSince, l.v.SharePermille, l.v.ThresholdPermille = fromNanos(held), int64(share), int64(threshold)
 	if resumed != 0 {
-		l.v.ResumedAt = plTime(resumed)
+		l.v.ResumedAt = fromNanos(resumed)
 	}
 	return l, true, nil
 }
@@ -347,24 +349,24 @@ func scanLiveness(row pgx.Row) (l plLiveness, ok bool, err error) {
 // ---- writing the fold back ----
 
 var (
-	plWorkerColumns = []string{"worker_id", "base_tier", "tier", "egress", "address", "pool", "dedicated_org", "releasing", "health",
+	workerColumns = []string{"worker_id", "base_tier", "tier", "egress", "address", "pool", "dedicated_org", "releasing", "health",
 		"first_seen_ns", "last_seen_ns", "live", "stopping", "load_milli", "capacity", "mailboxes", "decision_offset", "tier_held_until_ns"}
-	plMailboxColumns = []string{"mailbox_id", "org_id", "worker_id", "band", "weight_milli", "candidate", "candidate_since_ns",
+	mailboxColumns = []string{"mailbox_id", "org_id", "worker_id", "band", "weight_milli", "candidate", "candidate_since_ns",
 		"pending_reason", "pending_since_ns", "assigned_at", "decision_offset"}
-	plHistoryColumns = []string{"mailbox_id", "decision_offset", "decision_id", "type", "reason", "at",
+	historyColumns = []string{"mailbox_id", "decision_offset", "decision_id", "type", "reason", "at",
 		"from_worker", "to_worker", "from_band", "to_band", "cause", "detail", "health"}
-	plChangeColumns = []string{"worker_id", "decision_offset", "mailbox_id", "change"}
+	changeColumns = []string{"worker_id", "decision_offset", "mailbox_id", "change"}
 )
 
 // Staging tables for rows that exist already, created once per session
 // and emptied at every commit. LIKE copies the column types (generated
 // columns come over as plain ones, never written).
 const (
-	plStageWorkers   = `CREATE TEMP TABLE IF NOT EXISTS placement_stage_workers (LIKE placement_workers) ON COMMIT DELETE ROWS`
-	plStageMailboxes = `CREATE TEMP TABLE IF NOT EXISTS placement_stage_mailboxes (LIKE placement_mailboxes) ON COMMIT DELETE ROWS`
+	stageWorkers   = `CREATE TEMP TABLE IF NOT EXISTS placement_stage_workers (LIKE placement_workers) ON COMMIT DELETE ROWS`
+	stageMailboxes = `CREATE TEMP TABLE IF NOT EXISTS placement_stage_mailboxes (LIKE placement_mailboxes) ON COMMIT DELETE ROWS`
 )
 
-func plSetList(cols []string) string {
+func setList(cols []string) string {
 	var b strings.Builder
 	for i, c := range cols[1:] {
 		if i > 0 {
@@ -376,30 +378,30 @@ func plSetList(cols []string) string {
 }
 
 var (
-	plMergeWorkersSQL = `UPDATE placement_workers AS t SET ` + plSetList(plWorkerColumns) +
+	mergeWorkersSQL = `UPDATE placement_workers AS t SET ` + setList(workerColumns) +
 		` FROM placement_stage_workers AS s WHERE t.worker_id = s.worker_id`
-	plMergeMailboxesSQL = `UPDATE placement_mailboxes AS t SET ` + plSetList(plMailboxColumns) +
+	mergeMailboxesSQL = `UPDATE placement_mailboxes AS t SET ` + setList(mailboxColumns) +
 		` FROM placement_stage_mailboxes AS s WHERE t.mailbox_id = s.mailbox_id`
 )
 
 const (
-	plDeleteMailboxesSQL = `DELETE FROM placement_mailboxes WHERE mailbox_id = ANY($1)`
-	plDeleteWorkersSQL   = `DELETE FROM placement_workers WHERE worker_id = ANY($1)`
-	plUpsertLivenessSQL  = `INSERT INTO placement_liveness (scope, holding, held_since_ns, resumed_at_ns, silent_workers, live_workers,
+	deleteMailboxesSQL = `DELETE FROM placement_mailboxes WHERE mailbox_id = ANY($1)`
+	deleteWorkersSQL   = `DELETE FROM placement_workers WHERE worker_id = ANY($1)`
+	upsertLivenessSQL  = `INSERT INTO placement_liveness (scope, holding, held_since_ns, resumed_at_ns, silent_workers, live_workers,
     share_permille, threshold_permille, decision_offset)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 ON CONFLICT (scope) DO UPDATE SET holding = EXCLUDED.holding, held_since_ns = EXCLUDED.held_since_ns,
     resumed_at_ns = EXCLUDED.resumed_at_ns, silent_workers = EXCLUDED.silent_workers, live_workers = EXCLUDED.live_workers,
     share_permille = EXCLUDED.share_permille, threshold_permille = EXCLUDED.threshold_permille,
     decision_offset = EXCLUDED.decision_offset`
-	plUpsertOrgsSQL = `INSERT INTO placement_orgs (org_id, plan, dedicated_workers, paid, source, plan_since_ns, decision_offset)
+	upsertOrgsSQL = `INSERT INTO placement_orgs (org_id, plan, dedicated_workers, paid, source, plan_since_ns, decision_offset)
 SELECT * FROM unnest($1::uuid[], $2::text[], $3::int4[], $4::bool[], $5::text[], $6::int8[], $7::int8[])
 ON CONFLICT (org_id) DO UPDATE SET plan = EXCLUDED.plan, dedicated_workers = EXCLUDED.dedicated_workers,
     paid = EXCLUDED.paid, source = EXCLUDED.source, plan_since_ns = EXCLUDED.plan_since_ns,
     decision_offset = EXCLUDED.decision_offset`
 )
 
-func nullUUID(k plKey, ok bool) any {
+func nullUUID(k uuidKey, ok bool) any {
 	if !ok {
 		return nil
 	}
@@ -413,7 +415,7 @@ func nullText(s string) any {
 	return s
 }
 
-func (w *plWorker) row() []any {
+func (w *worker) row() []any {
 	return []any{pgtype.UUID{Bytes: w.id, Valid: true}, w.baseTier, w.tier, w.egress, w.address, w.pool, nullUUID(w.org, w.hasOrg),
 		w.releasing, w.health, w.firstSeen, w.lastSeen, w.live, w.stopping, w.load, w.capacity, int32(w.count), w.offset, nullNs(w.tierHeldUntil)}
 }
@@ -426,7 +428,7 @@ func nullNs(ns int64) any {
 	return ns
 }
 
-func (m *plMailbox) row() []any {
+func (m *mailbox) row() []any {
 	var candSince, pendingSince, assignedAt any
 	if m.candidate != "" {
 		candSince = m.candidateSince
@@ -445,7 +447,7 @@ func (m *plMailbox) row() []any {
 // tables, changed ones COPYed into staging tables and merged with one
 // UPDATE each, removed mailboxes and forgotten workers deleted, plans upserted, history and
 // assignment changes COPYed.
-func (f *plFold) write(ctx context.Context, tx pgx.Tx) error {
+func (f *fold) write(ctx context.Context, tx pgx.Tx) error {
 	r := f.rows()
 	if err := r.copy(ctx, tx); err != nil {
 		return err
@@ -456,16 +458,16 @@ func (f *plFold) write(ctx context.Context, tx pgx.Tx) error {
 	return r.merge(ctx, tx, f.orgs, f.liveness)
 }
 
-// plRows are a batch's rows to write: fresh ones (COPYed into their
+// rows are a batch's rows to write: fresh ones (COPYed into their
 // tables), stale ones (COPYed into staging tables and merged), gone ones
 // (deleted).
-type plRows struct {
+type rows struct {
 	freshW, staleW, freshM, staleM [][]any
 	goneW, goneM                   [][16]byte
 }
 
-func (f *plFold) rows() plRows {
-	var r plRows
+func (f *fold) rows() rows {
+	var r rows
 	for _, w := range f.workers {
 		switch {
 		case !w.dirty:
@@ -496,13 +498,13 @@ func (f *plFold) rows() plRows {
 }
 
 // copy makes the staging tables it needs and COPYs the rows.
-func (r plRows) copy(ctx context.Context, tx pgx.Tx) error {
+func (r rows) copy(ctx context.Context, tx pgx.Tx) error {
 	var stages []string
 	if len(r.staleW) > 0 {
-		stages = append(stages, plStageWorkers)
+		stages = append(stages, stageWorkers)
 	}
 	if len(r.staleM) > 0 {
-		stages = append(stages, plStageMailboxes)
+		stages = append(stages, stageMailboxes)
 	}
 	if len(stages) > 0 {
 		if _, err := tx.Exec(ctx, strings.Join(stages, ";\n")); err != nil {
@@ -514,10 +516,10 @@ func (r plRows) copy(ctx context.Context, tx pgx.Tx) error {
 		cols  []string
 		rows  [][]any
 	}{
-		{"placement_workers", plWorkerColumns, r.freshW},
-		{"placement_stage_workers", plWorkerColumns, r.staleW},
-		{"placement_mailboxes", plMailboxColumns, r.freshM},
-		{"placement_stage_mailboxes", plMailboxColumns, r.staleM},
+		{"placement_workers", workerColumns, r.freshW},
+		{"placement_stage_workers", workerColumns, r.staleW},
+		{"placement_mailboxes", mailboxColumns, r.freshM},
+		{"placement_stage_mailboxes", mailboxColumns, r.staleM},
 	}
 	for _, c := range copies {
 		if len(c.rows) == 0 {
@@ -531,28 +533,28 @@ func (r plRows) copy(ctx context.Context, tx pgx.Tx) error {
 }
 
 // copyAppendOnly COPYs the history and assignment-change rows.
-func (f *plFold) copyAppendOnly(ctx context.Context, tx pgx.Tx) error {
+func (f *fold) copyAppendOnly(ctx context.Context, tx pgx.Tx) error {
 	return AppendOnly{history: f.history, changes: f.changes}.WriteAppendOnly(ctx, tx)
 }
 
 // merge merges the staged rows, deletes the gone ones and upserts the
 // plans, in one round trip.
-func (r plRows) merge(ctx context.Context, tx pgx.Tx, orgs map[plKey]*plOrg, liveness *plLiveness) error {
+func (r rows) merge(ctx context.Context, tx pgx.Tx, orgs map[uuidKey]*org, liveness *liveness) error {
 	b := &pgx.Batch{}
 	if liveness != nil && liveness.dirty {
-		b.Queue(plUpsertLivenessSQL, liveness.row()...)
+		b.Queue(upsertLivenessSQL, liveness.row()...)
 	}
 	if len(r.staleW) > 0 {
-		b.Queue(plMergeWorkersSQL)
+		b.Queue(mergeWorkersSQL)
 	}
 	if len(r.staleM) > 0 {
-		b.Queue(plMergeMailboxesSQL)
+		b.Queue(mergeMailboxesSQL)
 	}
 	if len(r.goneM) > 0 {
-		b.Queue(plDeleteMailboxesSQL, r.goneM)
+		b.Queue(deleteMailboxesSQL, r.goneM)
 	}
 	if len(r.goneW) > 0 {
-		b.Queue(plDeleteWorkersSQL, r.goneW)
+		b.Queue(deleteWorkersSQL, r.goneW)
 	}
 	if len(orgs) > 0 {
 		n := len(orgs)
@@ -562,7 +564,7 @@ func (r plRows) merge(ctx context.Context, tx pgx.Tx, orgs map[plKey]*plOrg, liv
 			ids, plans, ded = append(ids, o.id), append(plans, o.plan), append(ded, o.dedicated)
 			paid, src, since, offs = append(paid, o.paid), append(src, o.source), append(since, o.since), append(offs, o.offset)
 		}
-		b.Queue(plUpsertOrgsSQL, ids, plans, ded, paid, src, since, offs)
+		b.Queue(upsertOrgsSQL, ids, plans, ded, paid, src, since, offs)
 	}
 	if b.Len() == 0 {
 		return nil
@@ -573,16 +575,16 @@ func (r plRows) merge(ctx context.Context, tx pgx.Tx, orgs map[plKey]*plOrg, liv
 	return nil
 }
 
-// plHistorySource streams history rows to COPY without building [][]any.
-type plHistorySource struct {
-	rows []plHistory
+// historySource streams history rows to COPY without building [][]any.
+type historySource struct {
+	rows []history
 	i    int
 	buf  [13]any
 }
 
-func (s *plHistorySource) Next() bool { s.i++; return s.i < len(s.rows) }
-func (s *plHistorySource) Err() error { return nil }
-func (s *plHistorySource) Values() ([]any, error) {
+func (s *historySource) Next() bool { s.i++; return s.i < len(s.rows) }
+func (s *historySource) Err() error { return nil }
+func (s *historySource) Values() ([]any, error) {
 	h := &s.rows[s.i]
 	s.buf = [13]any{pgtype.UUID{Bytes: h.mailbox, Valid: true}, h.offset, pgtype.UUID{Bytes: h.id, Valid: true}, h.typ, h.reason, h.at,
 		nullUUID(h.from, h.hasFrom), nullUUID(h.to, h.hasTo), nullText(h.fromBand), nullText(h.toBand),
@@ -590,16 +592,16 @@ func (s *plHistorySource) Values() ([]any, error) {
 	return s.buf[:], nil
 }
 
-// plChangeSource streams assignment changes to COPY.
-type plChangeSource struct {
-	rows []plChange
+// changeSource streams assignment changes to COPY.
+type changeSource struct {
+	rows []change
 	i    int
 	buf  [4]any
 }
 
-func (s *plChangeSource) Next() bool { s.i++; return s.i < len(s.rows) }
-func (s *plChangeSource) Err() error { return nil }
-func (s *plChangeSource) Values() ([]any, error) {
+func (s *changeSource) Next() bool { s.i++; return s.i < len(s.rows) }
+func (s *changeSource) Err() error { return nil }
+func (s *changeSource) Values() ([]any, error) {
 	c := &s.rows[s.i]
 	kind := "removed"
 	if c.added {

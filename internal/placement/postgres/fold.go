@@ -1,4 +1,4 @@
-package projection
+package postgres
 
 import (
 	"fmt"
@@ -33,15 +33,15 @@ import (
 // the batch fails with a permanent error rather than write rows the engine
 // would not have.
 
-type plKey = [16]byte
+type uuidKey = [16]byte
 
-// plWorker is a placement_workers row.
-type plWorker struct {
-	id              plKey
+// worker is a placement_workers row.
+type worker struct {
+	id              uuidKey
 	baseTier, tier  string
 	egress, address string
 	pool, health    string
-	org             plKey // zero: none
+	org             uuidKey // zero: none
 	hasOrg          bool
 	releasing       bool
 	firstSeen       int64 // Unix ns
@@ -55,11 +55,11 @@ type plWorker struct {
 	seen            bool // registered and not forgotten since
 }
 
-// plMailbox is a placement_mailboxes row; present is false once removed.
-type plMailbox struct {
-	id             plKey
-	org            plKey
-	worker         plKey
+// mailbox is a placement_mailboxes row; present is false once removed.
+type mailbox struct {
+	id             uuidKey
+	org            uuidKey
+	worker         uuidKey
 	hasWorker      bool
 	band           string
 	weight         int64
@@ -73,9 +73,9 @@ type plMailbox struct {
 	inDB, dirty    bool
 }
 
-// plOrg is a placement_orgs row (orgs whose plan was recorded).
-type plOrg struct {
-	id        plKey
+// org is a placement_orgs row (orgs whose plan was recorded).
+type org struct {
+	id        uuidKey
 	plan      string
 	dedicated int32
 	paid      bool
@@ -84,78 +84,78 @@ type plOrg struct {
 	offset    int64
 }
 
-// plLiveness is the placement_liveness row.
-type plLiveness struct {
+// liveness is the placement_liveness row.
+type liveness struct {
 	v      placement.LivenessView
 	offset int64
 	inDB   bool
 	dirty  bool
 }
 
-// plHistory is a placement_history row.
-type plHistory struct {
-	mailbox          plKey
+// history is a placement_history row.
+type history struct {
+	mailbox          uuidKey
 	offset           int64
-	id               plKey
+	id               uuidKey
 	typ, reason      string
 	at               time.Time
-	from, to         plKey
+	from, to         uuidKey
 	hasFrom, hasTo   bool
 	fromBand, toBand string
 	cause, detail    string
 	health           string
 }
 
-// plChange is a placement_assignment_changes row.
-type plChange struct {
-	worker  plKey
+// change is a placement_assignment_changes row.
+type change struct {
+	worker  uuidKey
 	offset  int64
-	mailbox plKey
+	mailbox uuidKey
 	added   bool
 }
 
-// plFold is one batch's fold (or, in a rebuild, the whole log's).
-type plFold struct {
+// fold is one batch's fold (or, in a rebuild, the whole log's).
+type fold struct {
 	st        *placement.State
-	workers   map[plKey]*plWorker
-	mailboxes map[plKey]*plMailbox
-	orgs      map[plKey]*plOrg
-	liveness  *plLiveness // nil: not loaded (the batch names no liveness decision) or no row
-	history   []plHistory
-	changes   []plChange
+	workers   map[uuidKey]*worker
+	mailboxes map[uuidKey]*mailbox
+	orgs      map[uuidKey]*org
+	liveness  *liveness // nil: not loaded (the batch names no liveness decision) or no row
+	history   []history
+	changes   []change
 	lastID    string
 }
 
-func newPlFold() *plFold {
-	return &plFold{
+func newFold() *fold {
+	return &fold{
 		st:      placement.NewState(placement.DefaultConfig()),
-		workers: map[plKey]*plWorker{}, mailboxes: map[plKey]*plMailbox{}, orgs: map[plKey]*plOrg{},
+		workers: map[uuidKey]*worker{}, mailboxes: map[uuidKey]*mailbox{}, orgs: map[uuidKey]*org{},
 	}
 }
 
-// plID parses a decision's id field. Decisions are validated on decode,
+// parseKey parses a decision's id field. Decisions are validated on decode,
 // so a failure is the record's fault.
-func plID(field, s string) (plKey, error) {
+func parseKey(field, s string) (uuidKey, error) {
 	u, err := uuid.Parse(s)
 	if err != nil {
-		return plKey{}, projections.Permanent(domain.CodeInvalid, fmt.Errorf("placement: %s %q is not a UUID", field, s))
+		return uuidKey{}, projections.Permanent(domain.CodeInvalid, fmt.Errorf("placement: %s %q is not a UUID", field, s))
 	}
 	return u, nil
 }
 
-func plKeyString(k plKey) string { return uuid.UUID(k).String() }
+func keyString(k uuidKey) string { return uuid.UUID(k).String() }
 
-// plNs is a time as stored, in Unix nanoseconds; the zero time is 0.
-func plNs(t time.Time) int64 {
+// unixNanos is a time as stored, in Unix nanoseconds; the zero time is 0.
+func unixNanos(t time.Time) int64 {
 	if t.IsZero() {
 		return 0
 	}
 	return t.UnixNano()
 }
 
-// plTouched calls worker and mailbox for every id a decision names: the
+// touched calls worker and mailbox for every id a decision names: the
 // rows it may change.
-func plTouched(d domain.PlacementDecision, worker, mailbox func(string)) {
+func touched(d domain.PlacementDecision, worker, mailbox func(string)) {
 	switch d := d.(type) {
 	case *domain.PlacementWorkerRegistered:
 		worker(d.WorkerID)
@@ -199,9 +199,9 @@ func plTouched(d domain.PlacementDecision, worker, mailbox func(string)) {
 	}
 }
 
-// plIsLiveness reports whether d is a liveness decision (the
+// isLiveness reports whether d is a liveness decision (the
 // placement_liveness row).
-func plIsLiveness(d domain.PlacementDecision) bool {
+func isLiveness(d domain.PlacementDecision) bool {
 	switch d.(type) {
 	case *domain.PlacementLivenessHeld, *domain.PlacementLivenessResumed:
 		return true
@@ -210,48 +210,48 @@ func plIsLiveness(d domain.PlacementDecision) bool {
 }
 
 // row is the placement_liveness row's values.
-func (l *plLiveness) row() []any {
+func (l *liveness) row() []any {
 	var resumed any
 	if !l.v.Holding {
-		resumed = plNs(l.v.ResumedAt)
+		resumed = unixNanos(l.v.ResumedAt)
 	}
-	return []any{domain.LivenessScopeFleet, l.v.Holding, plNs(l.v.HeldSince), resumed, l.v.Silent, l.v.Live,
+	return []any{domain.LivenessScopeFleet, l.v.Holding, unixNanos(l.v.HeldSince), resumed, l.v.Silent, l.v.Live,
 		int32(l.v.SharePermille), int32(l.v.ThresholdPermille), l.offset}
 }
 
-// plShortType is a decision type without "mailplane.placement." and the
+// shortType is a decision type without "mailplane.placement." and the
 // version: "assigned".
-func plShortType(t string) string {
+func shortType(t string) string {
 	return strings.TrimPrefix(domain.ShortType(t), "placement.")
 }
 
 // view is the row as the decider holds it.
-func (w *plWorker) view() placement.WorkerView {
+func (w *worker) view() placement.WorkerView {
 	v := placement.WorkerView{
-		ID: plKeyString(w.id), BaseTier: domain.Tier(w.baseTier), Tier: domain.Tier(w.tier), Egress: domain.Egress(w.egress),
+		ID: keyString(w.id), BaseTier: domain.Tier(w.baseTier), Tier: domain.Tier(w.tier), Egress: domain.Egress(w.egress),
 		Address: w.address, Pool: domain.RiskPool(w.pool), Releasing: w.releasing, Health: domain.HealthState(w.health),
-		FirstSeen: plTime(w.firstSeen), LastSeen: plTime(w.lastSeen), Live: w.live, Stopping: w.stopping,
+		FirstSeen: fromNanos(w.firstSeen), LastSeen: fromNanos(w.lastSeen), Live: w.live, Stopping: w.stopping,
 		Load: w.load, Capacity: w.capacity, Mailboxes: int(w.count),
 	}
 	if w.tierHeldUntil != 0 {
-		v.TierHeldUntil = plTime(w.tierHeldUntil)
+		v.TierHeldUntil = fromNanos(w.tierHeldUntil)
 	}
 	if w.hasOrg {
-		v.DedicatedOrg = plKeyString(w.org)
+		v.DedicatedOrg = keyString(w.org)
 	}
 	return v
 }
 
 // set makes the row the decider's worker.
-func (w *plWorker) set(v placement.WorkerView) error {
+func (w *worker) set(v placement.WorkerView) error {
 	w.baseTier, w.tier, w.egress, w.address = string(v.BaseTier), string(v.Tier), string(v.Egress), v.Address
 	w.pool, w.health, w.releasing = string(v.Pool), string(v.Health), v.Releasing
-	w.firstSeen, w.lastSeen, w.live, w.stopping = plNs(v.FirstSeen), plNs(v.LastSeen), v.Live, v.Stopping
+	w.firstSeen, w.lastSeen, w.live, w.stopping = unixNanos(v.FirstSeen), unixNanos(v.LastSeen), v.Live, v.Stopping
 	w.load, w.capacity, w.count = v.Load, v.Capacity, int64(v.Mailboxes)
-	w.tierHeldUntil = plNs(v.TierHeldUntil)
-	w.org, w.hasOrg = plKey{}, v.DedicatedOrg != ""
+	w.tierHeldUntil = unixNanos(v.TierHeldUntil)
+	w.org, w.hasOrg = uuidKey{}, v.DedicatedOrg != ""
 	if w.hasOrg {
-		org, err := plID("dedicated_org", v.DedicatedOrg)
+		org, err := parseKey("dedicated_org", v.DedicatedOrg)
 		if err != nil {
 			return err
 		}
@@ -261,44 +261,44 @@ func (w *plWorker) set(v placement.WorkerView) error {
 }
 
 // view is the row as the decider holds it.
-func (m *plMailbox) view() placement.MailboxView {
+func (m *mailbox) view() placement.MailboxView {
 	v := placement.MailboxView{
-		ID: plKeyString(m.id), OrgID: plKeyString(m.org), Weight: m.weight, Band: domain.RiskPool(m.band),
+		ID: keyString(m.id), OrgID: keyString(m.org), Weight: m.weight, Band: domain.RiskPool(m.band),
 		Candidate: domain.RiskPool(m.candidate), PendingReason: domain.PlacementReason(m.pendingReason),
 	}
 	if m.candidate != "" {
-		v.CandidateSince = plTime(m.candidateSince)
+		v.CandidateSince = fromNanos(m.candidateSince)
 	}
 	if m.hasWorker {
-		v.WorkerID = plKeyString(m.worker)
+		v.WorkerID = keyString(m.worker)
 	} else if m.pendingReason != "" {
-		v.PendingSince = plTime(m.pendingSince)
+		v.PendingSince = fromNanos(m.pendingSince)
 	}
 	return v
 }
 
 // set makes the row the decider's mailbox.
-func (m *plMailbox) set(v placement.MailboxView) error {
-	org, err := plID("org_id", v.OrgID)
+func (m *mailbox) set(v placement.MailboxView) error {
+	org, err := parseKey("org_id", v.OrgID)
 	if err != nil {
 		return err
 	}
 	m.org, m.band, m.weight = org, string(v.Band), v.Weight
-	m.candidate, m.candidateSince = string(v.Candidate), plNs(v.CandidateSince)
-	m.worker, m.hasWorker = plKey{}, v.WorkerID != ""
+	m.candidate, m.candidateSince = string(v.Candidate), unixNanos(v.CandidateSince)
+	m.worker, m.hasWorker = uuidKey{}, v.WorkerID != ""
 	m.pendingReason, m.pendingSince = "", 0
 	if m.hasWorker {
-		if m.worker, err = plID("worker_id", v.WorkerID); err != nil {
+		if m.worker, err = parseKey("worker_id", v.WorkerID); err != nil {
 			return err
 		}
 	} else {
-		m.pendingReason, m.pendingSince = string(v.PendingReason), plNs(v.PendingSince)
+		m.pendingReason, m.pendingSince = string(v.PendingReason), unixNanos(v.PendingSince)
 	}
 	return nil
 }
 
 // loadState makes the batch's partial state from the loaded rows.
-func (f *plFold) loadState() error {
+func (f *fold) loadState() error {
 	var snap placement.Snapshot
 	for _, w := range f.workers {
 		snap.Workers = append(snap.Workers, w.view())
@@ -319,22 +319,22 @@ func (f *plFold) loadState() error {
 
 // refresh reads the rows a decision at offset off named back out of the
 // state.
-func (f *plFold) refresh(d domain.PlacementDecision, off int64) error {
+func (f *fold) refresh(d domain.PlacementDecision, off int64) error {
 	var err error
 	keep := func(e error) {
 		if err == nil {
 			err = e
 		}
 	}
-	plTouched(d, func(id string) {
-		k, e := plID("worker_id", id)
+	touched(d, func(id string) {
+		k, e := parseKey("worker_id", id)
 		if e != nil {
 			keep(e)
 			return
 		}
 		w := f.workers[k]
 		if w == nil {
-			w = &plWorker{id: k}
+			w = &worker{id: k}
 			f.workers[k] = w
 		}
 		v, ok := f.st.Worker(id)
@@ -343,14 +343,14 @@ func (f *plFold) refresh(d domain.PlacementDecision, off int64) error {
 			keep(w.set(v))
 		}
 	}, func(id string) {
-		k, e := plID("mailbox_id", id)
+		k, e := parseKey("mailbox_id", id)
 		if e != nil {
 			keep(e)
 			return
 		}
 		m := f.mailboxes[k]
 		if m == nil {
-			m = &plMailbox{id: k}
+			m = &mailbox{id: k}
 			f.mailboxes[k] = m
 		}
 		v, ok := f.st.Mailbox(id)
@@ -362,19 +362,19 @@ func (f *plFold) refresh(d domain.PlacementDecision, off int64) error {
 	return err
 }
 
-func (f *plFold) change(worker, mailbox plKey, off int64, added bool) {
-	f.changes = append(f.changes, plChange{worker: worker, offset: off, mailbox: mailbox, added: added})
+func (f *fold) change(worker, mailbox uuidKey, off int64, added bool) {
+	f.changes = append(f.changes, change{worker: worker, offset: off, mailbox: mailbox, added: added})
 }
 
-func (f *plFold) record(m plKey, off int64, id plKey, d domain.PlacementDecision) *plHistory {
+func (f *fold) record(m uuidKey, off int64, id uuidKey, d domain.PlacementDecision) *history {
 	meta := d.Meta()
-	f.history = append(f.history, plHistory{mailbox: m, offset: off, id: id, typ: plShortType(d.EventType()), reason: string(meta.Reason), at: meta.At})
+	f.history = append(f.history, history{mailbox: m, offset: off, id: id, typ: shortType(d.EventType()), reason: string(meta.Reason), at: meta.At})
 	return &f.history[len(f.history)-1]
 }
 
 // apply folds one decision at offset off with id id.
-func (f *plFold) apply(off int64, id string, d domain.PlacementDecision) error {
-	did, err := plID("decision id", id)
+func (f *fold) apply(off int64, id string, d domain.PlacementDecision) error {
+	did, err := parseKey("decision id", id)
 	if err != nil {
 		return err
 	}
@@ -387,14 +387,14 @@ func (f *plFold) apply(off int64, id string, d domain.PlacementDecision) error {
 		}
 	}
 	if err := f.st.ApplyDecision(d); err != nil {
-		return projections.Permanent(domain.CodeInvalid, fmt.Errorf("placement: decision at offset %d (%s): %w", off, plShortType(d.EventType()), err))
+		return projections.Permanent(domain.CodeInvalid, fmt.Errorf("placement: decision at offset %d (%s): %w", off, shortType(d.EventType()), err))
 	}
 	if err := f.refresh(d, off); err != nil {
 		return err
 	}
-	if plIsLiveness(d) {
+	if isLiveness(d) {
 		if f.liveness == nil {
-			f.liveness = &plLiveness{}
+			f.liveness = &liveness{}
 		}
 		f.liveness.v, f.liveness.offset, f.liveness.dirty = f.st.Liveness(), off, true
 	}
@@ -407,13 +407,13 @@ func (f *plFold) apply(off int64, id string, d domain.PlacementDecision) error {
 
 // note writes what the projection keeps of a decision beyond the state: a
 // plan's row, assigned_at, history and assignment changes.
-func (f *plFold) note(off int64, did plKey, d domain.PlacementDecision, bandWorker string) error {
+func (f *fold) note(off int64, did uuidKey, d domain.PlacementDecision, bandWorker string) error {
 	at := d.Meta().At
-	keys := func(ids ...string) ([]plKey, error) {
-		out := make([]plKey, len(ids))
+	keys := func(ids ...string) ([]uuidKey, error) {
+		out := make([]uuidKey, len(ids))
 		for i, id := range ids {
 			var err error
-			if out[i], err = plID("id", id); err != nil {
+			if out[i], err = parseKey("id", id); err != nil {
 				return nil, err
 			}
 		}
@@ -421,11 +421,11 @@ func (f *plFold) note(off int64, did plKey, d domain.PlacementDecision, bandWork
 	}
 	switch d := d.(type) {
 	case *domain.PlacementPlanRecorded:
-		k, err := plID("org_id", d.OrgID)
+		k, err := parseKey("org_id", d.OrgID)
 		if err != nil {
 			return err
 		}
-		f.orgs[k] = &plOrg{id: k, plan: string(d.Plan), dedicated: int32(d.DedicatedWorkers), paid: d.Paid, source: d.Source, since: at.UnixNano(), offset: off}
+		f.orgs[k] = &org{id: k, plan: string(d.Plan), dedicated: int32(d.DedicatedWorkers), paid: d.Paid, source: d.Source, since: at.UnixNano(), offset: off}
 	case *domain.PlacementAssigned:
 		k, err := keys(d.MailboxID, d.WorkerID)
 		if err != nil {
@@ -444,7 +444,7 @@ func (f *plFold) note(off int64, did plKey, d domain.PlacementDecision, bandWork
 		h := f.record(k[0], off, did, d)
 		h.toBand, h.cause = string(d.Band), string(d.Cause)
 		if d.FromWorker != "" {
-			from, err := plID("from_worker", d.FromWorker)
+			from, err := parseKey("from_worker", d.FromWorker)
 			if err != nil {
 				return err
 			}
@@ -470,7 +470,7 @@ func (f *plFold) note(off int64, did plKey, d domain.PlacementDecision, bandWork
 		h := f.record(k[0], off, did, d)
 		h.fromBand, h.detail = string(d.Band), d.Detail
 		if d.WorkerID != "" {
-			from, err := plID("worker_id", d.WorkerID)
+			from, err := parseKey("worker_id", d.WorkerID)
 			if err != nil {
 				return err
 			}
@@ -485,7 +485,7 @@ func (f *plFold) note(off int64, did plKey, d domain.PlacementDecision, bandWork
 		if bandWorker != "" {
 			// The assignment's details changed where it is: a change row
 			// saying the mailbox was on the worker before it.
-			w, err := plID("worker_id", bandWorker)
+			w, err := parseKey("worker_id", bandWorker)
 			if err != nil {
 				return err
 			}

@@ -1,4 +1,4 @@
-package projection_test
+package postgres_test
 
 import (
 	"context"
@@ -21,26 +21,26 @@ import (
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/workerapi"
 	"github.com/mailplane/mailplane/topics"
 )
 
 // Test ids are canonical UUIDs whose first group names the kind.
-func plWorkerID(i int) string  { return fmt.Sprintf("00000001-0000-4000-8000-%012x", i) }
-func plMailboxID(i int) string { return fmt.Sprintf("00000002-0000-4000-8000-%012x", i) }
-func plOrgID(i int) string     { return fmt.Sprintf("00000003-0000-4000-8000-%012x", i) }
+func workerID(i int) string  { return fmt.Sprintf("00000001-0000-4000-8000-%012x", i) }
+func mailboxID(i int) string { return fmt.Sprintf("00000002-0000-4000-8000-%012x", i) }
+func orgID(i int) string     { return fmt.Sprintf("00000003-0000-4000-8000-%012x", i) }
 
-var plT0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // WorkerRetention is short enough for random runs to forget dead workers.
-var plTestConfig = placement.Config{HeartbeatInterval: 20 * time.Second, BandDwell: 2 * time.Minute, WorkerRetention: 60 * time.Hour}
+var testConfig = placement.Config{HeartbeatInterval: 20 * time.Second, BandDwell: 2 * time.Minute, WorkerRetention: 60 * time.Hour}
 
-// plGen generates random but plausible inputs over a small universe (8
+// inputGen generates random but plausible inputs over a small universe (8
 // workers, 5 orgs, 40 mailboxes) so that capacity runs out, pools fill,
 // workers die and come back, and plans change under load. Times carry
 // nanoseconds, which timestamptz would lose.
-type plGen struct {
+type inputGen struct {
 	r      *rand.Rand
 	tier   map[int]domain.Tier
 	egress map[int]domain.Egress
@@ -48,16 +48,16 @@ type plGen struct {
 	silent map[int]bool
 }
 
-func newPlGen(seed uint64) *plGen {
-	return &plGen{
+func newInputGen(seed uint64) *inputGen {
+	return &inputGen{
 		r:    rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		tier: map[int]domain.Tier{}, egress: map[int]domain.Egress{}, stop: map[int]bool{}, silent: map[int]bool{},
 	}
 }
 
-func (g *plGen) pick(n int) int { return 1 + g.r.IntN(n) }
+func (g *inputGen) pick(n int) int { return 1 + g.r.IntN(n) }
 
-func (g *plGen) next(now *time.Time) placement.Input {
+func (g *inputGen) next(now *time.Time) placement.Input {
 	r := g.r
 	switch x := r.IntN(1000); {
 	case x < 10:
@@ -86,40 +86,40 @@ func (g *plGen) next(now *time.Time) placement.Input {
 		if r.IntN(100) < 5 {
 			g.stop[w] = !g.stop[w]
 		}
-		in.Event = &domain.WorkerHeartbeat{WorkerID: plWorkerID(w), Tier: g.tier[w], Egress: g.egress[w], Address: fmt.Sprintf("10.0.0.%d:25", w), Stopping: g.stop[w]}
+		in.Event = &domain.WorkerHeartbeat{WorkerID: workerID(w), Tier: g.tier[w], Egress: g.egress[w], Address: fmt.Sprintf("10.0.0.%d:25", w), Stopping: g.stop[w]}
 	case x < 45:
 		// tick
 	case x < 65:
 		org := g.pick(5)
 		in.Event = &domain.MailboxAdded{
-			MailboxID: plMailboxID(g.pick(40)), OrgID: plOrgID(org), UserID: plOrgID(org), Address: "a@b.c",
+			MailboxID: mailboxID(g.pick(40)), OrgID: orgID(org), UserID: orgID(org), Address: "a@b.c",
 			Provider:      []domain.Provider{domain.ProviderSMTPIMAP, domain.ProviderSMTPIMAP, domain.ProviderGmail, domain.ProviderOutlook}[r.IntN(4)],
 			WarmupEnabled: r.IntN(3) == 0,
 		}
 	case x < 72:
-		in.Event = &domain.MailboxRemoved{MailboxID: plMailboxID(g.pick(40)), Reason: "gone"}
+		in.Event = &domain.MailboxRemoved{MailboxID: mailboxID(g.pick(40)), Reason: "gone"}
 	case x < 86:
 		st := []domain.HealthState{domain.HealthHealthy, domain.HealthHealthy, domain.HealthHealthy, domain.HealthWatch,
 			domain.HealthThrottled, domain.HealthQuarantined, domain.HealthBlocked}[r.IntN(7)]
-		in.Event = &domain.MailboxHealthScored{MailboxID: plMailboxID(g.pick(40)), State: st, Score: float64(r.IntN(101)), Reason: "sweep"}
+		in.Event = &domain.MailboxHealthScored{MailboxID: mailboxID(g.pick(40)), State: st, Score: float64(r.IntN(101)), Reason: "sweep"}
 	case x < 92:
 		p := []domain.Plan{domain.PlanFree, domain.PlanPremium, domain.PlanPremium, domain.PlanDedicated, domain.PlanDedicated}[r.IntN(5)]
 		n := 0
 		if p == domain.PlanDedicated || r.IntN(5) == 0 {
 			n = r.IntN(4)
 		}
-		in.Event = &domain.OrgPlanChanged{OrgID: plOrgID(g.pick(5)), Plan: p, DedicatedWorkers: n, Paid: r.IntN(8) != 0, Source: "evt"}
+		in.Event = &domain.OrgPlanChanged{OrgID: orgID(g.pick(5)), Plan: p, DedicatedWorkers: n, Paid: r.IntN(8) != 0, Source: "evt"}
 	default:
 		sends := []int64{0, 50, 1000, 10000}[r.IntN(4)]
 		in.Event = &domain.WorkerHealthSampled{
-			WorkerID: plWorkerID(g.pick(8)), WindowSeconds: 3600, Sends: sends,
+			WorkerID: workerID(g.pick(8)), WindowSeconds: 3600, Sends: sends,
 			HardBounces: sends * int64(r.IntN(12)) / 100, Complaints: sends * int64(r.IntN(12)) / 1000,
 		}
 	}
 	return in
 }
 
-func plNewDB(t testing.TB) *pgtest.DB {
+func newDB(t testing.TB) *pgtest.DB {
 	t.Helper()
 	db := pgtest.New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -130,19 +130,19 @@ func plNewDB(t testing.TB) *pgtest.DB {
 	return db
 }
 
-func plApply(t testing.TB, pool *pgxpool.Pool, recs []projection.Record, next int64) {
+func applyRecords(t testing.TB, pool *pgxpool.Pool, recs []postgres.Record, next int64) {
 	t.Helper()
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return projection.New("").ApplyDecisions(ctx, tx, recs, next)
+		return postgres.New("").ApplyDecisions(ctx, tx, recs, next)
 	})
 	if err != nil {
 		t.Fatalf("apply %d decisions up to %d: %v", len(recs), next, err)
 	}
 }
 
-// plRestored loads the projection as the engine would restore it.
-func plRestored(t testing.TB, pool *pgxpool.Pool) (*placement.State, projection.Checkpoint) {
+// restored loads the projection as the engine would restore it.
+func restored(t testing.TB, pool *pgxpool.Pool) (*placement.State, postgres.Checkpoint) {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
@@ -150,22 +150,22 @@ func plRestored(t testing.TB, pool *pgxpool.Pool) (*placement.State, projection.
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	ck, err := projection.LoadSnapshot(ctx, tx)
+	ck, err := postgres.LoadSnapshot(ctx, tx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := placement.NewStateFromSnapshot(plTestConfig, ck.State)
+	st, err := placement.NewStateFromSnapshot(testConfig, ck.State)
 	if err != nil {
 		t.Fatalf("restore from the projection: %v", err)
 	}
-	return st, projection.Checkpoint{NextOffset: ck.NextOffset, LastDecisionID: ck.LastDecisionID}
+	return st, postgres.Checkpoint{NextOffset: ck.NextOffset, LastDecisionID: ck.LastDecisionID}
 }
 
-// plSameOverSimpleProtocol loads the snapshot again over the simple
+// sameOverSimpleProtocol loads the snapshot again over the simple
 // protocol (as behind a transaction pooler), where Postgres answers in
 // text rather than the binary uuids and bigints LoadSnapshot decodes by
 // hand, and wants the same checkpoint.
-func plSameOverSimpleProtocol(t testing.TB, pool *pgxpool.Pool, want engine.Checkpoint) {
+func sameOverSimpleProtocol(t testing.TB, pool *pgxpool.Pool, want engine.Checkpoint) {
 	t.Helper()
 	ctx := context.Background()
 	cfg := pool.Config().ConnConfig.Copy()
@@ -180,7 +180,7 @@ func plSameOverSimpleProtocol(t testing.TB, pool *pgxpool.Pool, want engine.Chec
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	got, err := projection.LoadSnapshot(ctx, tx)
+	got, err := postgres.LoadSnapshot(ctx, tx)
 	if err != nil {
 		t.Fatalf("over the simple protocol: %v", err)
 	}
@@ -189,11 +189,11 @@ func plSameOverSimpleProtocol(t testing.TB, pool *pgxpool.Pool, want engine.Chec
 	want.State.Mailboxes = slices.Clone(want.State.Mailboxes)
 	slices.SortFunc(want.State.Mailboxes, byID)
 	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("the snapshot over the simple protocol\n%s\nover the extended one\n%s", plJSON(got), plJSON(want))
+		t.Fatalf("the snapshot over the simple protocol\n%s\nover the extended one\n%s", toJSON(got), toJSON(want))
 	}
 }
 
-func plJSON(v any) string {
+func toJSON(v any) string {
 	b, err := json.Marshal(v)
 	if err != nil {
 		panic(err)
@@ -201,9 +201,9 @@ func plJSON(v any) string {
 	return string(b)
 }
 
-// plBoundary is the state at a checkpoint that ends an input: the token a
+// boundary is the state at a checkpoint that ends an input: the token a
 // worker polling then would hold, and every worker's mailboxes.
-type plBoundary struct {
+type boundary struct {
 	token   int64
 	workers map[string][]string
 }
@@ -234,7 +234,7 @@ func TestPlacementProjectionFoldsLikeTheDecider(t *testing.T) {
 	for seed := range uint64(seeds) {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			t.Parallel()
-			types := plRunRandom(t, seed, steps)
+			types := runRandom(t, seed, steps)
 			mu.Lock()
 			forgotten += types[domain.TypePlacementWorkerForgotten]
 			held += types[domain.TypePlacementLivenessHeld]
@@ -244,30 +244,30 @@ func TestPlacementProjectionFoldsLikeTheDecider(t *testing.T) {
 	}
 }
 
-func plRunRandom(t *testing.T, seed uint64, steps int) map[string]int {
+func runRandom(t *testing.T, seed uint64, steps int) map[string]int {
 	ctx := context.Background()
-	db := plNewDB(t)
+	db := newDB(t)
 	pool := db.Pool
-	g := newPlGen(seed)
+	g := newInputGen(seed)
 	r := rand.New(rand.NewPCG(seed, 7))
-	decider := placement.NewState(plTestConfig)
-	folded := placement.NewState(plTestConfig)
-	now := plT0
-	var all, batch []projection.Record
-	var boundaries []plBoundary
+	decider := placement.NewState(testConfig)
+	folded := placement.NewState(testConfig)
+	now := t0
+	var all, batch []postgres.Record
+	var boundaries []boundary
 	off := int64(0)
 	types := map[string]int{}
 
 	flush := func(next int64, atBoundary bool) {
 		t.Helper()
-		plApply(t, pool, batch, next)
+		applyRecords(t, pool, batch, next)
 		for _, rec := range batch {
 			if err := folded.ApplyDecision(rec.Decision.Data); err != nil {
 				t.Fatalf("fold: %v", err)
 			}
 		}
 		batch = batch[:0]
-		st, ck := plRestored(t, pool)
+		st, ck := restored(t, pool)
 		if ck.NextOffset != next {
 			t.Fatalf("checkpoint %d, want %d", ck.NextOffset, next)
 		}
@@ -275,18 +275,18 @@ func plRunRandom(t *testing.T, seed uint64, steps int) map[string]int {
 			t.Fatalf("checkpoint's last decision %s, want %s", ck.LastDecisionID, all[len(all)-1].Decision.ID)
 		}
 		if a, b := st.Snapshot(), folded.Snapshot(); !reflect.DeepEqual(a, b) {
-			t.Fatalf("offset %d: the projection restores to\n%s\nthe fold of the log is\n%s", next, plJSON(a), plJSON(b))
+			t.Fatalf("offset %d: the projection restores to\n%s\nthe fold of the log is\n%s", next, toJSON(a), toJSON(b))
 		}
 		if !atBoundary {
 			return
 		}
-		if err := projection.CheckInvariants(ctx, pool); err != nil {
+		if err := postgres.CheckInvariants(ctx, pool); err != nil {
 			t.Fatalf("offset %d: %v", next, err)
 		}
-		plCheckPending(t, pool, folded)
-		b := plBoundary{token: next, workers: map[string][]string{}}
+		checkPending(t, pool, folded)
+		b := boundary{token: next, workers: map[string][]string{}}
 		for i := 1; i <= 8; i++ {
-			b.workers[plWorkerID(i)] = folded.WorkerMailboxes(plWorkerID(i))
+			b.workers[workerID(i)] = folded.WorkerMailboxes(workerID(i))
 		}
 		boundaries = append(boundaries, b)
 	}
@@ -296,7 +296,7 @@ func plRunRandom(t *testing.T, seed uint64, steps int) map[string]int {
 		ds := decider.Apply(in)
 		for _, d := range ds {
 			types[d.EventType()]++
-			rec := projection.Record{Offset: off, Decision: topics.Decision{ID: uuid.Must(uuid.NewV7()).String(), Data: d}}
+			rec := postgres.Record{Offset: off, Decision: topics.Decision{ID: uuid.Must(uuid.NewV7()).String(), Data: d}}
 			off++
 			all = append(all, rec)
 			batch = append(batch, rec)
@@ -317,18 +317,18 @@ func plRunRandom(t *testing.T, seed uint64, steps int) map[string]int {
 	}
 	t.Logf("seed %d: %d decisions %v", seed, len(all), types)
 
-	plCheckAssignments(t, pool, boundaries, folded)
+	checkAssignments(t, pool, boundaries, folded)
 
 	// The same log in one batch: the very same rows.
-	other := plNewDB(t)
-	plApply(t, other.Pool, all, off)
-	if diff := plDiffSchemas(t, pool, db.Schema, other.Schema); diff != "" {
+	other := newDB(t)
+	applyRecords(t, other.Pool, all, off)
+	if diff := diffSchemas(t, pool, db.Schema, other.Schema); diff != "" {
 		t.Fatalf("projecting in batches and in one batch differ:\n%s", diff)
 	}
 
 	// And built from memory, as a rebuild does: the very same rows.
-	built := plNewDB(t)
-	b := projection.NewBuilder("")
+	built := newDB(t)
+	b := postgres.NewBuilder("")
 	err := pgx.BeginFunc(ctx, built.Pool, func(tx pgx.Tx) error {
 		for i := 0; i < len(all); i += 50 {
 			if err := b.Add(all[i:min(i+50, len(all))]); err != nil {
@@ -343,7 +343,7 @@ func plRunRandom(t *testing.T, seed uint64, steps int) map[string]int {
 	if err != nil {
 		t.Fatalf("build: %v", err)
 	}
-	if diff := plDiffSchemas(t, pool, db.Schema, built.Schema); diff != "" {
+	if diff := diffSchemas(t, pool, db.Schema, built.Schema); diff != "" {
 		t.Fatalf("projecting in batches and building from memory differ:\n%s", diff)
 	}
 	// Once per run (a connection each): the final projection read over
@@ -353,17 +353,17 @@ func plRunRandom(t *testing.T, seed uint64, steps int) map[string]int {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	ck, err := projection.LoadSnapshot(ctx, tx)
+	ck, err := postgres.LoadSnapshot(ctx, tx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	plSameOverSimpleProtocol(t, pool, ck)
+	sameOverSimpleProtocol(t, pool, ck)
 	return types
 }
 
-// plCheckPending compares the placement_pending view with the decider's
+// checkPending compares the placement_pending view with the decider's
 // pending placements.
-func plCheckPending(t testing.TB, pool *pgxpool.Pool, s *placement.State) {
+func checkPending(t testing.TB, pool *pgxpool.Pool, s *placement.State) {
 	t.Helper()
 	var want []string
 	for _, v := range s.Pending() {
@@ -385,18 +385,18 @@ FROM placement_pending ORDER BY mailbox_id`)
 	}
 }
 
-// plCheckAssignments asks the worker API's store, for every worker, what
+// checkAssignments asks the worker API's store, for every worker, what
 // changed since every boundary's token, and checks it against the
 // decider's states then and now: removed is exactly what was there and is
 // gone; added holds everything new, nothing that is not there now, and the
 // current details.
-func plCheckAssignments(t testing.TB, pool *pgxpool.Pool, boundaries []plBoundary, now *placement.State) {
+func checkAssignments(t testing.TB, pool *pgxpool.Pool, boundaries []boundary, now *placement.State) {
 	t.Helper()
 	ctx := context.Background()
-	store := projection.NewStore(pool)
+	store := postgres.NewStore(pool)
 	last := boundaries[len(boundaries)-1].token
 	for i := 1; i <= 8; i++ {
-		w := plWorkerID(i)
+		w := workerID(i)
 		cur := now.WorkerMailboxes(w)
 		full, err := store.Assignments(ctx, w, workerapi.Token{})
 		if err != nil {
@@ -447,18 +447,18 @@ func plCheckAssignments(t testing.TB, pool *pgxpool.Pool, boundaries []plBoundar
 	}
 }
 
-// plTables are the placement projection's tables.
-var plTables = []string{
+// tables are the placement projection's tables.
+var tables = []string{
 	"placement_workers", "placement_orgs", "placement_mailboxes", "placement_history",
 	"placement_assignment_changes", "placement_assignment_retention", "placement_checkpoint", "placement_liveness",
 }
 
-// plDiffSchemas compares the placement tables of two schemas row for row
+// diffSchemas compares the placement tables of two schemas row for row
 // (EXCEPT both ways) and describes the differences ("" when none).
-func plDiffSchemas(t testing.TB, pool *pgxpool.Pool, a, b string) string {
+func diffSchemas(t testing.TB, pool *pgxpool.Pool, a, b string) string {
 	t.Helper()
 	var out []string
-	for _, table := range plTables {
+	for _, table := range tables {
 		ta, tb := pgx.Identifier{a, table}.Sanitize(), pgx.Identifier{b, table}.Sanitize()
 		for _, dir := range [][2]string{{ta, tb}, {tb, ta}} {
 			rows, _ := pool.Query(context.Background(), `SELECT row_to_json(x)::text FROM (SELECT * FROM `+dir[0]+` EXCEPT SELECT * FROM `+dir[1]+`) x LIMIT 5`)

@@ -1,4 +1,4 @@
-package projection
+package postgres
 
 import (
 	"context"
@@ -19,7 +19,7 @@ const (
 	// Invariant 3: a mailbox sits only on a worker of its org's tier (free
 	// orgs on shared_free, paid ones on shared_premium or their own
 	// dedicated worker) and, on a shared worker, of its band's pool.
-	plInvariant3SQL = `
+	invariant3SQL = `
 SELECT m.mailbox_id::text, m.org_id::text, w.worker_id::text, w.tier, w.pool, COALESCE(w.dedicated_org::text, ''), m.band,
        COALESCE(c.class, 'free')
 FROM placement_mailboxes m
@@ -34,7 +34,7 @@ ORDER BY m.mailbox_id
 LIMIT 20`
 	// Invariant 4: a worker's load is the sum of its mailboxes' weights
 	// (and its count their number); no mailbox sits on an unknown worker.
-	plInvariant4SQL = `
+	invariant4SQL = `
 SELECT w.worker_id::text, w.load_milli, COALESCE(s.load, 0), w.mailboxes, COALESCE(s.n, 0)
 FROM placement_workers w
 LEFT JOIN (SELECT worker_id, sum(weight_milli) AS load, count(*) AS n
@@ -48,7 +48,7 @@ ORDER BY 1
 LIMIT 20`
 	// A dead worker carries nothing (its mailboxes moved or were refused
 	// when it died), which is also what lets the engine forget it.
-	plDeadIdleSQL = `
+	deadIdleSQL = `
 SELECT worker_id::text, mailboxes, load_milli
 FROM placement_workers
 WHERE NOT live AND (mailboxes <> 0 OR load_milli <> 0)
@@ -64,7 +64,7 @@ LIMIT 20`
 // engine's transactions do), not necessarily in the middle of one.
 func CheckInvariants(ctx context.Context, q Querier) error {
 	var errs []error
-	rows, _ := q.Query(ctx, plInvariant3SQL)
+	rows, _ := q.Query(ctx, invariant3SQL)
 	var mb, org, w, tier, pool, dorg, band, class string
 	_, err := pgx.ForEachRow(rows, []any{&mb, &org, &w, &tier, &pool, &dorg, &band, &class}, func() error {
 		errs = append(errs, fmt.Errorf("invariant 3: mailbox %s (org %s, class %s, band %s) on worker %s (%s, pool %s, org %q)",
@@ -74,7 +74,7 @@ func CheckInvariants(ctx context.Context, q Querier) error {
 	if err != nil {
 		return fmt.Errorf("placement invariants: %w", err)
 	}
-	rows, _ = q.Query(ctx, plInvariant4SQL)
+	rows, _ = q.Query(ctx, invariant4SQL)
 	var load, sum, n, count int64
 	_, err = pgx.ForEachRow(rows, []any{&w, &load, &sum, &n, &count}, func() error {
 		if load < 0 {
@@ -88,7 +88,7 @@ func CheckInvariants(ctx context.Context, q Querier) error {
 	if err != nil {
 		return fmt.Errorf("placement invariants: %w", err)
 	}
-	rows, _ = q.Query(ctx, plDeadIdleSQL)
+	rows, _ = q.Query(ctx, deadIdleSQL)
 	_, err = pgx.ForEachRow(rows, []any{&w, &n, &load}, func() error {
 		errs = append(errs, fmt.Errorf("dead worker %s carries %d mailboxes (load %d)", w, n, load))
 		return nil

@@ -1,4 +1,4 @@
-package projection_test
+package postgres_test
 
 import (
 	"context"
@@ -17,14 +17,14 @@ import (
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
 	"github.com/mailplane/mailplane/internal/placement"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
 )
 
-// plProduce writes decisions to the decision log (not transactionally: a
+// produce writes decisions to the decision log (not transactionally: a
 // read_committed reader sees them at once) and returns their records.
-func plProduce(t testing.TB, kcfg kafka.Config, ds []domain.PlacementDecision) []*kgo.Record {
+func produce(t testing.TB, kcfg kafka.Config, ds []domain.PlacementDecision) []*kgo.Record {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(kcfg.Brokers...))
 	if err != nil {
@@ -48,13 +48,13 @@ func plProduce(t testing.TB, kcfg kafka.Config, ds []domain.PlacementDecision) [
 	return recs
 }
 
-func plStartProjector(t testing.TB, kcfg kafka.Config, pool *pgxpool.Pool, opts ...projection.Option) (stop func()) {
+func startProjector(t testing.TB, kcfg kafka.Config, pool *pgxpool.Pool, opts ...postgres.Option) (stop func()) {
 	t.Helper()
-	base := []projection.Option{
-		projection.WithStandbyPoll(20 * time.Millisecond),
-		projection.WithRetry(projections.RetryPolicy{Backoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond}),
+	base := []postgres.Option{
+		postgres.WithStandbyPoll(20 * time.Millisecond),
+		postgres.WithRetry(projections.RetryPolicy{Backoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond}),
 	}
-	p, err := projection.NewProjector(kcfg, pool, append(base, opts...)...)
+	p, err := postgres.NewProjector(kcfg, pool, append(base, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,11 +79,11 @@ func plStartProjector(t testing.TB, kcfg kafka.Config, pool *pgxpool.Pool, opts 
 	return stop
 }
 
-func plWaitCheckpoint(t testing.TB, pool *pgxpool.Pool, want int64) {
+func waitCheckpoint(t testing.TB, pool *pgxpool.Pool, want int64) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		ck, err := projection.ReadCheckpoint(context.Background(), pool)
+		ck, err := postgres.ReadCheckpoint(context.Background(), pool)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -97,7 +97,7 @@ func plWaitCheckpoint(t testing.TB, pool *pgxpool.Pool, want int64) {
 	}
 }
 
-func plMetric(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+func metric(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -140,26 +140,26 @@ func TestPlacementProjectorTakesTurnsAndNeverSkips(t *testing.T) {
 	kcfg := kafkatest.Config(t, 4)
 	kcfg.ClientID = "placement-projector-test"
 	brokers := kcfg.Brokers
-	db := plNewDB(t)
+	db := newDB(t)
 
-	st := placement.NewState(plTestConfig)
-	g := newPlGen(99)
-	now := plT0
+	st := placement.NewState(testConfig)
+	g := newInputGen(99)
+	now := t0
 	var ds []domain.PlacementDecision
 	for len(ds) < 300 {
 		ds = append(ds, st.Apply(g.next(&now))...)
 	}
 	half := len(ds) / 2
-	plProduce(t, kcfg, ds[:half])
+	produce(t, kcfg, ds[:half])
 
 	var mu sync.Mutex
 	commits := map[int]int{}
-	hook := func(i int) projection.Option {
-		return projection.WithCommitted(func(c projection.Commit) { mu.Lock(); commits[i] += c.Decisions; mu.Unlock() })
+	hook := func(i int) postgres.Option {
+		return postgres.WithCommitted(func(c postgres.Commit) { mu.Lock(); commits[i] += c.Decisions; mu.Unlock() })
 	}
-	stop1 := plStartProjector(t, kcfg, db.Pool, hook(1))
-	plWaitCheckpoint(t, db.Pool, int64(half))
-	plStartProjector(t, kcfg, db.Pool, hook(2))
+	stop1 := startProjector(t, kcfg, db.Pool, hook(1))
+	waitCheckpoint(t, db.Pool, int64(half))
+	startProjector(t, kcfg, db.Pool, hook(2))
 	time.Sleep(200 * time.Millisecond)
 	mu.Lock()
 	if commits[1] != half || commits[2] != 0 {
@@ -167,8 +167,8 @@ func TestPlacementProjectorTakesTurnsAndNeverSkips(t *testing.T) {
 	}
 	mu.Unlock()
 	stop1()
-	plProduce(t, kcfg, ds[half:])
-	plWaitCheckpoint(t, db.Pool, int64(len(ds)))
+	produce(t, kcfg, ds[half:])
+	waitCheckpoint(t, db.Pool, int64(len(ds)))
 	mu.Lock()
 	if commits[1]+commits[2] != len(ds) || commits[2] != len(ds)-half {
 		t.Fatalf("after the hand-over: projector 1 applied %d, projector 2 %d of %d", commits[1], commits[2], len(ds))
@@ -176,7 +176,7 @@ func TestPlacementProjectorTakesTurnsAndNeverSkips(t *testing.T) {
 	mu.Unlock()
 	// The leader records its position in its Kafka group too, where lag
 	// tools (Console, rpk group describe) look.
-	adm := kadm.NewClient(plClient(t, brokers))
+	adm := kadm.NewClient(client(t, brokers))
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		offs, err := adm.FetchOffsets(context.Background(), kcfg.Group(projections.GroupName("placement")))
@@ -190,8 +190,8 @@ func TestPlacementProjectorTakesTurnsAndNeverSkips(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	st2, _ := plRestored(t, db.Pool)
-	if a, b := plJSON(st2.Snapshot()), plJSON(st.Snapshot()); a != b {
+	st2, _ := restored(t, db.Pool)
+	if a, b := toJSON(st2.Snapshot()), toJSON(st.Snapshot()); a != b {
 		t.Fatalf("the projection restores to\n%s\nthe decider's state is\n%s", a, b)
 	}
 
@@ -209,25 +209,25 @@ func TestPlacementProjectorTakesTurnsAndNeverSkips(t *testing.T) {
 	for len(more) == 0 {
 		more = st.Apply(g.next(&now))
 	}
-	plProduce(t, kcfg, more)
+	produce(t, kcfg, more)
 	reg := prometheus.NewRegistry()
-	db2 := plNewDB(t)
-	plStartProjector(t, kcfg, db2.Pool, projection.WithRegisterer(reg))
-	plWaitCheckpoint(t, db2.Pool, int64(len(ds)))
+	db2 := newDB(t)
+	startProjector(t, kcfg, db2.Pool, postgres.WithRegisterer(reg))
+	waitCheckpoint(t, db2.Pool, int64(len(ds)))
 	deadline = time.Now().Add(10 * time.Second)
-	for plMetric(t, reg, "mailplane_projector_retries_total", map[string]string{"projector": "placement", "kind": "permanent"}) < 2 {
+	for metric(t, reg, "mailplane_projector_retries_total", map[string]string{"projector": "placement", "kind": "permanent"}) < 2 {
 		if time.Now().After(deadline) {
 			t.Fatal("the projector did not retry the bad record")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if ck, _ := projection.ReadCheckpoint(context.Background(), db2.Pool); ck.NextOffset != int64(len(ds)) {
+	if ck, _ := postgres.ReadCheckpoint(context.Background(), db2.Pool); ck.NextOffset != int64(len(ds)) {
 		t.Fatalf("the projection moved past the bad record to %d", ck.NextOffset)
 	}
-	if lag := plMetric(t, reg, "mailplane_consumer_lag_records", map[string]string{"consumer": "placement-projection", "partition": "0"}); lag < 1 {
+	if lag := metric(t, reg, "mailplane_consumer_lag_records", map[string]string{"consumer": "placement-projection", "partition": "0"}); lag < 1 {
 		t.Errorf("lag %v with a record stuck", lag)
 	}
-	if lag := plMetric(t, reg, "mailplane_consumer_lag_seconds", map[string]string{"consumer": "placement-projection", "partition": "0"}); lag <= 0 {
+	if lag := metric(t, reg, "mailplane_consumer_lag_seconds", map[string]string{"consumer": "placement-projection", "partition": "0"}); lag <= 0 {
 		t.Errorf("%v s behind with a record stuck", lag)
 	}
 }
@@ -240,10 +240,10 @@ func TestPlacementProjectorCommitsWholeInputs(t *testing.T) {
 	kcfg := kafkatest.Config(t, 4)
 	kcfg.ClientID = "placement-projector-test"
 	brokers := kcfg.Brokers
-	db := plNewDB(t)
-	st := placement.NewState(plTestConfig)
-	g := newPlGen(7)
-	now := plT0
+	db := newDB(t)
+	st := placement.NewState(testConfig)
+	g := newInputGen(7)
+	now := t0
 	var recs []*kgo.Record
 	total := 0
 	for total < 300 {
@@ -269,33 +269,33 @@ func TestPlacementProjectorCommitsWholeInputs(t *testing.T) {
 	var mu sync.Mutex
 	var bad []string
 	commits := 0
-	plStartProjector(t, kcfg, db.Pool, projection.WithBatchSize(2),
-		projection.WithCommitted(func(c projection.Commit) {
+	startProjector(t, kcfg, db.Pool, postgres.WithBatchSize(2),
+		postgres.WithCommitted(func(c postgres.Commit) {
 			mu.Lock()
 			defer mu.Unlock()
 			commits++
 			if n := len(c.Records); n > 0 {
 				if last := c.Records[n-1].Decision.Cause; last.Index+1 != last.Count {
-					bad = append(bad, plJSON(last))
+					bad = append(bad, toJSON(last))
 				}
 				if first := c.Records[0].Decision.Cause; first.Index != 0 {
-					bad = append(bad, plJSON(first))
+					bad = append(bad, toJSON(first))
 				}
 			}
 		}))
-	plWaitCheckpoint(t, db.Pool, int64(total))
+	waitCheckpoint(t, db.Pool, int64(total))
 	mu.Lock()
 	defer mu.Unlock()
 	if len(bad) > 0 {
 		t.Fatalf("commits cut inputs: %v", bad)
 	}
-	if err := projection.CheckInvariants(context.Background(), db.Pool); err != nil {
+	if err := postgres.CheckInvariants(context.Background(), db.Pool); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%d decisions in %d commits", total, commits)
 }
 
-func plClient(t *testing.T, brokers []string) *kgo.Client {
+func client(t *testing.T, brokers []string) *kgo.Client {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {

@@ -1,4 +1,4 @@
-package projection
+package postgres
 
 import (
 	"context"
@@ -414,7 +414,7 @@ func (p *Projector) reader(next int64) (*kgo.Client, error) {
 		}),
 		// Decode as fetches are buffered, in the client's goroutine, so
 		// decoding the next batch overlaps the transaction of this one.
-		kgo.WithHooks(plDecodeHook{}),
+		kgo.WithHooks(decodeHook{}),
 	}, p.cfg.kgoOpts...)
 	cl, err := kafka.NewClient(p.kcfg, kafka.KindReader, opts...)
 	if err != nil {
@@ -484,7 +484,7 @@ func (b *inputBatcher) take() []Record {
 }
 
 const (
-	plTxSettingsSQL = `SET LOCAL lock_timeout = 10000; SET LOCAL synchronous_commit = off`
+	txSettingsSQL = `SET LOCAL lock_timeout = 10000; SET LOCAL synchronous_commit = off`
 )
 
 // commit applies one batch: checkpoint check, rows, checkpoint and
@@ -496,7 +496,7 @@ func (p *Projector) commit(ctx context.Context, from, next int64, recs []Record)
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.txTimeout)
 	defer cancel()
 	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, plTxSettingsSQL); err != nil {
+		if _, err := tx.Exec(ctx, txSettingsSQL); err != nil {
 			return err
 		}
 		cur, err := LockCheckpoint(ctx, tx)
@@ -527,12 +527,12 @@ func (p *Projector) commit(ctx context.Context, from, next int64, recs []Record)
 	return nil
 }
 
-// plDecodeHook decodes each decision record as the client buffers it and
+// decodeHook decodes each decision record as the client buffers it and
 // hands the result on in the record's Context (as the projector runtime's
 // decodeHook does for domain events).
-type plDecodeHook struct{}
+type decodeHook struct{}
 
-func (plDecodeHook) OnFetchRecordBuffered(r *kgo.Record) {
+func (decodeHook) OnFetchRecordBuffered(r *kgo.Record) {
 	if r.Attrs.IsControl() {
 		return
 	}
@@ -541,18 +541,18 @@ func (plDecodeHook) OnFetchRecordBuffered(r *kgo.Record) {
 		parent = context.Background()
 	}
 	d, err := topics.DecodeDecision(r)
-	r.Context = &plDecoded{Context: parent, d: d, err: err}
+	r.Context = &decoded{Context: parent, d: d, err: err}
 }
 
-type plDecoded struct {
+type decoded struct {
 	context.Context
 	d   topics.Decision
 	err error
 }
 
-// decodedDecision returns what plDecodeHook decoded, or decodes r.
+// decodedDecision returns what decodeHook decoded, or decodes r.
 func decodedDecision(r *kgo.Record) (topics.Decision, error) {
-	if d, ok := r.Context.(*plDecoded); ok {
+	if d, ok := r.Context.(*decoded); ok {
 		return d.d, d.err
 	}
 	return topics.DecodeDecision(r)

@@ -1,4 +1,4 @@
-package projection_test
+package postgres_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
-	"github.com/mailplane/mailplane/internal/placement/projection"
+	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -23,10 +23,10 @@ func TestPlacementProjectorPassesLegacyHostileText(t *testing.T) {
 	kcfg := kafkatest.Config(t, 4)
 	kcfg.ClientID = "placement-projector-test"
 	brokers := kcfg.Brokers
-	db := plNewDB(t)
-	worker := plWorkerID(1)
+	db := newDB(t)
+	worker := workerID(1)
 	reg := &domain.PlacementWorkerRegistered{
-		PlacementMeta: domain.PlacementMeta{At: plT0, Reason: domain.ReasonWorkerRegistered},
+		PlacementMeta: domain.PlacementMeta{At: t0, Reason: domain.ReasonWorkerRegistered},
 		WorkerID:      worker, Tier: domain.TierSharedPremium, Egress: domain.EgressColdSMTP, Address: "10.0.0.1:25", Capacity: 16,
 	}
 	r, err := topics.EncodeDecision(topics.Decision{ID: domain.NewEventID(), Source: "test", Data: reg,
@@ -48,18 +48,18 @@ func TestPlacementProjectorPassesLegacyHostileText(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A later heartbeat of the same worker, decided by a fixed engine.
-	plProduce(t, kcfg, []domain.PlacementDecision{&domain.PlacementWorkerChanged{
-		PlacementMeta: domain.PlacementMeta{At: plT0.Add(time.Second), Reason: domain.ReasonHeartbeat},
+	produce(t, kcfg, []domain.PlacementDecision{&domain.PlacementWorkerChanged{
+		PlacementMeta: domain.PlacementMeta{At: t0.Add(time.Second), Reason: domain.ReasonHeartbeat},
 		WorkerID:      worker, Tier: domain.TierSharedPremium, Egress: domain.EgressColdSMTP, Address: "10.0.0.2:25", Capacity: 16,
 	}})
-	plStartProjector(t, kcfg, db.Pool, projection.WithCommitted(func(c projection.Commit) {
+	startProjector(t, kcfg, db.Pool, postgres.WithCommitted(func(c postgres.Commit) {
 		for _, rec := range c.Records {
 			if d, ok := rec.Decision.Data.(*domain.PlacementWorkerRegistered); ok && d.Address != "10.0.0.1:25\uFFFD\uFFFD\uFFFD\uFFFD" {
 				t.Errorf("legacy address read as %+q", d.Address)
 			}
 		}
 	}))
-	plWaitCheckpoint(t, db.Pool, 2)
+	waitCheckpoint(t, db.Pool, 2)
 	var got string
 	if err := db.Pool.QueryRow(context.Background(), `SELECT address FROM placement_workers WHERE worker_id = $1`, worker).Scan(&got); err != nil {
 		t.Fatal(err)
@@ -67,7 +67,7 @@ func TestPlacementProjectorPassesLegacyHostileText(t *testing.T) {
 	if got != "10.0.0.2:25" {
 		t.Errorf("address %+q after the later heartbeat", got)
 	}
-	if err := projection.CheckInvariants(context.Background(), db.Pool); err != nil {
+	if err := postgres.CheckInvariants(context.Background(), db.Pool); err != nil {
 		t.Fatal(err)
 	}
 }
