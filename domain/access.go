@@ -6,7 +6,7 @@ import (
 	"strings"
 )
 
-// Scopes a caller may hold (docs/design.md section 11, callers;
+// Scopes a caller may hold (docs/architecture.md §11, callers;
 // SECURITY.md). A scope grants one kind of request; a caller holds a set
 // of them.
 const (

@@ -7,7 +7,7 @@ import (
 	"strings"
 )
 
-// Where a mailbox's credentials may be sent (docs/design.md section 11,
+// Where a mailbox's credentials may be sent (docs/architecture.md §11,
 // SECURITY.md): a producer names the IMAP endpoint, so without a policy
 // anyone who can register a mailbox can make a sync worker talk to
 // internal services, or send a password in plain text across a network. The policy is checked

@@ -1,6 +1,6 @@
 // Command mailplane is the mailplane control plane: one binary whose
-// subcommands are its roles (API, projectors, and later the placement engine
-// and sync workers), its embedded dev mode, and its operator tools.
+// subcommands are its roles (API, projectors, placement engine, mailbox.state
+// processor, sync workers), its embedded dev mode, and its operator tools.
 package main
 
 import (
@@ -69,7 +69,8 @@ func main() {
 }
 
 // run runs one command and returns the process's exit code (cli.ExitCode:
-// 0 done, 1 failed, 2 usage, 3 drift, 4 a failed verify, 5 an incompatible schema).
+// 0 done, 1 failed, 2 usage, 3 drift, 4 a failed verify, 5 some dead letters or
+// rows refused, 6 an incompatible schema).
 func run(ctx context.Context, cmd string, args []string) int {
 	var err error
 	switch cmd {

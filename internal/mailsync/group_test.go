@@ -87,7 +87,7 @@ func TestGracefulLeave(t *testing.T) {
 // TestBlackholedMember cuts one member off from the group coordinator: its
 // heartbeats, joins and syncs are swallowed by the broker, while its
 // fetches and database writes still work (the network partition that
-// docs/design.md section 10 measured). Its watchdog must stop its runners before
+// docs/architecture.md §14 measured). Its watchdog must stop its runners before
 // the other member takes its partitions, so nothing it writes is even
 // refused; then the other member runs everything. When the partition
 // heals, the member rejoins and gets work again.

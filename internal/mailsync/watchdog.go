@@ -18,7 +18,7 @@ import (
 // franz-go keeps a member's partitions assigned while its heartbeats go
 // unanswered (each is retried for as long as the client's retry timeout),
 // so the member can run its partitions for seconds after the coordinator
-// expired its session and gave them to another (docs/design.md section 10). The
+// expired its session and gave them to another (docs/architecture.md §14). The
 // watchdog does not wait for franz-go: it sees every answered Heartbeat,
 // JoinGroup and SyncGroup through a broker hook, and counts an answer from
 // when its request was written, the latest moment the coordinator can have

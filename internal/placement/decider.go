@@ -1,7 +1,7 @@
 package placement
 
-// This file holds the placement engine's pure decider: the rules of docs/design.md
-// section 4 as one deterministic function of (state, input). Where it sits
+// This file holds the placement engine's pure decider: the rules of docs/architecture.md
+// §6 as one deterministic function of (state, input). Where it sits
 // among the engine, the projection and replay: docs/architecture.md §6.
 //
 // # Model
@@ -20,7 +20,7 @@ package placement
 // is the input's time), no randomness, no map-order dependence (every
 // enumeration is sorted, every tie broken by id).
 //
-// Invariants 3 and 4 of docs/design.md hold between inputs (at the boundaries of
+// Invariants 3 and 4 of docs/architecture.md §8 hold between inputs (at the boundaries of
 // Apply, which the engine writes as one transaction). Inside one Apply a fact
 // may be recorded first and its consequences right after it (a plan change
 // is recorded, then every mailbox of the org moves), so a prefix of one

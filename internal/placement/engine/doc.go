@@ -1,5 +1,5 @@
 // Package engine is the placement engine: the single writer of the
-// decision log (docs/design.md section 4). It consumes the four domain topics,
+// decision log (docs/architecture.md §6). It consumes the four domain topics,
 // keeps the placement.State in memory, decides with the pure decider
 // (placement.State.Apply), and writes every decision to
 // topics.PlacementDecisions in a Kafka transaction together with the input
@@ -28,7 +28,7 @@
 // milliseconds.
 //
 // Group membership alone can leave a cut-off engine believing it is active
-// for a while (docs/design.md section 10). The transactional id is the fence: every
+// for a while (docs/architecture.md §14). The transactional id is the fence: every
 // engine uses the same one (DefaultTransactionalID), and an engine becoming
 // active calls InitProducerID in its assignment callback, before its input
 // offsets are fetched and before it reads the decision log. That aborts

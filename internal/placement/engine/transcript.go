@@ -17,7 +17,7 @@ import (
 // Transcript records the transactions engines commit, so that their
 // decision log can be decided again (Verify). The log records transitions,
 // not every input: a heartbeat that changes nothing is heard, not recorded
-// (docs/design.md section 5), so the log alone cannot be decided again.
+// (docs/architecture.md §6), so the log alone cannot be decided again.
 // The decider is fed what the engines committed, in the order they
 // committed it: every input (those that decided nothing too), every tick
 // at its time, and the liveness grace an engine granted when it restored.

@@ -13,7 +13,7 @@ type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// The invariants of docs/design.md section 7 that the placement projection's
+// The invariants of docs/architecture.md §8 that the placement projection's
 // rows can show, written independently of the fold.
 const (
 	// Invariant 3: a mailbox sits only on a worker of its org's tier (free

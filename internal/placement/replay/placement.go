@@ -1,6 +1,6 @@
 // Package replay rebuilds a projection from the log into a fresh schema,
 // verifies it row for row against the live schema, and swaps it in
-// (docs/design.md section 5). A rebuild of the same log yields identical rows
+// (docs/architecture.md §5). A rebuild of the same log yields identical rows
 // (invariant 2), so a rebuild that differs from the live projection says
 // the live one drifted (or the code changed), and swapping the rebuild in
 // repairs it.
