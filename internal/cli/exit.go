@@ -9,7 +9,7 @@ import (
 
 // Exit codes of mailplane's commands, so that a script tells a finding
 // (drift, a failed verify) from a failure (a broker or a database down).
-// README.md lists them.
+// docs/operating.md lists them.
 const (
 	ExitOK           = 0 // done
 	ExitError        = 1 // the command failed (unreachable broker or database, bad input)

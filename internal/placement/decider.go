@@ -1,8 +1,8 @@
 package placement
 
-// This file holds the placement engine's pure decider: the rules of docs/architecture.md
-// §6 as one deterministic function of (state, input). Where it sits
-// among the engine, the projection and replay: docs/architecture.md §6.
+// This file holds the placement engine's pure decider: the placement rules
+// as one deterministic function of (state, input). Where it sits among the
+// engine, the projection and replay: docs/architecture.md §6.
 //
 // # Model
 //
