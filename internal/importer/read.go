@@ -3,8 +3,8 @@
 // mailbox.added events, in batches, with bounded concurrency, and accounts
 // for every row: accepted, refused (line, field, stable code) or not
 // delivered. The API does the validation and sealing, as for any producer;
-// rows are only read here (docs/architecture.md §4 and §9; README.md,
-// "Importing a fleet").
+// rows are only read here (docs/architecture.md §4 and §9;
+// docs/producers.md, "Importing a fleet").
 package importer
 
 import (
