@@ -47,7 +47,7 @@ type Config struct {
 	CommandTimeout time.Duration
 	DialTimeout    time.Duration
 	// BackoffMin and BackoffMax bound the retry delay after a failure
-	// (doubling, full jitter; defaults 1 s and 5 min).
+	// (doubling, half of each wait random; defaults 1 s and 5 min).
 	BackoffMin, BackoffMax time.Duration
 	// AuthBackoffMax caps the retry delay after refused credentials
 	// (default 1 h): the delay keeps doubling past BackoffMax and the poll

@@ -2,14 +2,22 @@ package imapsync
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"unsafe"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/mailsync"
+	"github.com/mailplane/mailplane/internal/outbox"
+	"github.com/mailplane/mailplane/topics"
 )
 
-// This file is the mailbox's credentials: opened (unsealed) for the
-// endpoint they were sealed for, held in a buffer wiped after use.
+// This file is the mailbox's credentials: opened (unsealed) only for the
+// endpoint they were sealed for, held in a buffer wiped after use, and a
+// refresh token the provider rotated sealed and recorded.
 
 // unseal opens the run's current credentials; the caller wipes them.
 func (m *mailboxRun) unseal() (*secret, error) {
@@ -91,4 +99,60 @@ func (r *Runner) unseal(mb domain.MailboxStateRecord) (*secret, error) {
 	clear(q)
 	s.pw = []byte(pw)
 	return s, nil
+}
+
+// rotated seals a refresh token the provider rotated, makes it the run's
+// credentials at once and records it: a credentials_rotated event through
+// the outbox, in a fenced transaction, so the mailbox.state processor
+// folds it and the next owner starts with it. A write that fails (not
+// fenced) is retried before the next exchange; the token is not lost
+// meanwhile, the run holds it.
+func (m *mailboxRun) rotated(ctx context.Context, refresh []byte) error {
+	plain, err := json.Marshal(domain.Credentials{OAuthRefreshToken: string(refresh)})
+	if err != nil {
+		return err
+	}
+	mb := m.job.Mailbox
+	s, err := m.r.cfg.Keyring.Seal(plain, domain.CredentialsAAD(mb.MailboxID, mb.Provider, mb.IMAP))
+	clear(plain)
+	if err != nil {
+		return &Error{Kind: KindCredentials, Op: "oauth", Reason: "sealing the rotated refresh token failed", Err: err}
+	}
+	m.mu.Lock()
+	m.sealed, m.pending = &s, &s
+	m.mu.Unlock()
+	m.r.metrics.rotations.Inc()
+	if err := m.recordPending(ctx); err != nil && errors.Is(err, mailsync.ErrFenced) {
+		return err
+	}
+	return nil
+}
+
+// recordPending writes the pending rotation, if any, through the outbox.
+func (m *mailboxRun) recordPending(ctx context.Context) error {
+	m.mu.Lock()
+	s := m.pending
+	m.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	id := m.job.Mailbox.MailboxID
+	rec, err := topics.Encode(domain.Event{ID: domain.NewEventID(), Type: domain.TypeCredentialsRotated, Source: warmupSource,
+		Time: m.r.cfg.Now().UTC(), Subject: id, Data: &domain.CredentialsRotated{MailboxID: id, SealedCredentials: s, Cause: domain.RotationOAuth, AddedAt: m.job.Mailbox.AddedAt}})
+	if err != nil {
+		return err
+	}
+	err = m.job.Writer.Write(ctx, func(ctx context.Context, tx pgx.Tx) error { return outbox.Add(ctx, tx, rec) })
+	if err != nil {
+		if !errors.Is(err, mailsync.ErrFenced) {
+			m.log.Warn("rotated refresh token not recorded yet: retried before the next exchange", "err", err)
+		}
+		return err
+	}
+	m.mu.Lock()
+	if m.pending == s {
+		m.pending = nil
+	}
+	m.mu.Unlock()
+	return nil
 }

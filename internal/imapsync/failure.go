@@ -3,11 +3,11 @@ package imapsync
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"time"
 
 	"github.com/emersion/go-imap/v2"
 
+	"github.com/mailplane/mailplane/internal/backoff"
 	"github.com/mailplane/mailplane/internal/mailsync"
 )
 
@@ -33,18 +33,15 @@ func storeFailure(err error) bool {
 // would, while Postgres is down, have every runner of the fleet reconnect
 // at once when it returns.
 func (m *mailboxRun) syncHeld(ctx context.Context, c *conn, f folder) error {
-	for n := 1; ; n++ {
+	retries := m.r.retries()
+	for {
 		err := m.syncFolder(ctx, c, f)
 		if err == nil || ctx.Err() != nil || !storeFailure(err) {
 			return err
 		}
 		m.r.metrics.heldThroughStore.Inc()
-		t := time.NewTimer(m.failed(ctx, err, n, m.r.cfg.BackoffMax))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := backoff.Sleep(ctx, m.failed(ctx, err, retries, m.r.cfg.BackoffMax)); err != nil {
+			return err
 		}
 		c.arm()
 		if err := c.c.Noop().Wait(); err != nil {
@@ -53,9 +50,16 @@ func (m *mailboxRun) syncHeld(ctx context.Context, c *conn, f folder) error {
 	}
 }
 
-// failed reports a failure and returns the delay before the next attempt
-// (at most ceiling).
-func (m *mailboxRun) failed(ctx context.Context, err error, consecutive int, ceiling time.Duration) time.Duration {
+// retries returns the pacing of one retrying loop (a poller, a hot
+// session's reconnects, a sync held through our database's failures): it
+// counts the loop's failures in a row and gives the wait after each.
+func (r *Runner) retries() *backoff.Backoff { return backoff.New(r.retry, nil) }
+
+// failed records a failure in retries, reports it and returns the delay
+// before the next attempt: by the runner's retry policy, at most ceiling;
+// after refused credentials by its auth policy, which keeps doubling past
+// BackoffMax and the ceiling.
+func (m *mailboxRun) failed(ctx context.Context, err error, retries *backoff.Backoff, ceiling time.Duration) time.Duration {
 	if err == nil {
 		err = errors.New("unknown failure")
 	}
@@ -67,9 +71,10 @@ func (m *mailboxRun) failed(ctx context.Context, err error, consecutive int, cei
 			e.Kind, e.Code, e.Reason = KindProtocol, knownCode(string(ie.Code)), "the server answered "+string(ie.Type)
 		}
 	}
-	d := m.backoff(consecutive, ceiling)
+	d := retries.NextWithin(ceiling)
+	consecutive := retries.Failures()
 	if e.Kind == KindAuth {
-		d = m.authBackoff(consecutive)
+		d = m.r.authRetry.Wait(consecutive, nil)
 	}
 	now := m.r.cfg.Now()
 	f := Failure{MailboxID: m.job.Mailbox.MailboxID, Partition: m.job.Partition, Epoch: m.job.Epoch,
@@ -107,26 +112,4 @@ func (m *mailboxRun) failed(ctx context.Context, err error, consecutive int, cei
 		m.log.Info("imap sync failed", "category", e.Kind, "op", e.Op, "err", e.Error(), "retry_in", d)
 	}
 	return d
-}
-
-// backoff is full jitter over an exponential ceiling.
-func (m *mailboxRun) backoff(n int, ceiling time.Duration) time.Duration {
-	d := m.r.cfg.BackoffMin
-	for i := 1; i < n && d < m.r.cfg.BackoffMax; i++ {
-		d *= 2
-	}
-	d = min(d, m.r.cfg.BackoffMax, max(ceiling, m.r.cfg.BackoffMin))
-	// Half fixed, half random: never a zero wait, never a thundering herd.
-	return d/2 + rand.N(d/2+1)
-}
-
-// authBackoff is the delay after the n-th refused login in a row: doubling
-// from BackoffMin up to AuthBackoffMax, half fixed and half random.
-func (m *mailboxRun) authBackoff(n int) time.Duration {
-	d := m.r.cfg.BackoffMin
-	for i := 1; i < n && d < m.r.cfg.AuthBackoffMax; i++ {
-		d *= 2
-	}
-	d = min(d, m.r.cfg.AuthBackoffMax)
-	return d/2 + rand.N(d/2+1)
 }

@@ -18,7 +18,7 @@ import (
 // hot holds INBOX in IDLE and checks the special-use folders on the same
 // connection between IDLE rounds, until ctx is done or the tier changes.
 func (m *mailboxRun) hot(ctx context.Context, changed <-chan struct{}) error {
-	failures := 0
+	retries := m.r.retries()
 	for ctx.Err() == nil && !closed(changed) {
 		synced, err := m.idleSession(ctx, changed)
 		if errors.Is(err, mailsync.ErrFenced) {
@@ -28,10 +28,9 @@ func (m *mailboxRun) hot(ctx context.Context, changed <-chan struct{}) error {
 			break
 		}
 		if synced {
-			failures = 0 // the connection worked for a while
+			retries.Reset() // the connection worked for a while
 		}
-		failures++
-		t := time.NewTimer(m.failed(ctx, err, failures, m.r.cfg.BackoffMax))
+		t := time.NewTimer(m.failed(ctx, err, retries, m.r.cfg.BackoffMax))
 		select {
 		case <-ctx.Done():
 		case <-changed:
@@ -64,7 +63,7 @@ func (m *mailboxRun) idleSession(ctx context.Context, changed <-chan struct{}) (
 	}
 	// Released at the first IDLE; after the socket's close when the
 	// session ends before it.
-	defer m.endSetup()
+	defer m.slot.give()
 	defer m.disconnect(c)
 	if closed(changed) {
 		// Demoted while connecting (the pacer's wait can be long): no
@@ -161,7 +160,7 @@ func (m *mailboxRun) idle(ctx context.Context, c *conn, changed <-chan struct{},
 	}
 	// The server acknowledged the IDLE: the session is set up, and the
 	// round's operation ends; the IDLE's wait has only its own deadline.
-	m.endSetup()
+	m.slot.give()
 	c.raw.endOp()
 	c.armFor(wait + m.r.cfg.IdleMargin)
 	t := time.NewTimer(max(wait, 0))

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/backoff"
 	"github.com/mailplane/mailplane/internal/mailsync"
 )
 
@@ -37,16 +38,10 @@ func (m *mailboxRun) poller(ctx context.Context, tier domain.SyncTier) error {
 	last := m.lastPoll
 	m.mu.Unlock()
 	next := last.Add(interval)
-	failures := 0
+	retries := m.r.retries()
 	for {
-		if d := time.Until(next); d > 0 {
-			t := time.NewTimer(d)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return nil
-			case <-t.C:
-			}
+		if backoff.Sleep(ctx, time.Until(next)) != nil {
+			return nil
 		}
 		if ctx.Err() != nil {
 			return nil
@@ -70,11 +65,10 @@ func (m *mailboxRun) poller(ctx context.Context, tier domain.SyncTier) error {
 			return nil
 		}
 		if err != nil {
-			failures++
-			next = time.Now().Add(m.failed(ctx, err, failures, interval))
+			next = time.Now().Add(m.failed(ctx, err, retries, interval))
 			continue
 		}
-		failures = 0
+		retries.Reset()
 		next = now.Add(interval)
 	}
 }
@@ -90,7 +84,7 @@ func (m *mailboxRun) pollOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer m.endSetup()
+	defer m.slot.give()
 	defer m.disconnect(c)
 	folders, err := m.discover(ctx, c)
 	if err != nil {

@@ -47,6 +47,7 @@ import (
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/backoff"
 	"github.com/mailplane/mailplane/internal/mailsync"
 )
 
@@ -62,6 +63,11 @@ type Runner struct {
 	rep        Reporter
 	log        *slog.Logger
 	metrics    *metrics
+	// retry paces the attempts after a failure: from BackoffMin doubling to
+	// BackoffMax, half fixed and half random (never a zero wait, never a
+	// thundering herd). authRetry, after refused credentials, doubles on
+	// to AuthBackoffMax.
+	retry, authRetry backoff.Policy
 }
 
 var _ mailsync.Runner = (*Runner)(nil)
@@ -114,7 +120,9 @@ func New(cfg Config) (*Runner, error) {
 		cfg.Now = time.Now
 	}
 	r := &Runner{cfg: cfg, setup: make(chan struct{}, cfg.MaxSettingUp), hostSetups: mailsync.NewHostSlots(HostSetupSlots(cfg.MaxSettingUp, cfg.SetupSharePerHost)),
-		http: cfg.HTTP, rep: cfg.Reporter, log: cfg.Logger, metrics: newMetrics(cfg.Registerer)}
+		http: cfg.HTTP, rep: cfg.Reporter, log: cfg.Logger, metrics: newMetrics(cfg.Registerer),
+		retry:     backoff.Policy{Floor: cfg.BackoffMin, Cap: cfg.BackoffMax, Jitter: backoff.Half},
+		authRetry: backoff.Policy{Floor: cfg.BackoffMin, Cap: cfg.AuthBackoffMax, Jitter: backoff.Half}}
 	if r.http == nil {
 		r.http = &http.Client{Timeout: cfg.CommandTimeout}
 	}
@@ -143,7 +151,8 @@ func setDefault(p *time.Duration, d time.Duration) {
 // (backoff with jitter) and returns only when ctx is done (nil) or a write
 // was fenced (an error wrapping mailsync.ErrFenced).
 func (r *Runner) Run(ctx context.Context, job *mailsync.Job) error {
-	m := &mailboxRun{r: r, job: job, log: r.log.With("mailbox", job.Mailbox.MailboxID)}
+	m := &mailboxRun{r: r, job: job, log: r.log.With("mailbox", job.Mailbox.MailboxID),
+		slot: setupSlot{r: r, host: job.Mailbox.IMAP.Host}}
 	defer m.forgetToken()
 	return m.run(ctx)
 }
@@ -173,8 +182,7 @@ type mailboxRun struct {
 	seen        map[string]folderState
 	disableSent bool
 	authFailing bool
-	settingUp   bool         // holds a setup slot; the run's goroutine only
-	hostRelease func()       // gives back the host's share of the slot held
+	slot        setupSlot    // the run's goroutine only
 	access      *accessToken // OAuth mailboxes: the current access token
 	// sealed replaces the job's sealed credentials once the provider
 	// rotated the refresh token (nil: the job's); pending is that rotation

@@ -5,12 +5,11 @@ import (
 )
 
 // This file is opening a session: cursors, credentials, the OAuth token,
-// the dial and login, and the setup slots a logged-in mailbox holds until
-// it settles.
+// the dial and login, and the setup slot (setup.go) taken once logged in.
 
 // connect opens a connection, reporting and recording authentication
 // outcomes. Once logged in it takes a setup slot, held on success until
-// the caller's endSetup; a failure releases it.
+// the caller gives it back (m.slot.give); a failure gives it back.
 func (m *mailboxRun) connect(ctx context.Context) (_ *conn, err error) {
 	if err := m.loadCursors(ctx); err != nil {
 		return nil, err
@@ -38,13 +37,13 @@ func (m *mailboxRun) connect(ctx context.Context) (_ *conn, err error) {
 	// that never answers (a dead host, a tarpit) then holds no slot for
 	// its timeouts, and cannot stall the setups of the worker's other
 	// mailboxes. Connects and logins are paced per host (PaceConnect).
-	if err := m.beginSetup(ctx); err != nil {
+	if err := m.slot.take(ctx); err != nil {
 		m.disconnect(c)
 		return nil, err
 	}
 	defer func() {
 		if err != nil {
-			m.endSetup()
+			m.slot.give()
 		}
 	}()
 	if err := m.authSucceeded(ctx); err != nil {
@@ -52,44 +51,6 @@ func (m *mailboxRun) connect(ctx context.Context) (_ *conn, err error) {
 		return nil, err
 	}
 	return c, nil
-}
-
-// beginSetup waits for one of the runner's setup slots, first one of the
-// host's share (Config.SetupSharePerHost), then one of the runner's (ctx
-// done: its error).
-func (m *mailboxRun) beginSetup(ctx context.Context) error {
-	if m.settingUp {
-		return nil
-	}
-	m.r.metrics.setupWaiting.Inc()
-	release, err := m.r.hostSetups.Acquire(ctx, m.job.Mailbox.IMAP.Host)
-	if err == nil {
-		select {
-		case m.r.setup <- struct{}{}:
-		case <-ctx.Done():
-			release()
-			err = ctx.Err()
-		}
-	}
-	m.r.metrics.setupWaiting.Dec()
-	if err != nil {
-		return err
-	}
-	m.settingUp, m.hostRelease = true, release
-	m.r.metrics.settingUp.Inc()
-	return nil
-}
-
-// endSetup releases the run's setup slot, if it holds one.
-func (m *mailboxRun) endSetup() {
-	if !m.settingUp {
-		return
-	}
-	m.settingUp = false
-	<-m.r.setup
-	m.hostRelease()
-	m.hostRelease = nil
-	m.r.metrics.settingUp.Dec()
 }
 
 func (m *mailboxRun) disconnect(c *conn) {
