@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"mime"
 	"net"
 	"net/netip"
 	"strconv"
@@ -481,3 +482,5 @@ func wrapf(op string, err error) error {
 	}
 	return fmt.Errorf("%s: %w", op, err)
 }
+
+var wordDecoder = &mime.WordDecoder{}
