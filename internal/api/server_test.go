@@ -418,6 +418,43 @@ func TestWriteDomainError(t *testing.T) {
 	}
 }
 
+// TestWriteProblems: the 400 refusing one input answers with the
+// problems' shared code (else invalid) and every problem at index 0; no
+// problems leave the member out.
+func TestWriteProblems(t *testing.T) {
+	t.Parallel()
+	tier := domain.Problem{Field: "tier", Code: domain.CodeTierNotAllowed, Message: "dedicated is allocated"}
+	other := domain.Problem{Field: "worker_id", Code: domain.CodeUnknownField, Message: "not a field"}
+	for _, tc := range []struct {
+		ps   domain.Problems
+		code domain.Code
+	}{
+		{domain.Problems{tier}, domain.CodeTierNotAllowed},
+		{domain.Problems{tier, tier}, domain.CodeTierNotAllowed},
+		{domain.Problems{tier, other}, domain.CodeInvalid},
+		{nil, domain.CodeInvalid},
+	} {
+		rr := httptest.NewRecorder()
+		WriteProblems(rr, http.StatusBadRequest, "the heartbeat is invalid", tc.ps)
+		er := decodeErr(t, rr.Body.Bytes())
+		if rr.Code != http.StatusBadRequest || er.Error.Code != tc.code || er.Error.Message != "the heartbeat is invalid" {
+			t.Errorf("%v: %d %s", tc.ps, rr.Code, rr.Body)
+		}
+		if len(er.Problems) != len(tc.ps) {
+			t.Fatalf("%v: %d problems in %s", tc.ps, len(er.Problems), rr.Body)
+		}
+		for i, p := range er.Problems {
+			want := Problem{Index: 0, Field: tc.ps[i].Field, Code: tc.ps[i].Code, Message: tc.ps[i].Message}
+			if p != want {
+				t.Errorf("problem %d: %+v, want %+v", i, p, want)
+			}
+		}
+		if len(tc.ps) == 0 && strings.Contains(rr.Body.String(), `"problems"`) {
+			t.Errorf("no problems, yet the member: %s", rr.Body)
+		}
+	}
+}
+
 // TestPanicIsJSON500: a panicking route answers 500 internal and the
 // server keeps serving.
 func TestPanicIsJSON500(t *testing.T) {
