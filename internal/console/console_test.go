@@ -21,6 +21,7 @@ import (
 	"github.com/mailplane/mailplane/internal/apitest"
 	"github.com/mailplane/mailplane/internal/console"
 	"github.com/mailplane/mailplane/internal/dlq"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/query"
@@ -116,24 +117,7 @@ func unitConfigAPI(t *testing.T, set func(*console.Config), apiOpts ...api.Optio
 // logins reads mailplane_console_logins_total{result}.
 func logins(t *testing.T, reg *prometheus.Registry, result string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "mailplane_console_logins_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == result {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("no mailplane_console_logins_total{result=%q}", result)
-	return 0
+	return mailplanetest.Metric(t, reg, "mailplane_console_logins_total", "result", result)
 }
 
 // browserish is a client that keeps cookies, does not follow redirects
