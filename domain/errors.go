@@ -145,14 +145,23 @@ func (ps Problems) Err() error {
 	if len(ps) == 0 {
 		return nil
 	}
-	code := ps[0].Code
+	return &Error{Code: ps.Code(), Message: ps.String(), Problems: ps}
+}
+
+// Code is the code of an input refused for ps: the one code every problem
+// shares, else invalid (none, too). Err and the API's problem responses
+// (api.WriteProblems) answer with it.
+func (ps Problems) Code() Code {
+	if len(ps) == 0 {
+		return CodeInvalid
+	}
+	c := ps[0].Code
 	for _, p := range ps[1:] {
-		if p.Code != code {
-			code = CodeInvalid
-			break
+		if p.Code != c {
+			return CodeInvalid
 		}
 	}
-	return &Error{Code: code, Message: ps.String(), Problems: ps}
+	return c
 }
 
 func (ps Problems) String() string {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/access"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 )
 
 // TestProducerTokenCannotPublishInternalTypes: a caller holding
@@ -32,7 +33,7 @@ func TestProducerTokenCannotPublishInternalTypes(t *testing.T) {
 		"publish:worker.health_sampled":   healthSampled(),
 	}
 	for scope, ev := range internal {
-		resp, body := e.do(req{ct: ContentTypeStructured, body: mustJSON(t, ev), token: ptr(tokenB)})
+		resp, body := e.Do(req{ContentType: ContentTypeStructured, Body: mailplanetest.MustJSON(t, ev), Token: tokenB})
 		er := decodeErr(t, body)
 		if resp.StatusCode != http.StatusForbidden || er.Error.Code != domain.CodeForbidden {
 			t.Errorf("%s: %d %s", scope, resp.StatusCode, body)
@@ -52,7 +53,7 @@ func TestProducerTokenCannotPublishInternalTypes(t *testing.T) {
 	hb := heartbeat()
 	h := binaryHeadersOf(hb)
 	h["Authorization"] = "Bearer " + tokenB
-	resp, body := e.do(req{ct: ContentTypeBinary, body: mustJSON(t, hb["data"]), token: ptr(""), headers: h})
+	resp, body := e.Do(req{ContentType: ContentTypeBinary, Body: mailplanetest.MustJSON(t, hb["data"]), NoAuth: true, Headers: h})
 	if resp.StatusCode != http.StatusForbidden {
 		t.Errorf("binary heartbeat: %d %s", resp.StatusCode, body)
 	}
@@ -61,7 +62,7 @@ func TestProducerTokenCannotPublishInternalTypes(t *testing.T) {
 		t.Errorf("forbidden requests not counted per caller")
 	}
 	// Positive control: the same caller publishes a public type.
-	if resp, body := e.do(req{ct: ContentTypeStructured, body: mustJSON(t, userActive()), token: ptr(tokenB)}); resp.StatusCode != http.StatusAccepted {
+	if resp, body := e.Do(req{ContentType: ContentTypeStructured, Body: mailplanetest.MustJSON(t, userActive()), Token: tokenB}); resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("public type: %d %s", resp.StatusCode, body)
 	}
 }
@@ -98,13 +99,13 @@ func TestSourceSpoofingRefused(t *testing.T) {
 	} {
 		src := c.src
 		ev := with(userActive(), "source", src)
-		resp, body := e.do(req{ct: ContentTypeStructured, body: mustJSON(t, ev), token: ptr(c.token)})
+		resp, body := e.Do(req{ContentType: ContentTypeStructured, Body: mailplanetest.MustJSON(t, ev), Token: c.token})
 		if er := decodeErr(t, body); resp.StatusCode != http.StatusForbidden || er.Error.Code != domain.CodeSourceForbidden {
 			t.Errorf("structured %q: %d %s", src, resp.StatusCode, body)
 		}
 		h := binaryHeadersOf(ev)
 		h["Authorization"] = "Bearer " + c.token
-		resp, body = e.do(req{ct: ContentTypeBinary, body: mustJSON(t, ev["data"]), token: ptr(""), headers: h})
+		resp, body = e.Do(req{ContentType: ContentTypeBinary, Body: mailplanetest.MustJSON(t, ev["data"]), NoAuth: true, Headers: h})
 		if er := decodeErr(t, body); resp.StatusCode != http.StatusForbidden || er.Error.Code != domain.CodeSourceForbidden {
 			t.Errorf("binary %q: %d %s", src, resp.StatusCode, body)
 		}
@@ -121,7 +122,7 @@ func TestSourceSpoofingRefused(t *testing.T) {
 		{tokenProduct, "/product-api/sessions/v2"},
 	} {
 		ok := with(userActive(), "source", c.src)
-		if resp, body := e.do(req{ct: ContentTypeStructured, body: mustJSON(t, ok), token: ptr(c.token)}); resp.StatusCode != http.StatusAccepted {
+		if resp, body := e.Do(req{ContentType: ContentTypeStructured, Body: mailplanetest.MustJSON(t, ok), Token: c.token}); resp.StatusCode != http.StatusAccepted {
 			t.Fatalf("own sub-source %q: %d %s", c.src, resp.StatusCode, body)
 		}
 	}
@@ -133,7 +134,7 @@ func TestPublicHealthHasNoErrorText(t *testing.T) {
 	t.Parallel()
 	const secret = "dial tcp 10.9.8.7:5432: password authentication failed for user mailplane_rw"
 	e := newEnv(t, envOpts{opts: []Option{WithDatabaseCheck(func(context.Context) error { return errors.New(secret) })}})
-	resp, body := e.do(req{method: http.MethodGet, path: "/healthz", token: ptr("")})
+	resp, body := e.Do(req{Method: http.MethodGet, Path: "/healthz", NoAuth: true})
 	if resp.StatusCode != http.StatusServiceUnavailable ||
 		string(body) != `{"status":"unavailable","checks":{"broker":"ok","database":"unavailable"}}`+"\n" {
 		t.Fatalf("public healthz: %d %s", resp.StatusCode, body)
@@ -143,7 +144,7 @@ func TestPublicHealthHasNoErrorText(t *testing.T) {
 			t.Errorf("public healthz carries %q", leak)
 		}
 	}
-	if resp, _ := e.do(req{method: http.MethodGet, path: "/metrics", token: ptr("")}); resp.StatusCode != http.StatusNotFound {
+	if resp, _ := e.Do(req{Method: http.MethodGet, Path: "/metrics", NoAuth: true}); resp.StatusCode != http.StatusNotFound {
 		t.Errorf("public /metrics: %d, want 404", resp.StatusCode)
 	}
 	rr := httptest.NewRecorder()
@@ -162,7 +163,7 @@ func TestInflightBodyCap(t *testing.T) {
 	// The slow body is never cut by the minimum rate here (its own test).
 	e := newEnv(t, envOpts{opts: []Option{WithMaxInflightBytes(4096), WithBodyRate(BodyRate{Min: 1, Grace: time.Hour})}})
 	pr, pw := io.Pipe()
-	slow, err := http.NewRequest(http.MethodPost, e.base+"/v1/events", pr)
+	slow, err := http.NewRequest(http.MethodPost, e.Base+"/v1/events", pr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +173,7 @@ func TestInflightBodyCap(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		resp, err := e.http.Do(slow)
+		resp, err := e.HTTP.Do(slow)
 		if err == nil {
 			resp.Body.Close()
 		}
@@ -200,7 +201,7 @@ func TestInflightBodyCap(t *testing.T) {
 }
 
 func (e *env) postBatchAs(token string, evs ...map[string]any) (*http.Response, []byte) {
-	return e.do(req{ct: ContentTypeBatch, body: mustJSON(e.t, evs), token: ptr(token)})
+	return e.Do(req{ContentType: ContentTypeBatch, Body: mailplanetest.MustJSON(e.t, evs), Token: token})
 }
 
 // waitMetric waits until the ops metrics carry line.
@@ -247,7 +248,7 @@ func TestTokensFileReloadedWithoutRestart(t *testing.T) {
 	go auth.Watch(ctx, 10*time.Millisecond)
 	e := newEnv(t, envOpts{opts: []Option{WithAuthenticator(auth)}})
 	post := func(tok string) int {
-		resp, _ := e.do(req{ct: ContentTypeStructured, body: mustJSON(t, userActive()), token: ptr(tok)})
+		resp, _ := e.Do(req{ContentType: ContentTypeStructured, Body: mailplanetest.MustJSON(t, userActive()), Token: tok})
 		return resp.StatusCode
 	}
 	if code := post(tokenC); code != http.StatusUnauthorized {

@@ -6,14 +6,15 @@ import (
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/producer"
 )
 
 // batchSamples are batch bodies the fast split must read as the streaming
 // decoder does, or leave to it.
 func batchSamples(t testing.TB) []string {
-	ok := string(mustJSON(t, []any{mailboxAdded(), userActive()}))
-	one := string(mustJSON(t, userActive()))
+	ok := string(mailplanetest.MustJSON(t, []any{mailboxAdded(), userActive()}))
+	one := string(mailplanetest.MustJSON(t, userActive()))
 	return []string{
 		ok,
 		"[ " + one + " ,\n" + one + " ]",
@@ -85,10 +86,10 @@ func TestBatchSplitAgrees(t *testing.T) {
 		t.Errorf("only %d batches took the fast split", fast)
 	}
 	// A batch over the limit is left to the stream, which says too_large.
-	many := []byte("[" + string(mustJSON(t, userActive())))
+	many := []byte("[" + string(mailplanetest.MustJSON(t, userActive())))
 	for range e.srv.cfg.maxBatch {
 		many = append(many, ',')
-		many = append(many, mustJSON(t, userActive())...)
+		many = append(many, mailplanetest.MustJSON(t, userActive())...)
 	}
 	many = append(many, ']')
 	if _, ok := e.srv.parseBatchFast(many, time.Now()); ok {

@@ -40,8 +40,8 @@ func BenchmarkIngestBatch(b *testing.B) {
 	for _, par := range []int{1, 4} {
 		b.Run(map[int]string{1: "serial", 4: "concurrent4"}[par], func(b *testing.B) {
 			e := newEnv(b, envOpts{opts: []Option{WithLogger(slog.New(slog.DiscardHandler))}})
-			body := mustJSON(b, benchEvents())
-			url := e.base + "/v1/events"
+			body := mailplanetest.MustJSON(b, benchEvents())
+			url := e.Base + "/v1/events"
 			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: time.Minute}
 			post := func() {
 				hr, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
@@ -98,7 +98,7 @@ func BenchmarkRawProduce(b *testing.B) {
 			var recs []*kgo.Record
 			size := 0
 			for _, ev := range benchEvents() {
-				parsed, ps := domain.ParseStructured(mustJSON(b, ev), time.Now(), k.Seal)
+				parsed, ps := domain.ParseStructured(mailplanetest.MustJSON(b, ev), time.Now(), k.Seal)
 				if len(ps) > 0 {
 					b.Fatal(ps)
 				}
@@ -107,7 +107,7 @@ func BenchmarkRawProduce(b *testing.B) {
 					b.Fatal(err)
 				}
 				recs = append(recs, kafkatest.InNamespace(kcfg, r)...)
-				size += len(mustJSON(b, ev))
+				size += len(mailplanetest.MustJSON(b, ev))
 			}
 			produce := func() {
 				batch := make([]*kgo.Record, len(recs))
@@ -178,7 +178,7 @@ func benchIngestType(b *testing.B, clients int) {
 			}
 			e := newEnv(b, envOpts{opts: opts})
 			body := typeBatch(b, tc.ev)
-			benchPosts(b, e.base+"/v1/events", body, len(body.evs), clients)
+			benchPosts(b, e.Base+"/v1/events", body, len(body.evs), clients)
 		})
 	}
 	b.Run("limit/http-read-only", func(b *testing.B) {
@@ -194,7 +194,7 @@ func benchIngestType(b *testing.B, clients int) {
 		e := newEnv(b, envOpts{opts: []Option{WithLogger(slog.New(slog.DiscardHandler))}})
 		var recs []*kgo.Record
 		for _, ev := range typeBatch(b, mailboxAdded).evs {
-			parsed, ps := domain.ParseStructured(mustJSON(b, ev), time.Now(), e.keyring.Seal)
+			parsed, ps := domain.ParseStructured(mailplanetest.MustJSON(b, ev), time.Now(), e.keyring.Seal)
 			if len(ps) > 0 {
 				b.Fatal(ps)
 			}
@@ -231,7 +231,7 @@ func typeBatch(b *testing.B, ev func() map[string]any) batchBody {
 	for i := range evs {
 		evs[i] = with(ev(), "id", domain.NewEventID())
 	}
-	return batchBody{evs: evs, raw: mustJSON(b, evs)}
+	return batchBody{evs: evs, raw: mailplanetest.MustJSON(b, evs)}
 }
 
 // benchPosts posts body as a batch from clients clients at once and

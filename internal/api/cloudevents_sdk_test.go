@@ -27,7 +27,7 @@ import (
 func TestCloudEventsSDKClientIsAccepted(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{})
-	c, err := cloudevents.NewClientHTTP(cehttp.WithTarget(e.base+"/v1/events"),
+	c, err := cloudevents.NewClientHTTP(cehttp.WithTarget(e.Base+"/v1/events"),
 		cehttp.WithHeader("Authorization", "Bearer "+tokenA))
 	if err != nil {
 		t.Fatal(err)

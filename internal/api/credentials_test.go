@@ -25,7 +25,7 @@ func TestIngestRefusesCopiedSealedCredentials(t *testing.T) {
 		t.Fatalf("victim: %d %s", resp.StatusCode, body)
 	}
 	ar := decodeAccepted(t, body)
-	rec := e.fetch(ar.Events[0].Topic, ar.Events[0].Partition, ar.Events[0].Offset)
+	rec := e.brk.Fetch(ar.Events[0].Topic, ar.Events[0].Partition, ar.Events[0].Offset)
 	ev, err := topics.Decode(rec)
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +52,7 @@ func TestIngestRefusesCopiedSealedCredentials(t *testing.T) {
 			t.Errorf("%s, batch: %d %s", name, resp.StatusCode, body)
 		}
 		data, _ := json.Marshal(ev["data"])
-		resp, body = e.do(req{ct: "application/json", body: data, headers: map[string]string{
+		resp, body = e.Do(req{ContentType: "application/json", Body: data, Headers: map[string]string{
 			"ce-specversion": "1.0", "ce-id": newUUID(), "ce-type": domain.TypeMailboxAdded, "ce-source": "attacker",
 		}})
 		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), string(domain.CodeSealedCredentialsRefused)) {

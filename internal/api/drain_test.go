@@ -22,7 +22,7 @@ import (
 func TestRefusedBodiesAlwaysGetTheirAnswer(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{noBroker: true, prod: producer.New(nil)})
-	addr := strings.TrimPrefix(e.base, "http://")
+	addr := strings.TrimPrefix(e.Base, "http://")
 	body := bytes.Repeat([]byte("x"), 8<<20)
 	cases := []struct {
 		name    string

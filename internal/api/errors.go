@@ -127,11 +127,25 @@ func WriteDomainError(w http.ResponseWriter, err error) {
 		WriteError(w, http.StatusInternalServerError, domain.CodeInternal, "internal error")
 		return
 	}
-	resp := ErrorResponse{Error: ErrorInfo{Code: code, Message: de.Message}}
-	for _, p := range de.Problems {
-		resp.Problems = append(resp.Problems, Problem{Field: p.Field, Code: p.Code, Message: p.Message})
+	WriteJSON(w, StatusOf(code), ErrorResponse{Error: ErrorInfo{Code: code, Message: de.Message}, Problems: atIndex0(de.Problems)})
+}
+
+// WriteProblems writes the response refusing a request for ps (all of
+// one input, so at index 0): status, the problems' code
+// (domain.Problems.Code), msg and every problem. msg must never carry
+// request content that may be secret.
+func WriteProblems(w http.ResponseWriter, status int, msg string, ps domain.Problems) {
+	WriteJSON(w, status, ErrorResponse{Error: ErrorInfo{Code: ps.Code(), Message: msg}, Problems: atIndex0(ps)})
+}
+
+// atIndex0 renders ps as the problems of a request's only input (nil for
+// none, so the member is left out).
+func atIndex0(ps domain.Problems) []Problem {
+	var out []Problem
+	for _, p := range ps {
+		out = append(out, Problem{Field: p.Field, Code: p.Code, Message: p.Message})
 	}
-	WriteJSON(w, StatusOf(code), resp)
+	return out
 }
 
 // ReadBody reads a request body of at most limit bytes (http.MaxBytesReader).

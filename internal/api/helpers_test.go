@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -18,14 +17,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/access"
-	"github.com/mailplane/mailplane/internal/kafka"
-	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/apitest"
 	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/sealing"
 	"github.com/mailplane/mailplane/producer"
@@ -43,20 +40,20 @@ const (
 )
 
 // env is a real server on loopback, backed by an in-process kfake broker
-// with the topic catalog applied.
+// with the topic catalog applied. Requests go through the embedded client:
+// POST /v1/events as tokenA unless a request says otherwise.
 type env struct {
+	*apitest.Client
 	t       testing.TB
+	brk     *apitest.Broker // nil with noBroker
 	brokers []string
 	ns      topics.Namespace // the test's
 	kc      *kgo.Client
-	adm     *kadm.Client
 	keyring *sealing.Keyring
 	reg     *prometheus.Registry
 	srv     *Server
-	base    string
 	logs    *mailplanetest.Output
-	http    *http.Client
-	start   map[string]map[int32]int64
+	start   apitest.Offsets
 }
 
 type envOpts struct {
@@ -80,42 +77,6 @@ func newKeyring(t testing.TB) *sealing.Keyring {
 	return k
 }
 
-// startBroker gives t a broker with the topic catalog applied in a
-// namespace of its own: an in-process kfake cluster (or the real broker
-// named by MAILPLANE_TEST_BROKERS, see kafkatest), or the given fake
-// cluster.
-func startBroker(t testing.TB, fake *kfake.Cluster) (kafka.Config, *kgo.Client, *kadm.Client) {
-	t.Helper()
-	var kcfg kafka.Config
-	if fake != nil {
-		kcfg = kafka.Config{Brokers: fake.ListenAddrs(), Namespace: kafkatest.Namespace(t)}
-	} else {
-		kcfg = kafkatest.Config(t, 4)
-	}
-	brokers := kcfg.Brokers
-	if fake != nil {
-		// A client of its own: a client's cached metadata can still say
-		// "unknown topic" for a while after it created the topic.
-		ac, err := kafka.NewClient(kafka.Config{Brokers: brokers}, kafka.KindAdmin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, err = topics.Apply(ctx, ac, topics.Catalog(topics.Config{StatePartitions: 4, Namespace: kcfg.Namespace}))
-		ac.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	kc, err := kafka.NewProducer(kafka.Config{Brokers: brokers, ClientID: "api-test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(kc.Close)
-	return kcfg, kc, kadm.NewClient(kc)
-}
-
 func newEnv(t testing.TB, eo envOpts) *env {
 	t.Helper()
 	e := &env{t: t, keyring: newKeyring(t), reg: prometheus.NewRegistry(), logs: &mailplanetest.Output{}}
@@ -129,11 +90,14 @@ func newEnv(t testing.TB, eo envOpts) *env {
 		WithHealthTimeout(time.Second),
 	}
 	if !eo.noBroker {
-		var kcfg kafka.Config
-		kcfg, e.kc, e.adm = startBroker(t, eo.fake)
-		e.brokers, e.ns = kcfg.Brokers, kcfg.Namespace
+		if eo.fake != nil {
+			e.brk = apitest.NewBrokerOn(t, eo.fake, "api-test")
+		} else {
+			e.brk = apitest.NewBroker(t, "api-test")
+		}
+		e.brokers, e.ns, e.kc = e.brk.Config.Brokers, e.brk.Config.Namespace, e.brk.Client
 		if prod == nil {
-			prod = producer.New(e.kc, producer.WithSealer(e.keyring), producer.WithRegisterer(e.reg), producer.WithNamespace(e.ns))
+			prod = e.brk.Producer(producer.WithSealer(e.keyring), producer.WithRegisterer(e.reg))
 		}
 		opts = append(opts, WithBrokerCheck(e.kc))
 	}
@@ -149,7 +113,10 @@ func newEnv(t testing.TB, eo envOpts) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.base = "http://" + ln.Addr().String()
+	e.Client = &apitest.Client{
+		T: t, Base: "http://" + ln.Addr().String(), HTTP: &http.Client{Timeout: 30 * time.Second},
+		Method: http.MethodPost, Path: "/v1/events", Token: tokenA, Secrets: []string{secretPassword},
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, ln) }()
@@ -162,80 +129,24 @@ func newEnv(t testing.TB, eo envOpts) *env {
 			t.Errorf("the plaintext password appears in the server log")
 		}
 	})
-	e.http = &http.Client{Timeout: 30 * time.Second}
-	if e.adm != nil {
+	if e.brk != nil {
 		e.start = e.watermarks()
 	}
 	return e
 }
 
-type req struct {
-	method  string
-	path    string
-	ct      string
-	body    []byte
-	chunked bool // send the body without a Content-Length
-	headers map[string]string
-	token   *string // nil: tokenA; "": no Authorization header
-}
-
-func ptr[T any](v T) *T { return &v }
-
-func (e *env) do(r req) (*http.Response, []byte) {
-	e.t.Helper()
-	if r.method == "" {
-		r.method = http.MethodPost
-	}
-	if r.path == "" {
-		r.path = "/v1/events"
-	}
-	var body io.Reader
-	if r.body != nil {
-		body = bytes.NewReader(r.body)
-		if r.chunked {
-			body = io.MultiReader(body) // hides the length
-		}
-	}
-	hr, err := http.NewRequest(r.method, e.base+r.path, body)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if r.ct != "" {
-		hr.Header.Set("Content-Type", r.ct)
-	}
-	tok := tokenA
-	if r.token != nil {
-		tok = *r.token
-	}
-	if tok != "" {
-		hr.Header.Set("Authorization", "Bearer "+tok)
-	}
-	for k, v := range r.headers {
-		hr.Header.Set(k, v)
-	}
-	resp, err := e.http.Do(hr)
-	if err != nil {
-		e.t.Fatalf("%s %s: %v", r.method, r.path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if bytes.Contains(b, []byte(secretPassword)) {
-		e.t.Errorf("response echoes the plaintext password: %s", b)
-	}
-	return resp, b
-}
+// req is a request to the server; its empty fields are the env's
+// defaults (POST /v1/events as tokenA).
+type req = apitest.Request
 
 func (e *env) postStructured(ev map[string]any) (*http.Response, []byte) {
 	e.t.Helper()
-	return e.do(req{ct: ContentTypeStructured, body: mustJSON(e.t, ev)})
+	return e.Do(req{ContentType: ContentTypeStructured, Body: mailplanetest.MustJSON(e.t, ev)})
 }
 
 func (e *env) postBatch(evs ...map[string]any) (*http.Response, []byte) {
 	e.t.Helper()
-	return e.do(req{ct: ContentTypeBatch, body: mustJSON(e.t, evs)})
+	return e.Do(req{ContentType: ContentTypeBatch, Body: mailplanetest.MustJSON(e.t, evs)})
 }
 
 // eventTopics are the topics the server produces to: the domain topics and
@@ -248,50 +159,18 @@ func eventTopics() []string {
 	return ts
 }
 
-// watermarks returns the high watermark of every partition of every topic
+// watermarks returns the end offset of every partition of every topic
 // the server produces to.
-func (e *env) watermarks() map[string]map[int32]int64 {
+func (e *env) watermarks() apitest.Offsets {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	los, err := e.adm.ListEndOffsets(ctx, e.ns.Topics(eventTopics()...)...)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	out := map[string]map[int32]int64{}
-	los.Each(func(o kadm.ListedOffset) {
-		if o.Err != nil {
-			e.t.Fatalf("end offset of %s/%d: %v", o.Topic, o.Partition, o.Err)
-		}
-		if out[o.Topic] == nil {
-			out[o.Topic] = map[int32]int64{}
-		}
-		out[o.Topic][o.Partition] = o.Offset
-	})
-	if len(out) != len(eventTopics()) {
-		e.t.Fatalf("end offsets of %d topics, want %d", len(out), len(eventTopics()))
-	}
-	return out
+	return e.brk.EndOffsets(eventTopics()...)
 }
 
 // assertNothingProduced checks that no topic the server produces to grew
 // since the env started.
 func (e *env) assertNothingProduced() {
 	e.t.Helper()
-	now := e.watermarks()
-	for tp, ps := range e.start {
-		for p, off := range ps {
-			if now[tp][p] != off {
-				e.t.Errorf("%s/%d: high watermark moved from %d to %d; something was produced", tp, p, off, now[tp][p])
-			}
-		}
-	}
-}
-
-// fetch reads the record at topic/partition/offset.
-func (e *env) fetch(topic string, partition int32, offset int64) *kgo.Record {
-	e.t.Helper()
-	return kafkatest.Fetch(e.t, e.brokers, topic, partition, offset)
+	e.brk.AssertNothingProduced(e.start)
 }
 
 // metricsText reads GET /metrics from the ops handler.
@@ -318,15 +197,6 @@ func testAuth(t testing.TB) *access.Authenticator {
 		t.Fatal(err)
 	}
 	return a
-}
-
-func mustJSON(t testing.TB, v any) []byte {
-	t.Helper()
-	b, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
 }
 
 func decodeErr(t testing.TB, b []byte) ErrorResponse {

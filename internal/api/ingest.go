@@ -630,21 +630,6 @@ func topCode(problems []Problem) domain.Code {
 	return domain.CodeInvalid
 }
 
-// eventCode is an invalid event's code for metrics: its problems' common
-// code, else invalid.
-func eventCode(ps domain.Problems) domain.Code {
-	if len(ps) == 0 {
-		return domain.CodeInvalid
-	}
-	c := ps[0].Code
-	for _, p := range ps[1:] {
-		if p.Code != c {
-			return domain.CodeInvalid
-		}
-	}
-	return c
-}
-
 func (s *Server) rejectEvents(w http.ResponseWriter, items []item, problems []Problem) {
 	bad := 0
 	codes := map[domain.Code]int{}
@@ -653,7 +638,7 @@ func (s *Server) rejectEvents(w http.ResponseWriter, items []item, problems []Pr
 			continue
 		}
 		bad++
-		c := eventCode(it.problems)
+		c := it.problems.Code()
 		codes[c]++
 		s.metrics.rejected.WithLabelValues(it.typ, string(c)).Inc()
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 )
 
 type wantProblem struct {
@@ -26,7 +27,9 @@ type rejectCase struct {
 }
 
 func structured(ev map[string]any) func(t testing.TB) req {
-	return func(t testing.TB) req { return req{ct: ContentTypeStructured, body: mustJSON(t, ev)} }
+	return func(t testing.TB) req {
+		return req{ContentType: ContentTypeStructured, Body: mailplanetest.MustJSON(t, ev)}
+	}
 }
 
 // TestIngestRejects posts bad input of every kind and checks the status,
@@ -52,7 +55,7 @@ func TestIngestRejects(t *testing.T) {
 	upperMailbox = with(with(upperMailbox, "data.mailbox_id", upperID), "subject", upperID)
 	ua := userActive()
 	binHdr := binaryHeadersOf(ua)
-	binData := mustJSON(t, ua["data"])
+	binData := mailplanetest.MustJSON(t, ua["data"])
 	withoutHdr := func(h map[string]string, k string) map[string]string {
 		c := map[string]string{}
 		for kk, v := range h {
@@ -76,22 +79,22 @@ func TestIngestRejects(t *testing.T) {
 		mk func(t testing.TB) req
 	}{
 		{rc("malformed JSON", 400, domain.CodeMalformedJSON, p(0, "", domain.CodeMalformedJSON)),
-			fixed(req{ct: ContentTypeStructured, body: []byte(`{"specversion":"1.0","id":`)})},
+			fixed(req{ContentType: ContentTypeStructured, Body: []byte(`{"specversion":"1.0","id":`)})},
 		{rc("malformed JSON with a secret character", 400, domain.CodeMalformedJSON, p(0, "", domain.CodeMalformedJSON)),
-			fixed(req{ct: ContentTypeStructured, body: []byte(`{"data":{"credentials":{"password":"` + secretPassword + "\x01" + `"}}}`)})},
+			fixed(req{ContentType: ContentTypeStructured, Body: []byte(`{"data":{"credentials":{"password":"` + secretPassword + "\x01" + `"}}}`)})},
 		{rc("trailing data after the event", 400, domain.CodeMalformedJSON, p(0, "", domain.CodeMalformedJSON)),
 			func(t testing.TB) req {
-				return req{ct: ContentTypeStructured, body: append(mustJSON(t, userActive()), []byte(` {}`)...)}
+				return req{ContentType: ContentTypeStructured, Body: append(mailplanetest.MustJSON(t, userActive()), []byte(` {}`)...)}
 			}},
-		{rc("empty body structured", 400, domain.CodeMalformedJSON), fixed(req{ct: ContentTypeStructured, body: []byte("  ")})},
-		{rc("empty body batch", 400, domain.CodeMalformedJSON), fixed(req{ct: ContentTypeBatch})},
+		{rc("empty body structured", 400, domain.CodeMalformedJSON), fixed(req{ContentType: ContentTypeStructured, Body: []byte("  ")})},
+		{rc("empty body batch", 400, domain.CodeMalformedJSON), fixed(req{ContentType: ContentTypeBatch})},
 		{rc("batch is an object", 400, domain.CodeMalformedJSON), structuredAs(ContentTypeBatch, userActive())},
 		{rc("batch element malformed", 400, domain.CodeMalformedJSON),
-			fixed(req{ct: ContentTypeBatch, body: []byte(`[{"id":1},{"id":]`)})},
-		{rc("empty batch", 400, domain.CodeInvalid), fixed(req{ct: ContentTypeBatch, body: []byte(`[]`)})},
+			fixed(req{ContentType: ContentTypeBatch, Body: []byte(`[{"id":1},{"id":]`)})},
+		{rc("empty batch", 400, domain.CodeInvalid), fixed(req{ContentType: ContentTypeBatch, Body: []byte(`[]`)})},
 		{rc("batch element not an object", 400, domain.CodeInvalid, p(1, "", domain.CodeInvalidType)),
 			func(t testing.TB) req {
-				return req{ct: ContentTypeBatch, body: []byte(`[` + string(mustJSON(t, userActive())) + `,42]`)}
+				return req{ContentType: ContentTypeBatch, Body: []byte(`[` + string(mailplanetest.MustJSON(t, userActive())) + `,42]`)}
 			}},
 		{rc("wrong content type text/plain", 415, domain.CodeUnsupportedMediaType), structuredAs("text/plain", userActive())},
 		{rc("no content type", 415, domain.CodeUnsupportedMediaType), structuredAs("", userActive())},
@@ -121,7 +124,7 @@ func TestIngestRejects(t *testing.T) {
 			structured(with(mb, "data.imap.port", 70000))},
 		{rc("oversized body", 413, domain.CodeTooLarge), structured(bigReason)},
 		{rc("oversized body chunked", 413, domain.CodeTooLarge), func(t testing.TB) req {
-			return req{ct: ContentTypeStructured, body: mustJSON(t, bigReason), chunked: true}
+			return req{ContentType: ContentTypeStructured, Body: mailplanetest.MustJSON(t, bigReason), Chunked: true}
 		}},
 		{rc("oversized field", 400, domain.CodeInvalid, p(0, "data.reason", domain.CodeTooLong)),
 			structured(with(mailboxRemoved(), "data.reason", strings.Repeat("é", 501)))},
@@ -136,7 +139,7 @@ func TestIngestRejects(t *testing.T) {
 			}
 		}), func(t testing.TB) req {
 			r := structured(userActive())(t)
-			r.token = ptr("")
+			r.NoAuth = true
 			return r
 		}},
 		{rcCheck("wrong token", 401, domain.CodeUnauthorized, func(t *testing.T, resp *http.Response, _ ErrorResponse) {
@@ -145,45 +148,45 @@ func TestIngestRejects(t *testing.T) {
 			}
 		}), func(t testing.TB) req {
 			r := structured(userActive())(t)
-			r.token = ptr(tokenA + "x")
+			r.Token = tokenA + "x"
 			return r
 		}},
 		{rc("basic auth instead of bearer", 401, domain.CodeUnauthorized), func(t testing.TB) req {
 			r := structured(userActive())(t)
-			r.token = ptr("")
-			r.headers = map[string]string{"Authorization": "Basic dXNlcjpwYXNz"}
+			r.NoAuth = true
+			r.Headers = map[string]string{"Authorization": "Basic dXNlcjpwYXNz"}
 			return r
 		}},
 		{rc("bad event among good ones", 400, domain.CodeInvalid, p(2, "data.source", domain.CodeInvalid)).exactly(),
 			func(t testing.TB) req {
-				return req{ct: ContentTypeBatch, body: mustJSON(t, []map[string]any{
+				return req{ContentType: ContentTypeBatch, Body: mailplanetest.MustJSON(t, []map[string]any{
 					good1, good2, with(userActive(), "data.source", "telepathy"), good3,
 				})}
 			}},
 		{rc("duplicate ids in batch", 400, domain.CodeConflict, p(1, "id", domain.CodeConflict)).exactly(),
 			func(t testing.TB) req {
-				return req{ct: ContentTypeBatch, body: mustJSON(t, []map[string]any{dupA, dupB, userActive()})}
+				return req{ContentType: ContentTypeBatch, Body: mailplanetest.MustJSON(t, []map[string]any{dupA, dupB, userActive()})}
 			}},
 		{rc("batch over 1000 events", 413, domain.CodeTooLarge), func(t testing.TB) req {
-			return req{ct: ContentTypeBatch, body: mustJSON(t, over)}
+			return req{ContentType: ContentTypeBatch, Body: mailplanetest.MustJSON(t, over)}
 		}},
 		{rc("binary missing ce-type", 400, domain.CodeInvalid, p(0, "ce-type", domain.CodeMissingHeader)).exactly(),
-			fixed(req{ct: ContentTypeBinary, body: binData, headers: withoutHdr(binHdr, "ce-type")})},
+			fixed(req{ContentType: ContentTypeBinary, Body: binData, Headers: withoutHdr(binHdr, "ce-type")})},
 		{rc("binary missing ce-id and ce-source", 400, domain.CodeInvalid,
 			p(0, "ce-id", domain.CodeMissingHeader), p(0, "ce-source", domain.CodeMissingHeader)).exactly(),
-			fixed(req{ct: ContentTypeBinary, body: binData, headers: withoutHdr(withoutHdr(binHdr, "ce-id"), "ce-source")})},
+			fixed(req{ContentType: ContentTypeBinary, Body: binData, Headers: withoutHdr(withoutHdr(binHdr, "ce-id"), "ce-source")})},
 		{rc("binary ce- header that cannot name an extension", 400, domain.CodeInvalid, p(0, "ce-trace_parent", domain.CodeUnknownField)).exactly(),
-			fixed(req{ct: ContentTypeBinary, body: binData, headers: plusHdr(binHdr, "ce-trace_parent", "00-abc")})},
+			fixed(req{ContentType: ContentTypeBinary, Body: binData, Headers: plusHdr(binHdr, "ce-trace_parent", "00-abc")})},
 		{rc("binary extension with a control character", 400, domain.CodeInvalid, p(0, "traceparent", domain.CodeForbiddenCharacter)).exactly(),
-			fixed(req{ct: ContentTypeBinary, body: binData, headers: plusHdr(binHdr, "ce-traceparent", "00-abc%0A")})},
+			fixed(req{ContentType: ContentTypeBinary, Body: binData, Headers: plusHdr(binHdr, "ce-traceparent", "00-abc%0A")})},
 		{rc("binary bad percent-encoding", 400, domain.CodeInvalid, p(0, "ce-source", domain.CodeMalformedHeader)).exactly(),
-			fixed(req{ct: ContentTypeBinary, body: binData, headers: plusHdr(binHdr, "ce-source", "urn:%zz")})},
+			fixed(req{ContentType: ContentTypeBinary, Body: binData, Headers: plusHdr(binHdr, "ce-source", "urn:%zz")})},
 		{rc("binary bad ce-time", 400, domain.CodeInvalid, p(0, "ce-time", domain.CodeInvalid)).exactly(),
-			fixed(req{ct: ContentTypeBinary, body: binData, headers: plusHdr(binHdr, "ce-time", "yesterday")})},
+			fixed(req{ContentType: ContentTypeBinary, Body: binData, Headers: plusHdr(binHdr, "ce-time", "yesterday")})},
 		{rc("binary empty body", 400, domain.CodeInvalid, p(0, "data", domain.CodeRequired)),
-			fixed(req{ct: ContentTypeBinary, headers: binHdr})},
+			fixed(req{ContentType: ContentTypeBinary, Headers: binHdr})},
 		{rc("binary malformed data", 400, domain.CodeMalformedJSON, p(0, "data", domain.CodeMalformedJSON)),
-			fixed(req{ct: ContentTypeBinary, body: []byte(`{"user_id":`), headers: binHdr})},
+			fixed(req{ContentType: ContentTypeBinary, Body: []byte(`{"user_id":`), Headers: binHdr})},
 		{rc("credentials missing password", 400, domain.CodeInvalid, p(0, "data.credentials", domain.CodeRequired)).exactly(),
 			structured(with(mb, "data.credentials", map[string]any{}))},
 		{rc("sealed and plain credentials", 400, domain.CodeInvalid, p(0, "data.sealed_credentials", domain.CodeSealedCredentialsRefused)).exactly(),
@@ -202,7 +205,7 @@ func TestIngestRejects(t *testing.T) {
 			if got := resp.Header.Get("Allow"); got != "POST" {
 				t.Errorf("Allow = %q, want POST", got)
 			}
-		}), fixed(req{method: http.MethodGet})},
+		}), fixed(req{Method: http.MethodGet})},
 		{rc("PUT on /v1/events", 405, CodeMethodNotAllowed), structuredAs(ContentTypeStructured, userActive(), http.MethodPut)},
 		{rc("subject not the aggregate id", 400, domain.CodeInvalid, p(0, "subject", domain.CodeKeyMismatch)).exactly(),
 			structured(with(userActive(), "subject", newUUID()))},
@@ -213,7 +216,7 @@ func TestIngestRejects(t *testing.T) {
 		{rc("removal dated an hour ahead", 400, domain.CodeInvalid, p(0, "time", domain.CodeTimeInFuture)).exactly(),
 			structured(with(mailboxRemoved(), "time", time.Now().Add(time.Hour).UTC().Format(time.RFC3339)))},
 		{rc("binary ce-time in 2099", 400, domain.CodeInvalid, p(0, "ce-time", domain.CodeTimeInFuture)).exactly(),
-			fixed(req{ct: ContentTypeBinary, body: binData, headers: plusHdr(binHdr, "ce-time", "2099-01-01T00:00:00Z")})},
+			fixed(req{ContentType: ContentTypeBinary, Body: binData, Headers: plusHdr(binHdr, "ce-time", "2099-01-01T00:00:00Z")})},
 		{rc("datacontenttype text/plain", 400, domain.CodeInvalid, p(0, "datacontenttype", domain.CodeInvalid)).exactly(),
 			structured(with(userActive(), "datacontenttype", "text/plain"))},
 		{rc("data missing", 400, domain.CodeInvalid, p(0, "data", domain.CodeRequired)), structured(without(userActive(), "data"))},
@@ -229,12 +232,12 @@ func TestIngestRejects(t *testing.T) {
 			structured(without(warmupObserved(), "data.landed_at"))},
 		{rc("bad batch with an observation", 400, domain.CodeInvalid, p(1, "data.placement", domain.CodeInvalid)).exactly(),
 			func(t testing.TB) req {
-				return req{ct: ContentTypeBatch, body: mustJSON(t, []map[string]any{warmupObserved(), with(warmupObserved(), "data.placement", "spam")})}
+				return req{ContentType: ContentTypeBatch, Body: mailplanetest.MustJSON(t, []map[string]any{warmupObserved(), with(warmupObserved(), "data.placement", "spam")})}
 			}},
 		{rc("several problems in one event", 400, domain.CodeInvalid,
 			p(0, "id", domain.CodeForbiddenCharacter), p(0, "source", domain.CodeRequired), p(0, "data.source", domain.CodeInvalid)),
 			structured(with(with(without(userActive(), "source"), "id", "no\u0000pe"), "data.source", "carrier pigeon"))},
-		{rc("unknown route", 404, domain.CodeNotFound), fixed(req{path: "/v1/nope", ct: ContentTypeStructured, body: []byte(`{}`)})},
+		{rc("unknown route", 404, domain.CodeNotFound), fixed(req{Path: "/v1/nope", ContentType: ContentTypeStructured, Body: []byte(`{}`)})},
 	}
 	if len(cases) < 30 {
 		t.Fatalf("only %d cases", len(cases))
@@ -242,7 +245,7 @@ func TestIngestRejects(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			resp, body := e.do(tc.mk(t))
+			resp, body := e.Do(tc.mk(t))
 			t.Logf("%d %s", resp.StatusCode, body)
 			if resp.StatusCode != tc.status {
 				t.Fatalf("status %d, want %d: %s", resp.StatusCode, tc.status, body)
@@ -303,9 +306,9 @@ func fixed(r req) func(testing.TB) req { return func(testing.TB) req { return r 
 
 func structuredAs(ct string, ev map[string]any, method ...string) func(testing.TB) req {
 	return func(t testing.TB) req {
-		r := req{ct: ct, body: mustJSON(t, ev)}
+		r := req{ContentType: ct, Body: mailplanetest.MustJSON(t, ev)}
 		if len(method) > 0 {
-			r.method = method[0]
+			r.Method = method[0]
 		}
 		return r
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/mailplane/mailplane/examples"
 	"github.com/mailplane/mailplane/internal/eventschema"
 	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -52,7 +53,7 @@ func (e *env) checkLanded(rc Receipt, want domain.Event) *kgo.Record {
 	if rc.Topic != wantTopic || rc.ID != want.ID || rc.Type != want.Type || rc.Offset < 0 {
 		e.t.Fatalf("receipt %+v for event %s (%s), want topic %s", rc, want.ID, want.Type, wantTopic)
 	}
-	rec := e.fetch(rc.Topic, rc.Partition, rc.Offset)
+	rec := e.brk.Fetch(rc.Topic, rc.Partition, rc.Offset)
 	if rec.ProducerID < 0 {
 		e.t.Errorf("record was not produced idempotently (producer id %d)", rec.ProducerID)
 	}
@@ -112,8 +113,8 @@ func recordHasNoSecret(t testing.TB, rec *kgo.Record) {
 func TestIngestStructuredMailboxAdded(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{opts: []Option{WithClock(func() time.Time { return fixedNow })}})
-	raw := mustJSON(t, mailboxAdded())
-	resp, body := e.do(req{ct: ContentTypeStructured + "; charset=UTF-8", body: raw})
+	raw := mailplanetest.MustJSON(t, mailboxAdded())
+	resp, body := e.Do(req{ContentType: ContentTypeStructured + "; charset=UTF-8", Body: raw})
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("status %d: %s", resp.StatusCode, body)
 	}
@@ -135,8 +136,8 @@ func TestIngestStructuredMailboxAdded(t *testing.T) {
 func TestIngestStructuredDefaultsTime(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{opts: []Option{WithClock(func() time.Time { return fixedNow })}})
-	raw := mustJSON(t, without(userActive(), "time"))
-	resp, body := e.do(req{ct: ContentTypeStructured, body: raw})
+	raw := mailplanetest.MustJSON(t, without(userActive(), "time"))
+	resp, body := e.Do(req{ContentType: ContentTypeStructured, Body: raw})
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("status %d: %s", resp.StatusCode, body)
 	}
@@ -161,21 +162,21 @@ func TestIngestExamples(t *testing.T) {
 		if domain.FromRolesOnly(typ) {
 			// Written by mailplane's roles only: refused from any caller,
 			// an all-scopes one included.
-			resp, body := e.do(req{ct: ContentTypeStructured, body: raw, token: ptr(tokenExamples)})
+			resp, body := e.Do(req{ContentType: ContentTypeStructured, Body: raw, Token: tokenExamples})
 			if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), string(domain.CodeSealedCredentialsRefused)) {
 				t.Fatalf("%s: status %d: %s", typ, resp.StatusCode, body)
 			}
 			continue
 		}
 		raws = append(raws, raw)
-		resp, body := e.do(req{ct: ContentTypeStructured, body: raw, token: ptr(tokenExamples)})
+		resp, body := e.Do(req{ContentType: ContentTypeStructured, Body: raw, Token: tokenExamples})
 		if resp.StatusCode != http.StatusAccepted {
 			t.Fatalf("%s: status %d: %s", typ, resp.StatusCode, body)
 		}
 		e.checkLanded(decodeAccepted(t, body).Events[0], e.expectEvent(raw))
 	}
-	batch := mustJSON(t, raws)
-	resp, body := e.do(req{ct: ContentTypeBatch, body: batch, token: ptr(tokenExamples)})
+	batch := mailplanetest.MustJSON(t, raws)
+	resp, body := e.Do(req{ContentType: ContentTypeBatch, Body: batch, Token: tokenExamples})
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("batch: status %d: %s", resp.StatusCode, body)
 	}
@@ -207,7 +208,7 @@ func TestIngestBatch(t *testing.T) {
 	}
 	raws := make([][]byte, len(evs))
 	for i, ev := range evs {
-		raws[i] = mustJSON(t, ev)
+		raws[i] = mailplanetest.MustJSON(t, ev)
 	}
 	resp, body := e.postBatch(evs...)
 	if resp.StatusCode != http.StatusAccepted {
@@ -250,11 +251,11 @@ func TestIngestWarmupObservedTopic(t *testing.T) {
 	if got := ar.Events[1].Topic; got != e.ns.Topic(topics.MailboxEvents) {
 		t.Errorf("mailbox.disabled landed on %s, want %s", got, topics.MailboxEvents)
 	}
-	rec := e.checkLanded(ar.Events[0], e.expectEvent(mustJSON(t, obs)))
+	rec := e.checkLanded(ar.Events[0], e.expectEvent(mailplanetest.MustJSON(t, obs)))
 	if sender := obs["data"].(map[string]any)["mailbox_id"].(string); string(rec.Key) != sender {
 		t.Errorf("observation keyed %q, want the sender %s", rec.Key, sender)
 	}
-	e.checkLanded(ar.Events[1], e.expectEvent(mustJSON(t, dis)))
+	e.checkLanded(ar.Events[1], e.expectEvent(mailplanetest.MustJSON(t, dis)))
 }
 
 func TestIngestBinary(t *testing.T) {
@@ -267,12 +268,12 @@ func TestIngestBinary(t *testing.T) {
 	} {
 		h := binaryHeadersOf(ev)
 		h["ce-source"] = url.PathEscape(ev["source"].(string))
-		resp, body := e.do(req{ct: ContentTypeBinary, body: mustJSON(t, ev["data"]), headers: h})
+		resp, body := e.Do(req{ContentType: ContentTypeBinary, Body: mailplanetest.MustJSON(t, ev["data"]), Headers: h})
 		if resp.StatusCode != http.StatusAccepted {
 			t.Fatalf("status %d: %s", resp.StatusCode, body)
 		}
 		// The binary event is the structured one without datacontenttype.
-		e.checkLanded(decodeAccepted(t, body).Events[0], e.expectEvent(mustJSON(t, without(ev, "datacontenttype"))))
+		e.checkLanded(decodeAccepted(t, body).Events[0], e.expectEvent(mailplanetest.MustJSON(t, without(ev, "datacontenttype"))))
 	}
 }
 
@@ -326,8 +327,8 @@ func TestIngestProduceFailure(t *testing.T) {
 			failing.Store(true)
 			failProduce(fake, &failing, code)
 			e := newEnv(t, envOpts{fake: fake, opts: []Option{WithProduceTimeout(time.Second)}})
-			batch := mustJSON(t, []map[string]any{userActive(), mailboxAdded()})
-			resp, body := e.do(req{ct: ContentTypeBatch, body: batch})
+			batch := mailplanetest.MustJSON(t, []map[string]any{userActive(), mailboxAdded()})
+			resp, body := e.Do(req{ContentType: ContentTypeBatch, Body: batch})
 			if resp.StatusCode != http.StatusServiceUnavailable {
 				t.Fatalf("status %d: %s", resp.StatusCode, body)
 			}
@@ -351,7 +352,7 @@ func TestIngestProduceFailure(t *testing.T) {
 			}
 
 			failing.Store(false)
-			resp, body = e.do(req{ct: ContentTypeBatch, body: batch})
+			resp, body = e.Do(req{ContentType: ContentTypeBatch, Body: batch})
 			if resp.StatusCode != http.StatusAccepted {
 				t.Fatalf("after recovery: status %d: %s", resp.StatusCode, body)
 			}
@@ -515,14 +516,16 @@ func TestIngestCloudEventsSDKShapes(t *testing.T) {
 	)
 	ev := with(with(with(with(userActive(), "id", "2c5ea4c0-4067-4f5a-9a31-1c9b6f4e8d21"), "dataschema", schema),
 		"traceparent", trace), "partitionkey", "user-7")
-	structured := func() (*http.Response, []byte) { return e.do(req{ct: ContentTypeStructured, body: mustJSON(t, ev)}) }
+	structured := func() (*http.Response, []byte) {
+		return e.Do(req{ContentType: ContentTypeStructured, Body: mailplanetest.MustJSON(t, ev)})
+	}
 	binary := func() (*http.Response, []byte) {
 		h := binaryHeadersOf(without(without(without(ev, "dataschema"), "traceparent"), "partitionkey"))
 		h["ce-id"] = "9b2f4c1e-7d3a-4e8b-b6c5-0a1f2e3d4c5b"
 		h["ce-dataschema"] = url.PathEscape(schema)
 		h["ce-traceparent"] = trace
 		h["ce-partitionkey"] = "user-7"
-		return e.do(req{ct: ContentTypeBinary + "; charset=utf-8", body: mustJSON(t, ev["data"]), headers: h})
+		return e.Do(req{ContentType: ContentTypeBinary + "; charset=utf-8", Body: mailplanetest.MustJSON(t, ev["data"]), Headers: h})
 	}
 	for name, send := range map[string]func() (*http.Response, []byte){"structured": structured, "binary": binary} {
 		resp, body := send()
@@ -530,7 +533,7 @@ func TestIngestCloudEventsSDKShapes(t *testing.T) {
 			t.Fatalf("%s: status %d: %s", name, resp.StatusCode, body)
 		}
 		rc := decodeAccepted(t, body).Events[0]
-		rec := e.fetch(rc.Topic, rc.Partition, rc.Offset)
+		rec := e.brk.Fetch(rc.Topic, rc.Partition, rc.Offset)
 		for h, want := range map[string]string{topics.HeaderDataSchema: schema, "ce_traceparent": trace, "ce_partitionkey": "user-7"} {
 			if got, _ := topics.Header(rec, h); got != want {
 				t.Errorf("%s: header %s = %q, want %q", name, h, got, want)
@@ -554,7 +557,7 @@ func TestIngestAnyIDTheSpecAllows(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{opts: []Option{WithClock(func() time.Time { return fixedNow })}})
 	ev := with(userActive(), "id", "order-4711")
-	resp, body := e.do(req{ct: ContentTypeStructured, body: mustJSON(t, ev)})
+	resp, body := e.Do(req{ContentType: ContentTypeStructured, Body: mailplanetest.MustJSON(t, ev)})
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("status %d: %s", resp.StatusCode, body)
 	}
@@ -562,7 +565,7 @@ func TestIngestAnyIDTheSpecAllows(t *testing.T) {
 	if rc.ID != "order-4711" {
 		t.Errorf("receipt id %q", rc.ID)
 	}
-	rec := e.fetch(rc.Topic, rc.Partition, rc.Offset)
+	rec := e.brk.Fetch(rc.Topic, rc.Partition, rc.Offset)
 	if id, _ := topics.Header(rec, topics.HeaderID); id != "order-4711" {
 		t.Errorf("ce_id on the record %q, want the producer's", id)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/producer"
 )
 
@@ -89,7 +90,7 @@ func TestSlowBodyIsCut(t *testing.T) {
 		WithMaxInflightBytes(4096),
 		WithBodyRate(BodyRate{Min: 1000, Grace: 200 * time.Millisecond}),
 	}})
-	addr := strings.TrimPrefix(e.base, "http://")
+	addr := strings.TrimPrefix(e.Base, "http://")
 	auth := "Authorization: Bearer " + tokenA + "\r\nContent-Type: " + ContentTypeStructured + "\r\nContent-Length: 4000\r\n"
 	stop := make(chan struct{})
 	defer close(stop)
@@ -134,7 +135,7 @@ func TestBodyDeadline(t *testing.T) {
 		WithBodyRate(BodyRate{Min: 1, Grace: 50 * time.Millisecond}),
 		WithClassLimits(map[Class]ClassLimits{ClassProducer: {Budget: 1 << 20, Deadline: 300 * time.Millisecond}}),
 	}})
-	addr := strings.TrimPrefix(e.base, "http://")
+	addr := strings.TrimPrefix(e.Base, "http://")
 	conn := slowConn(t, addr, nil, "/v1/events",
 		"Authorization: Bearer "+tokenA+"\r\nContent-Type: "+ContentTypeStructured+"\r\nContent-Length: 100000\r\n", `{"specversion":`)
 	stop := make(chan struct{})
@@ -153,7 +154,7 @@ func TestBodyDeadline(t *testing.T) {
 func TestNoBudgetBeforeAuthentication(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{opts: []Option{WithMaxInflightBytes(4096)}})
-	addr := strings.TrimPrefix(e.base, "http://")
+	addr := strings.TrimPrefix(e.Base, "http://")
 	for i := range 50 {
 		token := ""
 		if i%2 == 1 {
@@ -196,19 +197,19 @@ func TestRouteBodyCap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp, body := e.do(req{path: "/small", body: make([]byte, 101), token: ptr("")}); resp.StatusCode != http.StatusRequestEntityTooLarge ||
+	if resp, body := e.Do(req{Path: "/small", Body: make([]byte, 101), NoAuth: true}); resp.StatusCode != http.StatusRequestEntityTooLarge ||
 		decodeErr(t, body).Error.Code != domain.CodeTooLarge {
 		t.Fatalf("declared over the cap: %d %s", resp.StatusCode, body)
 	}
-	if resp, body := e.do(req{path: "/small", body: make([]byte, 101), chunked: true, token: ptr("")}); resp.StatusCode != http.StatusRequestEntityTooLarge {
+	if resp, body := e.Do(req{Path: "/small", Body: make([]byte, 101), Chunked: true, NoAuth: true}); resp.StatusCode != http.StatusRequestEntityTooLarge {
 		t.Fatalf("chunked over the cap: %d %s", resp.StatusCode, body)
 	}
-	if resp, body := e.do(req{path: "/small", body: make([]byte, 100), chunked: true, token: ptr("")}); resp.StatusCode != http.StatusNoContent {
+	if resp, body := e.Do(req{Path: "/small", Body: make([]byte, 100), Chunked: true, NoAuth: true}); resp.StatusCode != http.StatusNoContent {
 		t.Fatalf("at the cap: %d %s", resp.StatusCode, body)
 	}
 	// A chunked body holds 100 of the class's 150 bytes; a second one does
 	// not fit.
-	addr := strings.TrimPrefix(e.base, "http://")
+	addr := strings.TrimPrefix(e.Base, "http://")
 	slowConn(t, addr, nil, "/small", "Transfer-Encoding: chunked\r\n", "1\r\nx\r\n")
 	e.waitMetric(`mailplane_http_inflight_body_bytes{class="anonymous"} 100`)
 	resp, body := answer(t, slowConn(t, addr, nil, "/small", "Transfer-Encoding: chunked\r\n", "1\r\nx\r\n"))
@@ -233,7 +234,7 @@ func TestCallerShareOfClassBudget(t *testing.T) {
 		WithMaxBodyBytes(1000),
 		WithBodyRate(BodyRate{Min: 1, Grace: time.Minute}),
 	}})
-	addr := strings.TrimPrefix(e.base, "http://")
+	addr := strings.TrimPrefix(e.Base, "http://")
 	headers := "Authorization: Bearer " + tokenA + "\r\nContent-Type: " + ContentTypeStructured + "\r\nContent-Length: 1000\r\n"
 	held, refused := 0, 0
 	for i := range 8 {
@@ -269,7 +270,7 @@ func TestCallerShareOfClassBudget(t *testing.T) {
 	if held != 2 || refused != 6 {
 		t.Fatalf("one caller's 8 slow bodies of 1000 bytes: %d held, %d refused; want 2 held (a quarter of 8000), 6 refused", held, refused)
 	}
-	resp, body := e.do(req{ct: ContentTypeStructured, body: mustJSON(t, userActive()), token: ptr(tokenB)})
+	resp, body := e.Do(req{ContentType: ContentTypeStructured, Body: mailplanetest.MustJSON(t, userActive()), Token: tokenB})
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("another producer beside them: %d %s", resp.StatusCode, body)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/access"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/ownership"
 	"github.com/mailplane/mailplane/internal/pgtest"
@@ -97,7 +98,7 @@ func transfer(typ, idField, id, to string) map[string]any {
 func (o *ownersEnv) post(token string, evs ...map[string]any) (*http.Response, []byte) {
 	o.t.Helper()
 	if len(evs) == 1 {
-		return o.do(req{ct: ContentTypeStructured, body: mustJSON(o.t, evs[0]), token: ptr(token)})
+		return o.Do(req{ContentType: ContentTypeStructured, Body: mailplanetest.MustJSON(o.t, evs[0]), Token: token})
 	}
 	return o.postBatchAs(token, evs...)
 }
@@ -193,7 +194,7 @@ func TestOwnershipMatrix(t *testing.T) {
 	h := binaryHeadersOf(ev)
 	h["Authorization"] = "Bearer " + tokBeta
 	before := o.watermarks()
-	if resp, body := o.do(req{ct: ContentTypeBinary, body: mustJSON(t, ev["data"]), token: ptr(""), headers: h}); resp.StatusCode != http.StatusForbidden {
+	if resp, body := o.Do(req{ContentType: ContentTypeBinary, Body: mailplanetest.MustJSON(t, ev["data"]), NoAuth: true, Headers: h}); resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("binary re-add by beta: %d %s", resp.StatusCode, body)
 	}
 	if after := o.watermarks(); !maps.EqualFunc(before, after, maps.Equal) {

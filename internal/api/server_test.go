@@ -16,6 +16,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/opshttp"
 	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
@@ -124,12 +125,12 @@ func TestMetricsEndpoint(t *testing.T) {
 	if resp, _ := e.postBatch(bad, userActive()); resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
-	e.do(req{ct: ContentTypeStructured, body: []byte(`{"type":"mailplane.mailbox.added.v1",`)})
-	e.do(req{ct: ContentTypeStructured, body: mustJSON(t, with(userActive(), "type", "mailplane.evil."+newUUID()))})
-	e.do(req{ct: "text/plain", body: []byte("hi")})
-	e.do(req{ct: ContentTypeStructured, body: mustJSON(t, mailboxAdded()), token: ptr("nope")})
-	e.do(req{method: http.MethodGet})
-	e.do(req{method: http.MethodGet, path: "/v1/" + newUUID()})
+	e.Do(req{ContentType: ContentTypeStructured, Body: []byte(`{"type":"mailplane.mailbox.added.v1",`)})
+	e.Do(req{ContentType: ContentTypeStructured, Body: mailplanetest.MustJSON(t, with(userActive(), "type", "mailplane.evil."+newUUID()))})
+	e.Do(req{ContentType: "text/plain", Body: []byte("hi")})
+	e.Do(req{ContentType: ContentTypeStructured, Body: mailplanetest.MustJSON(t, mailboxAdded()), Token: "nope"})
+	e.Do(req{Method: http.MethodGet})
+	e.Do(req{Method: http.MethodGet, Path: "/v1/" + newUUID()})
 
 	m := e.metricsText()
 	for _, want := range []string{
@@ -255,24 +256,24 @@ func TestExtraRoutes(t *testing.T) {
 		code   domain.Code
 		body   string
 	}{
-		{"heartbeat ok", req{path: "/v1/workers/heartbeat", ct: "application/json", body: []byte(`{"worker_id":"` + wid + `"}`)}, 202, "", wid},
-		{"heartbeat token B", req{path: "/v1/workers/heartbeat", ct: "application/json", body: []byte(`{"worker_id":"x"}`), token: ptr(tokenB)}, 202, "", `"x"`},
-		{"heartbeat no token", req{path: "/v1/workers/heartbeat", ct: "application/json", body: []byte(`{}`), token: ptr("")}, 401, domain.CodeUnauthorized, ""},
-		{"heartbeat unknown field", req{path: "/v1/workers/heartbeat", ct: "application/json", body: []byte(`{"tier":"dedicated"}`)}, 400, domain.CodeInvalid, `"field":"tier"`},
-		{"heartbeat wrong type", req{path: "/v1/workers/heartbeat", ct: "application/json", body: []byte(`{"worker_id":5}`)}, 400, domain.CodeInvalid, `"invalid_type"`},
-		{"heartbeat malformed", req{path: "/v1/workers/heartbeat", ct: "application/json", body: []byte(`{"worker_id":`)}, 400, domain.CodeMalformedJSON, ""},
-		{"heartbeat trailing", req{path: "/v1/workers/heartbeat", ct: "application/json", body: []byte(`{} {}`)}, 400, domain.CodeMalformedJSON, ""},
-		{"heartbeat too large", req{path: "/v1/workers/heartbeat", ct: "application/json", body: []byte(`{"worker_id":"` + strings.Repeat("x", 2000) + `"}`)}, 413, domain.CodeTooLarge, ""},
-		{"heartbeat wrong media type", req{path: "/v1/workers/heartbeat", ct: "text/plain", body: []byte(`{}`)}, 415, domain.CodeUnsupportedMediaType, ""},
-		{"heartbeat GET", req{method: http.MethodGet, path: "/v1/workers/heartbeat"}, 405, CodeMethodNotAllowed, ""},
-		{"assignments", req{method: http.MethodGet, path: "/v1/workers/" + wid + "/assignments"}, 200, "", wid},
-		{"assignments lower-case bearer", req{method: http.MethodGet, path: "/v1/workers/w/assignments", token: ptr(""), headers: map[string]string{"Authorization": "bearer " + tokenA}}, 200, "", ""},
-		{"assignments no token", req{method: http.MethodGet, path: "/v1/workers/w/assignments", token: ptr("")}, 401, domain.CodeUnauthorized, ""},
-		{"assignments DELETE", req{method: http.MethodDelete, path: "/v1/workers/w/assignments"}, 405, CodeMethodNotAllowed, ""},
-		{"webhook without token", req{path: "/v1/webhooks/billing", ct: "application/json", body: []byte(`{}`), token: ptr("")}, 401, domain.CodeUnauthorized, "bad signature"},
-		{"unknown path", req{method: http.MethodGet, path: "/v2/events"}, 404, domain.CodeNotFound, ""},
+		{"heartbeat ok", req{Path: "/v1/workers/heartbeat", ContentType: "application/json", Body: []byte(`{"worker_id":"` + wid + `"}`)}, 202, "", wid},
+		{"heartbeat token B", req{Path: "/v1/workers/heartbeat", ContentType: "application/json", Body: []byte(`{"worker_id":"x"}`), Token: tokenB}, 202, "", `"x"`},
+		{"heartbeat no token", req{Path: "/v1/workers/heartbeat", ContentType: "application/json", Body: []byte(`{}`), NoAuth: true}, 401, domain.CodeUnauthorized, ""},
+		{"heartbeat unknown field", req{Path: "/v1/workers/heartbeat", ContentType: "application/json", Body: []byte(`{"tier":"dedicated"}`)}, 400, domain.CodeInvalid, `"field":"tier"`},
+		{"heartbeat wrong type", req{Path: "/v1/workers/heartbeat", ContentType: "application/json", Body: []byte(`{"worker_id":5}`)}, 400, domain.CodeInvalid, `"invalid_type"`},
+		{"heartbeat malformed", req{Path: "/v1/workers/heartbeat", ContentType: "application/json", Body: []byte(`{"worker_id":`)}, 400, domain.CodeMalformedJSON, ""},
+		{"heartbeat trailing", req{Path: "/v1/workers/heartbeat", ContentType: "application/json", Body: []byte(`{} {}`)}, 400, domain.CodeMalformedJSON, ""},
+		{"heartbeat too large", req{Path: "/v1/workers/heartbeat", ContentType: "application/json", Body: []byte(`{"worker_id":"` + strings.Repeat("x", 2000) + `"}`)}, 413, domain.CodeTooLarge, ""},
+		{"heartbeat wrong media type", req{Path: "/v1/workers/heartbeat", ContentType: "text/plain", Body: []byte(`{}`)}, 415, domain.CodeUnsupportedMediaType, ""},
+		{"heartbeat GET", req{Method: http.MethodGet, Path: "/v1/workers/heartbeat"}, 405, CodeMethodNotAllowed, ""},
+		{"assignments", req{Method: http.MethodGet, Path: "/v1/workers/" + wid + "/assignments"}, 200, "", wid},
+		{"assignments lower-case bearer", req{Method: http.MethodGet, Path: "/v1/workers/w/assignments", NoAuth: true, Headers: map[string]string{"Authorization": "bearer " + tokenA}}, 200, "", ""},
+		{"assignments no token", req{Method: http.MethodGet, Path: "/v1/workers/w/assignments", NoAuth: true}, 401, domain.CodeUnauthorized, ""},
+		{"assignments DELETE", req{Method: http.MethodDelete, Path: "/v1/workers/w/assignments"}, 405, CodeMethodNotAllowed, ""},
+		{"webhook without token", req{Path: "/v1/webhooks/billing", ContentType: "application/json", Body: []byte(`{}`), NoAuth: true}, 401, domain.CodeUnauthorized, "bad signature"},
+		{"unknown path", req{Method: http.MethodGet, Path: "/v2/events"}, 404, domain.CodeNotFound, ""},
 	} {
-		resp, body := e.do(tc.r)
+		resp, body := e.Do(tc.r)
 		if resp.StatusCode != tc.status {
 			t.Errorf("%s: status %d, want %d: %s", tc.name, resp.StatusCode, tc.status, body)
 			continue
@@ -418,17 +419,54 @@ func TestWriteDomainError(t *testing.T) {
 	}
 }
 
+// TestWriteProblems: the 400 refusing one input answers with the
+// problems' shared code (else invalid) and every problem at index 0; no
+// problems leave the member out.
+func TestWriteProblems(t *testing.T) {
+	t.Parallel()
+	tier := domain.Problem{Field: "tier", Code: domain.CodeTierNotAllowed, Message: "dedicated is allocated"}
+	other := domain.Problem{Field: "worker_id", Code: domain.CodeUnknownField, Message: "not a field"}
+	for _, tc := range []struct {
+		ps   domain.Problems
+		code domain.Code
+	}{
+		{domain.Problems{tier}, domain.CodeTierNotAllowed},
+		{domain.Problems{tier, tier}, domain.CodeTierNotAllowed},
+		{domain.Problems{tier, other}, domain.CodeInvalid},
+		{nil, domain.CodeInvalid},
+	} {
+		rr := httptest.NewRecorder()
+		WriteProblems(rr, http.StatusBadRequest, "the heartbeat is invalid", tc.ps)
+		er := decodeErr(t, rr.Body.Bytes())
+		if rr.Code != http.StatusBadRequest || er.Error.Code != tc.code || er.Error.Message != "the heartbeat is invalid" {
+			t.Errorf("%v: %d %s", tc.ps, rr.Code, rr.Body)
+		}
+		if len(er.Problems) != len(tc.ps) {
+			t.Fatalf("%v: %d problems in %s", tc.ps, len(er.Problems), rr.Body)
+		}
+		for i, p := range er.Problems {
+			want := Problem{Index: 0, Field: tc.ps[i].Field, Code: tc.ps[i].Code, Message: tc.ps[i].Message}
+			if p != want {
+				t.Errorf("problem %d: %+v, want %+v", i, p, want)
+			}
+		}
+		if len(tc.ps) == 0 && strings.Contains(rr.Body.String(), `"problems"`) {
+			t.Errorf("no problems, yet the member: %s", rr.Body)
+		}
+	}
+}
+
 // TestPanicIsJSON500: a panicking route answers 500 internal and the
 // server keeps serving.
 func TestPanicIsJSON500(t *testing.T) {
 	t.Parallel()
 	boom := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom " + secretPassword) })
 	e := newEnv(t, envOpts{noBroker: true, prod: producer.New(nil), opts: []Option{WithRoute("GET /boom", boom, false)}})
-	resp, body := e.do(req{method: http.MethodGet, path: "/boom"})
+	resp, body := e.Do(req{Method: http.MethodGet, Path: "/boom"})
 	if resp.StatusCode != 500 || decodeErr(t, body).Error.Code != domain.CodeInternal {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
-	if resp, _ := e.do(req{method: http.MethodGet, path: "/healthz"}); resp.StatusCode != 200 {
+	if resp, _ := e.Do(req{Method: http.MethodGet, Path: "/healthz"}); resp.StatusCode != 200 {
 		t.Fatalf("healthz after panic: %d", resp.StatusCode)
 	}
 }
@@ -450,8 +488,8 @@ func TestPublishFromRoute(t *testing.T) {
 		t.Fatal(err)
 	}
 	wid := newUUID()
-	resp, body := e.do(req{path: "/v1/workers/heartbeat", ct: "application/json",
-		body: []byte(`{"worker_id":"` + wid + `","tier":"dedicated","egress":"cold_smtp","address":"10.0.0.1:25"}`)})
+	resp, body := e.Do(req{Path: "/v1/workers/heartbeat", ContentType: "application/json",
+		Body: []byte(`{"worker_id":"` + wid + `","tier":"dedicated","egress":"cold_smtp","address":"10.0.0.1:25"}`)})
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("status %d: %s", resp.StatusCode, body)
 	}
@@ -461,13 +499,13 @@ func TestPublishFromRoute(t *testing.T) {
 	}
 	e.assertNothingProduced()
 
-	resp, body = e.do(req{path: "/v1/workers/heartbeat", ct: "application/json",
-		body: []byte(`{"worker_id":"` + wid + `","tier":"shared_free","egress":"cold_smtp","address":"10.0.0.1:25"}`)})
+	resp, body = e.Do(req{Path: "/v1/workers/heartbeat", ContentType: "application/json",
+		Body: []byte(`{"worker_id":"` + wid + `","tier":"shared_free","egress":"cold_smtp","address":"10.0.0.1:25"}`)})
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("status %d: %s", resp.StatusCode, body)
 	}
 	rc := decodeAccepted(t, body).Events[0]
-	got, err := topics.Decode(e.fetch(rc.Topic, rc.Partition, rc.Offset))
+	got, err := topics.Decode(e.brk.Fetch(rc.Topic, rc.Partition, rc.Offset))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 )
 
 // hostileText are characters no text field or attribute may hold.
@@ -137,10 +138,10 @@ func TestIngestRefusesHostileSource(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{})
 	ua := userActive()
-	data := mustJSON(t, ua["data"])
+	data := mailplanetest.MustJSON(t, ua["data"])
 	post := func(name string, r req, field string, code domain.Code) {
 		t.Helper()
-		resp, b := e.do(r)
+		resp, b := e.Do(r)
 		if resp.StatusCode != http.StatusBadRequest {
 			t.Errorf("%s: status %d, want 400: %s", name, resp.StatusCode, b)
 			return
@@ -154,8 +155,8 @@ func TestIngestRefusesHostileSource(t *testing.T) {
 		src := "urn:mailplane:test" + h + "x"
 		hdr := binaryHeadersOf(ua)
 		hdr["ce-source"] = url.PathEscape(src)
-		post(fmt.Sprintf("binary %+q", h), req{ct: "application/json", body: data, headers: hdr}, "ce-source", domain.CodeForbiddenCharacter)
-		post(fmt.Sprintf("structured %+q", h), req{ct: ContentTypeStructured, body: mustJSON(t, with(ua, "source", src))}, "source", domain.CodeForbiddenCharacter)
+		post(fmt.Sprintf("binary %+q", h), req{ContentType: "application/json", Body: data, Headers: hdr}, "ce-source", domain.CodeForbiddenCharacter)
+		post(fmt.Sprintf("structured %+q", h), req{ContentType: ContentTypeStructured, Body: mailplanetest.MustJSON(t, with(ua, "source", src))}, "source", domain.CodeForbiddenCharacter)
 	}
 	for _, src := range []string{"two words", "a%zz", "1a:b", "a<b>", "a#b#c"} {
 		hdr := binaryHeadersOf(ua)
@@ -164,12 +165,12 @@ func TestIngestRefusesHostileSource(t *testing.T) {
 		if strings.Contains(src, "%") {
 			code = domain.CodeMalformedHeader // the binding's percent-decoding refuses it first
 		}
-		post("binary "+src, req{ct: "application/json", body: data, headers: hdr}, "ce-source", code)
-		post("structured "+src, req{ct: ContentTypeStructured, body: mustJSON(t, with(ua, "source", src))}, "source", domain.CodeInvalid)
+		post("binary "+src, req{ContentType: "application/json", Body: data, Headers: hdr}, "ce-source", code)
+		post("structured "+src, req{ContentType: ContentTypeStructured, Body: mailplanetest.MustJSON(t, with(ua, "source", src))}, "source", domain.CodeInvalid)
 	}
 	// Raw bytes on the wire: what an HTTP client library would not send.
 	for _, h := range []string{"\x00", "\r", "\x1b", "\x7f"} {
-		status := rawPost(t, e.base, "ce-source: urn:a"+h+"b\r\n", data)
+		status := rawPost(t, e.Base, "ce-source: urn:a"+h+"b\r\n", data)
 		if status != http.StatusBadRequest {
 			t.Errorf("raw ce-source with %+q: status %d, want 400", h, status)
 		}

@@ -286,11 +286,11 @@ func (w *webhook) serve(rw http.ResponseWriter, r *http.Request) {
 
 	var ev stripeEvent
 	if perr := decode(body, "", &ev); perr != nil {
-		writeProblems(rw, http.StatusBadRequest, "the event is not usable; nothing was produced", *perr)
+		api.WriteProblems(rw, http.StatusBadRequest, "the event is not usable; nothing was produced", domain.Problems{*perr})
 		return
 	}
 	if ps := ev.check(now); len(ps) > 0 {
-		writeProblems(rw, http.StatusBadRequest, "the event is not usable; nothing was produced", ps...)
+		api.WriteProblems(rw, http.StatusBadRequest, "the event is not usable; nothing was produced", ps)
 		return
 	}
 	switch ev.Type {
@@ -312,7 +312,7 @@ func (w *webhook) serve(rw http.ResponseWriter, r *http.Request) {
 			w.log.Warn("billing: subscription with no mapped price; add it to "+EnvPrices,
 				"stripe_event", ev.ID, "org_id", pc.OrgID, "problems", len(ps))
 		}
-		writeProblems(rw, status, msg, ps...)
+		api.WriteProblems(rw, status, msg, ps)
 		return
 	}
 
@@ -444,7 +444,7 @@ func (w *webhook) planChangeOf(ev stripeEvent) (*domain.OrgPlanChanged, subscrip
 	}
 	pc := &domain.OrgPlanChanged{OrgID: orgID, Plan: domain.PlanFree, Source: "stripe:" + ev.ID}
 	if len(ps) > 0 {
-		return pc, sub, commonCode(ps), ps
+		return pc, sub, ps.Code(), ps
 	}
 	if class != statusPaying {
 		return pc, sub, "", nil // free, unpaid, no dedicated workers
@@ -456,7 +456,7 @@ func (w *webhook) planChangeOf(ev stripeEvent) (*domain.OrgPlanChanged, subscrip
 	pc.Plan, pc.DedicatedWorkers, pc.Paid = spec.Plan, spec.DedicatedWorkers, spec.Plan != domain.PlanFree
 	if vps := pc.Validate(); len(vps) > 0 {
 		// Only the sum of several dedicated items can get here.
-		return pc, sub, commonCode(vps), vps.Prefixed("data.object.items")
+		return pc, sub, vps.Code(), vps.Prefixed("data.object.items")
 	}
 	return pc, sub, "", nil
 }
@@ -606,25 +606,4 @@ func jsonType(t reflect.Type) string {
 		return "an array"
 	}
 	return t.Kind().String()
-}
-
-func writeProblems(rw http.ResponseWriter, status int, msg string, ps ...domain.Problem) {
-	resp := api.ErrorResponse{Error: api.ErrorInfo{Code: commonCode(ps), Message: msg}}
-	for _, p := range ps {
-		resp.Problems = append(resp.Problems, api.Problem{Field: p.Field, Code: p.Code, Message: p.Message})
-	}
-	api.WriteJSON(rw, status, resp)
-}
-
-func commonCode(ps domain.Problems) domain.Code {
-	if len(ps) == 0 {
-		return domain.CodeInvalid
-	}
-	c := ps[0].Code
-	for _, p := range ps[1:] {
-		if p.Code != c {
-			return domain.CodeInvalid
-		}
-	}
-	return c
 }

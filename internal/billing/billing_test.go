@@ -9,7 +9,9 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/api"
+	"github.com/mailplane/mailplane/internal/apitest"
 	"github.com/mailplane/mailplane/internal/billing"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -88,7 +90,7 @@ func TestWebhookProducesPlanChanges(t *testing.T) {
 		} else {
 			obj = set(obj, "metadata.org_id", org)
 		}
-		body := mustJSON(t, stripeEvent(c.id, c.typ, obj))
+		body := mailplanetest.MustJSON(t, stripeEvent(c.id, c.typ, obj))
 		ev, rc := e.accepted(c.name, req{body: body})
 		if rc.Topic != e.ns.Topic(topics.OrgEvents) || rc.Type != domain.TypeOrgPlanChanged {
 			t.Errorf("%s: receipt %+v", c.name, rc)
@@ -118,15 +120,15 @@ func TestWebhookProducesPlanChanges(t *testing.T) {
 func TestWebhookRetryProducesOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, testConfig())
-	body := mustJSON(t, stripeEvent("evt_1Retry", billing.EventSubscriptionUpdated, subscriptionObject("active", item("price_premium_monthly"))))
+	body := mailplanetest.MustJSON(t, stripeEvent("evt_1Retry", billing.EventSubscriptionUpdated, subscriptionObject("active", item("price_premium_monthly"))))
 	first, _ := e.accepted("first delivery", req{body: body})
 	e.start = e.endOffsets()
 	resp, b := e.do(req{body: body, sig: ptr(billing.Sign(body, now.Add(-time.Second), secretCurrent))})
-	if ir := decodeStrict[billing.IgnoredResponse](t, b); resp.StatusCode != http.StatusOK || ir.Status != "unchanged" || ir.EventID != "evt_1Retry" {
+	if ir := apitest.DecodeStrict[billing.IgnoredResponse](t, b); resp.StatusCode != http.StatusOK || ir.Status != "unchanged" || ir.EventID != "evt_1Retry" {
 		t.Fatalf("retry: %d %s", resp.StatusCode, b)
 	}
 	e.assertNothingProduced()
-	other, _ := e.accepted("another event", req{body: mustJSON(t, stripeEvent("evt_2Other", billing.EventSubscriptionUpdated,
+	other, _ := e.accepted("another event", req{body: mailplanetest.MustJSON(t, stripeEvent("evt_2Other", billing.EventSubscriptionUpdated,
 		subscriptionObject("active", item("price_dedicated_2"))))})
 	if other.ID == first.ID {
 		t.Error("two Stripe events got the same event id")
@@ -139,19 +141,19 @@ func TestWebhookIgnoresOtherTypes(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, testConfig())
 	for _, typ := range []string{"invoice.paid", "customer.subscription.trial_will_end", "checkout.session.completed"} {
-		body := mustJSON(t, stripeEvent("evt_Ignored", typ, map[string]any{"id": "in_1", "object": "invoice"}))
+		body := mailplanetest.MustJSON(t, stripeEvent("evt_Ignored", typ, map[string]any{"id": "in_1", "object": "invoice"}))
 		resp, b := e.do(req{body: body})
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("%s: %d %s", typ, resp.StatusCode, b)
 		}
-		ir := decodeStrict[billing.IgnoredResponse](t, b)
+		ir := apitest.DecodeStrict[billing.IgnoredResponse](t, b)
 		if ir.Status != "ignored" || ir.EventType != typ || ir.EventID != "evt_Ignored" {
 			t.Errorf("%s: %s", typ, b)
 		}
 	}
 	// Unsigned, an event of any type is refused all the same.
-	resp, b := e.do(req{body: mustJSON(t, stripeEvent("evt_Ignored", "invoice.paid", map[string]any{})), sig: ptr("")})
-	if resp.StatusCode != http.StatusBadRequest || decodeStrict[api.ErrorResponse](t, b).Error.Code != billing.CodeInvalidSignature {
+	resp, b := e.do(req{body: mailplanetest.MustJSON(t, stripeEvent("evt_Ignored", "invoice.paid", map[string]any{})), sig: ptr("")})
+	if resp.StatusCode != http.StatusBadRequest || apitest.DecodeStrict[api.ErrorResponse](t, b).Error.Code != billing.CodeInvalidSignature {
 		t.Errorf("unsigned ignored type: %d %s", resp.StatusCode, b)
 	}
 	e.assertNothingProduced()
@@ -163,7 +165,7 @@ func TestWebhookIgnoresOtherTypes(t *testing.T) {
 func TestWebhookSecretRotation(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, testConfig(secretCurrent, secretOld))
-	body := mustJSON(t, stripeEvent("evt_1Rotation", billing.EventSubscriptionUpdated, subscriptionObject("active", item("price_premium_monthly"))))
+	body := mailplanetest.MustJSON(t, stripeEvent("evt_1Rotation", billing.EventSubscriptionUpdated, subscriptionObject("active", item("price_premium_monthly"))))
 	for _, c := range []struct {
 		name   string
 		sig    string
@@ -190,10 +192,10 @@ func TestWebhookSecretRotation(t *testing.T) {
 // environment per test, as a real broker is shared one test at a time.)
 func TestWebhookSecretRetired(t *testing.T) {
 	t.Parallel()
-	body := mustJSON(t, stripeEvent("evt_1Rotation", billing.EventSubscriptionUpdated, subscriptionObject("active", item("price_premium_monthly"))))
+	body := mailplanetest.MustJSON(t, stripeEvent("evt_1Rotation", billing.EventSubscriptionUpdated, subscriptionObject("active", item("price_premium_monthly"))))
 	after := newEnv(t, testConfig(secretCurrent))
 	resp, b := after.do(req{body: body, sig: ptr(billing.Sign(body, signedAt, secretOld))})
-	if resp.StatusCode != http.StatusBadRequest || decodeStrict[api.ErrorResponse](t, b).Error.Code != billing.CodeInvalidSignature {
+	if resp.StatusCode != http.StatusBadRequest || apitest.DecodeStrict[api.ErrorResponse](t, b).Error.Code != billing.CodeInvalidSignature {
 		t.Errorf("old secret after the rotation: %d %s", resp.StatusCode, b)
 	}
 	after.assertNothingProduced()
@@ -211,10 +213,10 @@ func TestWebhookBadInput(t *testing.T) {
 	e := newEnv(t, testConfig(), billing.WithMaxBodyBytes(8<<10))
 
 	good := stripeEvent("evt_1Bad", billing.EventSubscriptionUpdated, subscriptionObject("active", item("price_premium_monthly")))
-	body := mustJSON(t, good)
+	body := mailplanetest.MustJSON(t, good)
 	signed := func(b []byte) req { return req{body: b} }
 	signedAs := func(b []byte, sig string) req { return req{body: b, sig: ptr(sig)} }
-	js := func(m map[string]any) []byte { return mustJSON(t, m) }
+	js := func(m map[string]any) []byte { return mailplanetest.MustJSON(t, m) }
 	tampered := []byte(strings.Replace(string(body), "price_premium_monthly", "price_dedicated_2", 1))
 	big := set(good, "data.object.metadata.notes", strings.Repeat("x", 9<<10))
 
@@ -283,7 +285,7 @@ func TestWebhookBadInput(t *testing.T) {
 			t.Errorf("%s: status %d, want %d: %s", c.name, resp.StatusCode, c.status, b)
 			continue
 		}
-		er := decodeStrict[api.ErrorResponse](t, b)
+		er := apitest.DecodeStrict[api.ErrorResponse](t, b)
 		if er.Error.Code != c.code || er.Error.Message == "" {
 			t.Errorf("%s: code %q, want %q: %s", c.name, er.Error.Code, c.code, b)
 		}
@@ -313,12 +315,12 @@ func TestWebhookOrgMetadataKey(t *testing.T) {
 	cfg.OrgMetadataKey = "mailplane_org"
 	e := newEnv(t, cfg)
 	obj := set(set(subscriptionObject("active", item("price_premium_monthly")), "metadata.org_id", nil), "metadata.mailplane_org", orgID)
-	ev, _ := e.accepted("configured key", req{body: mustJSON(t, stripeEvent("evt_1Key", billing.EventSubscriptionCreated, obj))})
+	ev, _ := e.accepted("configured key", req{body: mailplanetest.MustJSON(t, stripeEvent("evt_1Key", billing.EventSubscriptionCreated, obj))})
 	if ev.Subject != orgID {
 		t.Errorf("subject %s", ev.Subject)
 	}
-	resp, b := e.do(req{body: mustJSON(t, stripeEvent("evt_2Key", billing.EventSubscriptionCreated, subscriptionObject("active", item("price_premium_monthly"))))})
-	er := decodeStrict[api.ErrorResponse](t, b)
+	resp, b := e.do(req{body: mailplanetest.MustJSON(t, stripeEvent("evt_2Key", billing.EventSubscriptionCreated, subscriptionObject("active", item("price_premium_monthly"))))})
+	er := apitest.DecodeStrict[api.ErrorResponse](t, b)
 	if resp.StatusCode != http.StatusBadRequest || len(er.Problems) != 1 || er.Problems[0].Field != "data.object.metadata.mailplane_org" {
 		t.Errorf("org under the default key: %d %s", resp.StatusCode, b)
 	}

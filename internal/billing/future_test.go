@@ -7,6 +7,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/api"
+	"github.com/mailplane/mailplane/internal/apitest"
 	"github.com/mailplane/mailplane/internal/billing"
 )
 
@@ -31,7 +32,7 @@ func TestWebhookEventFromTheFutureRefused(t *testing.T) {
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("an event created a year ahead: %d %s", resp.StatusCode, b)
 	}
-	er := decodeStrict[api.ErrorResponse](t, b)
+	er := apitest.DecodeStrict[api.ErrorResponse](t, b)
 	if er.Error.Code != domain.CodeTimeInFuture || len(er.Problems) != 1 || er.Problems[0].Field != "created" {
 		t.Errorf("response %+v", er)
 	}
@@ -39,7 +40,7 @@ func TestWebhookEventFromTheFutureRefused(t *testing.T) {
 
 	// Within the skew it is applied as before.
 	resp, b = e.do(req{body: subEvent(t, "evt_3Skewed", sub, now.Add(domain.MaxFutureSkew-time.Second), "active", "price_premium_monthly")})
-	if resp.StatusCode != http.StatusOK || decodeStrict[billing.IgnoredResponse](t, b).Status != "unchanged" {
+	if resp.StatusCode != http.StatusOK || apitest.DecodeStrict[billing.IgnoredResponse](t, b).Status != "unchanged" {
 		t.Fatalf("an event created within the skew: %d %s", resp.StatusCode, b)
 	}
 	ev, _ = e.accepted("canceled", req{body: subEvent(t, "evt_4Cancel", sub, now.Add(domain.MaxFutureSkew), "canceled", "price_premium_monthly")})

@@ -3,10 +3,7 @@ package billing_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,18 +11,14 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/access"
 	"github.com/mailplane/mailplane/internal/api"
+	"github.com/mailplane/mailplane/internal/apitest"
 	"github.com/mailplane/mailplane/internal/billing"
-	"github.com/mailplane/mailplane/internal/kafka"
-	"github.com/mailplane/mailplane/internal/kafkatest"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
-	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -62,14 +55,14 @@ func testConfig(secrets ...string) billing.Config {
 	return billing.Config{Secrets: secrets, Prices: testPrices()}
 }
 
+// env is an api.Server with the billing webhook, on an httptest server,
+// producing to an in-process kfake broker with the catalog applied.
 type env struct {
+	*apitest.Client
 	t     testing.TB
 	db    *pgtest.DB
-	adm   *kadm.Client
-	brk   []string
-	base  string
-	http  *http.Client
-	start map[string]map[int32]int64
+	brk   *apitest.Broker
+	start apitest.Offsets
 	ns    topics.Namespace // the test's
 }
 
@@ -82,15 +75,8 @@ func newEnv(t testing.TB, cfg billing.Config, opts ...billing.Option) *env {
 // it are kept).
 func newEnvOn(t testing.TB, db *pgtest.DB, cfg billing.Config, opts ...billing.Option) *env {
 	t.Helper()
-	kcfg := kafkatest.Config(t, 4)
-	kcfg.ClientID = "billing-test"
-	brokers := kcfg.Brokers
-	kc, err := kafka.NewProducer(kcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(kc.Close)
-	srv, err := api.New(producer.New(kc, producer.WithNamespace(kcfg.Namespace)), api.WithAuthenticator(apiAuth(t)), api.WithRegisterer(prometheus.NewRegistry()))
+	brk := apitest.NewBroker(t, "billing-test")
+	srv, err := api.New(brk.Producer(), api.WithAuthenticator(apiAuth(t)), api.WithRegisterer(prometheus.NewRegistry()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,60 +91,33 @@ func newEnvOn(t testing.TB, db *pgtest.DB, cfg billing.Config, opts ...billing.O
 	}
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	e := &env{t: t, ns: kcfg.Namespace, db: db, adm: kadm.NewClient(kc), brk: brokers, base: ts.URL, http: ts.Client()}
+	e := &env{
+		Client: &apitest.Client{T: t, Base: ts.URL, HTTP: ts.Client(), Secrets: []string{secretCurrent, secretOld, secretRetired}},
+		t:      t, ns: brk.Config.Namespace, db: db, brk: brk,
+	}
 	e.start = e.endOffsets()
 	return e
 }
 
 // endOffsets returns the end offset of every partition of every domain
 // topic.
-func (e *env) endOffsets() map[string]map[int32]int64 {
+func (e *env) endOffsets() apitest.Offsets {
 	e.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	los, err := e.adm.ListEndOffsets(ctx, e.ns.Topics(topics.DomainTopics()...)...)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	out := map[string]map[int32]int64{}
-	los.Each(func(o kadm.ListedOffset) {
-		if o.Err != nil {
-			e.t.Fatalf("end offset of %s/%d: %v", o.Topic, o.Partition, o.Err)
-		}
-		// Keyed by catalog name.
-		base, _ := e.ns.Base(o.Topic)
-		if out[base] == nil {
-			out[base] = map[int32]int64{}
-		}
-		out[base][o.Partition] = o.Offset
-	})
-	if len(out) != len(topics.DomainTopics()) {
-		e.t.Fatalf("end offsets of %d topics", len(out))
-	}
-	return out
+	return e.brk.EndOffsets(topics.DomainTopics()...)
 }
 
 // produced returns how many records the domain topics gained since start.
 func (e *env) produced() map[string]int64 {
 	e.t.Helper()
-	out := map[string]int64{}
-	for tp, ps := range e.endOffsets() {
-		for p, off := range ps {
-			if d := off - e.start[tp][p]; d != 0 {
-				out[tp] += d
-			}
-		}
-	}
-	return out
+	return e.brk.Grown(e.start)
 }
 
 func (e *env) assertNothingProduced() {
 	e.t.Helper()
-	if got := e.produced(); len(got) > 0 {
-		e.t.Errorf("records were produced: %v", got)
-	}
+	e.brk.AssertNothingProduced(e.start)
 }
 
+// req is a delivery of Stripe's to the webhook.
 type req struct {
 	method  string
 	body    []byte
@@ -169,12 +128,13 @@ type req struct {
 
 func ptr[T any](v T) *T { return &v }
 
+// do delivers r as Stripe does.
 func (e *env) do(r req) (*http.Response, []byte) {
 	e.t.Helper()
 	if r.method == "" {
 		r.method = http.MethodPost
 	}
-	hr, err := http.NewRequest(r.method, e.base+"/v1/webhooks/billing", bytes.NewReader(r.body))
+	hr, err := http.NewRequest(r.method, e.Base+"/v1/webhooks/billing", bytes.NewReader(r.body))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -193,27 +153,7 @@ func (e *env) do(r req) (*http.Response, []byte) {
 	for k, v := range r.headers {
 		hr.Header.Set(k, v)
 	}
-	resp, err := e.http.Do(hr)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	for _, s := range []string{secretCurrent, secretOld, secretRetired} {
-		if strings.Contains(string(b), s) {
-			e.t.Errorf("the response carries a webhook secret: %s", b)
-		}
-	}
-	return resp, b
-}
-
-// fetch reads the record at topic/partition/offset.
-func (e *env) fetch(topic string, partition int32, offset int64) *kgo.Record {
-	e.t.Helper()
-	return kafkatest.Fetch(e.t, e.brk, topic, partition, offset)
+	return e.Send(hr)
 }
 
 // accepted checks a 202 with one receipt and returns the decoded event.
@@ -223,12 +163,12 @@ func (e *env) accepted(name string, r req) (domain.Event, api.Receipt) {
 	if resp.StatusCode != http.StatusAccepted {
 		e.t.Fatalf("%s: status %d: %s", name, resp.StatusCode, b)
 	}
-	ar := decodeStrict[api.AcceptedResponse](e.t, b)
+	ar := apitest.DecodeStrict[api.AcceptedResponse](e.t, b)
 	if len(ar.Events) != 1 {
 		e.t.Fatalf("%s: %d receipts", name, len(ar.Events))
 	}
 	rc := ar.Events[0]
-	rec := e.fetch(rc.Topic, rc.Partition, rc.Offset)
+	rec := e.brk.Fetch(rc.Topic, rc.Partition, rc.Offset)
 	ev, err := topics.Decode(rec)
 	if err != nil {
 		e.t.Fatalf("%s: decode: %v", name, err)
@@ -237,26 +177,6 @@ func (e *env) accepted(name string, r req) (domain.Event, api.Receipt) {
 		e.t.Errorf("%s: key %q, subject %q", name, rec.Key, ev.Subject)
 	}
 	return ev, rc
-}
-
-func decodeStrict[T any](t testing.TB, b []byte) T {
-	t.Helper()
-	var v T
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&v); err != nil {
-		t.Fatalf("decode %T: %v: %s", v, err, b)
-	}
-	return v
-}
-
-func mustJSON(t testing.TB, v any) []byte {
-	t.Helper()
-	b, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
 }
 
 // Stripe payloads, shaped as Stripe sends them (API version 2024-06-20),
@@ -331,17 +251,6 @@ func deepCopy(m map[string]any) map[string]any {
 		c[k] = v
 	}
 	return c
-}
-
-// nopProducer is an api.Producer for tests that never produce.
-type nopProducer struct{}
-
-func (nopProducer) PrepareChecked([]domain.Checked) ([]*kgo.Record, error) {
-	return nil, errors.New("nopProducer: not for producing")
-}
-
-func (nopProducer) ProduceRecords(context.Context, []domain.Event, []*kgo.Record) ([]producer.Receipt, error) {
-	return nil, errors.New("nopProducer: not for producing")
 }
 
 // apiAuth knows apiToken as a product caller: a bearer token that must not

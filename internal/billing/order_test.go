@@ -16,7 +16,9 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/api"
+	"github.com/mailplane/mailplane/internal/apitest"
 	"github.com/mailplane/mailplane/internal/billing"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -30,7 +32,7 @@ func orgSubEvent(t testing.TB, id, sub, org string, c time.Time, status, price s
 	obj := set(set(subscriptionObject(status, item(price)), "id", sub), "metadata.org_id", org)
 	ev := stripeEvent(id, billing.EventSubscriptionUpdated, obj)
 	ev["created"] = c.Unix()
-	return mustJSON(t, ev)
+	return mailplanetest.MustJSON(t, ev)
 }
 
 // staleRows returns the recorded stale events of sub, by event id.
@@ -77,7 +79,7 @@ func TestWebhookOlderEventIgnored(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("older event: status %d: %s", resp.StatusCode, b)
 	}
-	ir := decodeStrict[billing.IgnoredResponse](t, b)
+	ir := apitest.DecodeStrict[billing.IgnoredResponse](t, b)
 	if ir.Status != "ignored" || ir.EventID != "evt_1Cancel" {
 		t.Errorf("older event: %s", b)
 	}
@@ -96,7 +98,7 @@ func TestWebhookOlderEventIgnored(t *testing.T) {
 	if got := e.staleRows(sub); len(got) != 1 {
 		t.Errorf("stale events recorded: %v", got)
 	}
-	if resp, b := e.do(req{body: newer}); resp.StatusCode != http.StatusOK || decodeStrict[billing.IgnoredResponse](t, b).Status != "unchanged" {
+	if resp, b := e.do(req{body: newer}); resp.StatusCode != http.StatusOK || apitest.DecodeStrict[billing.IgnoredResponse](t, b).Status != "unchanged" {
 		t.Fatalf("newer, retried: %d %s", resp.StatusCode, b)
 	}
 	e.assertNothingProduced()
@@ -213,13 +215,13 @@ func (e *env) deliverAll(bodies [][]byte) deliveries {
 	for i := range bodies {
 		wg.Go(func() {
 			<-start
-			hr, err := http.NewRequest(http.MethodPost, e.base+"/v1/webhooks/billing", bytes.NewReader(bodies[i]))
+			hr, err := http.NewRequest(http.MethodPost, e.Base+"/v1/webhooks/billing", bytes.NewReader(bodies[i]))
 			if err != nil {
 				answers[i].err = err
 				return
 			}
 			hr.Header.Set(billing.SignatureHeader, billing.Sign(bodies[i], signedAt, secretCurrent))
-			resp, err := e.http.Do(hr)
+			resp, err := e.HTTP.Do(hr)
 			if err != nil {
 				answers[i].err = err
 				return
@@ -237,9 +239,9 @@ func (e *env) deliverAll(bodies [][]byte) deliveries {
 		case a.err != nil:
 			e.t.Fatalf("delivery %d: %v", i, a.err)
 		case a.status == http.StatusAccepted:
-			d.receipts = append(d.receipts, decodeStrict[api.AcceptedResponse](e.t, a.body).Events...)
+			d.receipts = append(d.receipts, apitest.DecodeStrict[api.AcceptedResponse](e.t, a.body).Events...)
 		case a.status == http.StatusOK:
-			ir := decodeStrict[billing.IgnoredResponse](e.t, a.body)
+			ir := apitest.DecodeStrict[billing.IgnoredResponse](e.t, a.body)
 			switch ir.Status {
 			case "ignored":
 				d.ignored[ir.EventID] = true
@@ -268,7 +270,7 @@ func (e *env) planChanges(receipts []api.Receipt) []domain.Event {
 	})
 	out := make([]domain.Event, len(receipts))
 	for i, rc := range receipts {
-		ev, err := topics.Decode(e.fetch(rc.Topic, rc.Partition, rc.Offset))
+		ev, err := topics.Decode(e.brk.Fetch(rc.Topic, rc.Partition, rc.Offset))
 		if err != nil {
 			e.t.Fatal(err)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/api"
+	"github.com/mailplane/mailplane/internal/apitest"
 	"github.com/mailplane/mailplane/internal/billing"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
@@ -136,7 +137,7 @@ func (e *env) expect200(name string, body []byte, status string) {
 	e.t.Helper()
 	e.start = e.endOffsets()
 	resp, b := e.do(req{body: body})
-	if resp.StatusCode != http.StatusOK || decodeStrict[billing.IgnoredResponse](e.t, b).Status != status {
+	if resp.StatusCode != http.StatusOK || apitest.DecodeStrict[billing.IgnoredResponse](e.t, b).Status != status {
 		e.t.Fatalf("%s: %d %s, want 200 %s", name, resp.StatusCode, b, status)
 	}
 	e.assertNothingProduced()
@@ -251,7 +252,7 @@ func TestOrgPlanSubscriptionMoves(t *testing.T) {
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("moved: %d %s", resp.StatusCode, b)
 	}
-	ar := decodeStrict[api.AcceptedResponse](t, b)
+	ar := apitest.DecodeStrict[api.AcceptedResponse](t, b)
 	got := map[string]domain.OrgPlanChanged{}
 	ids := map[string]bool{}
 	for _, ev := range e.planChanges(ar.Events) {

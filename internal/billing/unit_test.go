@@ -13,6 +13,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/api"
+	"github.com/mailplane/mailplane/internal/apitest"
 	"github.com/mailplane/mailplane/internal/billing"
 )
 
@@ -193,7 +194,7 @@ func TestConfigFromEnv(t *testing.T) {
 
 func TestRegisterValidates(t *testing.T) {
 	t.Parallel()
-	srv, err := api.New(nopProducer{}, api.WithAuthenticator(apiAuth(t)))
+	srv, err := api.New(apitest.NopProducer{}, api.WithAuthenticator(apiAuth(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,12 +18,13 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/access"
 	"github.com/mailplane/mailplane/internal/api"
+	"github.com/mailplane/mailplane/internal/apitest"
 	"github.com/mailplane/mailplane/internal/console"
 	"github.com/mailplane/mailplane/internal/dlq"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/query"
-	"github.com/mailplane/mailplane/producer"
 )
 
 const (
@@ -43,13 +44,6 @@ func (c *clock) add(d time.Duration) {
 	c.mu.Lock()
 	c.t = c.t.Add(d)
 	c.mu.Unlock()
-}
-
-type nopProducer struct{}
-
-func (nopProducer) PrepareChecked([]domain.Checked) ([]*kgo.Record, error) { return nil, nil }
-func (nopProducer) ProduceRecords(context.Context, []domain.Event, []*kgo.Record) ([]producer.Receipt, error) {
-	return nil, nil
 }
 
 // unit serves the console on an api.Server over an empty migrated schema
@@ -99,7 +93,7 @@ func unitConfigAPI(t *testing.T, set func(*console.Config), apiOpts ...api.Optio
 	}}
 	reader := query.NewReader(db.Pool, 4)
 	reg := prometheus.NewRegistry()
-	srv, err := api.New(nopProducer{}, append([]api.Option{api.WithAuthenticator(auth)}, apiOpts...)...)
+	srv, err := api.New(apitest.NopProducer{}, append([]api.Option{api.WithAuthenticator(auth)}, apiOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,24 +117,7 @@ func unitConfigAPI(t *testing.T, set func(*console.Config), apiOpts ...api.Optio
 // logins reads mailplane_console_logins_total{result}.
 func logins(t *testing.T, reg *prometheus.Registry, result string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "mailplane_console_logins_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == result {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("no mailplane_console_logins_total{result=%q}", result)
-	return 0
+	return mailplanetest.Metric(t, reg, "mailplane_console_logins_total", "result", result)
 }
 
 // browserish is a client that keeps cookies, does not follow redirects
@@ -154,13 +131,13 @@ func browserish(t *testing.T) *http.Client {
 
 var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
 
+// fetch sends a request as the console's pages do: a form post when form
+// is given; it returns the answer and its body.
 func fetch(t *testing.T, cl *http.Client, method, u string, form url.Values, hdr map[string]string) (*http.Response, string) {
 	t.Helper()
-	var body *strings.Reader
+	body := strings.NewReader("")
 	if form != nil {
 		body = strings.NewReader(form.Encode())
-	} else {
-		body = strings.NewReader("")
 	}
 	req, err := http.NewRequestWithContext(t.Context(), method, u, body)
 	if err != nil {
@@ -172,21 +149,8 @@ func fetch(t *testing.T, cl *http.Client, method, u string, form url.Values, hdr
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
-	resp, err := cl.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var sb strings.Builder
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := resp.Body.Read(buf)
-		sb.Write(buf[:n])
-		if err != nil {
-			break
-		}
-	}
-	return resp, sb.String()
+	resp, b := (&apitest.Client{T: t, HTTP: cl}).Send(req)
+	return resp, string(b)
 }
 
 // login loads the form and posts token from the same origin; it returns

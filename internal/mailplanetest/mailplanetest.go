@@ -1,5 +1,9 @@
-// Package mailplanetest builds the mailplane binary for the tests that run
-// it as operators do (its commands, dev mode, exit codes).
+// Package mailplanetest is the support mailplane's tests share: it builds
+// the mailplane binary for the tests that run it as operators do (its
+// commands, dev mode, exit codes), finds free ports, waits on conditions,
+// reads metrics, collects output, gives components a logger into the
+// test's output and renders test values as JSON. (The HTTP API's harness
+// is internal/apitest.)
 package mailplanetest
 
 import (

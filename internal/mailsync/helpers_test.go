@@ -3,9 +3,7 @@ package mailsync_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
-	"os"
 	"sort"
 	"sync"
 	"testing"
@@ -20,21 +18,12 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/mailboxstate"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/mailsync"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/topics"
 )
-
-// testLogger logs warnings and errors into the test's output (everything
-// with MAILPLANE_TEST_LOG=debug).
-func testLogger(t testing.TB) *slog.Logger {
-	level := slog.LevelWarn
-	if os.Getenv("MAILPLANE_TEST_LOG") == "debug" {
-		level = slog.LevelDebug
-	}
-	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: level}))
-}
 
 // migrate applies the migrations.
 func migrate(t testing.TB, pool *pgxpool.Pool) {
@@ -196,7 +185,7 @@ func testConfig(t testing.TB, id string) mailsync.Config {
 		SessionTimeout:    2 * time.Second,
 		HeartbeatInterval: 200 * time.Millisecond,
 		RebalanceTimeout:  10 * time.Second,
-		Logger:            testLogger(t).With("test_worker", id),
+		Logger:            mailplanetest.Logger(t).With("test_worker", id),
 		Registerer:        prometheus.NewRegistry(),
 	}
 }

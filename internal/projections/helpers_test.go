@@ -3,9 +3,7 @@ package projections_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
-	"os"
 	"testing"
 	"time"
 
@@ -19,21 +17,12 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
 )
-
-// testLogger logs warnings and errors into the test's output (everything
-// with MAILPLANE_TEST_LOG=debug).
-func testLogger(t testing.TB) *slog.Logger {
-	level := slog.LevelWarn
-	if os.Getenv("MAILPLANE_TEST_LOG") == "debug" {
-		level = slog.LevelDebug
-	}
-	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: level}))
-}
 
 // broker is an in-process kfake broker (short group sessions keep restarts
 // quick), or the real one in MAILPLANE_TEST_BROKERS, with the catalog in a
@@ -84,7 +73,7 @@ func (e *env) projector(pool *pgxpool.Pool, proj projections.Projection, opts ..
 	reg := prometheus.NewRegistry()
 	base := []projections.Option{
 		projections.WithRegisterer(reg),
-		projections.WithLogger(testLogger(e.t)),
+		projections.WithLogger(mailplanetest.Logger(e.t)),
 		projections.WithGroup(testGroup),
 	}
 	p, err := projections.New(e.kcfg, pool, proj, append(base, opts...)...)

@@ -20,6 +20,7 @@ import (
 	"github.com/mailplane/mailplane/internal/eventschema"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/projections"
@@ -134,7 +135,7 @@ func TestHostileStringsNeverStallAProjection(t *testing.T) {
 
 	// The engine, the registry projector and the placement projector.
 	eng, err := engine.New(e.kcfg, engine.WithSessionTimeout(kafkatest.SessionTimeout(2*time.Second)),
-		engine.WithHeartbeatInterval(200*time.Millisecond), engine.WithLogger(testLogger(t)))
+		engine.WithHeartbeatInterval(200*time.Millisecond), engine.WithLogger(mailplanetest.Logger(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +150,7 @@ func TestHostileStringsNeverStallAProjection(t *testing.T) {
 	})
 	reg, _ := e.projector(e.db.Pool, projections.NewRegistry())
 	start(t, reg)
-	pp, err := postgres.NewProjector(e.kcfg, e.db.Pool, postgres.WithLogger(testLogger(t)), postgres.WithStandbyPoll(20*time.Millisecond))
+	pp, err := postgres.NewProjector(e.kcfg, e.db.Pool, postgres.WithLogger(mailplanetest.Logger(t)), postgres.WithStandbyPoll(20*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

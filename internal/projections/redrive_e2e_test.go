@@ -12,6 +12,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/dlq"
 	"github.com/mailplane/mailplane/internal/mailboxstate"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -40,7 +41,7 @@ func TestRedriveEndToEnd(t *testing.T) {
 		projections.WithRetry(projections.RetryPolicy{Attempts: 2, Backoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}))
 	start(t, p)
 	stateReg := prometheus.NewRegistry()
-	proc, err := mailboxstate.New(e.kcfg, mailboxstate.WithGroup(testGroup), mailboxstate.WithRegisterer(stateReg), mailboxstate.WithLogger(testLogger(t)))
+	proc, err := mailboxstate.New(e.kcfg, mailboxstate.WithGroup(testGroup), mailboxstate.WithRegisterer(stateReg), mailboxstate.WithLogger(mailplanetest.Logger(t)))
 	must(t, err)
 	stateCtx, stopState := context.WithCancel(ctx)
 	stateDone := make(chan error, 1)

@@ -167,8 +167,8 @@ type ChangesResponse struct {
 func (h *handlers) assignments(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if !domain.IsUUID(id) {
-		writeProblems(w, domain.Problems{{Field: "id", Code: domain.CodeInvalid,
-			Message: "the worker id in the path must be a lower-case UUID"}}, "invalid worker id")
+		api.WriteProblems(w, http.StatusBadRequest, "invalid worker id", domain.Problems{{Field: "id", Code: domain.CodeInvalid,
+			Message: "the worker id in the path must be a lower-case UUID"}})
 		return
 	}
 	if !api.CallerFrom(r.Context()).MayReadAssignmentsOf(id) {
@@ -177,8 +177,8 @@ func (h *handlers) assignments(w http.ResponseWriter, r *http.Request) {
 	}
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
-		writeProblems(w, domain.Problems{{Code: domain.CodeInvalid, Message: "the query string is malformed"}},
-			"invalid query")
+		api.WriteProblems(w, http.StatusBadRequest, "invalid query",
+			domain.Problems{{Code: domain.CodeInvalid, Message: "the query string is malformed"}})
 		return
 	}
 	var ps domain.Problems
@@ -205,7 +205,7 @@ func (h *handlers) assignments(w http.ResponseWriter, r *http.Request) {
 		since = tok
 	}
 	if len(ps) > 0 {
-		writeProblems(w, ps, "invalid query")
+		api.WriteProblems(w, http.StatusBadRequest, "invalid query", ps)
 		return
 	}
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/api"
+	"github.com/mailplane/mailplane/internal/apitest"
 	"github.com/mailplane/mailplane/internal/workerapi"
 )
 
@@ -73,11 +74,11 @@ func TestAssignmentsResponses(t *testing.T) {
 	e := newEnv(t, workerapi.WithAssignmentStore(store))
 	path := "/v1/workers/" + workerID + "/assignments"
 
-	resp, b := e.do(req{method: http.MethodGet, path: path})
+	resp, b := e.Do(req{Method: http.MethodGet, Path: path})
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("full: %d %s", resp.StatusCode, b)
 	}
-	full := decodeStrict[workerapi.FullResponse](t, b)
+	full := apitest.DecodeStrict[workerapi.FullResponse](t, b)
 	if !full.Full || full.WorkerID != workerID || len(full.Mailboxes) != 1 || full.Mailboxes[0].MailboxID != mailboxA ||
 		full.Token != workerapi.TokenAt(9).String() || resp.Header.Get("Cache-Control") != "no-store" {
 		t.Errorf("full: %s", b)
@@ -85,26 +86,26 @@ func TestAssignmentsResponses(t *testing.T) {
 
 	// An unknown worker has nothing yet; arrays are [] not null.
 	other := "0190f3c4-5d6e-7f80-9a1b-000000000000"
-	resp, b = e.do(req{token: ptr(readerToken), method: http.MethodGet, path: "/v1/workers/" + other + "/assignments"})
+	resp, b = e.Do(req{Token: readerToken, Method: http.MethodGet, Path: "/v1/workers/" + other + "/assignments"})
 	if resp.StatusCode != http.StatusOK || string(b) != `{"worker_id":"`+other+`","full":true,"mailboxes":[],"token":"`+workerapi.TokenAt(9).String()+`"}`+"\n" {
 		t.Errorf("unknown worker: %d %s", resp.StatusCode, b)
 	}
-	resp, b = e.do(req{token: ptr(readerToken), method: http.MethodGet, path: "/v1/workers/" + other + "/assignments?since=" + workerapi.TokenAt(9).String()})
+	resp, b = e.Do(req{Token: readerToken, Method: http.MethodGet, Path: "/v1/workers/" + other + "/assignments?since=" + workerapi.TokenAt(9).String()})
 	if resp.StatusCode != http.StatusOK || string(b) != `{"worker_id":"`+other+`","full":false,"added":[],"removed":[],"token":"`+workerapi.TokenAt(9).String()+`"}`+"\n" {
 		t.Errorf("unknown worker, changes: %d %s", resp.StatusCode, b)
 	}
 
 	// "since=" (empty) is no token.
-	resp, b = e.do(req{method: http.MethodGet, path: path + "?since="})
-	if resp.StatusCode != http.StatusOK || !decodeStrict[workerapi.FullResponse](t, b).Full {
+	resp, b = e.Do(req{Method: http.MethodGet, Path: path + "?since="})
+	if resp.StatusCode != http.StatusOK || !apitest.DecodeStrict[workerapi.FullResponse](t, b).Full {
 		t.Errorf("empty since: %d %s", resp.StatusCode, b)
 	}
 
-	resp, b = e.do(req{method: http.MethodGet, path: path + "?since=" + workerapi.TokenAt(3).String()})
+	resp, b = e.Do(req{Method: http.MethodGet, Path: path + "?since=" + workerapi.TokenAt(3).String()})
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("changes: %d %s", resp.StatusCode, b)
 	}
-	ch := decodeStrict[workerapi.ChangesResponse](t, b)
+	ch := apitest.DecodeStrict[workerapi.ChangesResponse](t, b)
 	if ch.Full || len(ch.Added) != 1 || ch.Added[0].MailboxID != mailboxB || ch.Added[0].WeightMilli != 400 ||
 		len(ch.Removed) != 1 || ch.Removed[0].MailboxID != mailboxA || ch.Token != workerapi.TokenAt(9).String() {
 		t.Errorf("changes: %s", b)
@@ -121,8 +122,8 @@ func TestAssignmentsResponses(t *testing.T) {
 		{"query timeout", 4, http.StatusServiceUnavailable, domain.CodeUnavailable},
 		{"store answers the wrong kind", 5, http.StatusInternalServerError, domain.CodeInternal},
 	} {
-		resp, b := e.do(req{method: http.MethodGet, path: path + "?since=" + workerapi.TokenAt(c.since).String()})
-		er := decodeStrict[api.ErrorResponse](t, b)
+		resp, b := e.Do(req{Method: http.MethodGet, Path: path + "?since=" + workerapi.TokenAt(c.since).String()})
+		er := apitest.DecodeStrict[api.ErrorResponse](t, b)
 		if resp.StatusCode != c.status || er.Error.Code != c.code {
 			t.Errorf("%s: %d %s, want %d %s", c.name, resp.StatusCode, b, c.status, c.code)
 		}
@@ -135,8 +136,8 @@ func TestAssignmentsResponses(t *testing.T) {
 func TestAssignmentsRouteOptional(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	resp, b := e.do(req{method: http.MethodGet, path: "/v1/workers/" + workerID + "/assignments"})
-	if resp.StatusCode != http.StatusNotFound || decodeStrict[api.ErrorResponse](t, b).Error.Code != domain.CodeNotFound {
+	resp, b := e.Do(req{Method: http.MethodGet, Path: "/v1/workers/" + workerID + "/assignments"})
+	if resp.StatusCode != http.StatusNotFound || apitest.DecodeStrict[api.ErrorResponse](t, b).Error.Code != domain.CodeNotFound {
 		t.Errorf("%d %s", resp.StatusCode, b)
 	}
 }
@@ -146,7 +147,7 @@ func TestRegisterRefusesBadOptions(t *testing.T) {
 	if err := workerapi.Register(nil); err == nil {
 		t.Error("nil server accepted")
 	}
-	srv, err := api.New(nopProducer{}, api.WithAuthenticator(testAuth(t)))
+	srv, err := api.New(apitest.NopProducer{}, api.WithAuthenticator(testAuth(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/api"
+	"github.com/mailplane/mailplane/internal/apitest"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/workerapi"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -60,11 +62,11 @@ func TestHeartbeatProduced(t *testing.T) {
 		}},
 	}
 	for _, c := range cases {
-		resp, b := e.do(req{method: http.MethodPost, path: "/v1/workers/heartbeat", body: mustJSON(t, c.body)})
+		resp, b := e.Do(req{Method: http.MethodPost, Path: "/v1/workers/heartbeat", Body: mailplanetest.MustJSON(t, c.body)})
 		if resp.StatusCode != http.StatusAccepted {
 			t.Fatalf("%s: status %d: %s", c.name, resp.StatusCode, b)
 		}
-		ar := decodeStrict[api.AcceptedResponse](t, b)
+		ar := apitest.DecodeStrict[api.AcceptedResponse](t, b)
 		if len(ar.Events) != 1 {
 			t.Fatalf("%s: %d receipts", c.name, len(ar.Events))
 		}
@@ -72,7 +74,7 @@ func TestHeartbeatProduced(t *testing.T) {
 		if rc.Topic != e.kcfg.Topic(workerTopic) || rc.Type != domain.TypeWorkerHeartbeat || !domain.IsUUIDv7(rc.ID) {
 			t.Fatalf("%s: receipt %+v", c.name, rc)
 		}
-		rec := e.fetch(rc.Topic, rc.Partition, rc.Offset)
+		rec := e.brk.Fetch(rc.Topic, rc.Partition, rc.Offset)
 		if string(rec.Key) != workerID {
 			t.Errorf("%s: key %q", c.name, rec.Key)
 		}
@@ -108,10 +110,10 @@ func TestBadInput(t *testing.T) {
 
 	hb := heartbeatBody()
 	post := func(body []byte) req {
-		return req{method: http.MethodPost, path: "/v1/workers/heartbeat", body: body}
+		return req{Method: http.MethodPost, Path: "/v1/workers/heartbeat", Body: body}
 	}
-	postJSON := func(v any) req { return post(mustJSON(t, v)) }
-	get := func(path string) req { return req{method: http.MethodGet, path: path} }
+	postJSON := func(v any) req { return post(mailplanetest.MustJSON(t, v)) }
+	get := func(path string) req { return req{Method: http.MethodGet, Path: path} }
 	assignments := "/v1/workers/" + workerID + "/assignments"
 	v2Token := base64.RawURLEncoding.EncodeToString([]byte{2, 0, 0, 0, 0, 0, 0, 0, 5})
 	negToken := base64.RawURLEncoding.EncodeToString([]byte{1, 0x80, 0, 0, 0, 0, 0, 0, 0})
@@ -125,24 +127,24 @@ func TestBadInput(t *testing.T) {
 		problems []wantProblem // each must be present
 	}{
 		// Auth (the API's bearer tokens).
-		{"heartbeat without a token", func() req { r := postJSON(hb); r.token = ptr(""); return r }(),
+		{"heartbeat without a token", func() req { r := postJSON(hb); r.NoAuth = true; return r }(),
 			401, domain.CodeUnauthorized, nil},
-		{"heartbeat with a wrong token", func() req { r := postJSON(hb); r.token = ptr("nope-not-a-token"); return r }(),
+		{"heartbeat with a wrong token", func() req { r := postJSON(hb); r.Token = "nope-not-a-token"; return r }(),
 			401, domain.CodeUnauthorized, nil},
-		{"assignments without a token", func() req { r := get(assignments); r.token = ptr(""); return r }(),
+		{"assignments without a token", func() req { r := get(assignments); r.NoAuth = true; return r }(),
 			401, domain.CodeUnauthorized, nil},
 
 		// Body framing.
 		{"malformed JSON", post([]byte(`{"worker_id":`)), 400, domain.CodeMalformedJSON, []wantProblem{{"", domain.CodeMalformedJSON}}},
 		{"empty body", post([]byte("  ")), 400, domain.CodeMalformedJSON, nil},
-		{"trailing data", post([]byte(string(mustJSON(t, hb)) + `{}`)), 400, domain.CodeMalformedJSON, nil},
+		{"trailing data", post([]byte(string(mailplanetest.MustJSON(t, hb)) + `{}`)), 400, domain.CodeMalformedJSON, nil},
 		{"array instead of object", post([]byte(`[]`)), 400, domain.CodeInvalidType, []wantProblem{{"", domain.CodeInvalidType}}},
 		{"null body", post([]byte(`null`)), 400, domain.CodeInvalidType, nil},
 		{"repeated field", post([]byte(`{"worker_id":"` + workerID + `","worker_id":"` + workerID + `","egress":"cold_smtp","address":"a"}`)),
 			400, domain.CodeMalformedJSON, []wantProblem{{"worker_id", domain.CodeMalformedJSON}}},
-		{"wrong content type", func() req { r := postJSON(hb); r.ct = "text/plain"; return r }(),
+		{"wrong content type", func() req { r := postJSON(hb); r.ContentType = "text/plain"; return r }(),
 			415, domain.CodeUnsupportedMediaType, nil},
-		{"charset other than UTF-8", func() req { r := postJSON(hb); r.ct = "application/json; charset=latin1"; return r }(),
+		{"charset other than UTF-8", func() req { r := postJSON(hb); r.ContentType = "application/json; charset=latin1"; return r }(),
 			415, domain.CodeUnsupportedMediaType, nil},
 		{"oversized body", postJSON(with(hb, "address", strings.Repeat("a", 2000))), 413, domain.CodeTooLarge, nil},
 
@@ -173,8 +175,8 @@ func TestBadInput(t *testing.T) {
 
 		// Methods.
 		{"GET heartbeat", get("/v1/workers/heartbeat"), 405, api.CodeMethodNotAllowed, nil},
-		{"PUT heartbeat", func() req { r := postJSON(hb); r.method = http.MethodPut; return r }(), 405, api.CodeMethodNotAllowed, nil},
-		{"POST assignments", func() req { r := postJSON(hb); r.path = assignments; return r }(), 405, api.CodeMethodNotAllowed, nil},
+		{"PUT heartbeat", func() req { r := postJSON(hb); r.Method = http.MethodPut; return r }(), 405, api.CodeMethodNotAllowed, nil},
+		{"POST assignments", func() req { r := postJSON(hb); r.Path = assignments; return r }(), 405, api.CodeMethodNotAllowed, nil},
 
 		// Assignments: path and query.
 		{"worker id not a UUID", get("/v1/workers/worker-7/assignments"), 400, domain.CodeInvalid, []wantProblem{{"id", domain.CodeInvalid}}},
@@ -192,12 +194,12 @@ func TestBadInput(t *testing.T) {
 		t.Fatalf("only %d cases", len(cases))
 	}
 	for _, c := range cases {
-		resp, b := e.do(c.req)
+		resp, b := e.Do(c.req)
 		if resp.StatusCode != c.status {
 			t.Errorf("%s: status %d, want %d: %s", c.name, resp.StatusCode, c.status, b)
 			continue
 		}
-		er := decodeStrict[api.ErrorResponse](t, b)
+		er := apitest.DecodeStrict[api.ErrorResponse](t, b)
 		if er.Error.Code != c.code {
 			t.Errorf("%s: code %q, want %q: %s", c.name, er.Error.Code, c.code, b)
 		}
@@ -224,16 +226,12 @@ func TestBadInput(t *testing.T) {
 
 	// The same env still accepts a good heartbeat: the refusals were about
 	// the input, not a broken server.
-	resp, b := e.do(postJSON(hb))
+	resp, b := e.Do(postJSON(hb))
 	if resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("good heartbeat after the bad ones: %d %s", resp.StatusCode, b)
 	}
 	// ... and the end-offset check sees it (so it would have seen any other).
-	grew := int64(0)
-	for p, off := range e.endOffsets() {
-		grew += off - e.start[p]
-	}
-	if grew != 1 {
+	if grew := e.produced(); grew != 1 {
 		t.Errorf("the worker topic grew by %d records after one good heartbeat, want 1", grew)
 	}
 }

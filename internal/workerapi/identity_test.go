@@ -16,6 +16,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/access"
 	"github.com/mailplane/mailplane/internal/api"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/workerapi"
 )
@@ -50,22 +51,22 @@ func TestWorkerCannotActAsAnother(t *testing.T) {
 		status int
 		code   domain.Code
 	}{
-		{"heartbeat as another worker", req{method: http.MethodPost, path: "/v1/workers/heartbeat", body: mustJSON(t, heartbeatOf(otherWorkerID))}, 403, domain.CodeForbidden},
-		{"heartbeat with the other's token as me", req{method: http.MethodPost, path: "/v1/workers/heartbeat", body: mustJSON(t, heartbeatOf(workerID)), token: ptr(otherToken)}, 403, domain.CodeForbidden},
-		{"heartbeat by a workers:read caller", req{method: http.MethodPost, path: "/v1/workers/heartbeat", body: mustJSON(t, heartbeatOf(workerID)), token: ptr(readerToken)}, 403, domain.CodeForbidden},
-		{"heartbeat by a producer", req{method: http.MethodPost, path: "/v1/workers/heartbeat", body: mustJSON(t, heartbeatOf(workerID)), token: ptr(producerToken)}, 403, domain.CodeForbidden},
-		{"heartbeat with a forged MAC", req{method: http.MethodPost, path: "/v1/workers/heartbeat", body: mustJSON(t, heartbeatOf(workerID)), token: ptr(forged)}, 401, domain.CodeUnauthorized},
-		{"heartbeat with another fleet's MAC", req{method: http.MethodPost, path: "/v1/workers/heartbeat", body: mustJSON(t, heartbeatOf(workerID)), token: ptr(foreign)}, 401, domain.CodeUnauthorized},
-		{"heartbeat with my MAC on its id", req{method: http.MethodPost, path: "/v1/workers/heartbeat", body: mustJSON(t, heartbeatOf(otherWorkerID)), token: ptr(swapped)}, 401, domain.CodeUnauthorized},
-		{"assignments of another worker", req{method: http.MethodGet, path: "/v1/workers/" + otherWorkerID + "/assignments"}, 403, domain.CodeForbidden},
-		{"assignments by a producer", req{method: http.MethodGet, path: "/v1/workers/" + workerID + "/assignments", token: ptr(producerToken)}, 403, domain.CodeForbidden},
-		{"assignments with a forged MAC", req{method: http.MethodGet, path: "/v1/workers/" + workerID + "/assignments", token: ptr(forged)}, 401, domain.CodeUnauthorized},
-		{"heartbeat through /v1/events by a producer", req{method: http.MethodPost, path: "/v1/events", ct: api.ContentTypeStructured, token: ptr(producerToken),
-			body: mustJSON(t, map[string]any{"specversion": "1.0", "id": domain.NewEventID(), "type": domain.TypeWorkerHeartbeat, "source": "/product", "data": heartbeatOf(workerID)})}, 403, domain.CodeForbidden},
-		{"heartbeat through /v1/events by a worker", req{method: http.MethodPost, path: "/v1/events", ct: api.ContentTypeStructured,
-			body: mustJSON(t, map[string]any{"specversion": "1.0", "id": domain.NewEventID(), "type": domain.TypeWorkerHeartbeat, "source": "/w", "data": heartbeatOf(workerID)})}, 403, domain.CodeForbidden},
+		{"heartbeat as another worker", req{Method: http.MethodPost, Path: "/v1/workers/heartbeat", Body: mailplanetest.MustJSON(t, heartbeatOf(otherWorkerID))}, 403, domain.CodeForbidden},
+		{"heartbeat with the other's token as me", req{Method: http.MethodPost, Path: "/v1/workers/heartbeat", Body: mailplanetest.MustJSON(t, heartbeatOf(workerID)), Token: otherToken}, 403, domain.CodeForbidden},
+		{"heartbeat by a workers:read caller", req{Method: http.MethodPost, Path: "/v1/workers/heartbeat", Body: mailplanetest.MustJSON(t, heartbeatOf(workerID)), Token: readerToken}, 403, domain.CodeForbidden},
+		{"heartbeat by a producer", req{Method: http.MethodPost, Path: "/v1/workers/heartbeat", Body: mailplanetest.MustJSON(t, heartbeatOf(workerID)), Token: producerToken}, 403, domain.CodeForbidden},
+		{"heartbeat with a forged MAC", req{Method: http.MethodPost, Path: "/v1/workers/heartbeat", Body: mailplanetest.MustJSON(t, heartbeatOf(workerID)), Token: forged}, 401, domain.CodeUnauthorized},
+		{"heartbeat with another fleet's MAC", req{Method: http.MethodPost, Path: "/v1/workers/heartbeat", Body: mailplanetest.MustJSON(t, heartbeatOf(workerID)), Token: foreign}, 401, domain.CodeUnauthorized},
+		{"heartbeat with my MAC on its id", req{Method: http.MethodPost, Path: "/v1/workers/heartbeat", Body: mailplanetest.MustJSON(t, heartbeatOf(otherWorkerID)), Token: swapped}, 401, domain.CodeUnauthorized},
+		{"assignments of another worker", req{Method: http.MethodGet, Path: "/v1/workers/" + otherWorkerID + "/assignments"}, 403, domain.CodeForbidden},
+		{"assignments by a producer", req{Method: http.MethodGet, Path: "/v1/workers/" + workerID + "/assignments", Token: producerToken}, 403, domain.CodeForbidden},
+		{"assignments with a forged MAC", req{Method: http.MethodGet, Path: "/v1/workers/" + workerID + "/assignments", Token: forged}, 401, domain.CodeUnauthorized},
+		{"heartbeat through /v1/events by a producer", req{Method: http.MethodPost, Path: "/v1/events", ContentType: api.ContentTypeStructured, Token: producerToken,
+			Body: mailplanetest.MustJSON(t, map[string]any{"specversion": "1.0", "id": domain.NewEventID(), "type": domain.TypeWorkerHeartbeat, "source": "/product", "data": heartbeatOf(workerID)})}, 403, domain.CodeForbidden},
+		{"heartbeat through /v1/events by a worker", req{Method: http.MethodPost, Path: "/v1/events", ContentType: api.ContentTypeStructured,
+			Body: mailplanetest.MustJSON(t, map[string]any{"specversion": "1.0", "id": domain.NewEventID(), "type": domain.TypeWorkerHeartbeat, "source": "/w", "data": heartbeatOf(workerID)})}, 403, domain.CodeForbidden},
 	} {
-		resp, b := e.do(tc.r)
+		resp, b := e.Do(tc.r)
 		if resp.StatusCode != tc.status || errCode(t, b) != tc.code {
 			t.Errorf("%s: %d %s, want %d %s", tc.name, resp.StatusCode, b, tc.status, tc.code)
 		}
@@ -77,15 +78,15 @@ func TestWorkerCannotActAsAnother(t *testing.T) {
 
 	// Positive controls: the worker as itself, a workers:read caller for
 	// anyone.
-	if resp, b := e.do(req{method: http.MethodPost, path: "/v1/workers/heartbeat", body: mustJSON(t, heartbeatOf(workerID))}); resp.StatusCode != http.StatusAccepted {
+	if resp, b := e.Do(req{Method: http.MethodPost, Path: "/v1/workers/heartbeat", Body: mailplanetest.MustJSON(t, heartbeatOf(workerID))}); resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("own heartbeat: %d %s", resp.StatusCode, b)
 	}
 	for _, r := range []req{
-		{method: http.MethodGet, path: "/v1/workers/" + workerID + "/assignments"},
-		{method: http.MethodGet, path: "/v1/workers/" + otherWorkerID + "/assignments", token: ptr(readerToken)},
+		{Method: http.MethodGet, Path: "/v1/workers/" + workerID + "/assignments"},
+		{Method: http.MethodGet, Path: "/v1/workers/" + otherWorkerID + "/assignments", Token: readerToken},
 	} {
-		if resp, b := e.do(r); resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s: %d %s", r.path, resp.StatusCode, b)
+		if resp, b := e.Do(r); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d %s", r.Path, resp.StatusCode, b)
 		}
 	}
 }
@@ -134,7 +135,7 @@ func TestWorkerIDFlood(t *testing.T) {
 		batch[i] = map[string]any{"specversion": "1.0", "id": domain.NewEventID(), "type": domain.TypeWorkerHeartbeat,
 			"source": "/sending-workers", "data": heartbeatOf(newID())}
 	}
-	resp, b := e.do(req{method: http.MethodPost, path: "/v1/events", ct: api.ContentTypeBatch, body: mustJSON(t, batch), token: ptr(fleetToken)})
+	resp, b := e.Do(req{Method: http.MethodPost, Path: "/v1/events", ContentType: api.ContentTypeBatch, Body: mailplanetest.MustJSON(t, batch), Token: fleetToken})
 	if resp.StatusCode != http.StatusTooManyRequests || errCode(t, b) != domain.CodeRateLimited || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("1,000 new ids: %d %s", resp.StatusCode, b)
 	}
@@ -144,8 +145,8 @@ func TestWorkerIDFlood(t *testing.T) {
 	var first string
 	for i := range 40 {
 		id := newID()
-		resp, b := e.do(req{method: http.MethodPost, path: "/v1/workers/heartbeat", body: mustJSON(t, heartbeatOf(id)),
-			token: ptr(access.WorkerToken(fleetSecret, id))})
+		resp, b := e.Do(req{Method: http.MethodPost, Path: "/v1/workers/heartbeat", Body: mailplanetest.MustJSON(t, heartbeatOf(id)),
+			Token: access.WorkerToken(fleetSecret, id)})
 		switch resp.StatusCode {
 		case http.StatusAccepted:
 			admitted++
@@ -168,8 +169,8 @@ func TestWorkerIDFlood(t *testing.T) {
 	}
 	// Not limited: an admitted worker again, a worker placement knows.
 	for _, id := range []string{first, otherWorkerID} {
-		resp, b := e.do(req{method: http.MethodPost, path: "/v1/workers/heartbeat", body: mustJSON(t, heartbeatOf(id)),
-			token: ptr(access.WorkerToken(fleetSecret, id))})
+		resp, b := e.Do(req{Method: http.MethodPost, Path: "/v1/workers/heartbeat", Body: mailplanetest.MustJSON(t, heartbeatOf(id)),
+			Token: access.WorkerToken(fleetSecret, id)})
 		if resp.StatusCode != http.StatusAccepted {
 			t.Fatalf("%s: %d %s", id, resp.StatusCode, b)
 		}

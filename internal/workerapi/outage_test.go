@@ -55,8 +55,8 @@ func (k *flakyKnown) setDown(down bool) {
 // heartbeatAs posts id's heartbeat with id's own credential.
 func (e *env) heartbeatAs(id string) (*http.Response, []byte) {
 	e.t.Helper()
-	return e.do(req{method: http.MethodPost, path: "/v1/workers/heartbeat", body: mustJSON(e.t, heartbeatOf(id)),
-		token: ptr(access.WorkerToken(fleetSecret, id))})
+	return e.Do(req{Method: http.MethodPost, Path: "/v1/workers/heartbeat", Body: mailplanetest.MustJSON(e.t, heartbeatOf(id)),
+		Token: access.WorkerToken(fleetSecret, id)})
 }
 
 // newIDs returns n worker ids from a fixed seed.

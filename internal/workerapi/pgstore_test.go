@@ -13,6 +13,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/api"
+	"github.com/mailplane/mailplane/internal/apitest"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/placement/postgres"
@@ -284,11 +285,11 @@ func TestAssignmentsOverHTTP(t *testing.T) {
 	p.assign(mbA, w1, domain.RiskClean, 1000)
 	p.assign(mbB, w1, domain.RiskQuarantine, 1000)
 
-	resp, b := e.do(req{token: ptr(readerToken), method: http.MethodGet, path: path})
+	resp, b := e.Do(req{Token: readerToken, Method: http.MethodGet, Path: path})
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("full: %d %s", resp.StatusCode, b)
 	}
-	full := decodeStrict[workerapi.FullResponse](t, b)
+	full := apitest.DecodeStrict[workerapi.FullResponse](t, b)
 	if !slices.Equal(ids(full.Mailboxes), []string{mbA, mbB}) || full.Mailboxes[1].Band != domain.RiskQuarantine {
 		t.Fatalf("full: %s", b)
 	}
@@ -296,17 +297,17 @@ func TestAssignmentsOverHTTP(t *testing.T) {
 	p.unassign(mbA, w1)
 	p.assign(mbC, w1, domain.RiskClean, 50)
 
-	resp, b = e.do(req{token: ptr(readerToken), method: http.MethodGet, path: path + "?since=" + full.Token})
+	resp, b = e.Do(req{Token: readerToken, Method: http.MethodGet, Path: path + "?since=" + full.Token})
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("changes: %d %s", resp.StatusCode, b)
 	}
-	ch := decodeStrict[workerapi.ChangesResponse](t, b)
+	ch := apitest.DecodeStrict[workerapi.ChangesResponse](t, b)
 	if !slices.Equal(ids(ch.Added), []string{mbC}) || len(ch.Removed) != 1 || ch.Removed[0].MailboxID != mbA ||
 		ch.Token != workerapi.TokenAt(4).String() {
 		t.Fatalf("changes: %s", b)
 	}
 
-	resp, b = e.do(req{token: ptr(readerToken), method: http.MethodGet, path: path + "?since=" + ch.Token})
+	resp, b = e.Do(req{Token: readerToken, Method: http.MethodGet, Path: path + "?since=" + ch.Token})
 	if resp.StatusCode != http.StatusOK || string(b) != `{"worker_id":"`+w1+`","full":false,"added":[],"removed":[],"token":"`+ch.Token+`"}`+"\n" {
 		t.Fatalf("nothing new: %d %s", resp.StatusCode, b)
 	}
@@ -314,8 +315,8 @@ func TestAssignmentsOverHTTP(t *testing.T) {
 	if _, err := postgres.PruneChanges(context.Background(), pool, 3); err != nil {
 		t.Fatal(err)
 	}
-	resp, b = e.do(req{token: ptr(readerToken), method: http.MethodGet, path: path + "?since=" + full.Token})
-	if resp.StatusCode != http.StatusGone || decodeStrict[api.ErrorResponse](t, b).Error.Code != workerapi.CodeExpired {
+	resp, b = e.Do(req{Token: readerToken, Method: http.MethodGet, Path: path + "?since=" + full.Token})
+	if resp.StatusCode != http.StatusGone || apitest.DecodeStrict[api.ErrorResponse](t, b).Error.Code != workerapi.CodeExpired {
 		t.Fatalf("after prune: %d %s", resp.StatusCode, b)
 	}
 	e.assertNothingProduced()

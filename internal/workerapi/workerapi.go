@@ -167,12 +167,12 @@ func (h *handlers) heartbeat(w http.ResponseWriter, r *http.Request) {
 	// the types of the event's JSON Schema.
 	data, ps := domain.DecodeData(domain.TypeWorkerHeartbeat, body, true)
 	if len(ps) > 0 {
-		writeProblems(w, relativeTo("data", ps), "the heartbeat is invalid; nothing was produced")
+		api.WriteProblems(w, http.StatusBadRequest, "the heartbeat is invalid; nothing was produced", relativeTo("data", ps))
 		return
 	}
 	hb := data.(*domain.WorkerHeartbeat)
 	if ps := hb.Validate(); len(ps) > 0 {
-		writeProblems(w, ps, "the heartbeat is invalid; nothing was produced")
+		api.WriteProblems(w, http.StatusBadRequest, "the heartbeat is invalid; nothing was produced", ps)
 		return
 	}
 	if !caller.MayHeartbeatAs(hb.WorkerID) {
@@ -187,30 +187,6 @@ func (h *handlers) heartbeat(w http.ResponseWriter, r *http.Request) {
 		Subject: hb.WorkerID,
 		Data:    hb,
 	})
-}
-
-// writeProblems writes a 400 whose code is the problems' common code
-// (tier_not_allowed, unknown_field, malformed_json, ...) or invalid when
-// they differ; each problem keeps its own code and field.
-func writeProblems(w http.ResponseWriter, ps domain.Problems, msg string) {
-	resp := api.ErrorResponse{Error: api.ErrorInfo{Code: commonCode(ps), Message: msg}}
-	for _, p := range ps {
-		resp.Problems = append(resp.Problems, api.Problem{Field: p.Field, Code: p.Code, Message: p.Message})
-	}
-	api.WriteJSON(w, http.StatusBadRequest, resp)
-}
-
-func commonCode(ps domain.Problems) domain.Code {
-	if len(ps) == 0 {
-		return domain.CodeInvalid
-	}
-	c := ps[0].Code
-	for _, p := range ps[1:] {
-		if p.Code != c {
-			return domain.CodeInvalid
-		}
-	}
-	return c
 }
 
 // relativeTo strips prefix from the problems' field paths: the request

@@ -108,7 +108,7 @@ func TestEngineEndToEnd(t *testing.T) {
 	for i := 0; i < 24; i++ {
 		a := assigned[mailboxID(i)]
 		if a == nil {
-			t.Fatalf("mailbox %d has no assigned decision; log:%s", i, groupJSON(l))
+			t.Fatalf("mailbox %d has no assigned decision; log:%s", i, groupJSON(t, l))
 		}
 		if want := wantTier(1 + i%3); a.Tier != want {
 			t.Errorf("mailbox %d (org %d) on tier %s, want %s", i, 1+i%3, a.Tier, want)

@@ -2,9 +2,7 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"log/slog"
 	"os"
 	"sync"
 	"testing"
@@ -16,6 +14,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/producer"
 	"github.com/mailplane/mailplane/topics"
@@ -95,20 +94,12 @@ func (c *fakeClock) Set(t time.Time) {
 	c.mu.Unlock()
 }
 
-// testLogger logs through t (debugging aid: MAILPLANE_TEST_LOG=1).
-func testLogger(t testing.TB) *slog.Logger {
-	if os.Getenv("MAILPLANE_TEST_LOG") == "" {
-		return slog.New(slog.DiscardHandler)
-	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
-}
-
 // startEngine runs an engine until the test ends (or stop is called).
 func startEngine(t testing.TB, b testBroker, opts ...Option) (e *Engine, stop func()) {
 	t.Helper()
 	base := []Option{
 		WithSessionTimeout(b.session), WithHeartbeatInterval(b.hb),
-		WithLogger(testLogger(t)), WithTranscript(b.tr),
+		WithLogger(mailplanetest.Logger(t)), WithTranscript(b.tr),
 	}
 	e, err := New(b.kcfg("engine-"+t.Name()), append(base, opts...)...)
 	if err != nil {
@@ -335,26 +326,18 @@ func verifyLog(t testing.TB, b testBroker, l []logEntry, events map[string]domai
 	return st
 }
 
-func mustJSON(v any) string {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(err)
-	}
-	return string(b)
-}
-
-func decisionsJSON(ds []domain.PlacementDecision) string {
+func decisionsJSON(t testing.TB, ds []domain.PlacementDecision) string {
 	var s string
 	for _, d := range ds {
-		s += "\n  " + domain.ShortType(d.EventType()) + " " + mustJSON(d)
+		s += "\n  " + domain.ShortType(d.EventType()) + " " + string(mailplanetest.MustJSON(t, d))
 	}
 	return s
 }
 
-func groupJSON(l []logEntry) string {
+func groupJSON(t testing.TB, l []logEntry) string {
 	ds := make([]domain.PlacementDecision, len(l))
 	for i, e := range l {
 		ds[i] = e.d.Data
 	}
-	return decisionsJSON(ds)
+	return decisionsJSON(t, ds)
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/placement"
 )
 
@@ -85,14 +86,14 @@ func TestEngineHoldsLivenessWhenEveryHeartbeatStops(t *testing.T) {
 	}
 	l := readLog(t, b)
 	if n := count[*domain.PlacementLivenessHeld](l); n != 1 {
-		t.Fatalf("%d liveness_held decisions, want 1:%s", n, groupJSON(l))
+		t.Fatalf("%d liveness_held decisions, want 1:%s", n, groupJSON(t, l))
 	}
 	if n := count[*domain.PlacementWorkerDied](l) + count[*domain.PlacementRefused](l) + count[*domain.PlacementMigrated](l) + count[*domain.PlacementUnassigned](l); n != 0 {
-		t.Fatalf("the silence moved mailboxes or killed workers:%s", groupJSON(l))
+		t.Fatalf("the silence moved mailboxes or killed workers:%s", groupJSON(t, l))
 	}
 	for _, en := range l {
 		if d, ok := en.d.Data.(*domain.PlacementLivenessHeld); ok && (d.Silent != 4 || d.Live != 4 || !en.d.Cause.IsTick()) {
-			t.Fatalf("held %s, cause %+v", mustJSON(d), en.d.Cause)
+			t.Fatalf("held %s, cause %+v", mailplanetest.MustJSON(t, d), en.d.Cause)
 		}
 	}
 	if g := testutil.ToFloat64(e.m.holding); g != 1 {
@@ -110,7 +111,7 @@ func TestEngineHoldsLivenessWhenEveryHeartbeatStops(t *testing.T) {
 	}
 	l = readLog(t, b)
 	if count[*domain.PlacementLivenessHeld](l) != 1 || count[*domain.PlacementLivenessResumed](l) != 0 || count[*domain.PlacementWorkerDied](l) != 0 {
-		t.Fatalf("after the takeover mid-hold:%s", groupJSON(l))
+		t.Fatalf("after the takeover mid-hold:%s", groupJSON(t, l))
 	}
 	if g := testutil.ToFloat64(e.m.holding); g != 1 {
 		t.Fatalf("the new engine's holding gauge %v", g)
@@ -130,7 +131,7 @@ func TestEngineHoldsLivenessWhenEveryHeartbeatStops(t *testing.T) {
 		if d, ok := en.d.Data.(*domain.PlacementLivenessResumed); ok {
 			resumed = d.At
 			if d.Silent != 1 || d.Live != 4 || d.Reason != domain.ReasonHeartbeatsResumed {
-				t.Fatalf("resumed %s", mustJSON(d))
+				t.Fatalf("resumed %s", mailplanetest.MustJSON(t, d))
 			}
 		}
 	}
@@ -189,15 +190,15 @@ func TestEngineOneDeadWorkerMovesWithinTheWindow(t *testing.T) {
 		case *domain.PlacementWorkerDied:
 			died = d.At
 			if d.WorkerID != workerID(3) {
-				t.Fatalf("died %s", mustJSON(d))
+				t.Fatalf("died %s", mailplanetest.MustJSON(t, d))
 			}
 		case *domain.PlacementMigrated:
 			moved++
 			if !d.At.Equal(died) || d.FromWorker != workerID(3) {
-				t.Fatalf("moved %s, not with the death at %s", mustJSON(d), died)
+				t.Fatalf("moved %s, not with the death at %s", mailplanetest.MustJSON(t, d), died)
 			}
 		case *domain.PlacementLivenessHeld:
-			t.Fatalf("one worker of four held liveness: %s", mustJSON(d))
+			t.Fatalf("one worker of four held liveness: %s", mailplanetest.MustJSON(t, d))
 		}
 	}
 	if moved != on3 || died.After(deadline) {

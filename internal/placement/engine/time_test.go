@@ -8,6 +8,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -56,7 +57,7 @@ func TestClaimedTimesDoNotSkipBandDwell(t *testing.T) {
 		switch d := en.d.Data.(type) {
 		case *domain.PlacementBandChanged:
 			if d.Reason == domain.ReasonBandImproved {
-				t.Fatalf("the band improved at once from two scores claimed 2 h apart: %s", mustJSON(d))
+				t.Fatalf("the band improved at once from two scores claimed 2 h apart: %s", mailplanetest.MustJSON(t, d))
 			}
 		case *domain.PlacementBandHeld:
 			if en.d.Cause.ID == evs[0].ID {

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/workerapi"
@@ -228,7 +229,7 @@ func TestEngineForgetsWorkerFlood(t *testing.T) {
 	l = e.settledLog(pool)
 	last := l[len(l)-1].d.Data
 	if reg, ok := last.(*domain.PlacementWorkerRegistered); !ok || reg.WorkerID != gone {
-		t.Fatalf("a forgotten worker's heartbeat decided %s %s, want worker_registered", last.EventType(), mustJSON(last))
+		t.Fatalf("a forgotten worker's heartbeat decided %s %s, want worker_registered", last.EventType(), mailplanetest.MustJSON(t, last))
 	}
 	checkProjection(t, pool, e.verifyLog(l))
 }

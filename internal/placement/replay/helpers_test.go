@@ -2,12 +2,9 @@ package replay_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"log/slog"
 	"maps"
 	"math/rand/v2"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -19,6 +16,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/placement"
@@ -40,14 +38,6 @@ var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 // scenario's clock; a retention short enough that a scenario's day jumps
 // forget dead workers.
 var placementConfig = placement.Config{HeartbeatInterval: 20 * time.Second, BandDwell: 2 * time.Minute, WorkerRetention: 36 * time.Hour}
-
-func testLogger(t testing.TB) *slog.Logger {
-	level := slog.LevelWarn
-	if os.Getenv("MAILPLANE_TEST_LOG") == "debug" {
-		level = slog.LevelDebug
-	}
-	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: level}))
-}
 
 // clock is the engine's settable clock: ticks carry its time.
 type clock struct {
@@ -142,7 +132,7 @@ func (e *env) engine(opts ...engine.Option) (stop func()) {
 	base := []engine.Option{
 		engine.WithSessionTimeout(kafkatest.SessionTimeout(time.Second)), engine.WithHeartbeatInterval(100 * time.Millisecond),
 		engine.WithClock(e.clock.Now), engine.WithTickInterval(20 * time.Millisecond),
-		engine.WithPlacementConfig(e.cfg), engine.WithLogger(testLogger(e.t)),
+		engine.WithPlacementConfig(e.cfg), engine.WithLogger(mailplanetest.Logger(e.t)),
 		engine.WithTranscript(&e.transcript),
 	}
 	eng, err := engine.New(e.kcfg, append(base, opts...)...)
@@ -158,7 +148,7 @@ func (e *env) engine(opts ...engine.Option) (stop func()) {
 // projector starts the live placement projector.
 func (e *env) projector(pool *pgxpool.Pool) (stop func()) {
 	e.t.Helper()
-	p, err := postgres.NewProjector(e.kcfg, pool, postgres.WithLogger(testLogger(e.t)),
+	p, err := postgres.NewProjector(e.kcfg, pool, postgres.WithLogger(mailplanetest.Logger(e.t)),
 		postgres.WithStandbyPoll(50*time.Millisecond),
 		postgres.WithRetry(projections.RetryPolicy{Backoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond}))
 	if err != nil {
@@ -443,14 +433,6 @@ func (e *env) settledLog(pool *pgxpool.Pool) []logEntry {
 	}
 	e.t.Fatal("the decision log kept growing after settling")
 	return nil
-}
-
-func mustJSON(v any) string {
-	b, err := json.Marshal(v)
-	if err != nil {
-		panic(err)
-	}
-	return string(b)
 }
 
 // verifyLog checks the whole decision log against the pure decider fed

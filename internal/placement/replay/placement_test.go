@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/mailplanetest"
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/placement/postgres"
@@ -43,7 +44,7 @@ func checkProjection(t testing.TB, pool *pgxpool.Pool, want *placement.State) {
 		t.Fatalf("restoring from the projection: %v", err)
 	}
 	if a, b := st.Snapshot(), want.Snapshot(); !reflect.DeepEqual(a, b) {
-		t.Fatalf("the projection restores to\n%s\nthe decider's state is\n%s", mustJSON(a), mustJSON(b))
+		t.Fatalf("the projection restores to\n%s\nthe decider's state is\n%s", mailplanetest.MustJSON(t, a), mailplanetest.MustJSON(t, b))
 	}
 }
 
