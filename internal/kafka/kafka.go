@@ -216,6 +216,16 @@ func NewProducer(cfg Config, extra ...kgo.Opt) (*kgo.Client, error) {
 	return NewClient(cfg, KindProducer, producerSettings(extra)...)
 }
 
+// DefaultSessionTimeout and DefaultHeartbeatInterval are the group timings
+// of every mailplane consumer group unless configured otherwise: 6 s is
+// the shortest session Kafka and Redpanda accept by default
+// (group.min.session.timeout.ms), so a dead member's partitions move
+// within seconds, not after franz-go's 45 s.
+const (
+	DefaultSessionTimeout    = 6 * time.Second
+	DefaultHeartbeatInterval = 500 * time.Millisecond
+)
+
 // GroupConfig tunes consumer-group membership.
 type GroupConfig struct {
 	Group             string
