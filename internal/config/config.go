@@ -224,7 +224,7 @@ var (
 	KafkaTLS           = register(Setting{"kafka-tls", "MAILPLANE_KAFKA_TLS", "false", "connect to the brokers over TLS (system roots plus --kafka-ca-file)"})
 	KafkaCAFile        = register(Setting{"kafka-ca-file", "MAILPLANE_KAFKA_CA_FILE", "", "PEM bundle of extra CAs trusted for the brokers (implies --kafka-tls)"})
 	KafkaNamespace     = register(Setting{"kafka-namespace", "MAILPLANE_KAFKA_NAMESPACE", "", "prefix of every topic, consumer group and transactional id (\"staging\" names staging.mailplane.mailbox.events.v1): deployments sharing a cluster each take one; empty: the plain names (docs/namespaces.md)"})
-	KafkaCompression   = register(Setting{"kafka-compression", "MAILPLANE_KAFKA_COMPRESSION", "gzip", "compression of the record batches mailplane produces: gzip (every stock client reads it; KafkaJS needs a plugin for the others), snappy, lz4, zstd or none"})
+	KafkaCompression   = register(Setting{"kafka-compression", "MAILPLANE_KAFKA_COMPRESSION", kafka.DefaultCompression, "compression of the record batches mailplane produces: gzip (every stock client reads it; KafkaJS needs a plugin for the others), snappy, lz4, zstd or none"})
 )
 
 // Placement engine settings.

@@ -49,13 +49,17 @@ type Config struct {
 	Compression string
 }
 
-// Compressions are the values Config.Compression takes ("" is gzip).
-var Compressions = []string{"gzip", "snappy", "lz4", "zstd", "none"}
+// DefaultCompression is what Config.Compression "" means.
+const DefaultCompression = "gzip"
+
+// Compressions are the values Config.Compression takes ("" is
+// DefaultCompression).
+var Compressions = []string{DefaultCompression, "snappy", "lz4", "zstd", "none"}
 
 // compression returns the codec of a Config.Compression value.
 func compression(name string) (kgo.CompressionCodec, error) {
 	switch name {
-	case "", "gzip":
+	case "", DefaultCompression:
 		return kgo.GzipCompression().WithLevel(gzip.BestSpeed), nil
 	case "snappy":
 		return kgo.SnappyCompression(), nil
