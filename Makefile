@@ -63,6 +63,11 @@ lint: ## go vet and staticcheck
 console-screenshots: ## regenerate docs/console/*.png: the console's Chromium test against mailplane dev
 	MAILPLANE_CONSOLE_SCREENSHOTS=1 $(GO) test ./internal/console -run TestConsoleInChromium -count=1
 
+.PHONY: docs-config
+docs-config: ## rewrite docs/configuration.md's reference table from `mailplane help config`
+	{ sed '/^| flag | environment | default | meaning |$$/,$$d' docs/configuration.md; $(GO) run ./cmd/mailplane help config; } > docs/configuration.md.tmp
+	mv docs/configuration.md.tmp docs/configuration.md
+
 .PHONY: deps
 deps: ## install the Debian packages the tests need (root): PostgreSQL, kcat, Dovecot, docker-compose, prometheus (promtool), chromium
 	bash scripts/deps.sh

@@ -77,7 +77,7 @@ EOF
 
 start() {
   local bin running
-  bin=$(bindir) || die "PostgreSQL server binaries (initdb, pg_ctl) not found in PATH or /usr/lib/postgresql/*/bin; install them (apt-get install postgresql) or set DATABASE_URL to use an existing server"
+  bin=$(bindir) || die "PostgreSQL server binaries (initdb, pg_ctl) not found in PATH or /usr/lib/postgresql/*/bin; install them (apt-get install postgresql) or set MAILPLANE_DATABASE_URL to use an existing server"
   (( ${#DIR} + 20 < 108 )) || die "DIR $DIR is too long for a unix socket path (107 bytes); use a shorter one"
 
   mkdir -p -m 0755 "$DIR"

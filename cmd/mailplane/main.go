@@ -61,6 +61,9 @@ func main() {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)
 	}
+	// Before any command reads its settings; the flags are not parsed yet,
+	// so the log format is the environment's.
+	config.WarnDeprecated(config.NewLogger("warn", os.Getenv(config.LogFormat.Env)))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	cmd, args := os.Args[1], os.Args[2:]
 	code := run(ctx, cmd, args)

@@ -24,7 +24,7 @@ const dlqUsage = `usage: mailplane dlq list [--limit N] [--format text|json]
        mailplane dlq redrive --consumer NAME [--code CODE] [--from-offset N] [--to-offset N]
                              [--again] [--out-of-order] [--dry-run] [--yes] [--format text|json]
 
-  list     the newest dead letters; with a database (DATABASE_URL), whether
+  list     the newest dead letters; with a database (MAILPLANE_DATABASE_URL), whether
            each was redriven
   redrive  hand a consumer's dead letters back to it after a fix: each is
            appended again to its source partition, for that consumer only,
@@ -171,7 +171,7 @@ func dlqRedrive(ctx context.Context, args []string, in *os.File, out io.Writer) 
 		return &ExitCodeError{Code: ExitUsage, Err: err}
 	}
 	if *dbURL == "" {
-		return errors.New("no database: set DATABASE_URL (or --database-url); redrives are recorded there")
+		return fmt.Errorf("%w; redrives are recorded there", config.ErrNoDatabase)
 	}
 	caller, err := cliCaller(*source)
 	if err != nil {

@@ -71,7 +71,7 @@ func TestDLQRedriveCommand(t *testing.T) {
 	run := func(args ...string) (string, string, int) {
 		t.Helper()
 		cmd := exec.Command(bin, append(args, "--brokers", strings.Join(brokers, ","), "--kafka-namespace", string(kcfg.Namespace))...)
-		cmd.Env = []string{"PATH=/usr/bin:/bin", "DATABASE_URL=" + db.URL}
+		cmd.Env = []string{"PATH=/usr/bin:/bin", "MAILPLANE_DATABASE_URL=" + db.URL}
 		cmd.Stdin = strings.NewReader("y\n") // not a terminal: never read as a yes
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 
@@ -17,7 +16,7 @@ func Migrate(ctx context.Context, args []string) error {
 	logLevel, logFormat := config.LogLevel.String(fs), config.LogFormat.String(fs)
 	fs.Parse(args)
 	if *dbURL == "" {
-		return errors.New("no database: set DATABASE_URL (or --database-url)")
+		return config.ErrNoDatabase
 	}
 	pool, err := migrations.Open(ctx, *dbURL, config.NewLogger(*logLevel, *logFormat))
 	if err != nil {

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -41,7 +40,7 @@ func Placement(ctx context.Context, args []string) error {
 		return err
 	}
 	if *dbURL == "" {
-		return errors.New("no database: set DATABASE_URL (or --database-url)")
+		return config.ErrNoDatabase
 	}
 	pool, err := pgxpool.New(ctx, *dbURL)
 	if err != nil {

@@ -105,7 +105,7 @@ func TestReplayAndShowCommands(t *testing.T) {
 
 	run := func(args ...string) (string, string, int) {
 		cmd := exec.Command(bin, args...)
-		cmd.Env = []string{"PATH=/usr/bin:/bin", "DATABASE_URL=" + db.URL, "MAILPLANE_BROKERS=" + strings.Join(brokers, ","),
+		cmd.Env = []string{"PATH=/usr/bin:/bin", "MAILPLANE_DATABASE_URL=" + db.URL, "MAILPLANE_BROKERS=" + strings.Join(brokers, ","),
 			"MAILPLANE_KAFKA_NAMESPACE=" + string(kcfg.Namespace)}
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -56,7 +55,7 @@ func Projector(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	if *dbURL == "" {
-		return errors.New("no database: set DATABASE_URL (or --database-url)")
+		return config.ErrNoDatabase
 	}
 	pool, err := migrations.Open(ctx, *dbURL, config.NewLogger("warn", "text"))
 	if err != nil {

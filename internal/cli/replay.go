@@ -135,7 +135,7 @@ func replayProjection(ctx context.Context, name string, args []string, stdout *o
 		}
 	}
 	if *dbURL == "" {
-		return errors.New("no database: set DATABASE_URL (or --database-url)")
+		return config.ErrNoDatabase
 	}
 	log := config.NewLogger(*logLevel, *logFormat)
 	pool, err := migrations.Open(ctx, *dbURL, log)
@@ -294,7 +294,7 @@ func replayCleanup(ctx context.Context, args []string, stdout io.Writer) error {
 		return usageError("replay cleanup drops schemas: pass --dry-run to list what it would drop, or --yes to drop it")
 	}
 	if *dbURL == "" {
-		return errors.New("no database: set DATABASE_URL (or --database-url)")
+		return config.ErrNoDatabase
 	}
 	pool, err := pgxpool.New(ctx, *dbURL)
 	if err != nil {

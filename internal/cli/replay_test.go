@@ -182,7 +182,7 @@ func TestReplayCommands(t *testing.T) {
 
 			run := func(args ...string) (string, string, int) {
 				cmd := exec.Command(bin, args...)
-				cmd.Env = []string{"PATH=/usr/bin:/bin", "DATABASE_URL=" + db.URL, "MAILPLANE_BROKERS=" + strings.Join(brokers, ","), "MAILPLANE_KAFKA_NAMESPACE=" + string(kcfg.Namespace)}
+				cmd.Env = []string{"PATH=/usr/bin:/bin", "MAILPLANE_DATABASE_URL=" + db.URL, "MAILPLANE_BROKERS=" + strings.Join(brokers, ","), "MAILPLANE_KAFKA_NAMESPACE=" + string(kcfg.Namespace)}
 				var out, errb bytes.Buffer
 				cmd.Stdout, cmd.Stderr = &out, &errb
 				err := cmd.Run()
@@ -234,7 +234,7 @@ func TestReplayCommands(t *testing.T) {
 				t.Fatalf("script (util-linux) is needed to run the command on a terminal: %v", err)
 			}
 			tty := exec.Command(scriptBin, "-qec", strings.Join([]string{bin, "replay", name, "--schema", s(0)}, " "), "/dev/null")
-			tty.Env = []string{"PATH=/usr/bin:/bin", "DATABASE_URL=" + db.URL, "MAILPLANE_BROKERS=" + strings.Join(brokers, ","), "MAILPLANE_KAFKA_NAMESPACE=" + string(kcfg.Namespace), "TERM=dumb"}
+			tty.Env = []string{"PATH=/usr/bin:/bin", "MAILPLANE_DATABASE_URL=" + db.URL, "MAILPLANE_BROKERS=" + strings.Join(brokers, ","), "MAILPLANE_KAFKA_NAMESPACE=" + string(kcfg.Namespace), "TERM=dumb"}
 			if out, err := tty.CombinedOutput(); err != nil || !strings.Contains(string(out), "replay "+name+" [") ||
 				!strings.Contains(string(out), "100.0%") || !strings.Contains(string(out), "done in") {
 				t.Errorf("replay on a terminal: %v, no progress drawn:\n%q", err, out)

@@ -388,7 +388,7 @@ func startDev(t *testing.T, bin string) devProc {
 	cmd := exec.Command(bin, "dev", "--data-dir", dataDir, "--kafka-port", fmt.Sprint(kport), "--pg-port", fmt.Sprint(pport),
 		"--http", p.http, "--state-partitions", "8", "--dev-imap-addr", "127.0.0.1:0", "--ops-http", "127.0.0.1:0",
 		"--dev-warmup-interval", "200ms", "--poll-warm", "500ms")
-	cmd.Env = append(os.Environ(), "MAILPLANE_API_TOKEN="+opsToken, "DATABASE_URL=")
+	cmd.Env = append(os.Environ(), "MAILPLANE_API_TOKEN="+opsToken, "MAILPLANE_DATABASE_URL=", "DATABASE_URL=")
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -25,7 +25,7 @@ type Config struct {
 	// Keyring opens the mailboxes' sealed credentials (required).
 	Keyring *sealing.Keyring
 	// RootCAs is the CA bundle server certificates are verified against
-	// (IMAP_CA_FILE); nil: the system's. Verification is never off.
+	// (MAILPLANE_IMAP_CA_FILE); nil: the system's. Verification is never off.
 	RootCAs *x509.CertPool
 	// Reporter receives failures and disable requests (nil: dropped).
 	Reporter Reporter
@@ -57,7 +57,7 @@ type Config struct {
 	AuthBackoffMax time.Duration
 	// DisableAfter: authentication failing for this long (with no success
 	// in between, across restarts and owners) requests the mailbox's
-	// disabling (IMAP_AUTH_DISABLE_AFTER, default 24 h).
+	// disabling (MAILPLANE_IMAP_AUTH_DISABLE_AFTER, default 24 h).
 	DisableAfter time.Duration
 	// MaxSettingUp bounds the mailboxes setting up at once (default
 	// DefaultMaxSettingUp): from the login to the first IDLE (hot), or to

@@ -49,13 +49,17 @@ type Config struct {
 	Compression string
 }
 
-// Compressions are the values Config.Compression takes ("" is gzip).
-var Compressions = []string{"gzip", "snappy", "lz4", "zstd", "none"}
+// DefaultCompression is what Config.Compression "" means.
+const DefaultCompression = "gzip"
+
+// Compressions are the values Config.Compression takes ("" is
+// DefaultCompression).
+var Compressions = []string{DefaultCompression, "snappy", "lz4", "zstd", "none"}
 
 // compression returns the codec of a Config.Compression value.
 func compression(name string) (kgo.CompressionCodec, error) {
 	switch name {
-	case "", "gzip":
+	case "", DefaultCompression:
 		return kgo.GzipCompression().WithLevel(gzip.BestSpeed), nil
 	case "snappy":
 		return kgo.SnappyCompression(), nil
@@ -215,6 +219,16 @@ func producerSettings(extra []kgo.Opt) []kgo.Opt {
 func NewProducer(cfg Config, extra ...kgo.Opt) (*kgo.Client, error) {
 	return NewClient(cfg, KindProducer, producerSettings(extra)...)
 }
+
+// DefaultSessionTimeout and DefaultHeartbeatInterval are the group timings
+// of every mailplane consumer group unless configured otherwise: 6 s is
+// the shortest session Kafka and Redpanda accept by default
+// (group.min.session.timeout.ms), so a dead member's partitions move
+// within seconds, not after franz-go's 45 s.
+const (
+	DefaultSessionTimeout    = 6 * time.Second
+	DefaultHeartbeatInterval = 500 * time.Millisecond
+)
 
 // GroupConfig tunes consumer-group membership.
 type GroupConfig struct {

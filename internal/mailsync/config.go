@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/kafka"
 )
 
 // DefaultGroup is the consumer group of the sync fleet on mailbox.state.
@@ -29,9 +30,12 @@ type Config struct {
 	Group string
 
 	// SessionTimeout and HeartbeatInterval are the group timings
-	// (SYNC_SESSION_TIMEOUT, SYNC_HEARTBEAT_INTERVAL). The session timeout
-	// bounds failover after a crash; the heartbeat interval bounds how
-	// quickly members notice a rebalance. Defaults 6s and 500ms.
+	// (MAILPLANE_SYNC_SESSION_TIMEOUT, MAILPLANE_SYNC_HEARTBEAT_INTERVAL,
+	// else the shared MAILPLANE_GROUP_SESSION_TIMEOUT and
+	// MAILPLANE_GROUP_HEARTBEAT_INTERVAL). The session timeout bounds
+	// failover after a crash; the heartbeat interval bounds how quickly
+	// members notice a rebalance. Defaults kafka.DefaultSessionTimeout and
+	// kafka.DefaultHeartbeatInterval (6s and 500ms).
 	SessionTimeout    time.Duration
 	HeartbeatInterval time.Duration
 	// RebalanceTimeout bounds how long the group waits for members to
@@ -39,34 +43,35 @@ type Config struct {
 	RebalanceTimeout time.Duration
 	// WatchdogMargin: all runners stop when no group request (heartbeat,
 	// join, sync) has been answered for SessionTimeout - WatchdogMargin,
-	// counted from when the request was sent (SYNC_WATCHDOG_MARGIN).
-	// Default max(SessionTimeout/4, 2*HeartbeatInterval). Negative
-	// disables the watchdog (tests of the fence alone).
+	// counted from when the request was sent (not a setting). Default
+	// max(SessionTimeout/4, 2*HeartbeatInterval). Negative disables the
+	// watchdog (tests of the fence alone).
 	WatchdogMargin time.Duration
 
 	// PollWarm is how often a warm mailbox is polled, and how often a hot
-	// one polls its special-use folders (POLL_WARM, default 2m). PollCold
-	// is how often a cold mailbox is polled (POLL_COLD, default 30m).
+	// one polls its special-use folders (MAILPLANE_POLL_WARM, default 2m).
+	// PollCold is how often a cold mailbox is polled (MAILPLANE_POLL_COLD,
+	// default 30m).
 	PollWarm time.Duration
 	PollCold time.Duration
 	// TierSessionGrace: a user is in session for this long after a
 	// user.active, and each worker reads the user topic from this far back
-	// (TIER_SESSION_GRACE, default 15m).
+	// (MAILPLANE_TIER_SESSION_GRACE, default 15m).
 	TierSessionGrace time.Duration
 	// TierHotActivity: a mailbox whose newest mail is this recent is hot
-	// (TIER_HOT_ACTIVITY, default 2h).
+	// (MAILPLANE_TIER_HOT_ACTIVITY, default 2h).
 	TierHotActivity time.Duration
 	// TierColdAfter: a mailbox with no mail, session or registration more
-	// recent than this is cold (TIER_COLD_AFTER, default 168h).
+	// recent than this is cold (MAILPLANE_TIER_COLD_AFTER, default 168h).
 	TierColdAfter time.Duration
 	// HotBudgetPerWorker caps the hot mailboxes of one worker; above it
 	// the least recently active mailboxes that are hot without a session
-	// are demoted to warm (HOT_BUDGET_PER_WORKER, default 2000; 0 or less:
-	// no cap).
+	// are demoted to warm (MAILPLANE_HOT_BUDGET_PER_WORKER, default 2000;
+	// 0 or less: no cap).
 	HotBudgetPerWorker int
-	// TierEvaluateEvery is the cadence of the full tier evaluation
-	// (SYNC_TIER_EVALUATE_EVERY, default 30s). user.active promotes at
-	// once, and reported mail triggers an evaluation within a second.
+	// TierEvaluateEvery is the cadence of the full tier evaluation (not a
+	// setting; default 30s). user.active promotes at once, and reported
+	// mail triggers an evaluation within a second.
 	TierEvaluateEvery time.Duration
 	// TierUnknownGrace: while a mailbox's runner has not yet reported its
 	// newest mail, its tier (inherited from sync.tier or default warm) is
@@ -125,8 +130,8 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Group:               DefaultGroup,
-		SessionTimeout:      6 * time.Second,
-		HeartbeatInterval:   500 * time.Millisecond,
+		SessionTimeout:      kafka.DefaultSessionTimeout,
+		HeartbeatInterval:   kafka.DefaultHeartbeatInterval,
 		RebalanceTimeout:    30 * time.Second,
 		PollWarm:            2 * time.Minute,
 		PollCold:            30 * time.Minute,

@@ -38,12 +38,12 @@ func Example() {
 	// Any number of workers, each with its own id.
 	cfg := mailsync.DefaultConfig()
 	cfg.WorkerID = "sync-1"                 // MAILPLANE_SYNC_WORKER_ID
-	cfg.PollWarm = 2 * time.Minute          // POLL_WARM
-	cfg.PollCold = 30 * time.Minute         // POLL_COLD
-	cfg.TierSessionGrace = 15 * time.Minute // TIER_SESSION_GRACE
-	cfg.TierHotActivity = 2 * time.Hour     // TIER_HOT_ACTIVITY
-	cfg.TierColdAfter = 7 * 24 * time.Hour  // TIER_COLD_AFTER
-	cfg.HotBudgetPerWorker = 2000           // HOT_BUDGET_PER_WORKER
+	cfg.PollWarm = 2 * time.Minute          // MAILPLANE_POLL_WARM
+	cfg.PollCold = 30 * time.Minute         // MAILPLANE_POLL_COLD
+	cfg.TierSessionGrace = 15 * time.Minute // MAILPLANE_TIER_SESSION_GRACE
+	cfg.TierHotActivity = 2 * time.Hour     // MAILPLANE_TIER_HOT_ACTIVITY
+	cfg.TierColdAfter = 7 * 24 * time.Hour  // MAILPLANE_TIER_COLD_AFTER
+	cfg.HotBudgetPerWorker = 2000           // MAILPLANE_HOT_BUDGET_PER_WORKER
 	cfg.Logger, cfg.Registerer = log, reg
 	// Each worker runs an outbox relay (tier records and sync.audit events
 	// go through the outbox) unless the process runs one for all of them:

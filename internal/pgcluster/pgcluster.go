@@ -1,7 +1,7 @@
 // Package pgcluster runs a private PostgreSQL cluster from the system's
-// PostgreSQL server binaries. `mailplane dev` uses it when DATABASE_URL is not
-// set, and pgtest uses it so that `go test ./...` works on a developer machine
-// without a running server.
+// PostgreSQL server binaries. `mailplane dev` uses it when
+// MAILPLANE_DATABASE_URL is not set, and pgtest uses it so that `go test
+// ./...` works on a developer machine without a running server.
 //
 // Layout under the cluster directory (shared with scripts/pg-private.sh, so
 // either can start a cluster the other created):
@@ -54,7 +54,7 @@ const defaultTimeout = 60 * time.Second
 // cannot be found. Its text is stable: it is what a developer sees first on a
 // machine without PostgreSQL.
 var ErrBinariesNotFound = errors.New("PostgreSQL server binaries (initdb, pg_ctl) not found in PATH or /usr/lib/postgresql/*/bin; " +
-	"install them (Debian/Ubuntu: apt-get install postgresql) or set DATABASE_URL to use an existing server")
+	"install them (Debian/Ubuntu: apt-get install postgresql) or set MAILPLANE_DATABASE_URL to use an existing server")
 
 // Cluster is a private PostgreSQL cluster rooted in one directory.
 // Create it with New; it is not safe for concurrent Start/Stop calls.

@@ -153,7 +153,7 @@ func TestBinariesNotFoundMessage(t *testing.T) {
 	// The message is what a developer without PostgreSQL reads; it must say
 	// what is missing and both ways out.
 	msg := ErrBinariesNotFound.Error()
-	for _, want := range []string{"PostgreSQL server binaries", "not found", "apt-get install postgresql", "DATABASE_URL"} {
+	for _, want := range []string{"PostgreSQL server binaries", "not found", "apt-get install postgresql", "MAILPLANE_DATABASE_URL"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("message %q lacks %q", msg, want)
 		}

@@ -21,7 +21,7 @@ func Example_projector() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	pool, err := pgxpool.New(ctx, os.Getenv("MAILPLANE_DATABASE_URL"))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -128,8 +128,8 @@ func (e *devEnv) startBroker(context.Context) error {
 	return nil
 }
 
-// startPostgres uses DATABASE_URL, else starts a private cluster under the
-// data dir.
+// startPostgres uses MAILPLANE_DATABASE_URL, else starts a private
+// cluster under the data dir.
 func (e *devEnv) startPostgres(ctx context.Context) error {
 	if e.url = *e.f.dbURL; e.url != "" {
 		return nil
@@ -139,7 +139,7 @@ func (e *devEnv) startPostgres(ctx context.Context) error {
 	err := pg.Start(sctx)
 	cancel()
 	if errors.Is(err, pgcluster.ErrBinariesNotFound) {
-		return fmt.Errorf("%w\n(mailplane dev runs a private PostgreSQL from the system's binaries unless DATABASE_URL is set)", err)
+		return fmt.Errorf("%w\n(mailplane dev runs a private PostgreSQL from the system's binaries unless MAILPLANE_DATABASE_URL is set)", err)
 	}
 	if err != nil {
 		return fmt.Errorf("private postgres: %w", err)
@@ -237,7 +237,10 @@ func (e *devEnv) roleConfig(pc placement.Config) (*roleConfig, error) {
 	if err != nil {
 		return nil, err
 	}
-	syncCfg := e.f.sync.config()
+	syncCfg, err := e.f.sync.config()
+	if err != nil {
+		return nil, err
+	}
 	if syncCfg.WorkerID == "" {
 		syncCfg.WorkerID = "dev-sync"
 	}

@@ -47,7 +47,7 @@ func startDev(t *testing.T, bin, dataDir string, kport, pport, hport int, extra 
 	args := append([]string{"dev", "--data-dir", dataDir, "--kafka-port", fmt.Sprint(kport),
 		"--pg-port", fmt.Sprint(pport), "--http", p.http, "--state-partitions", "8", "--dev-imap-addr", "127.0.0.1:0", "--ops-http", "127.0.0.1:0"}, extra...)
 	p.cmd = exec.Command(bin, args...)
-	p.cmd.Env = append(os.Environ(), "MAILPLANE_API_TOKEN=test-token", "DATABASE_URL=")
+	p.cmd.Env = append(os.Environ(), "MAILPLANE_API_TOKEN=test-token", "MAILPLANE_DATABASE_URL=", "DATABASE_URL=")
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

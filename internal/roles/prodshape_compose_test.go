@@ -219,7 +219,8 @@ func newRoleProc(t *testing.T, bin string, s composeService, i int, host map[str
 }
 
 // configEnv reports whether name is (or may be) a mailplane setting's
-// environment variable.
+// environment variable, the former names without MAILPLANE_ included
+// (still read, internal/config deprecated.go).
 func configEnv(name string) bool {
 	for _, pre := range []string{"MAILPLANE_", "DATABASE_URL", "IMAP_", "POLL_", "TIER_", "HOT_BUDGET"} {
 		if strings.HasPrefix(name, pre) {

@@ -72,19 +72,15 @@ type prodShape struct {
 	hbSilenced sync.Map
 }
 
-// roleSession is the longest group session the roles run on: compose
-// sets none, so it is the longest of the settings' defaults. Failover is
-// asserted within it plus failoverSlack.
+// roleSession is the group session the roles run on: compose sets none,
+// so every role has the shared default. Failover is asserted within it
+// plus failoverSlack.
 var roleSession = func() time.Duration {
-	var longest time.Duration
-	for _, s := range []config.Setting{config.ProjectorSession, config.EngineSession, config.StateSession, config.SyncSession} {
-		d, err := time.ParseDuration(s.Default)
-		if err != nil {
-			panic(err)
-		}
-		longest = max(longest, d)
+	d, err := time.ParseDuration(config.GroupSession.Default)
+	if err != nil {
+		panic(err)
 	}
-	return longest
+	return d
 }()
 
 const failoverSlack = 4 * time.Second
@@ -135,12 +131,12 @@ func startProdShape(t *testing.T) *prodShape {
 	registry := srtest.Start(t)
 	for _, s := range services {
 		for i := range s.replicas {
-			host := map[string]string{"MAILPLANE_BROKERS": strings.Join(e.brokers, ","), "MAILPLANE_KAFKA_NAMESPACE": string(e.ns), "DATABASE_URL": e.pg.URL(),
+			host := map[string]string{"MAILPLANE_BROKERS": strings.Join(e.brokers, ","), "MAILPLANE_KAFKA_NAMESPACE": string(e.ns), "MAILPLANE_DATABASE_URL": e.pg.URL(),
 				"MAILPLANE_SCHEMA_REGISTRY_URL": registry.URL}
 			if !s.job {
 				// The test's Dovecot: its CA, and loopback allowlisted
 				// (the API checks the mailbox's endpoint at ingest too).
-				host["IMAP_CA_FILE"], host["MAILPLANE_IMAP_ALLOW"] = caFile, "127.0.0.0/8"
+				host["MAILPLANE_IMAP_CA_FILE"], host["MAILPLANE_IMAP_ALLOW"] = caFile, "127.0.0.0/8"
 			}
 			p := newRoleProc(t, bin, s, i, host)
 			if s.job {

@@ -135,10 +135,6 @@ func (rc *roleConfig) poolSizes() dbpools.Sizes {
 	return sz
 }
 
-// errNoDatabase is the answer of every role and command without a
-// database URL.
-var errNoDatabase = errors.New("no database: set DATABASE_URL (or --database-url)")
-
 // runRoles starts the configured roles and blocks until ctx is done or a
 // role fails; then it stops every role and returns the first error.
 func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
@@ -149,7 +145,7 @@ func runRoles(ctx context.Context, rc *roleConfig, ready func()) error {
 		return err
 	}
 	if rc.databaseURL == "" {
-		return errNoDatabase
+		return config.ErrNoDatabase
 	}
 	p := newProcess(ctx, rc)
 	defer p.shutdown()

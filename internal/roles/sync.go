@@ -18,18 +18,19 @@ import (
 )
 
 type syncFlags struct {
-	workerID                                                      *string
-	session, heartbeat, warm, cold, grace, hotActivity, coldAfter *time.Duration
-	budget, connectRate, pollsInFlight                            *int
-	runner, caFile, warmupHeader, warmupKey, imapAllow            *string
-	disableAfter, setupTimeout                                    *time.Duration
-	setupShare, maxResponseKiB, maxSessionMiB                     *int
-	oauth                                                         func() map[domain.Provider]imapsync.OAuthClient
+	workerID                                           *string
+	group                                              groupFlags
+	warm, cold, grace, hotActivity, coldAfter          *time.Duration
+	budget, connectRate, pollsInFlight                 *int
+	runner, caFile, warmupHeader, warmupKey, imapAllow *string
+	disableAfter, setupTimeout                         *time.Duration
+	setupShare, maxResponseKiB, maxSessionMiB          *int
+	oauth                                              func() map[domain.Provider]imapsync.OAuthClient
 }
 
 func registerSyncFlags(fs *flag.FlagSet) *syncFlags {
 	return &syncFlags{
-		workerID: config.SyncWorkerID.String(fs), session: config.SyncSession.Duration(fs), heartbeat: config.SyncHeartbeat.Duration(fs),
+		workerID: config.SyncWorkerID.String(fs), group: registerGroupFlags(fs, config.SyncSession, config.SyncHeartbeat),
 		warm: config.PollWarm.Duration(fs), cold: config.PollCold.Duration(fs), grace: config.SessionGrace.Duration(fs),
 		hotActivity: config.HotActivity.Duration(fs), coldAfter: config.ColdAfter.Duration(fs), budget: config.HotBudget.Int(fs), connectRate: config.ConnectRate.Int(fs),
 		pollsInFlight: config.PollsInFlight.Int(fs),
@@ -55,16 +56,22 @@ func (f *syncFlags) applyIMAP(rc *roleConfig, warmupKey []byte, transport domain
 		MaxResponseBytes: int64(*f.maxResponseKiB) << 10, MaxSessionBytes: int64(*f.maxSessionMiB) << 20}
 }
 
-func (f *syncFlags) config() mailsync.Config {
+// config reads the flags once parsed; group timings that cannot work are
+// refused.
+func (f *syncFlags) config() (mailsync.Config, error) {
+	g, err := f.group.timings()
+	if err != nil {
+		return mailsync.Config{}, err
+	}
 	c := mailsync.DefaultConfig()
 	c.WorkerID = *f.workerID
-	c.SessionTimeout, c.HeartbeatInterval = *f.session, *f.heartbeat
+	c.SessionTimeout, c.HeartbeatInterval = g.session, g.heartbeat
 	c.PollWarm, c.PollCold = *f.warm, *f.cold
 	c.TierSessionGrace, c.TierHotActivity, c.TierColdAfter = *f.grace, *f.hotActivity, *f.coldAfter
 	c.HotBudgetPerWorker = *f.budget
 	c.ConnectRatePerHost, c.ConnectBurstPerHost = float64(*f.connectRate), max(*f.connectRate, 1)
 	c.PollsInFlight = *f.pollsInFlight
-	return c
+	return c, nil
 }
 
 // Sync is `mailplane sync`: one sync worker; with --state it also runs
@@ -102,7 +109,10 @@ func Sync(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	rc.syncWorkers, rc.syncConfig, rc.stateProc = 1, sf.config(), *state
+	if rc.syncConfig, err = sf.config(); err != nil {
+		return err
+	}
+	rc.syncWorkers, rc.stateProc = 1, *state
 	sf.applyIMAP(rc, []byte(*sf.warmupKey), transport)
 	return runRoles(ctx, rc, nil)
 }

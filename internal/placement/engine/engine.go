@@ -27,8 +27,8 @@ const (
 	DefaultGroup              = "mailplane-placement-engine"
 	DefaultSource             = "mailplane/placement-engine"
 	DefaultTickInterval       = 2 * time.Second
-	DefaultSessionTimeout     = 6 * time.Second
-	DefaultHeartbeatInterval  = 500 * time.Millisecond
+	DefaultSessionTimeout     = kafka.DefaultSessionTimeout
+	DefaultHeartbeatInterval  = kafka.DefaultHeartbeatInterval
 	DefaultRebalanceTimeout   = 30 * time.Second
 	DefaultTransactionTimeout = 20 * time.Second
 	DefaultMaxBatch           = 5000
