@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/applyonce"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -118,9 +119,6 @@ const (
 VALUES (true, $1, $2::uuid)
 ON CONFLICT (singleton) DO UPDATE SET next_offset = EXCLUDED.next_offset,
     last_decision_id = COALESCE(EXCLUDED.last_decision_id, placement_checkpoint.last_decision_id)`
-	setOffsetsSQL = `INSERT INTO projector_offsets (projector, topic, partition, next_offset, updated_at)
-VALUES ($1, $2, 0, $3, now())
-ON CONFLICT (projector, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at`
 )
 
 // Checkpoint is where the placement projection stands.
@@ -177,7 +175,11 @@ func setPlacementCheckpoint(ctx context.Context, tx pgx.Tx, log string, next int
 	}
 	b := &pgx.Batch{}
 	b.Queue(setCheckpointSQL, next, id)
-	b.Queue(setOffsetsSQL, Name, log, next)
+	// The checkpoint is the fence (LockCheckpoint); the position row
+	// follows it, written by the one writer of positions.
+	var m applyonce.Moves
+	m.Add(log, 0, -1, next)
+	applyonce.QueueSet(b, Name, m, time.Now())
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("placement: set checkpoint: %w", err)
 	}

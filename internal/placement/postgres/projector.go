@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/applyonce"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/internal/sla"
@@ -509,7 +510,7 @@ func (p *Projector) commit(ctx context.Context, from, next int64, recs []Record)
 		return p.proj.ApplyDecisions(ctx, tx, recs, next)
 	})
 	if err != nil {
-		if projections.IsUniqueViolation(err) {
+		if applyonce.IsUniqueViolation(err) {
 			// Two first batches raced for the checkpoint row.
 			return errPlacementFenced
 		}
