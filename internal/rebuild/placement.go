@@ -446,7 +446,6 @@ func logEnd(kcfg kafka.Config) (int64, error) {
 	return o.Offset, nil
 }
 
-
 // reporter reports a pass from offset from to to (-1: the log's end, as
 // the pass will find it) through r.reporter.
 func (f *decisionFold) reporter(r *Rebuild, from, to int64, start time.Time, applied, offset *atomic.Int64) (stop func(ok bool)) {

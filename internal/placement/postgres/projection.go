@@ -41,7 +41,7 @@ import (
 // checkpoint and the projector_offsets row written in one transaction;
 // batches applied with set-based SQL (COPY, COPY into staging tables and
 // one UPDATE per table, unnest upserts); the fold a function of the log
-// alone, so a replay reproduces the rows (Builder, or
+// alone, so a rebuild reproduces the rows (Builder, or
 // ApplyDecisions over placement.ReadDecisions in batches of any size).
 type Projection struct {
 	log string // the decision log's name, in the namespace

@@ -31,7 +31,7 @@ import (
 //
 // Exactly once: the transaction first locks the checkpoint row and goes
 // ahead only if it still holds the offset the projector read from; if not
-// (another projector of the same schema moved it, or mailplane replay
+// (another projector of the same schema moved it, or mailplane rebuild
 // swapped a rebuilt projection in), it rolls back and re-reads its
 // position. Leadership: projectors of one schema take turns on a Postgres
 // advisory lock, so one applies and the others stand by; the checkpoint
@@ -42,7 +42,7 @@ import (
 // changelog, and a projection missing one decision would restore an engine
 // that differs from the log. The projector logs the error, counts it
 // (mailplane_projector_retries_total{kind="permanent"}) and retries the
-// batch with backoff; replaying into a fresh schema after a fix, or a new
+// batch with backoff; rebuilding into a fresh schema after a fix, or a new
 // engine build that knows the record, moves it on.
 //
 // So that no record can hold it there for good, whatever the engine
