@@ -78,20 +78,30 @@ type decoded struct {
 	it item
 }
 
-// decode decodes the record for consumer. A record redriven from the DLQ
-// for another consumer is not decoded: it is passed, never applied nor
-// dead-lettered (dlq.ForOtherConsumer).
+// decode decodes the record for consumer (Decode).
 func (it *item) decode(consumer string) {
-	if dlq.ForOtherConsumer(it.rec, consumer) {
+	ev, id, other, err := Decode(it.rec, consumer)
+	switch {
+	case other:
 		it.other = true
-		return
-	}
-	ev, id, err := DecodeEvent(it.rec)
-	if err != nil {
+	case err != nil:
 		it.code, it.err = domain.ErrorCode(err), err
-		return
+	default:
+		it.ev, it.id, it.ok = ev, id, true
 	}
-	it.ev, it.id, it.ok = ev, id, true
+}
+
+// Decode decodes a record for consumer as its projector does, and as a
+// rebuild of its projection does: other says the record was redriven from
+// the DLQ for another consumer, so it is passed, never applied nor
+// dead-lettered (dlq.ForOtherConsumer); an error marks a poison record
+// (DecodeEvent).
+func Decode(r *kgo.Record, consumer string) (ev domain.Event, id [16]byte, other bool, err error) {
+	if dlq.ForOtherConsumer(r, consumer) {
+		return domain.Event{}, [16]byte{}, true, nil
+	}
+	ev, id, err = DecodeEvent(r)
+	return ev, id, false, err
 }
 
 // DecodeEvent decodes a record as a projector does: its event, and the id

@@ -18,7 +18,6 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/applyonce"
-	"github.com/mailplane/mailplane/internal/dlq"
 	"github.com/mailplane/mailplane/internal/health"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/migrations"
@@ -471,11 +470,14 @@ func (r *Rebuild) applyTx(ctx context.Context, recs []*kgo.Record, refused bool)
 			at[p] = moves.Len()
 			moves.Add(p.Topic, p.Partition, r.rows[p], rec.Offset+1)
 		}
-		if refused || dlq.ForOtherConsumer(rec, r.name) {
-			continue // passed, as the projector passes it
+		if refused {
+			continue
 		}
-		ev, id, err := projections.DecodeEvent(rec)
-		if err != nil {
+		ev, id, other, err := projections.Decode(rec, r.name)
+		switch {
+		case other:
+			continue // passed, as the projector passes it
+		case err != nil:
 			bad++ // poison: the projector dead-letters it and passes it
 			continue
 		}

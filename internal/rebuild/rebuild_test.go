@@ -652,7 +652,9 @@ func TestTwoRebuildsInOneSecond(t *testing.T) {
 		errs [2]error
 	)
 	for i := range rbs {
-		wg.Go(func() { rbs[i], errs[i] = rebuild.Start(ctx, rebuild.RegistrySpec(), rebuild.Config{Kafka: e.kcfg, Live: e.db.Pool}) })
+		wg.Go(func() {
+			rbs[i], errs[i] = rebuild.Start(ctx, rebuild.RegistrySpec(), rebuild.Config{Kafka: e.kcfg, Live: e.db.Pool})
+		})
 	}
 	wg.Wait()
 	for i, rb := range rbs {
