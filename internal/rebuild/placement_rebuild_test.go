@@ -71,7 +71,7 @@ func verifyEqual(t testing.TB, rb *Rebuild) Report {
 	return rep
 }
 
-// TestReplayPlacementEqualsLive: random scenarios run through the real
+// TestRebuildPlacementEqualsLive: random scenarios run through the real
 // engine (kfake) with the live placement projector (Postgres). After every
 // round invariants 3 and 4 hold on the projected tables; the projection
 // restores to exactly the state of the pure decider fed the same inputs;
@@ -80,7 +80,7 @@ func verifyEqual(t testing.TB, rb *Rebuild) Report {
 // with dead workers forgotten in the log); the
 // rebuild swaps in while the projector runs, which goes on from the
 // rebuild's offset; and a second rebuild equals the swapped-in one.
-func TestReplayPlacementEqualsLive(t *testing.T) {
+func TestRebuildPlacementEqualsLive(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	forgotten := 0
