@@ -43,8 +43,8 @@ bench: ## the benchmarks recorded in BENCHMARKS.md (a few minutes; loopback only
 	$(GO) test -run '^$$' -bench 'Placement' -benchtime 2s ./internal/placement/
 	$(GO) test -run '^$$' -bench 'EngineLatency' -benchtime 10000x ./internal/placement/engine/
 	$(GO) test -run '^$$' -bench 'EngineThroughput|EngineRestore' -benchtime 100000x ./internal/placement/engine/
-	$(GO) test -run '^$$' -bench 'ReplayPlacement' -benchtime 1000000x ./internal/placement/replay/
-	$(GO) test -run '^$$' -bench 'EventToProjectedRow' -benchtime 10000x ./internal/placement/replay/
+	$(GO) test -run '^$$' -bench 'ReplayPlacement' -benchtime 1000000x ./internal/rebuild/
+	$(GO) test -run '^$$' -bench 'EventToProjectedRow' -benchtime 10000x ./internal/rebuild/
 	$(GO) test -run '^$$' -bench 'IMAPHot|IMAPWarm' -benchtime 1x -timeout 30m ./internal/imapsync/
 
 .PHONY: fuzz

@@ -42,8 +42,8 @@ Operate:
   acls plan|apply  broker ACLs giving each role only what it needs (--principals role=user,...)
   dlq list         show dead letters (and whether each was redriven)
   dlq redrive      hand a consumer's dead letters back to it after a fix (--consumer, --dry-run, --yes)
-  replay registry|placement|health  rebuild a projection into a fresh schema (--verify, --swap [--yes])
-  replay cleanup   drop the old schemas replay left (--keep N, --older-than D, --dry-run | --yes)
+  rebuild registry|placement|health  rebuild a projection into a fresh schema (--verify, --swap [--yes])
+  rebuild cleanup  drop the old schemas rebuild left (--keep N, --older-than D, --dry-run | --yes)
   placement show   workers by tier and pool, pending placements (--mailbox ID: its decisions)
   ownership transfer  give a mailbox or org to another tenant (--mailbox ID | --org ID, --to SOURCE, --comment, --api)
   ownership backfill  give what is on the log its owners (--api-tokens-file; after upgrading)
@@ -107,8 +107,10 @@ func run(ctx context.Context, cmd string, args []string) int {
 		err = cli.ACLs(ctx, args, os.Stdout)
 	case "dlq":
 		err = cli.DLQ(ctx, args)
-	case "replay":
-		err = cli.Replay(ctx, args)
+	case "rebuild":
+		err = cli.Rebuild(ctx, args)
+	case "replay": // deprecated: rebuild (warns), for one release
+		err = cli.Replay(ctx, args, os.Stderr)
 	case "placement":
 		err = cli.Placement(ctx, args)
 	case "ownership":

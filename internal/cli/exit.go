@@ -15,7 +15,7 @@ const (
 	ExitError        = 1 // the command failed (unreachable broker or database, bad input)
 	ExitUsage        = 2 // unknown command, subcommand or flag
 	ExitDrift        = 3 // topics apply: a topic differs from the catalog
-	ExitVerifyFailed = 4 // replay --verify: the rebuild differs from the live projection
+	ExitVerifyFailed = 4 // rebuild --verify: the rebuild differs from the live projection
 	ExitPartial      = 5 // dlq redrive: some selected dead letters were refused or left pending; import: some rows were refused
 	ExitIncompatible = 6 // schemas register: the registry holds a schema the new one is incompatible with
 )

@@ -25,12 +25,12 @@ import (
 
 func plID(kind, i int) string { return fmt.Sprintf("0000000%d-0000-4000-8000-%012x", kind, i) }
 
-// TestReplayAndShowCommands: a decision log (made by the pure decider,
-// written to the broker) and its live projection; `mailplane replay
+// TestRebuildAndShowCommands: a decision log (made by the pure decider,
+// written to the broker) and its live projection; `mailplane rebuild
 // placement --verify --swap` rebuilds, finds it identical and swaps it in;
 // `mailplane placement show` lists pools and workers, and one mailbox's
 // history.
-func TestReplayAndShowCommands(t *testing.T) {
+func TestRebuildAndShowCommands(t *testing.T) {
 	t.Parallel()
 	bin := mailplanetest.Build(t)
 	kcfg := kafkatest.Config(t, 4)
@@ -121,14 +121,14 @@ func TestReplayAndShowCommands(t *testing.T) {
 
 	rb := db.Schema + "_placement_1"
 	t.Cleanup(func() { _, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+rb+" CASCADE") })
-	stdout, stderr, code := run("replay", "placement", "--verify", "--swap", "--schema", rb)
-	t.Logf("replay:\n%s%s", stderr, stdout)
+	stdout, stderr, code := run("rebuild", "placement", "--verify", "--swap", "--schema", rb)
+	t.Logf("rebuild:\n%s%s", stderr, stdout)
 	if code != 0 || !strings.Contains(stdout, "identical") || !strings.Contains(stdout, "swapped in") ||
 		!strings.Contains(stdout, fmt.Sprintf("%d decisions up to offset %d", len(ds), len(ds))) {
-		t.Fatalf("replay: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+		t.Fatalf("rebuild: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 	// stdout is a pipe: no progress.
-	if strings.Contains(stderr, "replay placement [") {
+	if strings.Contains(stderr, "rebuild placement [") {
 		t.Errorf("progress drawn while stdout is not a terminal:\n%s", stderr)
 	}
 
@@ -187,20 +187,22 @@ func TestReplayAndShowCommands(t *testing.T) {
 	}
 	rb2 := db.Schema + "_placement_2"
 	t.Cleanup(func() { _, _ = db.Pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+rb2+" CASCADE") })
-	if stdout, stderr, code := run("replay", "placement", "--verify", "--schema", rb2); code != 4 {
-		t.Errorf("replay --verify of a drifted projection: exit %d, want 4\n%s%s", code, stdout, stderr)
+	if stdout, stderr, code := run("rebuild", "placement", "--verify", "--schema", rb2); code != 4 {
+		t.Errorf("rebuild --verify of a drifted projection: exit %d, want 4\n%s%s", code, stdout, stderr)
 	}
-	if _, stderr, code := run("replay", "placement", "--swap"); code != 2 || !strings.Contains(stderr, "refusing --swap without --verify") {
-		t.Errorf("replay placement --swap alone: exit %d, want 2\n%s", code, stderr)
+	// The deprecated name still runs the command, and says so.
+	if _, stderr, code := run("replay", "placement", "--swap"); code != 2 || !strings.Contains(stderr, "refusing --swap without --verify") ||
+		!strings.Contains(stderr, "mailplane replay is deprecated") {
+		t.Errorf("replay placement --swap alone: exit %d, want 2 and a deprecation warning\n%s", code, stderr)
 	}
 	// The swapped-out projection and the drifted verify's rebuild.
-	stdout, stderr, code = run("replay", "cleanup", "--yes", "--format", "json")
+	stdout, stderr, code = run("rebuild", "cleanup", "--yes", "--format", "json")
 	var cl struct {
 		Dropped []struct{ Schema, State string } `json:"dropped"`
 	}
 	if err := json.Unmarshal([]byte(stdout), &cl); code != 0 || err != nil || len(cl.Dropped) != 2 ||
 		cl.Dropped[0].Schema != rb2 || cl.Dropped[1].Schema != rb || cl.Dropped[1].State != "previous" {
-		t.Errorf("replay cleanup --yes: exit %d, %v: %+v\n%s", code, err, cl, stderr)
+		t.Errorf("rebuild cleanup --yes: exit %d, %v: %+v\n%s", code, err, cl, stderr)
 	}
 	stdout, stderr, code = run("topics", "list", "--format", "json")
 	var specs []map[string]any

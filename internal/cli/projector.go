@@ -33,7 +33,7 @@ in Console or rpk therefore moves nothing: seek does.
              once (by its id within the 7-day dedupe window; seek refuses to
              go below the records whose ids were pruned): to apply history
              again, rebuild instead. The placement
-             projection is never moved: mailplane replay placement.`
+             projection is never moved: mailplane rebuild placement.`
 
 // Projector is `mailplane projector positions|seek`.
 func Projector(ctx context.Context, args []string, out io.Writer) error {

@@ -58,7 +58,7 @@ func WithEmitted(fn func(domain.Event)) ScorerOption { return func(s *Scorer) { 
 func WithScorerClock(now func() time.Time) ScorerOption { return func(s *Scorer) { s.now = now } }
 
 // WithoutPublishing folds the rows and queues no event: a rebuild of the
-// projection from the log (mailplane replay health) computes the rows the
+// projection from the log (mailplane rebuild health) computes the rows the
 // live scorer did without publishing history again.
 func WithoutPublishing() ScorerOption { return func(s *Scorer) { s.noPublish = true } }
 

@@ -3,7 +3,7 @@
 // capacity, hysteresis, liveness, retention), the state they decide on, and
 // the one fold of the decision log (State.ApplyDecision). The engine
 // (placement/engine) runs it live, the projection (placement/postgres)
-// folds the log through it into Postgres, replay (placement/replay) rebuilds
+// folds the log through it into Postgres, internal/rebuild rebuilds
 // that projection. A placement rule lives here and nowhere else; see
 // docs/architecture.md §6.
 //

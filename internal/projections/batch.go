@@ -1,7 +1,6 @@
 package projections
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,11 +10,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/applyonce"
 	"github.com/mailplane/mailplane/internal/dlq"
+	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -78,20 +78,30 @@ type decoded struct {
 	it item
 }
 
-// decode decodes the record for consumer. A record redriven from the DLQ
-// for another consumer is not decoded: it is passed, never applied nor
-// dead-lettered (dlq.ForOtherConsumer).
+// decode decodes the record for consumer (Decode).
 func (it *item) decode(consumer string) {
-	if dlq.ForOtherConsumer(it.rec, consumer) {
+	ev, id, other, err := Decode(it.rec, consumer)
+	switch {
+	case other:
 		it.other = true
-		return
-	}
-	ev, id, err := DecodeEvent(it.rec)
-	if err != nil {
+	case err != nil:
 		it.code, it.err = domain.ErrorCode(err), err
-		return
+	default:
+		it.ev, it.id, it.ok = ev, id, true
 	}
-	it.ev, it.id, it.ok = ev, id, true
+}
+
+// Decode decodes a record for consumer as its projector does, and as a
+// rebuild of its projection does: other says the record was redriven from
+// the DLQ for another consumer, so it is passed, never applied nor
+// dead-lettered (dlq.ForOtherConsumer); an error marks a poison record
+// (DecodeEvent).
+func Decode(r *kgo.Record, consumer string) (ev domain.Event, id [16]byte, other bool, err error) {
+	if dlq.ForOtherConsumer(r, consumer) {
+		return domain.Event{}, [16]byte{}, true, nil
+	}
+	ev, id, err = DecodeEvent(r)
+	return ev, id, false, err
 }
 
 // DecodeEvent decodes a record as a projector does: its event, and the id
@@ -430,77 +440,14 @@ type fenceError struct{ current map[*partition]int64 }
 
 func (e *fenceError) Error() string { return "projector offsets moved under this member" }
 
-// lockTimeout bounds a transaction's wait for a lock. Transactions wait
-// for each other only when two members briefly own one partition; a longer
-// wait means someone else holds a row (an operator's open transaction, say),
-// and the transaction had better fail, so that its partitions are retried
-// alone and the others flow meanwhile, than hold the poll loop until the
-// transaction timeout.
-const lockTimeout = time.Second
-
-var lockTimeoutSQL = fmt.Sprintf("SET LOCAL lock_timeout = %d", lockTimeout.Milliseconds())
-
-const (
-	asyncCommitSQL = `SET LOCAL synchronous_commit = off`
-
-	// Moving every partition's offset locks its row, and with it the keys
-	// the partition's events touch: a key lives in one partition, so no
-	// other projector transaction writes it until this one ends. The WHERE
-	// is the fence: a row must still hold the offset this member started
-	// from, or it is left alone (and the transaction rolled back), so a
-	// member that lost a partition without knowing writes nothing.
-	advanceOffsetsSQL = `UPDATE projector_offsets AS o
-SET next_offset = u.next_offset, updated_at = $6
-FROM unnest($2::text[], $3::int4[], $4::int8[], $5::int8[]) AS u(topic, partition, expected, next_offset)
-WHERE o.projector = $1 AND o.topic = u.topic AND o.partition = u.partition AND o.next_offset = u.expected`
-
-	// A partition expected at the start of the log may have no row yet. A
-	// row that does exist is the one just advanced, or else another
-	// member's: a fence.
-	insertOffsetsSQL = `INSERT INTO projector_offsets (projector, topic, partition, next_offset, updated_at)
-SELECT $1, u.topic, u.partition, u.next_offset, $5
-FROM unnest($2::text[], $3::int4[], $4::int8[]) AS u(topic, partition, next_offset)
-ON CONFLICT (projector, topic, partition) DO NOTHING`
-
-	// Recording the ids is the duplicate check. Nearly every batch is all
-	// new events, so the first try is a plain insert, which fails on the
-	// primary key if any id was applied before; the transaction is then
-	// run again with recordAppliedCheckedSQL, which skips those and
-	// returns the others. (ON CONFLICT costs a second index probe per row,
-	// over twice the insert.)
-	recordAppliedSQL = `INSERT INTO applied_events (projector, event_id, applied_at)
-SELECT $1, unnest($2::uuid[]), $3`
-
-	recordAppliedCheckedSQL = `INSERT INTO applied_events (projector, event_id, applied_at)
-SELECT $1, unnest($2::uuid[]), $3
-ON CONFLICT DO NOTHING
-RETURNING event_id`
-
-	currentOffsetsSQL = `SELECT topic, partition, next_offset FROM projector_offsets
-WHERE projector = $1 AND (topic, partition) IN (SELECT * FROM unnest($2::text[], $3::int4[]))`
-)
-
-// errAppliedBefore says a batch holds an event applied before.
-var errAppliedBefore = errors.New("an event of the batch was applied before")
-
-// commit applies b in one transaction: move every partition's offset past
+// commit applies b in one transaction through applyonce.Run (the
+// transaction every rebuild runs too): move every partition's offset past
 // its records (fenced), record the event ids (which finds the duplicates),
 // apply the new events, commit.
-func (s *session) commit(ctx context.Context, b []*item) error {
-	err := s.commitTx(ctx, b, false)
-	if errors.Is(err, errAppliedBefore) {
-		err = s.commitTx(ctx, b, true)
-	}
-	return err
-}
-
-// commitTx is one try of commit; checked says whether to expect events
-// applied before. Three round trips besides the projection's: the
-// statements before Apply go in one.
-func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err error) {
+func (s *session) commit(ctx context.Context, b []*item) (err error) {
 	p := s.p
 	rs := runs(b)
-	all, fromStart := offsetMoves(rs)
+	all := offsetMoves(rs)
 	live, ids, recs := firstCopies(b)
 
 	// The registry's Go work (fold, rows) happens here, before the
@@ -512,14 +459,14 @@ func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err er
 	// projection that embeds it (its Apply is its own), prepares.
 	reg, prepares := p.proj.(*Registry)
 	var write func(context.Context, pgx.Tx) error
-	keys := ids // ids as prologue inserts them; ids[i] stays recs[i]'s
+	keys := ids // ids as Run inserts them; ids[i] stays recs[i]'s
 	release := func() {}
 	if prepares && len(recs) > 0 {
 		if write, err = reg.prepare(recs); err != nil {
 			return applyError(err)
 		}
 		keys = slices.Clone(ids)
-		sortIDs(keys)
+		applyonce.SortIDs(keys)
 	}
 	if prepares && len(recs) > 0 && p.cfg.serialWrites {
 		select {
@@ -534,7 +481,6 @@ func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err er
 				<-p.writers
 			}
 		}
-		// After the rollback (deferred later, so run earlier).
 		defer release()
 	}
 
@@ -543,49 +489,37 @@ func (s *session) commitTx(ctx context.Context, b []*item, checked bool) (err er
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.txTimeout)
 	defer cancel()
 	start := time.Now()
-
-	tx, err := p.pool.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	rb := &rollbackOnce{tx: tx}
-	defer func() {
-		if err != nil {
-			rb.rollback(ctx)
+	batch := applyonce.Batch{Projector: p.name, Moves: all, IDs: keys, Async: !p.cfg.syncCommit, Now: p.cfg.now()}
+	applied := recs
+	err = applyonce.Run(ctx, p.pool, batch, func(ctx context.Context, tx pgx.Tx, fresh map[[16]byte]struct{}) error {
+		w := write
+		applied = recs
+		if fresh != nil {
+			if applied = keepFresh(recs, ids, fresh); len(applied) != len(recs) {
+				// Rare (a duplicate): prepared for records no longer all
+				// there, so applied the plain way.
+				w = nil
+			}
 		}
-	}()
-
-	batch := p.prologue(all, fromStart, keys, checked)
-	moved, fresh, err := sendPrologue(ctx, tx, batch, !p.cfg.syncCommit, len(fromStart.topics) > 0, len(ids) > 0, checked)
-	if moved >= 0 && moved != int64(len(rs)) {
-		// The fence, whatever else failed after it.
-		rb.rollback(ctx)
-		return s.fenced(ctx, rs)
+		if len(applied) == 0 {
+			return nil // every event was applied before
+		}
+		if w == nil {
+			w = func(ctx context.Context, tx pgx.Tx) error { return p.proj.Apply(ctx, tx, applied) }
+		}
+		if err := w(ctx, tx); err != nil {
+			return applyError(err)
+		}
+		return nil
+	})
+	if errors.Is(err, applyonce.ErrFenced) {
+		return s.fenced(ctx, rs, all)
 	}
 	if err != nil {
 		return err
 	}
-	if checked {
-		n := len(recs)
-		if recs = keepFresh(recs, ids, fresh); len(recs) != n {
-			// Rare (a duplicate): prepared for records no longer all
-			// there, so applied the plain way.
-			write = nil
-		}
-	}
-	if len(recs) > 0 {
-		if write == nil {
-			write = func(ctx context.Context, tx pgx.Tx) error { return p.proj.Apply(ctx, tx, recs) }
-		}
-		if err := write(ctx, tx); err != nil {
-			return applyError(err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
 	release()
-	p.committedTx(rs, all, live, recs, start)
+	p.committedTx(rs, all, live, applied, start)
 	return nil
 }
 
@@ -598,69 +532,10 @@ func applyError(err error) error {
 	return fmt.Errorf("apply: %w", err)
 }
 
-// rollbackOnce rolls a transaction back at most once.
-type rollbackOnce struct {
-	tx   pgx.Tx
-	done bool
-}
-
-func (r *rollbackOnce) rollback(ctx context.Context) {
-	if r.done {
-		return
-	}
-	r.done = true
-	// The transaction may be broken; bound the rollback so a dead
-	// connection cannot hold the loop.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	_ = r.tx.Rollback(rctx)
-	cancel()
-}
-
-// prologue queues the statements before Apply: the lock timeout, the
-// commit mode, the offset moves and the applied event ids.
-func (p *Projector) prologue(all, fromStart moves, ids [][16]byte, checked bool) *pgx.Batch {
-	batch := &pgx.Batch{}
-	batch.Queue(lockTimeoutSQL)
-	if !p.cfg.syncCommit {
-		// Safe for a projection: rows and offsets commit or vanish
-		// together, so a commit lost in a Postgres crash is re-read from
-		// the log (the offset row is then behind and the partition
-		// re-seeks). It saves a WAL flush per transaction, which bounds
-		// small transactions at a steady rate.
-		batch.Queue(asyncCommitSQL)
-	}
-	now := p.cfg.now().UTC()
-	batch.Queue(advanceOffsetsSQL, p.name, all.topics, all.partitions, all.expected, all.next, now)
-	if len(fromStart.topics) > 0 {
-		batch.Queue(insertOffsetsSQL, p.name, fromStart.topics, fromStart.partitions, fromStart.next, now)
-	}
-	if len(ids) > 0 {
-		// In key order: each insert then lands next to the one before it
-		// in the primary key, a fifth cheaper than in log order (the
-		// batch's partitions each span the same stretch of UUIDv7 time).
-		sorted := ids
-		if !slices.IsSortedFunc(ids, compareIDs) {
-			sorted = slices.Clone(ids)
-			sortIDs(sorted)
-		}
-		if checked {
-			batch.Queue(recordAppliedCheckedSQL, p.name, sorted, now)
-		} else {
-			batch.Queue(recordAppliedSQL, p.name, sorted, now)
-		}
-	}
-	return batch
-}
-
-func compareIDs(a, b [16]byte) int { return bytes.Compare(a[:], b[:]) }
-
-// sortIDs sorts ids in key order, the order prologue inserts them in.
-func sortIDs(ids [][16]byte) { slices.SortFunc(ids, compareIDs) }
-
 // keepFresh returns the records whose ids (ids[i] is recs[i]'s) are in
 // fresh: those never applied before.
 func keepFresh(recs []Record, ids [][16]byte, fresh map[[16]byte]struct{}) []Record {
-	kept := recs[:0]
+	kept := make([]Record, 0, len(recs))
 	for i, r := range recs {
 		if _, ok := fresh[ids[i]]; ok {
 			kept = append(kept, r)
@@ -671,9 +546,9 @@ func keepFresh(recs []Record, ids [][16]byte, fresh map[[16]byte]struct{}) []Rec
 
 // committedTx moves the partitions past a committed transaction and
 // reports it: metrics, and the WithCommitted callback.
-func (p *Projector) committedTx(rs []run, all moves, live int, recs []Record, start time.Time) {
+func (p *Projector) committedTx(rs []run, all applyonce.Moves, live int, recs []Record, start time.Time) {
 	for i, r := range rs {
-		r.pt.advance(all.next[i])
+		r.pt.advance(all.Next[i])
 		r.pt.healthy(p.cfg.retry.Backoff)
 	}
 	p.m.batchSeconds.WithLabelValues(p.name).Observe(time.Since(start).Seconds())
@@ -692,31 +567,13 @@ func (p *Projector) committedTx(rs []run, all moves, live int, recs []Record, st
 	}
 }
 
-// moves are the arguments of the offset statements: partitions, the
-// offsets their rows must hold, and the offsets they move to.
-type moves struct {
-	topics     []string
-	partitions []int32
-	expected   []int64
-	next       []int64
-}
-
-func (m *moves) add(pt *partition, next int64) {
-	m.topics, m.partitions = append(m.topics, pt.topic), append(m.partitions, pt.id)
-	m.expected, m.next = append(m.expected, pt.next), append(m.next, next)
-}
-
-// offsetMoves returns the moves of every run, in order, and those of the
-// partitions expected at the start of the log, which may have no row.
-func offsetMoves(rs []run) (all, fromStart moves) {
+// offsetMoves returns the moves of every run, in order: from the
+// partition's position past its last record.
+func offsetMoves(rs []run) (all applyonce.Moves) {
 	for _, r := range rs {
-		next := r.items[len(r.items)-1].rec.Offset + 1
-		all.add(r.pt, next)
-		if r.pt.next == 0 {
-			fromStart.add(r.pt, next)
-		}
+		all.Add(r.pt.topic, r.pt.id, r.pt.next, r.items[len(r.items)-1].rec.Offset+1)
 	}
-	return all, fromStart
+	return all
 }
 
 // firstCopies returns how many of b's records are live, and the ids and
@@ -740,87 +597,15 @@ func firstCopies(b []*item) (live int, ids [][16]byte, recs []Record) {
 	return live, ids, recs
 }
 
-// sendPrologue sends the statements before Apply in one round trip. It
-// returns how many offset rows moved (-1 if that is unknown) and, when
-// checked, the ids never applied before.
-func sendPrologue(ctx context.Context, tx pgx.Tx, batch *pgx.Batch, async, insert, record, checked bool) (moved int64, fresh map[[16]byte]struct{}, err error) {
-	moved = -1
-	br := tx.SendBatch(ctx, batch)
-	defer func() {
-		if cerr := br.Close(); err == nil && cerr != nil {
-			err = fmt.Errorf("prologue: %w", cerr)
-		}
-	}()
-	if _, err := br.Exec(); err != nil {
-		return -1, nil, fmt.Errorf("set lock_timeout: %w", err)
-	}
-	if async {
-		if _, err := br.Exec(); err != nil {
-			return -1, nil, fmt.Errorf("set synchronous_commit: %w", err)
-		}
-	}
-	tag, err := br.Exec()
-	if err != nil {
-		return -1, nil, fmt.Errorf("advance offsets: %w", err)
-	}
-	n := tag.RowsAffected()
-	if insert {
-		tag, err := br.Exec()
-		if err != nil {
-			return -1, nil, fmt.Errorf("insert offsets: %w", err)
-		}
-		n += tag.RowsAffected()
-	}
-	moved = n
-	switch {
-	case !record:
-	case !checked:
-		if _, err := br.Exec(); err != nil {
-			var pe *pgconn.PgError
-			if errors.As(err, &pe) && isUniqueViolation(err) && pe.TableName == "applied_events" {
-				return moved, nil, errAppliedBefore
-			}
-			return moved, nil, fmt.Errorf("record applied events: %w", err)
-		}
-	default:
-		rows, err := br.Query()
-		if err != nil {
-			return moved, nil, fmt.Errorf("record applied events: %w", err)
-		}
-		fresh = map[[16]byte]struct{}{}
-		var id [16]byte
-		if _, err := pgx.ForEachRow(rows, []any{&id}, func() error { fresh[id] = struct{}{}; return nil }); err != nil {
-			return moved, nil, fmt.Errorf("record applied events: %w", err)
-		}
-	}
-	return moved, fresh, nil
-}
-
 // fenced reads the offset rows that did not hold what rs expected.
-func (s *session) fenced(ctx context.Context, rs []run) error {
-	tps, parts := make([]string, len(rs)), make([]int32, len(rs))
-	for i, r := range rs {
-		tps[i], parts[i] = r.pt.topic, r.pt.id
-	}
-	rows, err := s.p.pool.Query(ctx, currentOffsetsSQL, s.p.name, tps, parts)
+func (s *session) fenced(ctx context.Context, rs []run, all applyonce.Moves) error {
+	pg, err := applyonce.Current(ctx, s.p.pool, s.p.name, all)
 	if err != nil {
-		return fmt.Errorf("read fenced offsets: %w", err)
-	}
-	pg := map[topicPartition]int64{}
-	var (
-		topic string
-		part  int32
-		next  int64
-	)
-	if _, err := pgx.ForEachRow(rows, []any{&topic, &part, &next}, func() error {
-		pg[topicPartition{topic, part}] = next
-		return nil
-	}); err != nil {
-		return fmt.Errorf("read fenced offsets: %w", err)
+		return err
 	}
 	fe := &fenceError{current: map[*partition]int64{}}
 	for _, r := range rs {
-		if current := pg[topicPartition{r.pt.topic, r.pt.id}]; current != r.pt.next {
+		if current := pg[kafka.Partition{Topic: r.pt.topic, Partition: r.pt.id}]; current != r.pt.next {
 			fe.current[r.pt] = current
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/mailplane/mailplane/internal/applyonce"
 	"github.com/mailplane/mailplane/internal/sla"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -42,9 +43,9 @@ WHERE $1 = '' OR projector = $1 ORDER BY projector, topic, partition`, projector
 }
 
 // ErrNotSeekable refuses to move the placement projection: it must fold
-// every decision of its log, so it is rebuilt (mailplane replay
+// every decision of its log, so it is rebuilt (mailplane rebuild
 // placement), never skipped forward.
-var ErrNotSeekable = errors.New("projections: the placement projection is rebuilt with `mailplane replay placement`, never moved")
+var ErrNotSeekable = errors.New("projections: the placement projection is rebuilt with `mailplane rebuild placement`, never moved")
 
 // CheckSeekable refuses what Seek would: the placement projection
 // (ErrNotSeekable), and anything but a consumer of the table (internal/sla)
@@ -67,54 +68,12 @@ func CheckSeekable(ns topics.Namespace, projector, topic string) error {
 // records for good; moving back reads them again, but an event already
 // applied stays applied once (applied_events): to apply history again,
 // rebuild instead. It refuses with ErrBelowFloor to move below the
-// records whose ids the dedupe window has forgotten (dedupe.go).
+// records whose ids the dedupe window has forgotten (internal/applyonce).
 func Seek(ctx context.Context, pool *pgxpool.Pool, ns topics.Namespace, projector, topic string, partition int32, next int64, now time.Time) (prev int64, err error) {
 	if err := CheckSeekable(ns, projector, topic); err != nil {
 		return 0, err
 	}
-	if next < 0 {
-		return 0, fmt.Errorf("projections: seek to %d: offsets are not negative", next)
-	}
-	prev = -1
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		var known bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM projector_offsets WHERE projector = $1)`, projector).Scan(&known); err != nil {
-			return err
-		}
-		if !known {
-			return fmt.Errorf("projector %q has no position anywhere: not a projector, or it never ran", projector)
-		}
-		var floor int64
-		err := tx.QueryRow(ctx, `SELECT next_offset, forgotten_below FROM projector_offsets WHERE projector = $1 AND topic = $2 AND partition = $3 FOR UPDATE`,
-			projector, topic, partition).Scan(&prev, &floor)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return err
-		}
-		if next < floor {
-			return fmt.Errorf("%w (%s partition %d: offsets below %d)", ErrBelowFloor, topic, partition, floor)
-		}
-		if next < prev {
-			// The ids of what lies between are what refuses it when read
-			// again: the prune must not forget them without raising the
-			// floor past prev (dedupe.go).
-			if _, err := tx.Exec(ctx, `INSERT INTO applied_event_marks (projector, topic, partition, marked_at, next_offset) VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (projector, marked_at, topic, partition) DO UPDATE SET next_offset = GREATEST(applied_event_marks.next_offset, EXCLUDED.next_offset)`,
-				projector, topic, partition, now, prev); err != nil {
-				return err
-			}
-		}
-		_, err = tx.Exec(ctx, `INSERT INTO projector_offsets (projector, topic, partition, next_offset, updated_at) VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (projector, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at`,
-			projector, topic, partition, next, now)
-		return err
-	})
-	if errors.Is(err, ErrBelowFloor) {
-		return 0, err
-	}
-	if err != nil {
-		return 0, fmt.Errorf("projections: seek: %w", err)
-	}
-	return prev, nil
+	return applyonce.Seek(ctx, pool, projector, topic, partition, next, now)
 }
 
 // PositionTopics returns the topics of pos, each once, in their order.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,18 +17,20 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/internal/dlq"
+	"github.com/mailplane/mailplane/internal/applyonce"
 	"github.com/mailplane/mailplane/internal/health"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/migrations"
 	"github.com/mailplane/mailplane/internal/projections"
 )
 
-// Spec is the per-projection part of a rebuild of a generic-projector
-// projection.
+// Spec is the per-projection part of a rebuild: RegistrySpec, HealthSpec,
+// PlacementSpec, or Of by name.
 type Spec struct {
-	// Projection is the fold: its Name keys its rows in projector_offsets
-	// and applied_events, its Topics are read from offset 0.
+	// Projection is the fold of a projection of the generic projector
+	// (package projections): its Name keys its rows in projector_offsets
+	// and applied_events, its Topics are read from offset 0. Unset for
+	// the placement projection (PlacementSpec).
 	Projection projections.Projection
 	// Tables are the tables that define the projection.
 	Tables []Table
@@ -37,6 +40,40 @@ type Spec struct {
 	// the live projector would never apply, so never publish, the records
 	// in between.
 	Publishes bool
+	// decisions: the placement projection, its decision log folded by
+	// decisionFold.
+	decisions bool
+}
+
+// Of is the spec of the projection named (Registry, Placement, Health);
+// health with the default policy.
+func Of(name string) (Spec, error) {
+	switch name {
+	case Registry:
+		return RegistrySpec(), nil
+	case Placement:
+		return PlacementSpec(), nil
+	case Health:
+		return HealthSpec(domain.DefaultHealthPolicy())
+	}
+	return Spec{}, fmt.Errorf("rebuild: no projection %q (%s)", name, strings.Join(Projections, ", "))
+}
+
+// fold is how a rebuild applies its projection's log: the part of the one
+// driver that differs between the projections of the generic projector
+// (eventFold) and the placement projection (decisionFold).
+type fold interface {
+	// build applies the log from offset 0 to its ends as of the call into
+	// the empty schema.
+	build(ctx context.Context, r *Rebuild) error
+	// catchUp applies the log from r's positions up to targets.
+	catchUp(ctx context.Context, r *Rebuild, targets map[kafka.Partition]int64) error
+	// settle brings into the rebuild what the live side did outside the
+	// log, before a compare in the live snapshot tx; again says it did
+	// (and rolled tx back): compare in a new snapshot.
+	settle(ctx context.Context, r *Rebuild, tx pgx.Tx) (again bool, err error)
+	// swap exchanges the live projection and the rebuild in tx.
+	swap(ctx context.Context, r *Rebuild, tx pgx.Tx) error
 }
 
 // RegistrySpec is the registry projection's. Every column is compared:
@@ -66,7 +103,7 @@ func HealthSpec(policy domain.HealthPolicy) (Spec, error) {
 	}}}, nil
 }
 
-// Config configures a rebuild.
+// Config configures a rebuild (of any projection).
 type Config struct {
 	// Kafka reaches the projection's topics.
 	Kafka kafka.Config
@@ -77,7 +114,7 @@ type Config struct {
 	// Schema names the fresh schema (see CheckName). Default: DefaultName.
 	Schema string
 	// BatchSize is how many records one transaction applies. Default
-	// projections.DefaultBatchSize.
+	// projections.DefaultBatchSize (PlacementBatchSize for placement).
 	BatchSize int
 	// Progress, when set, is called about every ProgressEvery while
 	// records are applied, and once more when a pass is done.
@@ -89,7 +126,8 @@ type Config struct {
 
 // Progress reports a pass over the projection's partitions.
 type Progress struct {
-	// Records applied so far in this pass.
+	// Records applied so far in this pass (events, or decisions for the
+	// placement projection).
 	Records int64
 	// Done and Total are the offsets covered so far and to cover, summed
 	// over the partitions.
@@ -97,6 +135,14 @@ type Progress struct {
 	Elapsed     time.Duration
 	// Final is set on the last report of a pass.
 	Final bool
+}
+
+// Rate is the records applied per second so far.
+func (p Progress) Rate() float64 {
+	if p.Elapsed <= 0 {
+		return 0
+	}
+	return float64(p.Records) / p.Elapsed.Seconds()
 }
 
 // Fraction is the share of the pass done, in [0, 1].
@@ -115,19 +161,22 @@ type Position struct {
 	Next      int64  `json:"next_offset"`
 }
 
-// Rebuild is a rebuild of one projection in its own schema.
+// Rebuild is a rebuild of one projection in its own schema: the one
+// driver of every projection's rebuild (`mailplane rebuild`).
 type Rebuild struct {
 	cfg     Config
 	spec    Spec
+	fold    fold
 	name    string
 	live    string
 	schema  string
 	pool    *pgxpool.Pool // search_path = schema
 	release func()
 
-	next    map[kafka.Partition]int64
-	records int64 // applied, all passes
-	poison  int64 // passed without applying, all passes
+	next    map[kafka.Partition]int64 // where the rebuild stands
+	rows    map[kafka.Partition]int64 // what its projector_offsets rows hold
+	records int64                     // applied, all passes
+	poison  int64                     // passed without applying, all passes
 	took    time.Duration
 	swapped bool
 }
@@ -136,11 +185,19 @@ type Rebuild struct {
 // projection's topics from offset 0 of every partition to their ends as of
 // the call. On failure it drops the schema.
 func Start(ctx context.Context, spec Spec, cfg Config) (*Rebuild, error) {
-	if cfg.Live == nil || len(cfg.Kafka.Brokers) == 0 || spec.Projection == nil || len(spec.Tables) == 0 {
+	if cfg.Live == nil || len(cfg.Kafka.Brokers) == 0 || (spec.Projection == nil && !spec.decisions) || len(spec.Tables) == 0 {
 		return nil, errors.New("rebuild: a live pool, brokers and a projection with tables are required")
 	}
-	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = projections.DefaultBatchSize
+	var (
+		name string
+		f    fold
+	)
+	if spec.decisions {
+		name, f = Placement, newDecisionFold(cfg.Kafka)
+		cfg.BatchSize = cmp.Or(max(cfg.BatchSize, 0), PlacementBatchSize)
+	} else {
+		name, f = spec.Projection.Name(), eventFold{}
+		cfg.BatchSize = cmp.Or(max(cfg.BatchSize, 0), projections.DefaultBatchSize)
 	}
 	if cfg.ProgressEvery <= 0 {
 		cfg.ProgressEvery = 200 * time.Millisecond
@@ -148,18 +205,27 @@ func Start(ctx context.Context, spec Spec, cfg Config) (*Rebuild, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	name := spec.Projection.Name()
+	cfg.Kafka.ClientID = cmp.Or(cfg.Kafka.ClientID, "mailplane-rebuild")
 	live, err := LiveSchema(ctx, cfg.Live)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Schema == "" {
-		cfg.Schema = DefaultName(live, name, time.Now())
+	named := cfg.Schema != ""
+	for try := 0; ; try++ {
+		if !named {
+			cfg.Schema = DefaultName(live, name, time.Now())
+		}
+		err = Create(ctx, cfg.Live, name, live, cfg.Schema)
+		// A default name taken meanwhile (another rebuild's): another.
+		if err == nil || named || !errors.Is(err, errSchemaExists) || try == 3 {
+			break
+		}
 	}
-	if err := Create(ctx, cfg.Live, name, live, cfg.Schema); err != nil {
+	if err != nil {
 		return nil, err
 	}
-	r := &Rebuild{cfg: cfg, spec: spec, name: name, live: live, schema: cfg.Schema, next: map[kafka.Partition]int64{}}
+	r := &Rebuild{cfg: cfg, spec: spec, fold: f, name: name, live: live, schema: cfg.Schema,
+		next: map[kafka.Partition]int64{}, rows: map[kafka.Partition]int64{}}
 	if err := r.build(ctx); err != nil {
 		r.Close()
 		if derr := DropSchema(ctx, cfg.Live, r.schema); derr != nil {
@@ -183,7 +249,7 @@ func (r *Rebuild) build(ctx context.Context) error {
 		return fmt.Errorf("rebuild: migrate %s: %w", r.schema, err)
 	}
 	r.cfg.Logger.Info("rebuilding a projection", "projection", r.name, "schema", r.schema, "live", r.live)
-	if err := r.pass(ctx, nil); err != nil {
+	if err := r.fold.build(ctx, r); err != nil {
 		return err
 	}
 	return SetState(ctx, r.pool, r.schema, StateBuilt)
@@ -209,6 +275,12 @@ func (r *Rebuild) Poison() int64 { return r.poison }
 
 // Took is the time spent applying records.
 func (r *Rebuild) Took() time.Duration { return r.took }
+
+// Drop drops the rebuild's schema (after Swap: the previous projection).
+func (r *Rebuild) Drop(ctx context.Context) error {
+	r.Close()
+	return DropSchema(ctx, r.cfg.Live, r.schema)
+}
 
 // Pool is a pool on the rebuild's schema (closed by Close and Swap).
 func (r *Rebuild) Pool() *pgxpool.Pool { return r.pool }
@@ -250,8 +322,20 @@ func (r *Rebuild) CatchUp(ctx context.Context, targets map[kafka.Partition]int64
 			return fmt.Errorf("rebuild: cannot catch up %s backwards from %d to %d", p, r.next[p], to)
 		}
 	}
+	return r.fold.catchUp(ctx, r, targets)
+}
+
+// eventFold rebuilds a projection of the generic projector: its topics
+// applied through applyonce.Run, the live projector's transaction.
+type eventFold struct{}
+
+func (eventFold) build(ctx context.Context, r *Rebuild) error { return r.pass(ctx, nil) }
+
+func (eventFold) catchUp(ctx context.Context, r *Rebuild, targets map[kafka.Partition]int64) error {
 	return r.pass(ctx, targets)
 }
+
+func (eventFold) settle(context.Context, *Rebuild, pgx.Tx) (bool, error) { return false, nil }
 
 // pass reads the projection's topics from the rebuild's positions, up to
 // targets when set (partitions not named are not read) or to the ends as
@@ -259,7 +343,9 @@ func (r *Rebuild) CatchUp(ctx context.Context, targets map[kafka.Partition]int64
 func (r *Rebuild) pass(ctx context.Context, targets map[kafka.Partition]int64) error {
 	start := time.Now()
 	var applied, done, total atomic.Int64
-	stop := r.reporter(start, &applied, &done, &total)
+	stop := r.reporter(func() Progress {
+		return Progress{Records: applied.Load(), Done: done.Load(), Total: total.Load(), Elapsed: time.Since(start)}
+	})
 	var (
 		batch   []*kgo.Record
 		passErr error
@@ -337,11 +423,12 @@ func (r *Rebuild) pass(ctx context.Context, targets map[kafka.Partition]int64) e
 }
 
 // applyBatch applies recs (each partition's in log order) in one
-// transaction: the first copy of each event not applied before, as the
-// projector does (applied_events), and the partitions' positions. When
-// the projection refuses a record, the batch is applied again a record at
-// a time, and the refused ones are passed, as the projector dead-letters
-// them.
+// transaction of applyonce.Run, the live projector's: the first copy of
+// each event not applied before (applied_events), and the partitions'
+// positions. When the projection refuses a record, the batch is applied
+// again a record at a time, and each refused one is passed: committed with
+// its position and nothing else, as the projector commits a record it
+// dead-lettered.
 func (r *Rebuild) applyBatch(ctx context.Context, recs []*kgo.Record) (int64, error) {
 	n, err := r.applyTx(ctx, recs, false)
 	if _, permanent := projections.IsPermanent(err); err == nil || !permanent {
@@ -349,7 +436,13 @@ func (r *Rebuild) applyBatch(ctx context.Context, recs []*kgo.Record) (int64, er
 	}
 	n = 0
 	for i := range recs {
-		k, err := r.applyTx(ctx, recs[i:i+1], true)
+		k, err := r.applyTx(ctx, recs[i:i+1], false)
+		if _, permanent := projections.IsPermanent(err); permanent {
+			r.cfg.Logger.Warn("the projection refused a record; passed, as the projector dead-letters it",
+				"projection", r.name, "topic", recs[i].Topic, "partition", recs[i].Partition, "offset", recs[i].Offset, "err", err)
+			r.poison++
+			k, err = r.applyTx(ctx, recs[i:i+1], true)
+		}
 		if err != nil {
 			return n, err
 		}
@@ -358,22 +451,34 @@ func (r *Rebuild) applyBatch(ctx context.Context, recs []*kgo.Record) (int64, er
 	return n, nil
 }
 
-func (r *Rebuild) applyTx(ctx context.Context, recs []*kgo.Record, isolate bool) (int64, error) {
+// applyTx commits recs through applyonce.Run; refused passes them all (the
+// projection refused them). It returns how many records were applied.
+func (r *Rebuild) applyTx(ctx context.Context, recs []*kgo.Record, refused bool) (int64, error) {
 	var (
 		fresh []projections.Record
 		ids   [][16]byte
 		seen  = map[[16]byte]bool{}
-		next  = map[kafka.Partition]int64{}
+		moves applyonce.Moves
+		at    = map[kafka.Partition]int{}
 		bad   int64
 	)
 	for _, rec := range recs {
-		next[kafka.Partition{Topic: rec.Topic, Partition: rec.Partition}] = rec.Offset + 1
-		if dlq.ForOtherConsumer(rec, r.name) {
-			continue // redriven for another consumer: passed, as the projector passes it
+		p := kafka.Partition{Topic: rec.Topic, Partition: rec.Partition}
+		if i, ok := at[p]; ok {
+			moves.Next[i] = rec.Offset + 1
+		} else {
+			at[p] = moves.Len()
+			moves.Add(p.Topic, p.Partition, r.rows[p], rec.Offset+1)
 		}
-		ev, id, err := projections.DecodeEvent(rec)
-		if err != nil {
-			bad++
+		if refused {
+			continue
+		}
+		ev, id, other, err := projections.Decode(rec, r.name)
+		switch {
+		case other:
+			continue // passed, as the projector passes it
+		case err != nil:
+			bad++ // poison: the projector dead-letters it and passes it
 			continue
 		}
 		if seen[id] {
@@ -383,90 +488,40 @@ func (r *Rebuild) applyTx(ctx context.Context, recs []*kgo.Record, isolate bool)
 		ids = append(ids, id)
 		fresh = append(fresh, projections.Record{Event: ev, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Appended: rec.Timestamp})
 	}
-	var applied int64
-	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = off`); err != nil {
-			return err
-		}
-		if len(ids) > 0 {
-			rows, _ := tx.Query(ctx, `INSERT INTO applied_events (projector, event_id) SELECT $1, unnest($2::uuid[])
-ON CONFLICT DO NOTHING RETURNING event_id`, r.name, ids)
-			firsts := map[[16]byte]bool{}
-			var id [16]byte
-			if _, err := pgx.ForEachRow(rows, []any{&id}, func() error { firsts[id] = true; return nil }); err != nil {
-				return err
-			}
-			keep := fresh[:0]
+	applied := int64(len(fresh))
+	b := applyonce.Batch{Projector: r.name, Moves: moves, IDs: ids, Async: true, Now: time.Now()}
+	err := applyonce.Run(ctx, r.pool, b, func(ctx context.Context, tx pgx.Tx, firsts map[[16]byte]struct{}) error {
+		recs := fresh
+		if firsts != nil {
+			recs = make([]projections.Record, 0, len(firsts))
 			for i, rec := range fresh {
-				if firsts[ids[i]] {
-					keep = append(keep, rec)
-				}
-			}
-			fresh = keep
-			if len(fresh) > 0 {
-				if err := r.spec.Projection.Apply(ctx, tx, fresh); err != nil {
-					if _, permanent := projections.IsPermanent(err); permanent && isolate {
-						return errRefused
-					}
-					return err
+				if _, ok := firsts[ids[i]]; ok {
+					recs = append(recs, rec)
 				}
 			}
 		}
-		var (
-			ts  []string
-			ps  []int32
-			nxt []int64
-		)
-		for p, n := range next {
-			ts, ps, nxt = append(ts, p.Topic), append(ps, p.Partition), append(nxt, n)
+		applied = int64(len(recs))
+		if len(recs) == 0 {
+			return nil
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO projector_offsets (projector, topic, partition, next_offset, updated_at)
-SELECT $1, u.topic, u.partition, u.next_offset, now()
-FROM unnest($2::text[], $3::int4[], $4::int8[]) AS u(topic, partition, next_offset)
-ON CONFLICT (projector, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at`,
-			r.name, ts, ps, nxt)
-		applied = int64(len(fresh))
-		return err
+		return r.spec.Projection.Apply(ctx, tx, recs)
 	})
-	if errors.Is(err, errRefused) {
-		// Pass the record as the projector would after dead-lettering it:
-		// its position moves, nothing else.
-		r.cfg.Logger.Warn("the projection refused a record; passed, as the projector dead-letters it",
-			"projection", r.name, "topic", recs[0].Topic, "partition", recs[0].Partition, "offset", recs[0].Offset)
-		r.poison++
-		return 0, r.passRefused(ctx, recs[0])
-	}
 	if err != nil {
 		return 0, err
 	}
-	for p, n := range next {
-		r.next[p] = n
+	for i, t := range moves.Topics {
+		p := kafka.Partition{Topic: t, Partition: moves.Partitions[i]}
+		r.rows[p], r.next[p] = moves.Next[i], moves.Next[i]
 	}
 	r.poison += bad
 	return applied, nil
 }
 
-var errRefused = errors.New("rebuild: the projection refused the record")
-
-func (r *Rebuild) passRefused(ctx context.Context, rec *kgo.Record) error {
-	_, err := r.pool.Exec(ctx, `INSERT INTO projector_offsets (projector, topic, partition, next_offset, updated_at)
-VALUES ($1, $2, $3, $4, now())
-ON CONFLICT (projector, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at`,
-		r.name, rec.Topic, rec.Partition, rec.Offset+1)
-	if err == nil {
-		r.next[kafka.Partition{Topic: rec.Topic, Partition: rec.Partition}] = rec.Offset + 1
-	}
-	return err
-}
-
-// reporter calls cfg.Progress every ProgressEvery until the returned stop,
-// which reports once more (Final when the pass succeeded).
-func (r *Rebuild) reporter(start time.Time, applied, done, total *atomic.Int64) (stop func(ok bool)) {
+// reporter calls cfg.Progress with snap() every ProgressEvery until the
+// returned stop, which reports once more (Final when the pass succeeded).
+func (r *Rebuild) reporter(snap func() Progress) (stop func(ok bool)) {
 	if r.cfg.Progress == nil {
 		return func(bool) {}
-	}
-	report := func(final bool) {
-		r.cfg.Progress(Progress{Records: applied.Load(), Done: done.Load(), Total: total.Load(), Elapsed: time.Since(start), Final: final})
 	}
 	quit := make(chan struct{})
 	var wg sync.WaitGroup
@@ -478,13 +533,15 @@ func (r *Rebuild) reporter(start time.Time, applied, done, total *atomic.Int64) 
 			case <-quit:
 				return
 			case <-t.C:
-				report(false)
+				r.cfg.Progress(snap())
 			}
 		}
 	})
 	return func(ok bool) {
 		close(quit)
 		wg.Wait()
-		report(ok)
+		p := snap()
+		p.Final = ok
+		r.cfg.Progress(p)
 	}
 }

@@ -630,3 +630,43 @@ func TestHealthSwapAheadOfLiveRefused(t *testing.T) {
 		t.Error("the rebuild holds no rows")
 	}
 }
+
+// TestTwoRebuildsInOneSecond: rebuilds started in the same second get
+// schemas of their own (the default name was the unix second alone, and
+// the second rebuild failed on "schema already exists").
+func TestTwoRebuildsInOneSecond(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1700000000, 0)
+	a, b := rebuild.DefaultName("public", rebuild.Placement, now), rebuild.DefaultName("public", rebuild.Placement, now)
+	if a == b || rebuild.CheckName(a, rebuild.Placement, "") != nil || rebuild.CheckName(b, rebuild.Placement, "") != nil {
+		t.Fatalf("two default names in one second: %q, %q", a, b)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	e := newEnv(t)
+	e.produce(newGen(5).registry(10)...)
+	var (
+		wg   sync.WaitGroup
+		rbs  [2]*rebuild.Rebuild
+		errs [2]error
+	)
+	for i := range rbs {
+		wg.Go(func() {
+			rbs[i], errs[i] = rebuild.Start(ctx, rebuild.RegistrySpec(), rebuild.Config{Kafka: e.kcfg, Live: e.db.Pool})
+		})
+	}
+	wg.Wait()
+	for i, rb := range rbs {
+		if errs[i] != nil {
+			t.Fatalf("rebuild %d: %v", i, errs[i])
+		}
+		defer func() {
+			rb.Close()
+			_ = rebuild.Drop(context.Background(), e.db.Pool, rb.Schema())
+		}()
+	}
+	if rbs[0].Schema() == rbs[1].Schema() {
+		t.Fatalf("both rebuilds in schema %s", rbs[0].Schema())
+	}
+}

@@ -1,21 +1,30 @@
-// Package rebuild is what every projection's rebuild shares (`mailplane
-// replay registry|placement|health`, docs/runbook.md): the fresh schema and
-// the marker that says mailplane made it, the row-for-row comparison with
-// the live schema, the one-transaction move of a projection's tables
-// between schemas, and the cleanup of old rebuild schemas. It also rebuilds
-// the projections of the generic projector (package projections: registry
-// and health) from their topics; the placement projection folds its
-// decision log with its own builder (internal/placement/replay) on the
-// same schema, compare and swap steps.
+// Package rebuild rebuilds a projection from the log into a fresh schema,
+// verifies it row for row against the live schema, and swaps it in
+// (`mailplane rebuild registry|placement|health`, docs/runbook.md). A
+// rebuild of the same log yields identical rows, so a rebuild that differs
+// from the live projection says the live one drifted (or the code
+// changed), and swapping the rebuild in repairs it.
+//
+// Rebuild is the one driver of every projection (Start with RegistrySpec,
+// HealthSpec or PlacementSpec; one Config, one Progress): the fresh schema
+// and the marker that says mailplane made it, the passes over the log, the
+// row-for-row comparison, the one-transaction swap, and the cleanup of old
+// rebuild schemas. What differs is the fold (fold): the projections of the
+// generic projector are applied through applyonce.Run, the transaction the
+// live projector runs; the placement projection's decision log is folded
+// by its own fold (postgres.Builder, then Projection.ApplyDecisions, as
+// its live projector).
 package rebuild
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,10 +67,18 @@ var nameRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*_(registry|placement|health)_[
 
 const maxName = 58
 
+// nameSeq makes default names unique within a process, from a random
+// start so that two processes differ too (Start also tries another name
+// when one is taken).
+var nameSeq atomic.Uint32
+
+func init() { nameSeq.Store(rand.Uint32N(1_000_000)) }
+
 // DefaultName is a rebuild schema's default name: <live>_<projection>_<unix
-// seconds>, the live name shortened when needed.
+// seconds><6 digits, unique>, the live name shortened when needed: two
+// rebuilds started in the same second get different names.
 func DefaultName(live, projection string, now time.Time) string {
-	tail := fmt.Sprintf("_%s_%d", projection, now.Unix())
+	tail := fmt.Sprintf("_%s_%d%06d", projection, now.Unix(), nameSeq.Add(1)%1_000_000)
 	if len(live)+len(tail) > maxName {
 		live = live[:maxName-len(tail)]
 	}
@@ -73,7 +90,7 @@ func DefaultName(live, projection string, now time.Time) string {
 func CheckName(name, projection, live string) error {
 	m := nameRE.FindStringSubmatch(name)
 	if m == nil || len(name) > maxName || m[1] != projection {
-		return fmt.Errorf("schema %q: a rebuild schema is named <prefix>_%s_<digits> in lower case, at most %d characters, so that replay cleanup recognises it",
+		return fmt.Errorf("schema %q: a rebuild schema is named <prefix>_%s_<digits> in lower case, at most %d characters, so that rebuild cleanup recognises it",
 			name, projection, maxName)
 	}
 	if name == live {
@@ -120,7 +137,7 @@ CREATE TABLE `+marker+` (
     created_at  timestamptz NOT NULL,
     state       text        NOT NULL CHECK (state IN ('building', 'built', 'previous'))
 );
-COMMENT ON SCHEMA `+id+` IS 'mailplane replay: a rebuild of the `+projection+` projection (see its `+MarkerTable+` table)'`)
+COMMENT ON SCHEMA `+id+` IS 'mailplane rebuild: a rebuild of the `+projection+` projection (see its `+MarkerTable+` table)'`)
 		if err != nil {
 			return err
 		}
@@ -128,11 +145,18 @@ COMMENT ON SCHEMA `+id+` IS 'mailplane replay: a rebuild of the `+projection+` p
 VALUES ($1, $2, $3, now(), $4)`, schema, projection, liveSchema, StateBuilding)
 		return err
 	})
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42P06" {
+		return fmt.Errorf("rebuild: create schema %s: %w", schema, errSchemaExists)
+	}
 	if err != nil {
 		return fmt.Errorf("rebuild: create schema %s: %w", schema, err)
 	}
 	return nil
 }
+
+// errSchemaExists: Create found the schema there already.
+var errSchemaExists = errors.New("the schema exists")
 
 // Execer is a pool, a connection or a transaction.
 type Execer interface {

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/mailplane/mailplane/internal/applyonce"
 	"github.com/mailplane/mailplane/internal/kafka"
 )
 
@@ -21,6 +23,24 @@ type Report struct {
 
 // Equal reports whether every table matched row for row.
 func (r Report) Equal() bool { return AllEqual(r.Tables) }
+
+// Format writes the report: the positions compared at, then the tables.
+func (r Report) Format(w io.Writer) {
+	fmt.Fprintln(w, "compared at", DescribePositions(r.Positions))
+	FormatTables(w, r.Tables)
+}
+
+// DescribePositions: "offset N" for one partition, else per partition.
+func DescribePositions(ps []Position) string {
+	if len(ps) == 1 {
+		return fmt.Sprintf("offset %d", ps[0].Next)
+	}
+	parts := make([]string, len(ps))
+	for i, p := range ps {
+		parts[i] = fmt.Sprintf("%s/%d@%d", p.Topic, p.Partition, p.Next)
+	}
+	return "offsets " + strings.Join(parts, " ")
+}
 
 // FormatTables writes table reports as a table, then "identical" or
 // "DIFFERENT".
@@ -55,7 +75,9 @@ var ErrLiveBehind = errors.New("rebuild: the live projection is behind the rebui
 // behind Verify waits for it (up to wait), then fails with ErrLiveBehind
 // saying where each stands. projector_offsets is compared as positions,
 // not rows (its updated_at is the wall clock), and applied_events is not
-// compared (bookkeeping of the same log).
+// compared (bookkeeping of the same log). A placement rebuild also adopts
+// the live retention horizon of assignment changes first (decisionFold's
+// settle).
 func (r *Rebuild) Verify(ctx context.Context, wait time.Duration) (Report, error) {
 	if r.swapped {
 		return Report{}, errors.New("rebuild: the rebuild was swapped in")
@@ -85,7 +107,7 @@ func (r *Rebuild) verifyOnce(ctx context.Context) (rep Report, behind error, err
 		if err != nil {
 			return Report{}, nil, fmt.Errorf("rebuild: begin: %w", err)
 		}
-		live, err := livePositions(ctx, tx, r.live, r.name)
+		live, err := applyonce.InSchema(ctx, tx, r.live, r.name, false)
 		if err != nil {
 			_ = tx.Rollback(ctx)
 			return Report{}, nil, err
@@ -109,123 +131,31 @@ func (r *Rebuild) verifyOnce(ctx context.Context) (rep Report, behind error, err
 			}
 			continue
 		}
+		again, err := r.fold.settle(ctx, r, tx)
+		if err != nil {
+			_ = tx.Rollback(ctx)
+			return Report{}, nil, err
+		}
+		if again {
+			continue
+		}
 		ts, err := CompareTables(ctx, tx, r.live, r.schema, r.spec.Tables)
 		_ = tx.Rollback(ctx)
 		return Report{Positions: r.Positions(), Tables: ts}, nil, err
 	}
 }
 
-// livePositions reads the projector's positions in schema.
-func livePositions(ctx context.Context, q pgx.Tx, schema, projector string) (map[kafka.Partition]int64, error) {
-	rows, _ := q.Query(ctx, `SELECT topic, partition, next_offset FROM `+pgx.Identifier{schema, "projector_offsets"}.Sanitize()+`
-WHERE projector = $1`, projector)
-	out := map[kafka.Partition]int64{}
-	var (
-		p kafka.Partition
-		n int64
-	)
-	if _, err := pgx.ForEachRow(rows, []any{&p.Topic, &p.Partition, &n}, func() error { out[p] = n; return nil }); err != nil {
-		return nil, fmt.Errorf("rebuild: positions of %s in %s: %w", projector, schema, err)
-	}
-	return out, nil
-}
-
-// Swap swaps the rebuild in, in one transaction on the live schema: it
-// locks the live projector's offset rows (waiting for the projector's
-// transaction in flight and holding its next one back: the projector
-// locks them first too, so the two never deadlock), catches the rebuild up
-// to where the live projector stands, exchanges the projection's tables
-// between the two schemas (MoveRelations) and the projector's
-// projector_offsets and applied_events rows with them. The live projector
-// then finds its offsets where it left them (or, where the rebuild was
-// ahead, moved: its fence check sends it on from there) and its next
-// statements resolve to the swapped-in tables. Afterwards the rebuild's
-// schema holds the previous projection (marker state StatePrevious), for
-// replay cleanup.
+// Swap swaps the rebuild in, in one transaction on the live schema, and
+// marks the rebuild's schema StatePrevious: afterwards it holds the
+// projection that was live before the swap, for rebuild cleanup. A
+// transaction that deadlocks with a reader is retried.
 func (r *Rebuild) Swap(ctx context.Context) error {
 	if r.swapped {
 		return errors.New("rebuild: already swapped")
 	}
-	names := make([]string, len(r.spec.Tables))
-	for i, t := range r.spec.Tables {
-		names[i] = t.Name
-	}
-	liveID, rbID := pgx.Identifier{r.live}, pgx.Identifier{r.schema}
-	tbl := func(id pgx.Identifier, t string) string { return append(id, t).Sanitize() }
 	swap := func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '30s'`); err != nil {
+		if err := r.fold.swap(ctx, r, tx); err != nil {
 			return err
-		}
-		if _, err := tx.Exec(ctx, `SELECT 1 FROM `+tbl(liveID, "projector_offsets")+` WHERE projector = $1 FOR UPDATE`, r.name); err != nil {
-			return err
-		}
-		live, err := livePositions(ctx, tx, r.live, r.name)
-		if err != nil {
-			return err
-		}
-		if r.spec.Publishes {
-			for p, n := range r.next {
-				if live[p] < n {
-					return fmt.Errorf("%w: %s: live at offset %d, the rebuild at %d; the live %s projector would never publish what it decides for the records in between: swap once it has caught up",
-						ErrLiveBehind, p, live[p], n, r.name)
-				}
-			}
-		}
-		ahead := map[kafka.Partition]int64{}
-		for p, n := range live {
-			if n > r.next[p] {
-				ahead[p] = n
-			}
-		}
-		if len(ahead) > 0 {
-			// On the rebuild's own connections: the live locks held
-			// here do not touch its tables.
-			if err := r.CatchUp(ctx, ahead); err != nil {
-				return err
-			}
-		}
-		lr, err := Relations(ctx, tx, r.live, Named(names...))
-		if err != nil {
-			return err
-		}
-		rr, err := Relations(ctx, tx, r.schema, Named(names...))
-		if err != nil {
-			return err
-		}
-		if err := SameRelations(lr, rr, r.live, r.schema); err != nil {
-			return err
-		}
-		if len(lr) != len(names) {
-			return fmt.Errorf("rebuild: the live schema %s lacks some of %v", r.live, names)
-		}
-		if err := noDependents(ctx, tx, r.live, names); err != nil {
-			return err
-		}
-		if err := MoveRelations(ctx, tx, r.live, r.schema, lr); err != nil {
-			return err
-		}
-		// The bookkeeping rows go with the tables: the live projector
-		// resumes from the rebuild's positions, and skips the events
-		// the rebuild applied.
-		for _, book := range []string{"projector_offsets", "applied_events"} {
-			l, b := tbl(liveID, book), tbl(rbID, book)
-			if _, err := tx.Exec(ctx, `CREATE TEMP TABLE mailplane_swap_rows ON COMMIT DROP AS SELECT * FROM `+l+` WHERE projector = $1`, r.name); err != nil {
-				return fmt.Errorf("rebuild: swap %s: %w", book, err)
-			}
-			for _, st := range []struct {
-				sql  string
-				args []any
-			}{
-				{`DELETE FROM ` + l + ` WHERE projector = $1`, []any{r.name}},
-				{`INSERT INTO ` + l + ` SELECT * FROM ` + b + ` WHERE projector = $1`, []any{r.name}},
-				{`DELETE FROM ` + b + ` WHERE projector = $1`, []any{r.name}},
-				{`INSERT INTO ` + b + ` SELECT * FROM mailplane_swap_rows`, nil},
-				{`DROP TABLE mailplane_swap_rows`, nil},
-			} {
-				if _, err := tx.Exec(ctx, st.sql, st.args...); err != nil {
-					return fmt.Errorf("rebuild: swap %s: %w", book, err)
-				}
-			}
 		}
 		return SetState(ctx, tx, r.schema, StatePrevious)
 	}
@@ -238,6 +168,80 @@ func (r *Rebuild) Swap(ctx context.Context) error {
 	r.swapped = true
 	r.pool.Close()
 	r.cfg.Logger.Info("rebuilt projection swapped in", "projection", r.name, "live", r.live, "previous", r.schema)
+	return nil
+}
+
+// swap of a projection of the generic projector, in tx on the live schema:
+// it
+// locks the live projector's offset rows (waiting for the projector's
+// transaction in flight and holding its next one back: the projector
+// locks them first too, so the two never deadlock), catches the rebuild up
+// to where the live projector stands, exchanges the projection's tables
+// between the two schemas (MoveRelations) and the projector's
+// projector_offsets and applied_events rows with them. The live projector
+// then finds its offsets where it left them (or, where the rebuild was
+// ahead, moved: its fence check sends it on from there) and its next
+// statements resolve to the swapped-in tables. Afterwards the rebuild's
+// schema holds the previous projection.
+func (eventFold) swap(ctx context.Context, r *Rebuild, tx pgx.Tx) error {
+	names := make([]string, len(r.spec.Tables))
+	for i, t := range r.spec.Tables {
+		names[i] = t.Name
+	}
+	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '30s'`); err != nil {
+		return err
+	}
+	live, err := applyonce.InSchema(ctx, tx, r.live, r.name, true)
+	if err != nil {
+		return err
+	}
+	if r.spec.Publishes {
+		for p, n := range r.next {
+			if live[p] < n {
+				return fmt.Errorf("%w: %s: live at offset %d, the rebuild at %d; the live %s projector would never publish what it decides for the records in between: swap once it has caught up",
+					ErrLiveBehind, p, live[p], n, r.name)
+			}
+		}
+	}
+	ahead := map[kafka.Partition]int64{}
+	for p, n := range live {
+		if n > r.next[p] {
+			ahead[p] = n
+		}
+	}
+	if len(ahead) > 0 {
+		// On the rebuild's own connections: the live locks held
+		// here do not touch its tables.
+		if err := r.CatchUp(ctx, ahead); err != nil {
+			return err
+		}
+	}
+	lr, err := Relations(ctx, tx, r.live, Named(names...))
+	if err != nil {
+		return err
+	}
+	rr, err := Relations(ctx, tx, r.schema, Named(names...))
+	if err != nil {
+		return err
+	}
+	if err := SameRelations(lr, rr, r.live, r.schema); err != nil {
+		return err
+	}
+	if len(lr) != len(names) {
+		return fmt.Errorf("rebuild: the live schema %s lacks some of %v", r.live, names)
+	}
+	if err := noDependents(ctx, tx, r.live, names); err != nil {
+		return err
+	}
+	if err := MoveRelations(ctx, tx, r.live, r.schema, lr); err != nil {
+		return err
+	}
+	// The bookkeeping rows go with the tables: the live projector
+	// resumes from the rebuild's positions, and skips the events
+	// the rebuild applied.
+	if err := applyonce.ExchangeRows(ctx, tx, r.live, r.schema, r.name); err != nil {
+		return err
+	}
 	return nil
 }
 

@@ -96,7 +96,7 @@ func TestComposeFitsPostgres(t *testing.T) {
 			}
 		}
 	}
-	const reserved, operator = 3, 10 // superuser_reserved_connections; psql, replay, the CLI
+	const reserved, operator = 3, 10 // superuser_reserved_connections; psql, rebuild, the CLI
 	total := 0
 	for name, s := range cf.Services {
 		// The one-shot jobs (topics, schemas) open no Postgres pool.

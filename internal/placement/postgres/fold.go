@@ -21,7 +21,7 @@ import (
 // log order, and reads the named rows back out of the state (see
 // placement.go for the SQL); a rebuild (Builder) folds the whole
 // log into one state. The fold is a function of the decisions and the rows
-// alone, so where a batch starts and ends changes nothing: a replay in
+// alone, so where a batch starts and ends changes nothing: a rebuild in
 // batches of any size writes the same rows.
 //
 // What is the projection's own is what the state does not hold: each

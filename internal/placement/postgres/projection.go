@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/applyonce"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -40,7 +41,7 @@ import (
 // checkpoint and the projector_offsets row written in one transaction;
 // batches applied with set-based SQL (COPY, COPY into staging tables and
 // one UPDATE per table, unnest upserts); the fold a function of the log
-// alone, so a replay reproduces the rows (Builder, or
+// alone, so a rebuild reproduces the rows (Builder, or
 // ApplyDecisions over placement.ReadDecisions in batches of any size).
 type Projection struct {
 	log string // the decision log's name, in the namespace
@@ -118,9 +119,6 @@ const (
 VALUES (true, $1, $2::uuid)
 ON CONFLICT (singleton) DO UPDATE SET next_offset = EXCLUDED.next_offset,
     last_decision_id = COALESCE(EXCLUDED.last_decision_id, placement_checkpoint.last_decision_id)`
-	setOffsetsSQL = `INSERT INTO projector_offsets (projector, topic, partition, next_offset, updated_at)
-VALUES ($1, $2, 0, $3, now())
-ON CONFLICT (projector, topic, partition) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at`
 )
 
 // Checkpoint is where the placement projection stands.
@@ -177,7 +175,11 @@ func setPlacementCheckpoint(ctx context.Context, tx pgx.Tx, log string, next int
 	}
 	b := &pgx.Batch{}
 	b.Queue(setCheckpointSQL, next, id)
-	b.Queue(setOffsetsSQL, Name, log, next)
+	// The checkpoint is the fence (LockCheckpoint); the position row
+	// follows it, written by the one writer of positions.
+	var m applyonce.Moves
+	m.Add(log, 0, -1, next)
+	applyonce.QueueSet(b, Name, m, time.Now())
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("placement: set checkpoint: %w", err)
 	}

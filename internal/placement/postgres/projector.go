@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/applyonce"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/internal/sla"
@@ -30,7 +31,7 @@ import (
 //
 // Exactly once: the transaction first locks the checkpoint row and goes
 // ahead only if it still holds the offset the projector read from; if not
-// (another projector of the same schema moved it, or mailplane replay
+// (another projector of the same schema moved it, or mailplane rebuild
 // swapped a rebuilt projection in), it rolls back and re-reads its
 // position. Leadership: projectors of one schema take turns on a Postgres
 // advisory lock, so one applies and the others stand by; the checkpoint
@@ -41,7 +42,7 @@ import (
 // changelog, and a projection missing one decision would restore an engine
 // that differs from the log. The projector logs the error, counts it
 // (mailplane_projector_retries_total{kind="permanent"}) and retries the
-// batch with backoff; replaying into a fresh schema after a fix, or a new
+// batch with backoff; rebuilding into a fresh schema after a fix, or a new
 // engine build that knows the record, moves it on.
 //
 // So that no record can hold it there for good, whatever the engine
@@ -509,7 +510,7 @@ func (p *Projector) commit(ctx context.Context, from, next int64, recs []Record)
 		return p.proj.ApplyDecisions(ctx, tx, recs, next)
 	})
 	if err != nil {
-		if projections.IsUniqueViolation(err) {
+		if applyonce.IsUniqueViolation(err) {
 			// Two first batches raced for the checkpoint row.
 			return errPlacementFenced
 		}

@@ -163,7 +163,7 @@ type Execer interface {
 // Run it in one transaction (db a pgx.Tx, or a pool: the statement is
 // one). The horizon never moves down. It returns the rows deleted.
 //
-// A rebuilt projection (mailplane replay) keeps every change; compare it
+// A rebuilt projection (mailplane rebuild) keeps every change; compare it
 // with the live one above the live horizon, or prune it to the same horizon
 // before verifying.
 func PruneChanges(ctx context.Context, db Execer, before int64) (int64, error) {

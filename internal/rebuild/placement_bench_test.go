@@ -1,4 +1,4 @@
-package replay_test
+package rebuild
 
 import (
 	"context"
@@ -23,7 +23,6 @@ import (
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/placement/postgres"
-	"github.com/mailplane/mailplane/internal/placement/replay"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -129,7 +128,7 @@ func BenchmarkReplayPlacement(b *testing.B) {
 
 	b.ResetTimer()
 	start := time.Now()
-	rb, err := replay.RebuildPlacement(ctx, replay.Config{Kafka: kcfg, Live: db.Pool, Schema: db.Schema + "_placement_1",
+	rb, err := Start(ctx, PlacementSpec(), Config{Kafka: kcfg, Live: db.Pool, Schema: db.Schema + "_placement_1",
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	took := time.Since(start)
 	b.StopTimer()
@@ -137,8 +136,8 @@ func BenchmarkReplayPlacement(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer rb.Drop(context.Background())
-	if rb.Decisions() != int64(len(ds)) {
-		b.Fatalf("rebuilt %d decisions of %d", rb.Decisions(), len(ds))
+	if rb.Records() != int64(len(ds)) {
+		b.Fatalf("rebuilt %d decisions of %d", rb.Records(), len(ds))
 	}
 
 	// How long an engine takes to restore from this projection.

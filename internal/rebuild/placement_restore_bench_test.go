@@ -1,4 +1,4 @@
-package replay_test
+package rebuild
 
 import (
 	"bufio"
@@ -32,7 +32,6 @@ import (
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/placement/postgres"
-	"github.com/mailplane/mailplane/internal/placement/replay"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -452,15 +451,15 @@ func BenchmarkEngineRestore1M(b *testing.B) {
 	}
 	start = time.Now()
 	schema := db.Schema + "_placement_1"
-	rb, err := replay.RebuildPlacement(ctx, replay.Config{Kafka: kcfg, Live: db.Pool, Schema: schema, Logger: slog.New(slog.DiscardHandler)})
+	rb, err := Start(ctx, PlacementSpec(), Config{Kafka: kcfg, Live: db.Pool, Schema: schema, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer rb.Drop(context.Background())
-	if rb.Decisions() != int64(len(ds)) {
-		b.Fatalf("rebuilt %d decisions of %d", rb.Decisions(), len(ds))
+	if rb.Records() != int64(len(ds)) {
+		b.Fatalf("rebuilt %d decisions of %d", rb.Records(), len(ds))
 	}
-	b.Logf("checkpoint: projection rebuilt from %d decisions in %s", rb.Decisions(), time.Since(start).Round(time.Millisecond))
+	b.Logf("checkpoint: projection rebuilt from %d decisions in %s", rb.Records(), time.Since(start).Round(time.Millisecond))
 	appendLog(b, kcfg, tail)
 	logLen := int64(len(ds) + len(tail))
 	commitEngineOffsets(b, kcfg)
@@ -491,9 +490,9 @@ func BenchmarkEngineRestore1M(b *testing.B) {
 			raw := runRestoreChild(b, bin, restoreModeRaw, kcfg, "")
 			fromLog := runRestoreChild(b, bin, restoreModeLog, kcfg, "")
 			fromCk := runRestoreChild(b, bin, restoreModeCheckpoint, kcfg, ckURL)
-			if raw.Records != logLen || fromLog.Records != logLen || fromCk.Records != logLen-rb.Decisions() {
+			if raw.Records != logLen || fromLog.Records != logLen || fromCk.Records != logLen-rb.Records() {
 				b.Fatalf("%s: records: raw %d, from the log %d (want %d), from the checkpoint %d (want %d)",
-					bin, raw.Records, fromLog.Records, logLen, fromCk.Records, logLen-rb.Decisions())
+					bin, raw.Records, fromLog.Records, logLen, fromCk.Records, logLen-rb.Records())
 			}
 			// Both restores hold the same state: the same workers and pending mailboxes.
 			if fromLog.Workers != 10_000 || fromCk.Workers != fromLog.Workers || fromCk.Pending != fromLog.Pending {

@@ -1,4 +1,4 @@
-package replay
+package rebuild
 
 import (
 	"context"
@@ -40,7 +40,7 @@ func readParallel(ctx context.Context, kcfg kafka.Config, from int64, out chan<-
 	decode := func(r *kgo.Record) (postgres.Record, error) {
 		d, err := topics.DecodeDecision(r)
 		if err != nil {
-			return postgres.Record{}, fmt.Errorf("replay: decision at offset %d: %w", r.Offset, err)
+			return postgres.Record{}, fmt.Errorf("rebuild: decision at offset %d: %w", r.Offset, err)
 		}
 		return postgres.Record{Offset: r.Offset, Decision: d}, nil
 	}
@@ -53,7 +53,7 @@ func readParallel(ctx context.Context, kcfg kafka.Config, from int64, out chan<-
 		}
 	})
 	if err != nil {
-		return 0, fmt.Errorf("replay: reading the decision log: %w", err)
+		return 0, fmt.Errorf("rebuild: reading the decision log: %w", err)
 	}
 	return bounds[log].End, nil
 }

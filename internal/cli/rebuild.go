@@ -15,23 +15,20 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/migrations"
-	"github.com/mailplane/mailplane/internal/placement/replay"
 	"github.com/mailplane/mailplane/internal/rebuild"
-	"github.com/mailplane/mailplane/topics"
 )
 
-const replayUsage = `usage: mailplane replay registry|placement|health [--verify] [--swap [--yes]] [--schema NAME] [--wait D] [--format text|json]
-       mailplane replay cleanup [--keep N] [--older-than D] [--dry-run | --yes] [--format text|json]
+const rebuildUsage = `usage: mailplane rebuild registry|placement|health [--verify] [--swap [--yes]] [--schema NAME] [--wait D] [--format text|json]
+       mailplane rebuild cleanup [--keep N] [--older-than D] [--dry-run | --yes] [--format text|json]
 
 Rebuilds a projection from offset 0 of every partition of its topics (to
 their ends as the command starts) into a fresh schema, default
-<live>_<projection>_<unix time>; the health projection is rebuilt without
-publishing anything. Progress shows on a terminal (not when stdout is not
-one, nor with --format json).
+<live>_<projection>_<unix time><6 digits>; the health projection is rebuilt
+without publishing anything. Progress shows on a terminal (not when stdout
+is not one, nor with --format json).
   --verify  compare it row for row with the live schema, both at the same
             positions (the rebuild catches up to a live projection ahead of
             it; waits up to --wait for one behind); exit 4 when they differ
@@ -39,27 +36,35 @@ one, nor with --format json).
             passed in the same run, or --yes (swap without a verify, or
             despite a difference). The previous projection is left in the
             rebuild's schema.
-cleanup drops the schemas replay created (named <prefix>_<projection>_<digits>
-AND holding replay's marker table), never the live schema: --keep N newest per
+cleanup drops the schemas rebuild created (named <prefix>_<projection>_<digits>
+AND holding rebuild's marker table), never the live schema: --keep N newest per
 projection stay, --older-than D spares younger ones; --dry-run lists,
---yes drops.`
+--yes drops.
+(mailplane replay is the deprecated name of this command, for one release.)`
 
-// Replay is `mailplane replay`.
-func Replay(ctx context.Context, args []string) error {
+// Rebuild is `mailplane rebuild`.
+func Rebuild(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return usageError(strings.TrimSpace(replayUsage))
+		return usageError(strings.TrimSpace(rebuildUsage))
 	}
 	if args[0] == "cleanup" {
-		return replayCleanup(ctx, args[1:], os.Stdout)
+		return rebuildCleanup(ctx, args[1:], os.Stdout)
 	}
 	if !slices.Contains(rebuild.Projections, args[0]) {
-		return usageError(strings.TrimSpace(replayUsage))
+		return usageError(strings.TrimSpace(rebuildUsage))
 	}
-	return replayProjection(ctx, args[0], args[1:], os.Stdout)
+	return rebuildProjection(ctx, args[0], args[1:], os.Stdout)
 }
 
-// replaySummary is what `replay <projection>` prints with --format json.
-type replaySummary struct {
+// Replay is `mailplane replay`, the deprecated name of `mailplane rebuild`
+// (kept for one release): it warns on stderr, then rebuilds.
+func Replay(ctx context.Context, args []string, stderr io.Writer) error {
+	fmt.Fprintln(stderr, "mailplane replay is deprecated and will be removed in the next release: use mailplane rebuild (same arguments)")
+	return Rebuild(ctx, args)
+}
+
+// rebuildSummary is what `rebuild <projection>` prints with --format json.
+type rebuildSummary struct {
 	Projection string `json:"projection"`
 	Schema     string `json:"schema"`
 	LiveSchema string `json:"live_schema"`
@@ -72,7 +77,7 @@ type replaySummary struct {
 	Verify      *verifyResult      `json:"verify,omitempty"`
 	Swapped     bool               `json:"swapped"`
 	// Previous is the schema holding the projection that was live before
-	// the swap (replay cleanup drops it).
+	// the swap (rebuild cleanup drops it).
 	Previous string `json:"previous_schema,omitempty"`
 }
 
@@ -82,38 +87,29 @@ type verifyResult struct {
 	Tables    []rebuild.TableReport `json:"tables"`
 }
 
-// rebuilt is one projection's rebuild, as the command drives it.
-type rebuilt struct {
-	summary func() replaySummary
-	verify  func(ctx context.Context, wait time.Duration) (verifyResult, error)
-	swap    func(ctx context.Context) error
-	close   func()
+// startRebuild rebuilds projection name into a fresh schema.
+func startRebuild(ctx context.Context, name string, kcfg kafka.Config, pool *pgxpool.Pool, schema string, batch int, bar *progressBar, log *slog.Logger) (*rebuild.Rebuild, error) {
+	spec, err := rebuild.Of(name)
+	if err != nil {
+		return nil, err
+	}
+	return rebuild.Start(ctx, spec, rebuild.Config{Kafka: kcfg, Live: pool, Schema: schema, BatchSize: batch, Progress: bar.report, Logger: log})
 }
 
-// buildReplay rebuilds projection name into a fresh schema.
-func buildReplay(ctx context.Context, name string, kcfg kafka.Config, pool *pgxpool.Pool, schema string, batch int, bar *progressBar, log *slog.Logger) (rebuilt, error) {
-	if name == rebuild.Placement {
-		return replayPlacement(ctx, replay.Config{Kafka: kcfg, Live: pool, Schema: schema, BatchSize: batch, Progress: bar.placement, Logger: log})
-	}
-	spec := rebuild.RegistrySpec()
-	if name != rebuild.Registry {
-		var err error
-		if spec, err = rebuild.HealthSpec(domain.DefaultHealthPolicy()); err != nil {
-			return rebuilt{}, err
-		}
-	}
-	return replayGeneric(ctx, spec, rebuild.Config{Kafka: kcfg, Live: pool, Schema: schema, BatchSize: batch, Progress: bar.generic, Logger: log})
+func summarize(rb *rebuild.Rebuild) rebuildSummary {
+	return rebuildSummary{Projection: rb.Name(), Schema: rb.Schema(), LiveSchema: rb.LiveSchema(), Records: rb.Records(),
+		Poison: rb.Poison(), Positions: rb.Positions(), TookSeconds: rb.Took().Seconds()}
 }
 
-func replayProjection(ctx context.Context, name string, args []string, stdout *os.File) error {
-	fs := flag.NewFlagSet("replay "+name, flag.ExitOnError)
-	fs.Usage = func() { fmt.Fprintln(fs.Output(), replayUsage); fs.PrintDefaults() }
+func rebuildProjection(ctx context.Context, name string, args []string, stdout *os.File) error {
+	fs := flag.NewFlagSet("rebuild "+name, flag.ExitOnError)
+	fs.Usage = func() { fmt.Fprintln(fs.Output(), rebuildUsage); fs.PrintDefaults() }
 	brokers, dbURL := config.RegisterBrokerFlags(fs), config.DatabaseURL.String(fs)
 	logLevel, logFormat := config.LogLevel.String(fs), config.LogFormat.String(fs)
 	verify := fs.Bool("verify", false, "compare the rebuild with the live projection row for row")
 	swap := fs.Bool("swap", false, "swap the rebuild in (atomically); needs --verify passing or --yes")
 	yes := fs.Bool("yes", false, "--swap without a verify, or despite a difference")
-	schema := fs.String("schema", "", "name of the fresh schema, <prefix>_"+name+"_<digits> (default <live>_"+name+"_<unix time>)")
+	schema := fs.String("schema", "", "name of the fresh schema, <prefix>_"+name+"_<digits> (default <live>_"+name+"_<unix time><6 digits>)")
 	batch := fs.Int("batch", 0, "records applied per transaction (default: the projection's)")
 	wait := fs.Duration("wait", time.Minute, "--verify: how long to wait for a live projection that is behind the rebuild")
 	format := fs.String("format", FormatText, "output: text or json (for scripts)")
@@ -123,7 +119,7 @@ func replayProjection(ctx context.Context, name string, args []string, stdout *o
 	}
 	switch {
 	case fs.NArg() > 0:
-		return usageError(fmt.Sprintf("replay %s: unexpected argument %q", name, fs.Arg(0)))
+		return usageError(fmt.Sprintf("rebuild %s: unexpected argument %q", name, fs.Arg(0)))
 	case *swap && !*verify && !*yes:
 		return usageError("refusing --swap without --verify: a swap needs a verify that passes in the same run (--verify --swap), or --yes to swap without one")
 	case *yes && !*swap:
@@ -145,13 +141,13 @@ func replayProjection(ctx context.Context, name string, args []string, stdout *o
 	defer pool.Close()
 
 	bar := newProgressBar(stdout, os.Stderr, *format, name)
-	kcfg := brokers.Config("mailplane-replay")
-	rb, err := buildReplay(ctx, name, kcfg, pool, *schema, *batch, bar, log)
+	kcfg := brokers.Config("mailplane-rebuild")
+	rb, err := startRebuild(ctx, name, kcfg, pool, *schema, *batch, bar, log)
 	if err != nil {
 		return err
 	}
-	defer rb.close()
-	sum := rb.summary()
+	defer rb.Close()
+	sum := summarize(rb)
 	if *format == FormatText {
 		fmt.Fprintf(stdout, "rebuilt the %s projection into schema %s: %s in %.3fs (%.0f records/s)\n",
 			name, sum.Schema, describeRecords(name, sum), sum.TookSeconds, float64(sum.Records)/max(sum.TookSeconds, 1e-9))
@@ -166,14 +162,14 @@ func replayProjection(ctx context.Context, name string, args []string, stdout *o
 	}
 
 	if *verify {
-		v, err := rb.verify(ctx, *wait)
+		rep, err := rb.Verify(ctx, *wait)
 		if err != nil {
 			return finish(fmt.Errorf("cannot compare the rebuild with the live projection: %w", err))
 		}
+		v := verifyResult{Equal: rep.Equal(), Positions: rep.Positions, Tables: rep.Tables}
 		sum.Verify = &v
 		if *format == FormatText {
-			fmt.Fprintln(stdout, "compared at", describePositions(v.Positions))
-			rebuild.FormatTables(stdout, v.Tables)
+			rep.Format(stdout)
 		}
 		if !v.Equal && !*yes {
 			return finish(&ExitCodeError{Code: ExitVerifyFailed,
@@ -184,87 +180,34 @@ func replayProjection(ctx context.Context, name string, args []string, stdout *o
 		}
 	}
 	if *swap {
-		if err := rb.swap(ctx); err != nil {
+		if err := rb.Swap(ctx); err != nil {
 			return finish(err)
 		}
 		sum.Swapped, sum.Previous = true, sum.Schema
 		if *format == FormatText {
-			fmt.Fprintf(stdout, "swapped in; the previous %s projection is in schema %s (mailplane replay cleanup drops it)\n", name, sum.Schema)
+			fmt.Fprintf(stdout, "swapped in; the previous %s projection is in schema %s (mailplane rebuild cleanup drops it)\n", name, sum.Schema)
 		}
 		return finish(nil)
 	}
 	if *format == FormatText {
-		fmt.Fprintf(stdout, "the rebuild stays in schema %s (mailplane replay cleanup drops it)\n", sum.Schema)
+		fmt.Fprintf(stdout, "the rebuild stays in schema %s (mailplane rebuild cleanup drops it)\n", sum.Schema)
 	}
 	return finish(nil)
 }
 
-func describeRecords(name string, s replaySummary) string {
+func describeRecords(name string, s rebuildSummary) string {
 	unit := "events"
 	if name == rebuild.Placement {
 		unit = "decisions"
 	}
-	out := fmt.Sprintf("%d %s up to %s", s.Records, unit, describePositions(s.Positions))
+	out := fmt.Sprintf("%d %s up to %s", s.Records, unit, rebuild.DescribePositions(s.Positions))
 	if s.Poison > 0 {
 		out += fmt.Sprintf(", %d poison records passed", s.Poison)
 	}
 	return out
 }
 
-// describePositions: "offset N" for one partition, else per partition.
-func describePositions(ps []rebuild.Position) string {
-	if len(ps) == 1 {
-		return fmt.Sprintf("offset %d", ps[0].Next)
-	}
-	parts := make([]string, len(ps))
-	for i, p := range ps {
-		parts[i] = fmt.Sprintf("%s/%d@%d", p.Topic, p.Partition, p.Next)
-	}
-	return "offsets " + strings.Join(parts, " ")
-}
-
-func replayPlacement(ctx context.Context, cfg replay.Config) (rebuilt, error) {
-	rb, err := replay.RebuildPlacement(ctx, cfg)
-	if err != nil {
-		return rebuilt{}, err
-	}
-	pos := func(off int64) []rebuild.Position {
-		return []rebuild.Position{{Topic: cfg.Kafka.Topic(topics.PlacementDecisions), Partition: 0, Next: off}}
-	}
-	return rebuilt{
-		summary: func() replaySummary {
-			return replaySummary{Projection: rebuild.Placement, Schema: rb.Schema(), LiveSchema: rb.LiveSchema(), Records: rb.Decisions(),
-				Positions: pos(rb.NextOffset()), TookSeconds: rb.Took().Seconds()}
-		},
-		verify: func(ctx context.Context, wait time.Duration) (verifyResult, error) {
-			rep, err := rb.Verify(ctx, wait)
-			return verifyResult{Equal: rep.Equal(), Positions: pos(rep.Offset), Tables: rep.Tables}, err
-		},
-		swap:  rb.Swap,
-		close: rb.Close,
-	}, nil
-}
-
-func replayGeneric(ctx context.Context, spec rebuild.Spec, cfg rebuild.Config) (rebuilt, error) {
-	rb, err := rebuild.Start(ctx, spec, cfg)
-	if err != nil {
-		return rebuilt{}, err
-	}
-	return rebuilt{
-		summary: func() replaySummary {
-			return replaySummary{Projection: rb.Name(), Schema: rb.Schema(), LiveSchema: rb.LiveSchema(), Records: rb.Records(),
-				Poison: rb.Poison(), Positions: rb.Positions(), TookSeconds: rb.Took().Seconds()}
-		},
-		verify: func(ctx context.Context, wait time.Duration) (verifyResult, error) {
-			rep, err := rb.Verify(ctx, wait)
-			return verifyResult{Equal: rep.Equal(), Positions: rep.Positions, Tables: rep.Tables}, err
-		},
-		swap:  rb.Swap,
-		close: rb.Close,
-	}, nil
-}
-
-// cleanupReport is what `replay cleanup` prints with --format json.
+// cleanupReport is what `rebuild cleanup` prints with --format json.
 type cleanupReport struct {
 	DryRun  bool               `json:"dry_run"`
 	Dropped []rebuild.Leftover `json:"dropped"`
@@ -272,9 +215,9 @@ type cleanupReport struct {
 	Failed  []string           `json:"failed,omitempty"`
 }
 
-func replayCleanup(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("replay cleanup", flag.ExitOnError)
-	fs.Usage = func() { fmt.Fprintln(fs.Output(), replayUsage); fs.PrintDefaults() }
+func rebuildCleanup(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("rebuild cleanup", flag.ExitOnError)
+	fs.Usage = func() { fmt.Fprintln(fs.Output(), rebuildUsage); fs.PrintDefaults() }
 	dbURL := config.DatabaseURL.String(fs)
 	keep := fs.Int("keep", 0, "keep the N newest rebuild schemas of each projection")
 	olderThan := fs.Duration("older-than", 0, "drop only rebuild schemas created longer ago than this (0: any age)")
@@ -287,11 +230,11 @@ func replayCleanup(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	switch {
 	case fs.NArg() > 0:
-		return usageError(fmt.Sprintf("replay cleanup: unexpected argument %q", fs.Arg(0)))
+		return usageError(fmt.Sprintf("rebuild cleanup: unexpected argument %q", fs.Arg(0)))
 	case *keep < 0 || *olderThan < 0:
 		return usageError("--keep and --older-than are not negative")
 	case *dryRun == *yes:
-		return usageError("replay cleanup drops schemas: pass --dry-run to list what it would drop, or --yes to drop it")
+		return usageError("rebuild cleanup drops schemas: pass --dry-run to list what it would drop, or --yes to drop it")
 	}
 	if *dbURL == "" {
 		return config.ErrNoDatabase
@@ -356,7 +299,7 @@ func showCleanup(out io.Writer, rep cleanupReport) {
 	}
 }
 
-// progressBar draws replay progress on stderr while stdout is a terminal
+// progressBar draws rebuild progress on stderr while stdout is a terminal
 // (one line, redrawn), and nothing otherwise: not when stdout is a pipe or
 // a file, nor with --format json.
 type progressBar struct {
@@ -381,15 +324,13 @@ func isTerminal(f *os.File) bool {
 	return err != nil || !os.SameFile(st, null)
 }
 
-func (b *progressBar) placement(p replay.Progress) {
+func (b *progressBar) report(p rebuild.Progress) {
 	if b.on {
-		fmt.Fprint(b.w, renderProgress(b.name, "decisions", p.Fraction(), p.Decisions, p.Offset, p.To, p.Elapsed, p.Done, b.tty))
-	}
-}
-
-func (b *progressBar) generic(p rebuild.Progress) {
-	if b.on {
-		fmt.Fprint(b.w, renderProgress(b.name, "events", p.Fraction(), p.Records, p.Done, p.Total, p.Elapsed, p.Final, b.tty))
+		unit := "events"
+		if b.name == rebuild.Placement {
+			unit = "decisions"
+		}
+		fmt.Fprint(b.w, renderProgress(b.name, unit, p.Fraction(), p.Records, p.Done, p.Total, p.Elapsed, p.Final, b.tty))
 	}
 }
 
@@ -412,7 +353,7 @@ func renderProgress(name, unit string, f float64, records, done, total int64, el
 	if elapsed > 0 {
 		rate = float64(records) / elapsed.Seconds()
 	}
-	line := fmt.Sprintf("replay %s [%s] %5.1f%%  %d %s  %.0f/s  offset %d/%d  %s",
+	line := fmt.Sprintf("rebuild %s [%s] %5.1f%%  %d %s  %.0f/s  offset %d/%d  %s",
 		name, bar, 100*f, records, unit, rate, done, total, eta)
 	switch {
 	case tty && final:

@@ -26,8 +26,8 @@ import (
 	"github.com/mailplane/mailplane/topics"
 )
 
-// replayJSON is the part of `replay <projection> --format json` checked.
-type replayJSON struct {
+// rebuildJSON is the part of `rebuild <projection> --format json` checked.
+type rebuildJSON struct {
 	Projection string `json:"projection"`
 	Schema     string `json:"schema"`
 	LiveSchema string `json:"live_schema"`
@@ -58,9 +58,9 @@ type cleanupJSON struct {
 
 func cliID(kind, i int) string { return fmt.Sprintf("0000000%d-0000-4000-8000-%012x", kind, i) }
 
-// replayEvents is a stream each projection folds: mailboxes, orgs,
+// rebuildEvents is a stream each projection folds: mailboxes, orgs,
 // workers and warmup observations (half the senders landing in junk).
-func replayEvents(name string) []domain.Event {
+func rebuildEvents(name string) []domain.Event {
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	var out []domain.Event
 	ev := func(i int, d domain.Data) domain.Event {
@@ -96,15 +96,15 @@ func replayEvents(name string) []domain.Event {
 	return out
 }
 
-// TestReplayCommands: `mailplane replay registry|health` through the
+// TestRebuildCommands: `mailplane rebuild registry|health` through the
 // binary, against a live projector running here: --swap alone is refused
 // (exit 2) and creates nothing; --verify --format json finds the rebuild
 // identical; a row altered by hand makes --verify exit 4, and --verify
 // --swap then swaps nothing; --swap --yes swaps the rebuild in (repairing
-// the row); replay cleanup needs --dry-run or --yes, keeps the newest
+// the row); rebuild cleanup needs --dry-run or --yes, keeps the newest
 // with --keep 1, and never drops a user schema named like a rebuild's.
 // Progress is drawn on a terminal, not when stdout is a pipe.
-func TestReplayCommands(t *testing.T) {
+func TestRebuildCommands(t *testing.T) {
 	t.Parallel()
 	bin := mailplanetest.Build(t)
 	for _, name := range []string{"registry", "health"} {
@@ -154,7 +154,7 @@ func TestReplayCommands(t *testing.T) {
 			}
 			defer prod.Close()
 			var recs []*kgo.Record
-			for _, ev := range replayEvents(name) {
+			for _, ev := range rebuildEvents(name) {
 				r, err := topics.Encode(ev)
 				if err != nil {
 					t.Fatal(err)
@@ -211,20 +211,20 @@ func TestReplayCommands(t *testing.T) {
 
 			// A swap without a verify and without --yes: refused, nothing made.
 			for _, args := range [][]string{nil, {"nope"}} {
-				if _, stderr, code := run(append([]string{"replay"}, args...)...); code != 2 || !strings.Contains(stderr, "usage: mailplane replay") {
-					t.Errorf("replay %v: exit %d, want 2 (usage)\n%s", args, code, stderr)
+				if _, stderr, code := run(append([]string{"rebuild"}, args...)...); code != 2 || !strings.Contains(stderr, "usage: mailplane rebuild") {
+					t.Errorf("rebuild %v: exit %d, want 2 (usage)\n%s", args, code, stderr)
 				}
 			}
 			for _, args := range [][]string{{"--swap"}, {"--swap", "--schema", s(1)}, {"--yes"}} {
-				_, stderr, code := run(append([]string{"replay", name}, args...)...)
+				_, stderr, code := run(append([]string{"rebuild", name}, args...)...)
 				if code != 2 || !strings.Contains(stderr, "--swap") {
-					t.Errorf("replay %s %v: exit %d, want 2 (usage)\n%s", name, args, code, stderr)
+					t.Errorf("rebuild %s %v: exit %d, want 2 (usage)\n%s", name, args, code, stderr)
 				}
 			}
 			if n := schemas(); n != 0 {
-				t.Fatalf("a refused replay left %d schemas", n)
+				t.Fatalf("a refused rebuild left %d schemas", n)
 			}
-			if _, stderr, code := run("replay", name, "--verify", "--schema", "public"); code != 2 || !strings.Contains(stderr, "rebuild schema is named") {
+			if _, stderr, code := run("rebuild", name, "--verify", "--schema", "public"); code != 2 || !strings.Contains(stderr, "rebuild schema is named") {
 				t.Errorf("--schema public: exit %d\n%s", code, stderr)
 			}
 
@@ -233,21 +233,21 @@ func TestReplayCommands(t *testing.T) {
 			if err != nil {
 				t.Fatalf("script (util-linux) is needed to run the command on a terminal: %v", err)
 			}
-			tty := exec.Command(scriptBin, "-qec", strings.Join([]string{bin, "replay", name, "--schema", s(0)}, " "), "/dev/null")
+			tty := exec.Command(scriptBin, "-qec", strings.Join([]string{bin, "rebuild", name, "--schema", s(0)}, " "), "/dev/null")
 			tty.Env = []string{"PATH=/usr/bin:/bin", "MAILPLANE_DATABASE_URL=" + db.URL, "MAILPLANE_BROKERS=" + strings.Join(brokers, ","), "MAILPLANE_KAFKA_NAMESPACE=" + string(kcfg.Namespace), "TERM=dumb"}
-			if out, err := tty.CombinedOutput(); err != nil || !strings.Contains(string(out), "replay "+name+" [") ||
+			if out, err := tty.CombinedOutput(); err != nil || !strings.Contains(string(out), "rebuild "+name+" [") ||
 				!strings.Contains(string(out), "100.0%") || !strings.Contains(string(out), "done in") {
-				t.Errorf("replay on a terminal: %v, no progress drawn:\n%q", err, out)
+				t.Errorf("rebuild on a terminal: %v, no progress drawn:\n%q", err, out)
 			}
 
-			stdout, stderr, code := run("replay", name, "--verify", "--format", "json", "--schema", s(1))
-			var rep replayJSON
+			stdout, stderr, code := run("rebuild", name, "--verify", "--format", "json", "--schema", s(1))
+			var rep rebuildJSON
 			if err := json.Unmarshal([]byte(stdout), &rep); code != 0 || err != nil || rep.Projection != name || rep.Schema != s(1) ||
 				rep.LiveSchema != db.Schema || rep.Records != int64(len(recs)) || len(rep.Positions) == 0 || rep.Verify == nil ||
 				!rep.Verify.Equal || rep.Swapped {
-				t.Fatalf("replay --verify --format json: exit %d, %v: %+v\n%s\n%s", code, err, rep, stdout, stderr)
+				t.Fatalf("rebuild --verify --format json: exit %d, %v: %+v\n%s\n%s", code, err, rep, stdout, stderr)
 			}
-			if strings.Contains(stderr, "replay "+name+" [") {
+			if strings.Contains(stderr, "rebuild "+name+" [") {
 				t.Errorf("progress drawn while stdout is not a terminal:\n%s", stderr)
 			}
 
@@ -260,10 +260,10 @@ func TestReplayCommands(t *testing.T) {
 			if err := db.Pool.QueryRow(ctx, probe, key).Scan(&drifted); err != nil {
 				t.Fatal(err)
 			}
-			stdout, stderr, code = run("replay", name, "--verify", "--swap", "--format", "json", "--schema", s(2))
-			rep = replayJSON{}
+			stdout, stderr, code = run("rebuild", name, "--verify", "--swap", "--format", "json", "--schema", s(2))
+			rep = rebuildJSON{}
 			if err := json.Unmarshal([]byte(stdout), &rep); code != 4 || err != nil || rep.Verify == nil || rep.Verify.Equal || rep.Swapped {
-				t.Fatalf("replay --verify --swap of a drifted projection: exit %d (want 4), %v: %+v\n%s\n%s", code, err, rep, stdout, stderr)
+				t.Fatalf("rebuild --verify --swap of a drifted projection: exit %d (want 4), %v: %+v\n%s\n%s", code, err, rep, stdout, stderr)
 			}
 			for _, tr := range rep.Verify.Tables {
 				if tr.Table == table && (tr.OnlyLive != 1 || tr.OnlyRebuilt != 1) {
@@ -276,9 +276,9 @@ func TestReplayCommands(t *testing.T) {
 			}
 
 			// --swap --yes swaps the rebuild in: the row is the log's again.
-			stdout, stderr, code = run("replay", name, "--swap", "--yes", "--schema", s(3))
+			stdout, stderr, code = run("rebuild", name, "--swap", "--yes", "--schema", s(3))
 			if code != 0 || !strings.Contains(stdout, "swapped in") {
-				t.Fatalf("replay --swap --yes: exit %d\n%s\n%s", code, stdout, stderr)
+				t.Fatalf("rebuild --swap --yes: exit %d\n%s\n%s", code, stdout, stderr)
 			}
 			if err := db.Pool.QueryRow(ctx, probe, key).Scan(&now); err != nil || now == drifted {
 				t.Errorf("after the swap %s is still %q (%v)", table, now, err)
@@ -290,25 +290,25 @@ func TestReplayCommands(t *testing.T) {
 				pgx.Identifier{user, "keep_me"}.Sanitize()+` (id int)`); err != nil {
 				t.Fatal(err)
 			}
-			if _, stderr, code := run("replay", "cleanup"); code != 2 || !strings.Contains(stderr, "--dry-run") {
-				t.Errorf("replay cleanup without --dry-run or --yes: exit %d\n%s", code, stderr)
+			if _, stderr, code := run("rebuild", "cleanup"); code != 2 || !strings.Contains(stderr, "--dry-run") {
+				t.Errorf("rebuild cleanup without --dry-run or --yes: exit %d\n%s", code, stderr)
 			}
-			stdout, stderr, code = run("replay", "cleanup", "--dry-run", "--format", "json")
+			stdout, stderr, code = run("rebuild", "cleanup", "--dry-run", "--format", "json")
 			var cl cleanupJSON
 			if err := json.Unmarshal([]byte(stdout), &cl); code != 0 || err != nil || !cl.DryRun || len(cl.Dropped) != 4 {
-				t.Fatalf("replay cleanup --dry-run: exit %d, %v: %+v\n%s", code, err, cl, stderr)
+				t.Fatalf("rebuild cleanup --dry-run: exit %d, %v: %+v\n%s", code, err, cl, stderr)
 			}
 			if n := schemas(); n != 5 {
 				t.Errorf("--dry-run dropped something: %d schemas left of 5", n)
 			}
-			stdout, stderr, code = run("replay", "cleanup", "--yes", "--keep", "1", "--format", "json")
+			stdout, stderr, code = run("rebuild", "cleanup", "--yes", "--keep", "1", "--format", "json")
 			cl = cleanupJSON{}
 			if err := json.Unmarshal([]byte(stdout), &cl); code != 0 || err != nil || len(cl.Dropped) != 3 || len(cl.Kept) != 1 || cl.Kept[0].Schema != s(3) {
-				t.Fatalf("replay cleanup --yes --keep 1: exit %d, %v: %+v\n%s", code, err, cl, stderr)
+				t.Fatalf("rebuild cleanup --yes --keep 1: exit %d, %v: %+v\n%s", code, err, cl, stderr)
 			}
-			stdout, stderr, code = run("replay", "cleanup", "--yes")
+			stdout, stderr, code = run("rebuild", "cleanup", "--yes")
 			if code != 0 || !strings.Contains(stdout, s(3)) || !strings.Contains(stdout, "dropped") {
-				t.Fatalf("replay cleanup --yes: exit %d\n%s\n%s", code, stdout, stderr)
+				t.Fatalf("rebuild cleanup --yes: exit %d\n%s\n%s", code, stdout, stderr)
 			}
 			var left []string
 			rows, _ := db.Pool.Query(ctx, `SELECT nspname::text FROM pg_namespace WHERE nspname LIKE $1 ORDER BY 1`, db.Schema+"%")

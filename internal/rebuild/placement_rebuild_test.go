@@ -1,4 +1,4 @@
-package replay_test
+package rebuild
 
 import (
 	"context"
@@ -17,8 +17,6 @@ import (
 	"github.com/mailplane/mailplane/internal/placement"
 	"github.com/mailplane/mailplane/internal/placement/engine"
 	"github.com/mailplane/mailplane/internal/placement/postgres"
-	"github.com/mailplane/mailplane/internal/placement/replay"
-	rebuildpkg "github.com/mailplane/mailplane/internal/rebuild"
 )
 
 // checkProjection checks the projection in pool against the decider's
@@ -48,9 +46,9 @@ func checkProjection(t testing.TB, pool *pgxpool.Pool, want *placement.State) {
 	}
 }
 
-func rebuild(t testing.TB, e *env, schema string, progress func(replay.Progress)) *replay.Placement {
+func rebuild(t testing.TB, e *env, schema string, progress func(Progress)) *Rebuild {
 	t.Helper()
-	rb, err := replay.RebuildPlacement(context.Background(), replay.Config{
+	rb, err := Start(context.Background(), PlacementSpec(), Config{
 		Kafka: e.kcfg, Live: e.db.Pool, Schema: schema, BatchSize: 37, Progress: progress, ProgressEvery: 5 * time.Millisecond,
 	})
 	if err != nil {
@@ -60,7 +58,7 @@ func rebuild(t testing.TB, e *env, schema string, progress func(replay.Progress)
 	return rb
 }
 
-func verifyEqual(t testing.TB, rb *replay.Placement) replay.Report {
+func verifyEqual(t testing.TB, rb *Rebuild) Report {
 	t.Helper()
 	rep, err := rb.Verify(context.Background(), 30*time.Second)
 	if err != nil {
@@ -74,7 +72,7 @@ func verifyEqual(t testing.TB, rb *replay.Placement) replay.Report {
 	return rep
 }
 
-// TestReplayPlacementEqualsLive: random scenarios run through the real
+// TestRebuildPlacementEqualsLive: random scenarios run through the real
 // engine (kfake) with the live placement projector (Postgres). After every
 // round invariants 3 and 4 hold on the projected tables; the projection
 // restores to exactly the state of the pure decider fed the same inputs;
@@ -83,7 +81,7 @@ func verifyEqual(t testing.TB, rb *replay.Placement) replay.Report {
 // with dead workers forgotten in the log); the
 // rebuild swaps in while the projector runs, which goes on from the
 // rebuild's offset; and a second rebuild equals the swapped-in one.
-func TestReplayPlacementEqualsLive(t *testing.T) {
+func TestRebuildPlacementEqualsLive(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	forgotten := 0
@@ -124,15 +122,15 @@ func TestReplayPlacementEqualsLive(t *testing.T) {
 			}
 
 			var mu sync.Mutex
-			var reports []replay.Progress
-			rb := rebuild(t, e, e.db.Schema+"_placement_1", func(p replay.Progress) { mu.Lock(); reports = append(reports, p); mu.Unlock() })
-			if rb.Decisions() != int64(len(l)) {
-				t.Errorf("the rebuild applied %d decisions, the log holds %d", rb.Decisions(), len(l))
+			var reports []Progress
+			rb := rebuild(t, e, e.db.Schema+"_placement_1", func(p Progress) { mu.Lock(); reports = append(reports, p); mu.Unlock() })
+			if rb.Records() != int64(len(l)) {
+				t.Errorf("the rebuild applied %d decisions, the log holds %d", rb.Records(), len(l))
 			}
 			mu.Lock()
 			last := reports[len(reports)-1]
 			mu.Unlock()
-			if !last.Done || last.Decisions != int64(len(l)) || last.Fraction() != 1 {
+			if !last.Final || last.Records != int64(len(l)) || last.Fraction() != 1 {
 				t.Errorf("last progress report %+v", last)
 			}
 
@@ -141,8 +139,8 @@ func TestReplayPlacementEqualsLive(t *testing.T) {
 			s.round(20)
 			end := e.settle(e.db.Pool)
 			rep := verifyEqual(t, rb)
-			if rep.Offset != end {
-				t.Errorf("compared at %d, the log ends at %d", rep.Offset, end)
+			if rep.Positions[0].Next != end {
+				t.Errorf("compared at %d, the log ends at %d", rep.Positions[0].Next, end)
 			}
 			for _, tr := range rep.Tables {
 				if tr.Table == "placement_mailboxes" && tr.LiveRows == 0 {
@@ -188,16 +186,16 @@ WHERE worker_id = (SELECT worker_id FROM placement_workers ORDER BY worker_id LI
 
 			// Cleanup sees both rebuild schemas (the swapped one holding the
 			// previous projection) and drops neither while its rebuild runs.
-			ls, err := rebuildpkg.List(ctx, e.db.Pool)
-			if err != nil || len(ls) != 2 || ls[0].Schema != rb2.Schema() || ls[0].State != rebuildpkg.StateBuilt ||
-				ls[1].Schema != rb.Schema() || ls[1].State != rebuildpkg.StatePrevious {
+			ls, err := List(ctx, e.db.Pool)
+			if err != nil || len(ls) != 2 || ls[0].Schema != rb2.Schema() || ls[0].State != StateBuilt ||
+				ls[1].Schema != rb.Schema() || ls[1].State != StatePrevious {
 				t.Fatalf("rebuild schemas: %+v, %v", ls, err)
 			}
-			if err := rebuildpkg.Drop(ctx, e.db.Pool, rb2.Schema()); err == nil {
+			if err := Drop(ctx, e.db.Pool, rb2.Schema()); err == nil {
 				t.Error("cleanup dropped the schema of a running rebuild")
 			}
 			rb2.Close()
-			if err := rebuildpkg.Drop(ctx, e.db.Pool, rb2.Schema()); err != nil {
+			if err := Drop(ctx, e.db.Pool, rb2.Schema()); err != nil {
 				t.Error(err)
 			}
 		})
