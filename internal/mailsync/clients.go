@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,17 +63,6 @@ func newGroupClient(kcfg kafka.Config, cfg Config, cb groupCallbacks) (*kgo.Clie
 		return nil, fmt.Errorf("mailsync: consumer: %w", err)
 	}
 	return cl, nil
-}
-
-// newUserReader reads every partition of the user topic from since on, as
-// a plain consumer.
-func newUserReader(kcfg kafka.Config, since time.Time) (*kgo.Client, error) {
-	return kafka.NewClient(kcfg.WithClientID(kcfg.ClientID+"-users"), kafka.KindReader,
-		kgo.ConsumeTopics(kcfg.Topic(topics.UserEvents)),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(since.UnixMilli())),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.FetchMaxWait(500*time.Millisecond),
-	)
 }
 
 // newRelay is the worker's own outbox relay (its producer is built by
