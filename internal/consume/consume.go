@@ -38,6 +38,9 @@ type Consumer struct {
 	woken   bool               // Wake was called outside a poll
 	started bool
 	left    sync.Once
+	// ready is closed when New returns: partition callbacks wait for it,
+	// so they see the consumer whole.
+	ready chan struct{}
 }
 
 // New returns the consumer name (its metrics label and log attribute) of
@@ -61,7 +64,8 @@ func New(kcfg kafka.Config, name string, src Source, h Handler, opts ...Option) 
 	if cfg.reg == nil {
 		cfg.reg = prometheus.NewRegistry()
 	}
-	c := &Consumer{name: name, src: src, cfg: cfg, log: cfg.logger.With("consumer", name), m: newMetrics(cfg.reg, name)}
+	c := &Consumer{name: name, src: src, cfg: cfg, log: cfg.logger.With("consumer", name), m: newMetrics(cfg.reg, name), ready: make(chan struct{})}
+	defer close(c.ready)
 	c.h = c.wrap(h)
 	if err := c.connect(kcfg); err != nil {
 		return nil, fmt.Errorf("consume %s: %w", name, err)

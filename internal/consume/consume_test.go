@@ -145,7 +145,7 @@ func newPartitionsLog() *partitionsLog {
 
 func (l *partitionsLog) options() []consume.Option {
 	rec := func(into map[int32]int) consume.PartitionsFunc {
-		return func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+		return func(_ context.Context, _ *consume.Consumer, m map[string][]int32) {
 			l.mu.Lock()
 			defer l.mu.Unlock()
 			for _, p := range m[topic] {

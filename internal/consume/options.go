@@ -16,8 +16,9 @@ import (
 type Option func(*config)
 
 // PartitionsFunc is a partition callback: the partitions assigned, revoked
-// or lost, by topic.
-type PartitionsFunc func(ctx context.Context, cl *kgo.Client, partitions map[string][]int32)
+// or lost, by topic, and the consumer (its Client, Session and Wake are
+// ready: a callback never runs before New returned).
+type PartitionsFunc func(ctx context.Context, c *Consumer, partitions map[string][]int32)
 
 // DefaultLeaveWithin bounds leaving the group at shutdown unless
 // LeaveWithin says otherwise (kafka.CloseWithin).

@@ -104,24 +104,27 @@ func (c *Consumer) connect(kcfg kafka.Config) error {
 // was revoked or lost, then the consumer's hooks run.
 func (c *Consumer) callbacks() []kgo.Opt {
 	return []kgo.Opt{
-		kgo.OnPartitionsAssigned(func(ctx context.Context, cl *kgo.Client, m map[string][]int32) {
+		kgo.OnPartitionsAssigned(func(ctx context.Context, _ *kgo.Client, m map[string][]int32) {
+			<-c.ready
 			c.m.rebalances.WithLabelValues(c.name, "assigned").Inc()
 			for _, fn := range c.cfg.assigned {
-				fn(ctx, cl, m)
+				fn(ctx, c, m)
 			}
 		}),
-		kgo.OnPartitionsRevoked(func(ctx context.Context, cl *kgo.Client, m map[string][]int32) {
+		kgo.OnPartitionsRevoked(func(ctx context.Context, _ *kgo.Client, m map[string][]int32) {
+			<-c.ready
 			c.m.rebalances.WithLabelValues(c.name, "revoked").Inc()
 			c.forget(m)
 			for _, fn := range c.cfg.revoked {
-				fn(ctx, cl, m)
+				fn(ctx, c, m)
 			}
 		}),
-		kgo.OnPartitionsLost(func(ctx context.Context, cl *kgo.Client, m map[string][]int32) {
+		kgo.OnPartitionsLost(func(ctx context.Context, _ *kgo.Client, m map[string][]int32) {
+			<-c.ready
 			c.m.rebalances.WithLabelValues(c.name, "lost").Inc()
 			c.forget(m)
 			for _, fn := range c.cfg.lost {
-				fn(ctx, cl, m)
+				fn(ctx, c, m)
 			}
 		}),
 	}

@@ -27,12 +27,16 @@ func TestTransactAbortRedelivers(t *testing.T) {
 	var mu sync.Mutex
 	var handled [][]string
 	var committed []bool
+	var fenced bool // the producer id was taken on assignment, before any record
 	fail := errors.New("effect failed")
 	h := func(ctx context.Context, b *consume.Batch) error {
 		if len(b.Records) == 0 {
 			return nil
 		}
 		mu.Lock()
+		if !fenced {
+			t.Error("records handled before the assignment's fence")
+		}
 		attempt := len(handled)
 		var vs []string
 		for _, r := range b.Records {
@@ -68,7 +72,21 @@ func TestTransactAbortRedelivers(t *testing.T) {
 	g := group("txn")
 	c, err := consume.New(kcfg, "transactor", consume.TransactGroup(g), h, consume.WithKgoOptions(
 		kgo.TransactionalID("consume-test-txn"), kgo.TransactionTimeout(10*time.Second),
-		kgo.RecordPartitioner(kgo.ManualPartitioner())))
+		kgo.RecordPartitioner(kgo.ManualPartitioner())),
+		// Fence the previous owner as the placement engine does: its
+		// producer id, on assignment, before offsets are fetched.
+		consume.OnAssigned(func(ctx context.Context, c *consume.Consumer, m map[string][]int32) {
+			if len(m) == 0 {
+				return
+			}
+			if _, _, err := c.Session().Client().ProducerID(ctx); err != nil {
+				t.Errorf("producer id on assignment: %v", err)
+				return
+			}
+			mu.Lock()
+			fenced = true
+			mu.Unlock()
+		}))
 	if err != nil {
 		t.Fatal(err)
 	}
