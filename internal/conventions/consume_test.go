@@ -30,8 +30,6 @@ var notYetOnConsume = map[string]bool{
 	"internal/projections/batch.go":     true,
 	// The placement projection's session loop.
 	"internal/placement/postgres/projector.go": true,
-	// The sync worker's group consumer.
-	"internal/mailsync/worker.go": true,
 }
 
 // TestOneConsumeRuntime: records are polled only by the consumer runtime
