@@ -28,8 +28,6 @@ var notYetOnConsume = map[string]bool{
 	// round (Consumer.PollBuffered replaces the latter).
 	"internal/projections/projector.go": true,
 	"internal/projections/batch.go":     true,
-	// The placement projection's session loop.
-	"internal/placement/postgres/projector.go": true,
 }
 
 // TestOneConsumeRuntime: records are polled only by the consumer runtime
