@@ -163,19 +163,29 @@ func (l *partitionsLog) counts() (assigned, revoked, lost int) {
 }
 
 // TestGroupAssignmentAndRevocation: a member alone gets every partition;
-// a second member joining takes some, revoked from the first after its
-// batch; the records of every partition are handled by one of them.
+// a second member joining takes some, revoked from the first (whose meter
+// forgets them); the records of every partition are then handled by one
+// of them.
 func TestGroupAssignmentAndRevocation(t *testing.T) {
 	t.Parallel()
 	kcfg := cluster(t, 4)
 	var s1, s2 seen
 	l1, l2 := newPartitionsLog(), newPartitionsLog()
-	c1, err := consume.New(kcfg, "first", consume.Group(group("g")), s1.handler, l1.options()...)
+	reg1 := prometheus.NewRegistry()
+	opts1 := append(l1.options(), consume.Metered(sla.NewMeter(reg1, sla.Registry)), consume.WithRegisterer(reg1))
+	c1, err := consume.New(kcfg, "first", consume.Group(group("g")), s1.handler, opts1...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	run(t, c1)
 	eventually(t, "the first member assigned all four partitions", func() bool { a, _, _ := l1.counts(); return a == 4 })
+	for p := range int32(4) {
+		produce(t, kcfg, p, "v"+strconv.Itoa(int(p)))
+	}
+	eventually(t, "the first member handled every partition", func() bool { return s1.has("v0", "v1", "v2", "v3") })
+	if n := lagSeries(t, reg1); n != 4 {
+		t.Fatalf("partitions metered by the first member alone: %d", n)
+	}
 	c2, err := consume.New(kcfg, "second", consume.Group(group("g")), s2.handler, l2.options()...)
 	if err != nil {
 		t.Fatal(err)
@@ -186,17 +196,44 @@ func TestGroupAssignmentAndRevocation(t *testing.T) {
 		_, r1, _ := l1.counts()
 		return a2 > 0 && r1 == a2
 	})
-	for p := range int32(4) {
-		produce(t, kcfg, p, "v"+strconv.Itoa(int(p)))
+	_, r1, _ := l1.counts()
+	if n := lagSeries(t, reg1); n != 4-r1 {
+		t.Fatalf("partitions metered by the first member after %d were revoked: %d", r1, n)
 	}
-	eventually(t, "every partition's record handled", func() bool {
-		n1, _ := s1.count()
+	for p := range int32(4) {
+		produce(t, kcfg, p, "w"+strconv.Itoa(int(p)))
+	}
+	// Nothing was committed (a group member of the runtime commits
+	// where its effect is): the second member reads its partitions from
+	// the start, the v records again.
+	eventually(t, "every partition's new record handled", func() bool {
+		for p := range 4 {
+			w := "w" + strconv.Itoa(p)
+			if !s1.has(w) && !s2.has(w) {
+				return false
+			}
+		}
 		n2, _ := s2.count()
-		return n1+n2 == 4 && n1 > 0 && n2 > 0
+		return n2 > 0
 	})
 	if _, _, lost := l1.counts(); lost != 0 {
 		t.Fatalf("partitions lost in a clean rebalance: %d", lost)
 	}
+}
+
+// lagSeries counts the partitions a registry's meters report.
+func lagSeries(t *testing.T, reg prometheus.Gatherer) int {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "mailplane_consumer_lag_records" {
+			return len(mf.GetMetric())
+		}
+	}
+	return 0
 }
 
 // TestShutdownLeavesTheGroup: Run stopped by its context runs BeforeLeave,
