@@ -22,6 +22,9 @@ type Batch struct {
 	Polled time.Time
 
 	c *Consumer
+	// aborted says a Transact of the batch did not commit: its records
+	// are polled again, so the meter does not count them applied.
+	aborted bool
 }
 
 // Consumer returns the consumer the batch was polled by.
@@ -81,12 +84,12 @@ func (b *Batch) Transact(ctx context.Context, fn func(ctx context.Context) error
 		try = kgo.TryAbort
 	}
 	committed, err = sess.End(ctx, try)
-	if ferr != nil {
-		b.c.m.aborts.Inc()
-		return false, errors.Join(ferr, err)
-	}
 	if !committed {
+		b.aborted = true
 		b.c.m.aborts.Inc()
+	}
+	if ferr != nil {
+		return false, errors.Join(ferr, err)
 	}
 	return committed, err
 }

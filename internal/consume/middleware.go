@@ -31,7 +31,8 @@ func (c *Consumer) wrap(h Handler) Handler {
 }
 
 // metered holds each polled partition at its first record while next
-// runs, and moves it past its last once next returned nil.
+// runs, and moves it past its last once next returned nil (and no
+// transaction of the batch aborted: its records come again).
 func metered(m *sla.Meter, next Handler) Handler {
 	return func(ctx context.Context, b *Batch) error {
 		b.Fetches.EachPartition(func(p kgo.FetchTopicPartition) {
@@ -39,7 +40,7 @@ func metered(m *sla.Meter, next Handler) Handler {
 				m.Set(p.Topic, p.Partition, sla.Position{Next: p.Records[0].Offset, End: kafka.FetchEnd(p), Oldest: p.Records[0].Timestamp})
 			}
 		})
-		if err := next(ctx, b); err != nil {
+		if err := next(ctx, b); err != nil || b.aborted {
 			return err
 		}
 		b.Fetches.EachPartition(func(p kgo.FetchTopicPartition) {

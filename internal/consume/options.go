@@ -128,7 +128,8 @@ func OnFetchError(fn func(topic string, partition int32, err error) error) Optio
 // Metered reports the consumer's lag on m (its row of internal/sla's
 // table): a partition polled is held at its first record (with that
 // record's append time) while the handler runs, and at the offset after
-// its last once the handler returned nil; revoked and lost partitions are
+// its last once the handler returned nil (unless a Batch.Transact of the
+// batch aborted: the records are polled again); revoked and lost partitions are
 // forgotten, and every partition when Run ends. The effect observes
 // latency itself (m.Applied), where it knows the effect happened.
 func Metered(m *sla.Meter) Option { return func(c *config) { c.meter = m } }

@@ -8,10 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/internal/consume"
 	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/sla"
 )
 
 // TestTransactAbortRedelivers: a TransactGroup consumer's batch is handled
@@ -69,8 +71,23 @@ func TestTransactAbortRedelivers(t *testing.T) {
 		mu.Unlock()
 		return err
 	}
+	// The meter is read before each poll: after the abort, the batch's
+	// partition must still be held at its first record.
+	reg := prometheus.NewRegistry()
+	var afterAbort []float64
+	wait := func() time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(committed) == 1 && len(afterAbort) == 0 {
+			v, _ := lag(t, reg, 0)
+			afterAbort = append(afterAbort, v)
+		}
+		return 100 * time.Millisecond
+	}
 	g := group("txn")
-	c, err := consume.New(kcfg, "transactor", consume.TransactGroup(g), h, consume.WithKgoOptions(
+	c, err := consume.New(kcfg, "transactor", consume.TransactGroup(g), h,
+		consume.Metered(sla.NewMeter(reg, sla.MailboxState)), consume.WithRegisterer(reg), consume.WithWait(wait),
+		consume.WithKgoOptions(
 		kgo.TransactionalID("consume-test-txn"), kgo.TransactionTimeout(10*time.Second),
 		kgo.RecordPartitioner(kgo.ManualPartitioner())),
 		// Fence the previous owner as the placement engine does: its
@@ -99,10 +116,14 @@ func TestTransactAbortRedelivers(t *testing.T) {
 		defer mu.Unlock()
 		return len(committed) > 0 && committed[len(committed)-1]
 	})
+	eventually(t, "the meter caught up after the commit", func() bool { v, ok := lag(t, reg, 0); return ok && v == 0 })
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()
+	if len(afterAbort) != 1 || afterAbort[0] != 2 {
+		t.Fatalf("lag after the aborted transaction: %v, want the batch's 2 records held", afterAbort)
+	}
 	if len(handled) < 2 || !slices.Equal(handled[0], []string{"a", "b"}) || !slices.Equal(handled[len(handled)-1], []string{"a", "b"}) {
 		t.Fatalf("batches handled: %v; want the aborted batch polled again", handled)
 	}
