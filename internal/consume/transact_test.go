@@ -88,8 +88,8 @@ func TestTransactAbortRedelivers(t *testing.T) {
 	c, err := consume.New(kcfg, "transactor", consume.TransactGroup(g), h,
 		consume.Metered(sla.NewMeter(reg, sla.MailboxState)), consume.WithRegisterer(reg), consume.WithWait(wait),
 		consume.WithKgoOptions(
-		kgo.TransactionalID("consume-test-txn"), kgo.TransactionTimeout(10*time.Second),
-		kgo.RecordPartitioner(kgo.ManualPartitioner())),
+			kgo.TransactionalID("consume-test-txn"), kgo.TransactionTimeout(10*time.Second),
+			kgo.RecordPartitioner(kgo.ManualPartitioner())),
 		// Fence the previous owner as the placement engine does: its
 		// producer id, on assignment, before offsets are fetched.
 		consume.OnAssigned(func(ctx context.Context, c *consume.Consumer, m map[string][]int32) {
