@@ -1,7 +1,6 @@
 package mailsync
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"time"
@@ -10,9 +9,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mailplane/mailplane/internal/consume"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/outbox"
 	"github.com/mailplane/mailplane/internal/promreg"
+	"github.com/mailplane/mailplane/internal/sla"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -30,22 +31,24 @@ func newOutClient(kcfg kafka.Config) (*kgo.Client, error) {
 	return out, nil
 }
 
-// groupCallbacks are the consumer group's rebalance callbacks and the
-// watchdog's hook.
+// groupCallbacks are the consumer group's rebalance callbacks, the
+// watchdog's hook and what the runtime runs before leaving.
 type groupCallbacks struct {
-	assigned, revoked, lost func(context.Context, *kgo.Client, map[string][]int32)
+	assigned, revoked, lost consume.PartitionsFunc
 	hook                    kgo.Hook
+	beforeLeave             func()
 }
 
-// newGroupClient is the member of the sync group on mailbox.state.
-func newGroupClient(kcfg kafka.Config, cfg Config, cb groupCallbacks) (*kgo.Client, error) {
+// leaveTimeout bounds the leave at shutdown (consume.LeaveWithin).
+const leaveTimeout = 5 * time.Second
+
+// newGroupConsumer is the member of the sync group on mailbox.state, on
+// the consumer runtime: it blocks rebalances while a poll's records are
+// applied (records reach handle only for partitions it owns, and rebalance
+// callbacks never run meanwhile), and handle runs at least every 250 ms
+// for housekeeping (sooner on Wake).
+func newGroupConsumer(kcfg kafka.Config, cfg Config, log *slog.Logger, cb groupCallbacks, handle consume.Handler) (*consume.Consumer, error) {
 	opts := []kgo.Opt{
-		// Records reach the poll loop only for partitions it owns, and
-		// rebalance callbacks never run while it applies them.
-		kgo.BlockRebalanceOnPoll(),
-		kgo.OnPartitionsAssigned(cb.assigned),
-		kgo.OnPartitionsRevoked(cb.revoked),
-		kgo.OnPartitionsLost(cb.lost),
 		kgo.RebalanceTimeout(cfg.RebalanceTimeout),
 		// Control records too, so that reading a partition "to its end"
 		// (the last stable offset) sees every offset up to it.
@@ -56,25 +59,25 @@ func newGroupClient(kcfg kafka.Config, cfg Config, cb groupCallbacks) (*kgo.Clie
 		// tools (commitPositionsLocked).
 		kgo.AdjustFetchOffsetsFn(fromStart),
 	}
-	cl, err := kafka.NewConsumer(kcfg, kafka.GroupConfig{
+	c, err := consume.New(kcfg, string(sla.Sync), consume.Group(kafka.GroupConfig{
 		Group: cfg.Group, Topics: []string{kcfg.Topic(topics.MailboxState)},
 		SessionTimeout: cfg.SessionTimeout, HeartbeatInterval: cfg.HeartbeatInterval,
-	}, append(opts, cfg.KgoOptions...)...)
+	}), handle,
+		consume.WithKgoOptions(append(opts, cfg.KgoOptions...)...),
+		consume.OnAssigned(cb.assigned), consume.OnRevoked(cb.revoked), consume.OnLost(cb.lost),
+		consume.WithPollWait(250*time.Millisecond), consume.WithMaxRecords(20000),
+		// The revoke in the leave stops the runners first; when the
+		// leave waits on the coordinator (a JoinGroup it holds for a
+		// rebalance), the runners are stopped after the bound instead,
+		// and the fence keeps whatever they might still write from
+		// landing (a process stopping must be gone within its grace
+		// period).
+		consume.BeforeLeave(cb.beforeLeave), consume.LeaveWithin(min(cfg.RebalanceTimeout, leaveTimeout)),
+		consume.WithLogger(log), consume.WithRegisterer(cfg.Registerer))
 	if err != nil {
 		return nil, fmt.Errorf("mailsync: consumer: %w", err)
 	}
-	return cl, nil
-}
-
-// newUserReader reads every partition of the user topic from since on, as
-// a plain consumer.
-func newUserReader(kcfg kafka.Config, since time.Time) (*kgo.Client, error) {
-	return kafka.NewClient(kcfg.WithClientID(kcfg.ClientID+"-users"), kafka.KindReader,
-		kgo.ConsumeTopics(kcfg.Topic(topics.UserEvents)),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(since.UnixMilli())),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.FetchMaxWait(500*time.Millisecond),
-	)
+	return c, nil
 }
 
 // newRelay is the worker's own outbox relay (its producer is built by

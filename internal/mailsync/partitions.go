@@ -4,9 +4,8 @@ import (
 	"context"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/consume"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -18,7 +17,7 @@ import (
 // assigned claims newly assigned partitions, takes their epochs and starts
 // reading them. It runs while the poll loop is parked
 // (BlockRebalanceOnPoll).
-func (w *Worker) assigned(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+func (w *Worker) assigned(_ context.Context, _ *consume.Consumer, m map[string][]int32) {
 	ids := m[w.kcfg.Topic(topics.MailboxState)]
 	if len(ids) == 0 {
 		return
@@ -115,7 +114,7 @@ func (w *Worker) loadTiers(parts []*partition) {
 		}
 	}
 	w.mu.Unlock()
-	w.poll.wake()
+	w.wake()
 }
 
 // housekeeping runs in the poll loop, where no rebalance callback runs:

@@ -13,7 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/internal/dlq"
+	"github.com/mailplane/mailplane/internal/consume"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/sla"
 	"github.com/mailplane/mailplane/topics"
@@ -59,53 +59,56 @@ type activity struct {
 }
 
 // followUsers reads user.active events from now minus the session grace,
-// as a plain consumer (every worker reads every user partition), keeping
-// the latest activity per user and handing each batch to promote.
+// as a plain consumer on the runtime (every worker reads every user
+// partition), keeping the latest activity per user and handing each batch
+// to promote.
 func (t *tiering) followUsers(ctx context.Context, promote func([]activity)) {
 	since := t.cfg.Now().Add(-t.cfg.TierSessionGrace)
-	cl, err := newUserReader(t.kcfg, since)
+	var ends map[int32]int64
+	caughtUp := false
+	handle := func(_ context.Context, b *consume.Batch) error {
+		var batch []activity
+		for _, r := range b.Records {
+			if a, ok := t.decodeActivity(r); ok {
+				batch = append(batch, a)
+			}
+		}
+		if len(batch) > 0 {
+			promote(batch)
+		}
+		if !caughtUp {
+			b.Fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
+				if n := len(fp.Records); n > 0 && fp.Records[n-1].Offset+1 >= ends[fp.Partition] {
+					delete(ends, fp.Partition)
+				}
+			})
+			if len(ends) == 0 {
+				caughtUp = true
+				t.setCaughtUp(true)
+			}
+		}
+		return nil
+	}
+	topic := t.kcfg.Topic(topics.UserEvents)
+	c, err := consume.New(t.kcfg.WithClientID(t.kcfg.ClientID+"-users"), string(sla.SyncActivity),
+		consume.Topics(kgo.NewOffset().AfterMilli(since.UnixMilli()), topic), handle,
+		consume.WithKgoOptions(kgo.FetchMaxWait(500*time.Millisecond)),
+		// Redriven from the DLQ for another consumer: its append time is
+		// the redrive's, not the user's activity.
+		consume.SkipRedriven(string(sla.SyncActivity)),
+		consume.Metered(t.activity),
+		consume.WithLogger(t.log), consume.WithRegisterer(t.cfg.Registerer), consume.WithClock(t.cfg.Now))
 	if err != nil {
 		t.log.Error("user events consumer; sessions will not promote", "err", err)
 		return
 	}
-	defer cl.Close()
-	defer t.activity.ForgetAll()
 	// Until the events that were already there at start are read, a
 	// promotion is catching up, not a latency worth measuring.
-	ends := userEnds(ctx, cl, t.kcfg.Topic(topics.UserEvents))
-	caughtUp := len(ends) == 0
+	ends = userEnds(ctx, c.Client(), topic)
+	caughtUp = len(ends) == 0
 	t.log.Debug("following user events", "since", since, "to_catch_up", len(ends))
 	t.setCaughtUp(caughtUp)
-	for ctx.Err() == nil {
-		fs := cl.PollFetches(ctx)
-		if fs.IsClientClosed() {
-			return
-		}
-		var batch []activity
-		fs.EachRecord(func(r *kgo.Record) {
-			if !caughtUp {
-				if end, ok := ends[r.Partition]; ok && r.Offset+1 >= end {
-					delete(ends, r.Partition)
-				}
-			}
-			if a, ok := t.decodeActivity(r); ok {
-				batch = append(batch, a)
-			}
-		})
-		if len(batch) > 0 {
-			promote(batch)
-		}
-		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
-			if n := len(fp.Records); n > 0 {
-				next := fp.Records[n-1].Offset + 1
-				t.activity.Set(fp.Topic, fp.Partition, sla.Position{Next: next, End: max(next, kafka.FetchEnd(fp))})
-			}
-		})
-		if !caughtUp && len(ends) == 0 {
-			caughtUp = true
-			t.setCaughtUp(true)
-		}
-	}
+	_ = c.Run(ctx) // the handler never fails
 }
 
 // userEnds lists the end offsets of the user topic's non-empty partitions.
@@ -123,13 +126,9 @@ func userEnds(ctx context.Context, cl *kgo.Client, topic string) map[int32]int64
 	return ends
 }
 
-// decodeActivity reads a user.active record; other records are skipped.
+// decodeActivity reads a user.active record; other records are skipped
+// (the runtime dropped those redriven for another consumer already).
 func (t *tiering) decodeActivity(r *kgo.Record) (activity, bool) {
-	if dlq.ForOtherConsumer(r, string(sla.SyncActivity)) {
-		// Redriven from the DLQ for another consumer: its append time is
-		// the redrive's, not the user's activity.
-		return activity{}, false
-	}
 	e, err := topics.Decode(r)
 	if err != nil {
 		t.m.badRecords.Inc()

@@ -60,6 +60,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -67,6 +68,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/consume"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/sla"
 	"github.com/mailplane/mailplane/topics"
@@ -89,9 +91,10 @@ type Worker struct {
 	tiers *tiering
 	queue *outboxQueue
 
-	cl  *kgo.Client // the group consumer of mailbox.state
-	out *kgo.Client // sync.failed's producer, the watchdog's probes, admin requests
-	adm *kadm.Client
+	cons *consume.Consumer // the group consumer of mailbox.state
+	cl   *kgo.Client       // its client (commits of positions for lag tools)
+	out  *kgo.Client       // sync.failed's producer, the watchdog's probes, admin requests
+	adm  *kadm.Client
 
 	// mu guards the live set: the partitions' mailboxes and the index
 	// by user. It is taken before the locks of the parts above.
@@ -103,7 +106,8 @@ type Worker struct {
 	// (poll loop only).
 	lastCommit time.Time
 
-	poll pollWaker
+	// poll is the group consumer once connected: wake ends its poll.
+	poll atomic.Pointer[consume.Consumer]
 }
 
 // New returns a worker consuming through kcfg's brokers, writing through
@@ -178,15 +182,17 @@ func (w *Worker) Run(ctx context.Context) error {
 	bg, stopBg := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Go(func() { w.tiers.followUsers(ctx, w.usersActive) })
-	wg.Go(func() { w.wd.loop(ctx, func() bool { return len(w.own.active()) > 0 }, w.suspendAll, w.poll.wake) })
+	wg.Go(func() { w.wd.loop(ctx, func() bool { return len(w.own.active()) > 0 }, w.suspendAll, w.wake) })
 	wg.Go(func() { w.wd.probe(ctx, w.cl, w.out) })
 	wg.Go(func() { w.tiers.evalLoop(ctx, w.evaluate) })
 	recDone := make(chan struct{})
 	go func() { defer close(recDone); w.queue.loop(bg) }()
 
-	w.pollLoop(ctx)
-
-	w.leave()
+	// Polls, applies and housekeeps until ctx is done, then stops the
+	// runners and leaves the group (the handler never fails).
+	_ = w.cons.Run(ctx)
+	// Whatever the leave's revoke did not stop (a leave past its bound).
+	w.dropAll()
 	wg.Wait()
 	stopBg()
 	<-recDone
@@ -210,21 +216,23 @@ func (w *Worker) connect(ctx context.Context) error {
 	}
 	w.out, w.adm = out, kadm.NewClient(out)
 	w.checkCoPartitioned(ctx)
-	cl, err := newGroupClient(w.kcfg, w.cfg, groupCallbacks{
+	cons, err := newGroupConsumer(w.kcfg, w.cfg, w.log, groupCallbacks{
 		assigned: w.assigned,
-		revoked: func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+		revoked: func(_ context.Context, _ *consume.Consumer, m map[string][]int32) {
 			w.drop(m[w.kcfg.Topic(topics.MailboxState)], domain.SyncLostRevoked)
 		},
-		lost: func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+		lost: func(_ context.Context, _ *consume.Consumer, m map[string][]int32) {
 			w.drop(m[w.kcfg.Topic(topics.MailboxState)], domain.SyncLostLost)
 		},
-		hook: w.wd,
-	})
+		hook:        w.wd,
+		beforeLeave: w.sup.close,
+	}, w.handle)
 	if err != nil {
 		out.Close()
 		return err
 	}
-	w.cl = cl
+	w.cons, w.cl = cons, cons.Client()
+	w.poll.Store(cons)
 	return nil
 }
 
@@ -239,24 +247,6 @@ func (w *Worker) startRelay(ctx context.Context) (stop func()) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = relay.Run(relayCtx) }()
 	return func() { cancel(); <-done }
-}
-
-// leaveTimeout bounds the leave at shutdown (kafka.CloseWithin).
-const leaveTimeout = 5 * time.Second
-
-// leave revokes every partition (stopping its runners) before the
-// LeaveGroup, so the next owners find every write of ours committed.
-func (w *Worker) leave() {
-	w.sup.close()
-	// The revoke in the leave stops the runners first; when the leave
-	// waits on the coordinator (a JoinGroup it holds for a rebalance),
-	// the runners are stopped here instead, and the fence keeps whatever
-	// they might still write from landing (a process stopping must be gone
-	// within its grace period).
-	if !kafka.CloseWithin(min(w.cfg.RebalanceTimeout, leaveTimeout), w.cl.CloseAllowingRebalance) {
-		w.log.Warn("leaving the group did not finish in time; stopping runners anyway", "waited", min(w.cfg.RebalanceTimeout, leaveTimeout))
-	}
-	w.dropAll()
 }
 
 // awaitRecordsPublished gives the relay (ours or another process's) a
@@ -295,48 +285,20 @@ func (w *Worker) checkCoPartitioned(ctx context.Context) {
 	}
 }
 
-// pollLoop applies mailbox.state records and does the housekeeping that
-// must not race rebalance callbacks.
-func (w *Worker) pollLoop(ctx context.Context) {
-	for ctx.Err() == nil {
-		pctx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
-		w.poll.set(cancel)
-		fs := w.cl.PollRecords(pctx, 20000)
-		w.poll.set(nil)
-		cancel()
-		if fs.IsClientClosed() {
-			w.cl.AllowRebalance()
-			return
-		}
-		fs.EachError(func(t string, p int32, err error) {
-			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-				w.log.Warn("fetch error", "topic", t, "partition", p, "err", err)
-			}
-		})
-		w.apply(fs)
-		w.housekeeping()
-		w.cl.AllowRebalance()
-	}
+// handle applies a poll's mailbox.state records and does the housekeeping
+// that must not race rebalance callbacks (the runtime blocks them until
+// it returns).
+func (w *Worker) handle(_ context.Context, b *consume.Batch) error {
+	w.apply(b.Fetches)
+	w.housekeeping()
+	return nil
 }
 
-// pollWaker ends the poll loop's current poll early, so housekeeping runs
+// wake ends the group consumer's current poll early, so housekeeping runs
 // now.
-type pollWaker struct {
-	mu     sync.Mutex
-	cancel context.CancelFunc
-}
-
-func (p *pollWaker) set(cancel context.CancelFunc) {
-	p.mu.Lock()
-	p.cancel = cancel
-	p.mu.Unlock()
-}
-
-func (p *pollWaker) wake() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cancel != nil {
-		p.cancel()
+func (w *Worker) wake() {
+	if c := w.poll.Load(); c != nil {
+		c.Wake()
 	}
 }
 

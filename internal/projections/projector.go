@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/consume"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/sla"
 )
@@ -317,15 +318,42 @@ func (p *Projector) Run(ctx context.Context) error {
 	defer dlqCl.Close()
 	s.dlq = dlqCl
 
+	cons, err := s.consumer()
+	if err != nil {
+		return err
+	}
+	s.cl = cons.Client()
+	p.log.InfoContext(ctx, "projector starting", "group", p.cfg.group.Group, "topics", p.cfg.group.Topics)
+
+	// The prune has its own connection and goroutine: its deletes never
+	// wait for the poll loop, nor the poll loop for them.
+	pruneCtx, stopPrune := context.WithCancel(ctx)
+	var pruning sync.WaitGroup
+	pruning.Go(func() { p.pruneLoop(pruneCtx) })
+
+	// Rounds until ctx is done; then shutdown records the positions and
+	// the group is left within leaveTimeout (the handler never fails).
+	_ = cons.Run(ctx)
+
+	stopPrune()
+	pruning.Wait()
+	p.meter.ForgetAll()
+	p.log.Info("projector stopped")
+	return nil
+}
+
+// consumer declares the projector's member of its group on the consumer
+// runtime: Postgres says where each partition resumes, a round (see
+// round) handles each poll, and the poll waits less, or not at all, while
+// records wait to be applied.
+func (s *session) consumer() (*consume.Consumer, error) {
+	p := s.p
 	opts := append([]kgo.Opt{
-		// Polls and rebalance callbacks take turns: the poll loop applies
-		// what it polled before it allows a rebalance, so a revoke never
-		// finds a transaction in flight, and SetOffsets is safe.
-		kgo.BlockRebalanceOnPoll(),
+		// Polls and rebalance callbacks take turns (the runtime's group
+		// blocks rebalances on poll): a round applies what it polled
+		// before it allows a rebalance, so a revoke never finds a
+		// transaction in flight, and SetOffsets is safe.
 		kgo.OnPartitionsCallbackBlocked(s.callbackBlocked),
-		kgo.OnPartitionsAssigned(s.assigned),
-		kgo.OnPartitionsRevoked(s.revoked),
-		kgo.OnPartitionsLost(s.lost),
 		// Postgres says where each partition resumes; the group's
 		// committed offsets are only there for lag dashboards.
 		kgo.AdjustFetchOffsetsFn(s.adjustOffsets),
@@ -341,32 +369,20 @@ func (p *Projector) Run(ctx context.Context) error {
 		kgo.FetchMaxBytes(fetchMaxBytes(p.cfg.batchSize * p.cfg.concurrency)),
 		kgo.FetchMaxPartitionBytes(fetchMaxBytes(p.cfg.batchSize) / 2),
 	}, p.cfg.kgoOpts...)
-	cl, err := kafka.NewConsumer(p.kcfg, p.cfg.group, opts...)
+	c, err := consume.New(p.kcfg, p.name, consume.Group(p.cfg.group), s.round,
+		consume.WithKgoOptions(opts...),
+		consume.OnAssigned(func(ctx context.Context, c *consume.Consumer, m map[string][]int32) { s.assigned(ctx, c.Client(), m) }),
+		consume.OnRevoked(func(ctx context.Context, c *consume.Consumer, m map[string][]int32) { s.revoked(ctx, c.Client(), m) }),
+		consume.OnLost(func(ctx context.Context, c *consume.Consumer, m map[string][]int32) { s.lost(ctx, c.Client(), m) }),
+		consume.WithWait(s.wait), consume.WithMaxRecordsFunc(s.pollSize),
+		// Everything applied is committed: leaving the group only hands
+		// the partitions over sooner than the session's expiry would.
+		consume.BeforeLeave(s.shutdown), consume.LeaveWithin(leaveTimeout),
+		consume.WithLogger(p.log), consume.WithRegisterer(p.cfg.reg))
 	if err != nil {
-		return fmt.Errorf("projections: consumer: %w", err)
+		return nil, fmt.Errorf("projections: consumer: %w", err)
 	}
-	s.cl = cl
-	p.log.InfoContext(ctx, "projector starting", "group", p.cfg.group.Group, "topics", p.cfg.group.Topics)
-
-	// The prune has its own connection and goroutine: its deletes never
-	// wait for the poll loop, nor the poll loop for them.
-	pruneCtx, stopPrune := context.WithCancel(ctx)
-	var pruning sync.WaitGroup
-	pruning.Go(func() { p.pruneLoop(pruneCtx) })
-
-	s.poll(ctx)
-
-	stopPrune()
-	pruning.Wait()
-	s.shutdown()
-	// Everything applied is committed: leaving the group only hands the
-	// partitions over sooner than the session's expiry would.
-	if !kafka.CloseWithin(leaveTimeout, cl.CloseAllowingRebalance) {
-		p.log.Warn("leaving the group did not finish in time; its session will expire instead", "waited", leaveTimeout)
-	}
-	p.meter.ForgetAll()
-	p.log.Info("projector stopped")
-	return nil
+	return c, nil
 }
 
 // leaveTimeout bounds leaving the group at the end of Run: a process
@@ -403,8 +419,9 @@ type session struct {
 	cl  *kgo.Client
 	dlq *kgo.Client
 
-	// mu guards the partitions. The poll loop holds it from the end of a
-	// poll to AllowRebalance (the round's lanes work under it, sharing
+	// mu guards the partitions. A round (the runtime's handler) holds it
+	// from the end of a poll to just before the runtime's AllowRebalance
+	// (the round's lanes work under it, sharing
 	// qmu); the group callbacks and adjustOffsets take it too (see
 	// yieldLock). BlockRebalanceOnPoll already keeps the
 	// callbacks out of that stretch; the lock covers what it does not
@@ -474,51 +491,44 @@ func (s *session) wakeWatcher() {
 // groupWaits reports whether the group waits for the poll loop.
 func (s *session) groupWaits() bool { return s.blocked.Load() || s.waiting.Load() > 0 }
 
-// poll is the projector's loop: poll, apply what came in (with what earlier
-// rounds left, and what the lanes poll meanwhile: see drain), then allow a
-// rebalance. The records of a poll, across partitions, share a transaction
-// per lane.
-func (s *session) poll(ctx context.Context) {
-	for ctx.Err() == nil {
-		// A callback blocked at the poll gate ran after the last round
-		// (and one still blocked will say so again); one waiting for mu
-		// may still wait.
-		s.blocked.Store(false)
-		select {
-		case <-s.yieldC:
-		default:
-		}
-		if s.waiting.Load() > 0 {
-			s.wakeWatcher()
-		}
-		fs := s.pollRecords(ctx)
-		if fs.IsClientClosed() {
-			s.cl.AllowRebalance()
-			return
-		}
-		s.logFetchErrors(fs)
-
-		s.mu.Lock()
-		s.gateHeld = len(fs) > 0
-		s.accept(fs)
-		rctx, cancel := s.roundContext(ctx)
-		s.drain(ctx, rctx)
-		cancel()
-		s.housekeeping()
-		var commit map[topicPartition]int64
-		if time.Since(s.lastCommit) >= s.p.cfg.commitEvery {
-			s.lastCommit = time.Now()
-			commit = s.positions(s.order)
-		}
-		s.mu.Unlock()
-
-		if commit != nil {
-			s.commitKafka(ctx, s.cl, commit)
-		}
-		s.cl.AllowRebalance()
+// round is the projector's handler of a poll: apply what came in (with
+// what earlier rounds left, and what the lanes poll meanwhile: see
+// drain); the runtime then allows a rebalance. The records of a poll,
+// across partitions, share a transaction per lane.
+func (s *session) round(ctx context.Context, b *consume.Batch) error {
+	s.mu.Lock()
+	s.gateHeld = len(b.Fetches) > 0
+	s.accept(b.Fetches)
+	rctx, cancel := s.roundContext(ctx)
+	s.drain(ctx, rctx)
+	cancel()
+	s.housekeeping()
+	var commit map[topicPartition]int64
+	if time.Since(s.lastCommit) >= s.p.cfg.commitEvery {
+		s.lastCommit = time.Now()
+		commit = s.positions(s.order)
 	}
+	s.mu.Unlock()
+
+	if commit != nil {
+		s.commitKafka(ctx, s.cl, commit)
+	}
+	// A callback blocked at the poll gate runs once the runtime allows
+	// the rebalance (and one still blocked will say so again); one
+	// waiting for mu may still wait.
+	s.blocked.Store(false)
+	select {
+	case <-s.yieldC:
+	default:
+	}
+	if s.waiting.Load() > 0 {
+		s.wakeWatcher()
+	}
+	return nil
 }
 
+// logFetchErrors logs the fetch errors of the lanes' polls (the runtime
+// logs those of its own).
 func (s *session) logFetchErrors(fs kgo.Fetches) {
 	fs.EachError(func(topic string, partition int32, err error) {
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
@@ -569,22 +579,13 @@ func (s *session) adaptBatch() {
 	s.p.m.batchLimit.WithLabelValues(s.p.name).Set(float64(next))
 }
 
-// pollRecords polls at most a batch per lane. It waits for records up to the poll
-// wait, less when a failing partition's retry falls due sooner, and not at
-// all when records are already waiting to be applied.
-func (s *session) pollRecords(ctx context.Context) kgo.Fetches {
+// wait is how long a poll, of at most a batch per lane, waits for
+// records: the poll wait, less when a failing partition's retry falls due
+// sooner, and not at all when records are already waiting to be applied.
+func (s *session) wait() time.Duration {
 	s.mu.Lock()
-	wait := s.pollWait(time.Now())
-	s.mu.Unlock()
-	if wait <= 0 {
-		// A nil context takes what the client has buffered and returns
-		// (a canceled one would return nothing).
-		//lint:ignore SA1012 kgo documents a nil context as "do not wait"
-		return s.cl.PollRecords(nil, s.pollSize())
-	}
-	pctx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	return s.cl.PollRecords(pctx, s.pollSize())
+	defer s.mu.Unlock()
+	return s.pollWait(time.Now())
 }
 
 func (s *session) pollWait(now time.Time) time.Duration {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/applyonce"
+	"github.com/mailplane/mailplane/internal/consume"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/internal/sla"
@@ -296,7 +297,8 @@ func (p *Projector) lead(ctx context.Context) (release func(), err error) {
 	}, nil
 }
 
-// session is one leadership: read the position, then tail the log.
+// session is one leadership: read the position, then tail the log on the
+// consumer runtime (partition 0 assigned from the checkpoint, no group).
 func (p *Projector) session(ctx context.Context) error {
 	release, err := p.lead(ctx)
 	if err != nil {
@@ -308,50 +310,39 @@ func (p *Projector) session(ctx context.Context) error {
 		return err
 	}
 	next := ck.NextOffset
-	cl, err := p.reader(next)
-	if err != nil {
-		return err
-	}
-	defer cl.Close()
-	p.log.Info("placement projector leading", "from", next)
-
 	b := &inputBatcher{safeEnd: next, seen: next, end: -1}
-	offsets := p.offsetCommitter(cl)
-	for {
-		fs := cl.PollRecords(ctx, p.cfg.batchSize)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if fs.IsClientClosed() {
-			return kgo.ErrClientClosed
-		}
-		var ferr error
-		fs.EachError(func(_ string, _ int32, err error) {
-			if ferr == nil && !errors.Is(err, context.Canceled) {
-				ferr = err
-			}
-		})
-		if ferr != nil {
-			return fmt.Errorf("reading the decision log at %d: %w", b.seen, ferr)
-		}
-		fs.EachPartition(func(fp kgo.FetchTopicPartition) {
-			b.end = max(b.end, kafka.FetchEnd(fp))
-		})
-		derr := b.add(fs)
+	var offsets *offsetCommitter
+	topic := p.kcfg.Topic(topics.PlacementDecisions)
+	handle := func(ctx context.Context, batch *consume.Batch) error {
+		b.end = max(b.end, batch.End(topic, 0))
+		derr := b.add(batch.Fetches)
 		if b.safeEnd > next {
 			failed := b.position(next)
 			if err := p.commit(ctx, next, b.safeEnd, b.take()); err != nil {
-				p.meter.Set(p.kcfg.Topic(topics.PlacementDecisions), 0, failed)
+				p.meter.Set(topic, 0, failed)
 				return err
 			}
 			next = b.safeEnd
 		}
-		p.meter.Set(p.kcfg.Topic(topics.PlacementDecisions), 0, b.position(next))
+		p.meter.Set(topic, 0, b.position(next))
 		offsets.commit(ctx, next)
-		if derr != nil {
-			return derr
-		}
+		return derr
 	}
+	c, err := consume.New(p.kcfg, string(sla.PlacementProjection),
+		consume.Partitions(map[string]map[int32]kgo.Offset{topic: {0: kgo.NewOffset().At(next)}}), handle,
+		consume.WithMaxRecords(p.cfg.batchSize), consume.WithKgoOptions(p.readerOptions()...),
+		// A fetch error ends the leadership: the session starts over
+		// from the checkpoint, after a backoff.
+		consume.OnFetchError(func(_ string, _ int32, err error) error {
+			return fmt.Errorf("reading the decision log at %d: %w", b.seen, err)
+		}),
+		consume.WithLogger(p.log), consume.WithRegisterer(p.cfg.reg))
+	if err != nil {
+		return fmt.Errorf("decision-log reader: %w", err)
+	}
+	offsets = p.offsetCommitter(c.Client())
+	p.log.Info("placement projector leading", "from", next)
+	return c.Run(ctx)
 }
 
 // kafkaCommitEvery is how often the leader records its position in its
@@ -398,10 +389,11 @@ func (o *offsetCommitter) commit(ctx context.Context, next int64) {
 	o.last = next
 }
 
-// reader returns a client reading the decision log from next.
-func (p *Projector) reader(next int64) (*kgo.Client, error) {
-	opts := append([]kgo.Opt{
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+// readerOptions are the options of the decision-log reader, beside the
+// runtime's partition source (read_committed, partition 0 from the
+// checkpoint).
+func (p *Projector) readerOptions() []kgo.Opt {
+	return append([]kgo.Opt{
 		// Markers count: the position reaches the log's end, so a change
 		// token of a caught-up projection is the end of the log.
 		kgo.KeepControlRecords(),
@@ -410,18 +402,10 @@ func (p *Projector) reader(next int64) (*kgo.Client, error) {
 		// A checkpoint outside the log (records deleted, another
 		// cluster's database) is an error, never a silent skip.
 		kgo.ConsumeResetOffset(kgo.NoResetOffset()),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{
-			p.kcfg.Topic(topics.PlacementDecisions): {0: kgo.NewOffset().At(next)},
-		}),
 		// Decode as fetches are buffered, in the client's goroutine, so
 		// decoding the next batch overlaps the transaction of this one.
 		kgo.WithHooks(decodeHook{}),
 	}, p.cfg.kgoOpts...)
-	cl, err := kafka.NewClient(p.kcfg, kafka.KindReader, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("decision-log reader: %w", err)
-	}
-	return cl, nil
 }
 
 // inputBatcher gathers decisions read into batches that end where inputs
