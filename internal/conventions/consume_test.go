@@ -24,11 +24,6 @@ var notYetOnConsume = map[string]bool{
 	// The placement engine: a Kafka-transactional group session with
 	// ticks and fencing.
 	"internal/placement/engine/engine.go": true,
-	// The generic projector's lanes, which take what is buffered within
-	// a round (the projector's own loop is on the runtime): one line,
-	// s.cl.PollRecords(nil, n) to the round's Consumer.PollBuffered(n),
-	// left to the owner of batch.go.
-	"internal/projections/batch.go": true,
 }
 
 // TestOneConsumeRuntime: records are polled only by the consumer runtime

@@ -215,9 +215,7 @@ func (s *session) take(ctx, rctx context.Context) []*item {
 // the queues, and returns how many records that was. Called by a lane with
 // qmu held.
 func (s *session) pollBuffered() int {
-	// A nil context takes what the client has buffered and returns.
-	//lint:ignore SA1012 kgo documents a nil context as "do not wait"
-	fs := s.cl.PollRecords(nil, s.pollSize())
+	fs := s.cons.PollBuffered(s.pollSize())
 	if fs.IsClientClosed() {
 		return 0
 	}

@@ -322,7 +322,7 @@ func (p *Projector) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.cl = cons.Client()
+	s.cl, s.cons = cons.Client(), cons
 	p.log.InfoContext(ctx, "projector starting", "group", p.cfg.group.Group, "topics", p.cfg.group.Topics)
 
 	// The prune has its own connection and goroutine: its deletes never
@@ -415,9 +415,10 @@ type topicPartition struct {
 
 // session is one Run: the clients and the partitions currently owned.
 type session struct {
-	p   *Projector
-	cl  *kgo.Client
-	dlq *kgo.Client
+	p    *Projector
+	cl   *kgo.Client
+	cons *consume.Consumer // polls (the lanes take what is buffered through it)
+	dlq  *kgo.Client
 
 	// mu guards the partitions. A round (the runtime's handler) holds it
 	// from the end of a poll to just before the runtime's AllowRebalance
