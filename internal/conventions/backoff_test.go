@@ -148,7 +148,7 @@ func doublings(fset *token.FileSet, f *ast.File) []string {
 	return out
 }
 
-// lastName is the name an expression ends in: x, a.b.x, x[i], x().
+// lastName is the name an expression ends in: x, a.b.x, (x), x[i].
 func lastName(e ast.Expr) string {
 	switch e := e.(type) {
 	case *ast.Ident:
