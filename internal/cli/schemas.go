@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sr"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/backoff"
 	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/eventschema"
 )
@@ -79,23 +80,26 @@ func Schemas(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return registrationsError(regs)
 }
 
+// registryRetry paces schemas register while the registry starts: one
+// command, no peers, so no jitter.
+var registryRetry = backoff.Policy{Floor: 250 * time.Millisecond, Cap: 5 * time.Second}
+
 // registerRetrying is eventschema.RegisterSchemas, run again with backoff
 // for up to wait while a registration fails unanswered (code
 // unavailable): a registry starting up. Registering is idempotent, so a
 // round that got halfway is safe to repeat.
 func registerRetrying(ctx context.Context, cl *sr.Client, dryRun bool, wait time.Duration, stderr io.Writer) ([]eventschema.Registration, error) {
 	deadline := time.Now().Add(wait)
-	for attempt := 0; ; attempt++ {
+	b := backoff.New(registryRetry, nil)
+	for {
 		regs, err := eventschema.RegisterSchemas(ctx, cl, dryRun)
 		if err != nil || !anyUnavailable(regs) || time.Now().After(deadline) {
 			return regs, err
 		}
-		backoff := min(250*time.Millisecond<<attempt, 5*time.Second)
-		fmt.Fprintf(stderr, "schemas register: the registry does not answer; retrying in %s\n", backoff)
-		select {
-		case <-ctx.Done():
+		d := b.Next()
+		fmt.Fprintf(stderr, "schemas register: the registry does not answer; retrying in %s\n", d)
+		if backoff.Sleep(ctx, d) != nil {
 			return regs, nil
-		case <-time.After(backoff):
 		}
 	}
 }

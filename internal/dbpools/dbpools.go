@@ -24,12 +24,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/mailplane/mailplane/internal/backoff"
 	"github.com/mailplane/mailplane/internal/migrations"
 )
 
@@ -128,7 +128,9 @@ func Open(ctx context.Context, url string, sizes Sizes, o Options) (*Pools, erro
 	o.MaxBackoff = cmp.Or(o.MaxBackoff, 15*time.Second)
 	cfg.ConnConfig.ConnectTimeout = cmp.Or(o.ConnectTimeout, 10*time.Second)
 
-	backoff := o.MinBackoff
+	// Every process of a deployment waits for the same database: half
+	// jittered, so they do not all knock at once when it comes up.
+	b := backoff.New(backoff.Policy{Floor: o.MinBackoff, Cap: o.MaxBackoff, Jitter: backoff.Half}, nil)
 	for attempt := 1; ; attempt++ {
 		err := migrate(ctx, cfg, o.Logger)
 		if err == nil {
@@ -138,14 +140,11 @@ func Open(ctx context.Context, url string, sizes Sizes, o Options) (*Pools, erro
 			return nil, ctx.Err()
 		}
 		o.Waiter.waiting(err)
-		wait := backoff/2 + rand.N(backoff/2+1)
+		wait := b.Next()
 		o.Logger.Warn("waiting for the database", "attempt", attempt, "err", err, "retry_in", wait)
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(wait):
+		if err := backoff.Sleep(ctx, wait); err != nil {
+			return nil, err
 		}
-		backoff = min(2*backoff, o.MaxBackoff)
 	}
 	p := &Pools{}
 	for _, pp := range []struct {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/access"
+	"github.com/mailplane/mailplane/internal/backoff"
 	"github.com/mailplane/mailplane/internal/eventschema"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/producer"
@@ -218,7 +219,10 @@ func (s *Simulator) Run(ctx context.Context) error {
 	if err := s.Heartbeat(ctx); err != nil && ctx.Err() == nil {
 		log.Warn("simulated workers: heartbeat failed", "err", err)
 	}
-	for backoff := 500 * time.Millisecond; ; backoff = min(2*backoff, 15*time.Second) {
+	// One simulator against a stack still starting: no peers to spread
+	// out, so no jitter.
+	b := backoff.New(backoff.Policy{Floor: 500 * time.Millisecond, Cap: 15 * time.Second}, nil)
+	for {
 		n, err := s.Setup(ctx)
 		if err == nil {
 			log.Info("dev fleet registered", "published", n, "orgs", len(Orgs()), "mailboxes", len(s.boxes),
@@ -231,11 +235,10 @@ func (s *Simulator) Run(ctx context.Context) error {
 		if be := (*producer.BatchError)(nil); errors.As(err, &be) {
 			return err
 		}
-		log.Warn("dev fleet registration failed; retrying", "err", err, "in", backoff)
-		select {
-		case <-ctx.Done():
+		wait := b.Next()
+		log.Warn("dev fleet registration failed; retrying", "err", err, "in", wait)
+		if backoff.Sleep(ctx, wait) != nil {
 			return nil
-		case <-time.After(backoff):
 		}
 	}
 	hb := time.NewTicker(s.cfg.heartbeat)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/placement"
+	"github.com/mailplane/mailplane/internal/promreg"
 )
 
 // Metrics are the health loop's metrics.
@@ -19,7 +20,8 @@ type Metrics struct {
 	ticked       prometheus.Counter
 }
 
-// NewMetrics registers the health metrics on reg (nil: unregistered).
+// NewMetrics registers the health metrics on reg (nil: unregistered); a
+// second call on one registerer shares the first one's series.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		observations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mailplane_health_observations_total",
@@ -32,7 +34,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Rows re-evaluated by the ticker (penalty ended or evidence aged out)."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.observations, m.scored, m.states, m.ticked)
+		m.observations = promreg.MustRegister(reg, m.observations)
+		m.scored = promreg.MustRegister(reg, m.scored)
+		m.states = promreg.MustRegister(reg, m.states)
+		m.ticked = promreg.MustRegister(reg, m.ticked)
 	}
 	return m
 }

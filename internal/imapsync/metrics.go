@@ -1,6 +1,10 @@
 package imapsync
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mailplane/mailplane/internal/promreg"
+)
 
 type metrics struct {
 	open     *prometheus.GaugeVec
@@ -61,8 +65,21 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Logged-in mailboxes waiting for a setup slot (the runner's bound on setups in flight)."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.open, m.connects, m.failures, m.idles, m.messages, m.resets, m.lag, m.expunged, m.warmupObserved, m.warmupRejected, m.rotations, m.heldThroughStore, m.specialChecks,
-			m.settingUp, m.setupWaiting)
+		m.open = promreg.MustRegister(reg, m.open)
+		m.connects = promreg.MustRegister(reg, m.connects)
+		m.failures = promreg.MustRegister(reg, m.failures)
+		m.idles = promreg.MustRegister(reg, m.idles)
+		m.messages = promreg.MustRegister(reg, m.messages)
+		m.resets = promreg.MustRegister(reg, m.resets)
+		m.lag = promreg.MustRegister(reg, m.lag)
+		m.expunged = promreg.MustRegister(reg, m.expunged)
+		m.warmupObserved = promreg.MustRegister(reg, m.warmupObserved)
+		m.warmupRejected = promreg.MustRegister(reg, m.warmupRejected)
+		m.rotations = promreg.MustRegister(reg, m.rotations)
+		m.heldThroughStore = promreg.MustRegister(reg, m.heldThroughStore)
+		m.specialChecks = promreg.MustRegister(reg, m.specialChecks)
+		m.settingUp = promreg.MustRegister(reg, m.settingUp)
+		m.setupWaiting = promreg.MustRegister(reg, m.setupWaiting)
 	}
 	return m
 }

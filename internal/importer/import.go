@@ -16,6 +16,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/api"
+	"github.com/mailplane/mailplane/internal/backoff"
 )
 
 // Config is an import's settings.
@@ -36,7 +37,8 @@ type Config struct {
 	// Retries is how often a request that failed in transport, or was
 	// answered 429 or 5xx, is sent again (same event ids) before its rows
 	// count as not delivered (default 5); Backoff the first wait (500 ms),
-	// doubled each time up to 10 s, or the server's Retry-After.
+	// doubled each time up to 10 s and half jittered (the requests in
+	// flight do not come back together), or the server's Retry-After.
 	Retries int
 	Backoff time.Duration
 	// Timeout bounds each request (default 60 s).
@@ -255,13 +257,16 @@ func readBatches(ctx context.Context, rd *reader, cfg Config, batches chan<- []r
 	}
 }
 
+// maxBackoff caps the wait between attempts of a batch.
+const maxBackoff = 10 * time.Second
+
 // send delivers a batch. The API takes a batch whole or not at all: rows it
 // refuses are set aside and the rest sent again, until it accepts what is
 // left. Transport errors, 429 and 5xx are retried with the same ids.
 func send(ctx context.Context, cfg Config, rows []row) outcome {
 	o := outcome{rows: len(rows)}
 	pending := rows
-	attempt := 0
+	b := backoff.New(backoff.Policy{Floor: cfg.Backoff, Cap: maxBackoff, Jitter: backoff.Half}, nil)
 	for len(pending) > 0 {
 		status, resp, retryAfter, err := post(ctx, cfg, pending)
 		switch {
@@ -308,18 +313,15 @@ func send(ctx context.Context, cfg Config, rows []row) outcome {
 		} else {
 			code, msg = resp.Error.Code, fmt.Sprintf("the API answered %d: %s", status, resp.Error.Message)
 		}
-		if attempt >= cfg.Retries || ctx.Err() != nil {
+		if b.Failures() >= cfg.Retries || ctx.Err() != nil {
 			return o.failAll(pending, code, msg)
 		}
-		wait := min(cfg.Backoff<<attempt, 10*time.Second)
+		wait := b.Next()
 		if retryAfter > 0 {
 			wait = retryAfter
 		}
-		attempt++
-		cfg.Log.Info("import: retrying a batch", "events", len(pending), "attempt", attempt, "wait", wait, "err", msg)
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
+		cfg.Log.Info("import: retrying a batch", "events", len(pending), "attempt", b.Failures(), "wait", wait, "err", msg)
+		if backoff.Sleep(ctx, wait) != nil {
 			return o.failAll(pending, domain.CodeUnavailable, "the import was stopped")
 		}
 	}

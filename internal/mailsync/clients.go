@@ -12,7 +12,6 @@ import (
 	"github.com/mailplane/mailplane/internal/consume"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/outbox"
-	"github.com/mailplane/mailplane/internal/promreg"
 	"github.com/mailplane/mailplane/internal/sla"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -82,10 +81,10 @@ func newGroupConsumer(kcfg kafka.Config, cfg Config, log *slog.Logger, cb groupC
 
 // newRelay is the worker's own outbox relay (its producer is built by
 // package outbox). Several workers of one process share a registerer, and
-// package outbox registers with MustRegister: a second relay reuses the
-// first one's metrics (only one relay per database publishes anyway).
+// their relays share the metrics on it (package outbox registers through
+// promreg; only one relay per database publishes anyway).
 func newRelay(pool *pgxpool.Pool, kcfg kafka.Config, log *slog.Logger, reg prometheus.Registerer) *outbox.Relay {
 	rcfg := kcfg.WithClientID(kcfg.ClientID + "-outbox")
 	return outbox.NewRelay(pool, rcfg, outbox.WithLogger(log.With("component", "outbox-relay")),
-		outbox.WithRegisterer(promreg.Lenient(reg)))
+		outbox.WithRegisterer(reg))
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/backoff"
 	"github.com/mailplane/mailplane/internal/outbox"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -83,11 +84,16 @@ func (q *outboxQueue) addEvent(partition int32, d domain.Data, at time.Time) {
 	q.add(pendingWrite{partition: partition, recs: []*kgo.Record{r}})
 }
 
+// outboxQueueRetry paces the queue's writes while the database fails:
+// from a second to half a minute, half jittered, so that the workers of a
+// fleet do not strike a recovering Postgres together.
+var outboxQueueRetry = backoff.Policy{Floor: time.Second, Cap: 30 * time.Second, Jitter: backoff.Half}
+
 // loop writes queued tier changes and ownership events to the outbox (see
 // flush), retrying with a backoff while the database fails. At the end it
 // flushes once more.
 func (q *outboxQueue) loop(ctx context.Context) {
-	backoff := time.Second
+	b := backoff.New(outboxQueueRetry, nil)
 	for {
 		select {
 		case <-ctx.Done():
@@ -101,15 +107,12 @@ func (q *outboxQueue) loop(ctx context.Context) {
 		}
 		err := q.flush(ctx)
 		if err == nil || ctx.Err() != nil {
-			backoff = time.Second
+			b.Reset()
 			continue
 		}
-		q.log.Warn("writing tier records to the outbox failed; retrying", "err", err, "retry_in", backoff)
-		select {
-		case <-ctx.Done():
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 30*time.Second)
+		wait := b.Next()
+		q.log.Warn("writing tier records to the outbox failed; retrying", "err", err, "retry_in", wait)
+		_ = backoff.Sleep(ctx, wait) // ctx done: the next round flushes a last time
 		kick(q.kick)
 	}
 }

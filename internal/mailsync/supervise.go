@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"runtime/debug"
 	"sync"
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/backoff"
 )
 
 // supervisor runs one runner goroutine per mailbox it is told to start,
@@ -24,12 +24,15 @@ import (
 // one is still stopping waits for it first. Runners pace their connection
 // setup per IMAP host through the supervisor's pacer (Job.PaceConnect).
 type supervisor struct {
-	runner              Runner
-	pacer               *hostPacer
-	polls               *HostSlots
-	log                 *slog.Logger
-	m                   *metrics
-	backoff, maxBackoff time.Duration
+	runner Runner
+	pacer  *hostPacer
+	polls  *HostSlots
+	log    *slog.Logger
+	m      *metrics
+	// restart paces the restarts of a failed runner: from
+	// Config.RestartBackoff to RestartMaxBackoff, half jittered, so the
+	// runners of one failing server do not come back together.
+	restart backoff.Policy
 	// failed reports a failed run (sync.failed); fenced, a run whose
 	// write was refused at its epoch.
 	failed func(job *Job, attempt int, err error)
@@ -51,7 +54,7 @@ type runHandle struct {
 
 func newSupervisor(runner Runner, cfg Config, log *slog.Logger, m *metrics) *supervisor {
 	s := &supervisor{runner: runner, pacer: newHostPacer(cfg.ConnectRatePerHost, cfg.ConnectBurstPerHost), polls: NewHostSlots(cfg.PollsInFlight),
-		log: log, m: m, backoff: cfg.RestartBackoff, maxBackoff: cfg.RestartMaxBackoff,
+		log: log, m: m, restart: backoff.Policy{Floor: cfg.RestartBackoff, Cap: cfg.RestartMaxBackoff, Jitter: backoff.Half},
 		runs: map[string]*runHandle{}, stopping: map[string]*runHandle{}, alive: map[int32]int{}}
 	s.exited = sync.NewCond(&s.mu)
 	return s
@@ -183,7 +186,7 @@ func (s *supervisor) runLoop(ctx context.Context, h *runHandle, prev <-chan stru
 			return
 		}
 	}
-	backoff := s.backoff
+	b := backoff.New(s.restart, nil)
 	for attempt := 1; ; attempt++ {
 		err := s.safeRun(ctx, job)
 		if ctx.Err() != nil {
@@ -200,13 +203,9 @@ func (s *supervisor) runLoop(ctx context.Context, h *runHandle, prev <-chan stru
 		s.m.runnerFailures.Inc()
 		s.log.Warn("runner failed; restarting after a backoff", "mailbox", id, "attempt", attempt, "err", err)
 		s.failed(job, attempt, err)
-		d := backoff/2 + rand.N(backoff/2+1)
-		select {
-		case <-ctx.Done():
+		if backoff.Sleep(ctx, b.Next()) != nil {
 			return
-		case <-time.After(d):
 		}
-		backoff = min(backoff*2, s.maxBackoff)
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -14,7 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/mailplane/mailplane/internal/backoff"
 	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/promreg"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -56,7 +57,8 @@ type Option func(*Relay)
 // WithLogger sets the logger (default: discard).
 func WithLogger(l *slog.Logger) Option { return func(r *Relay) { r.log = l } }
 
-// WithRegisterer registers the relay's metrics on reg.
+// WithRegisterer registers the relay's metrics on reg; relays registered
+// on one registerer share their series (promreg).
 func WithRegisterer(reg prometheus.Registerer) Option {
 	return func(r *Relay) { r.m = newMetrics(reg) }
 }
@@ -102,35 +104,35 @@ func NewRelay(pool *pgxpool.Pool, kcfg kafka.Config, opts ...Option) *Relay {
 // closeWait bounds closing the lock connection at the end of a session.
 const closeWait = time.Second
 
-// maxRelayBackoff caps the wait between failed relay sessions.
+// maxRelayBackoff caps the wait between failed relay sessions: short
+// enough that what waits in the outbox moves within seconds of Postgres or
+// the broker coming back.
 const maxRelayBackoff = 5 * time.Second
 
 // Run publishes until ctx is done. Failures (the database or the broker
 // gone) are logged and retried; Run returns only ctx's error.
 func (r *Relay) Run(ctx context.Context) error {
-	backoff := r.poll
+	// From the poll interval to maxRelayBackoff after failures; a standby
+	// tries again after the poll interval. Half jittered: the relays of
+	// every process retry against the same database and broker.
+	p := backoff.Policy{Floor: r.poll, Cap: maxRelayBackoff, Jitter: backoff.Half}
+	b := backoff.New(p, nil)
 	for {
 		err := r.session(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		var wait time.Duration
 		if err != nil {
-			r.log.Warn("outbox relay failed; retrying", "err", err, "retry_in", backoff)
+			wait = b.Next()
+			r.log.Warn("outbox relay failed; retrying", "err", err, "retry_in", wait)
 			r.m.failures.Inc()
 		} else {
-			backoff = r.poll // standby: try again soon
+			b.Reset()
+			wait = p.Wait(1, nil) // standby: try again soon
 		}
-		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
-		if err != nil {
-			// Short enough that what waits in the outbox moves within
-			// seconds of Postgres or the broker coming back.
-			backoff = min(2*backoff, maxRelayBackoff)
+		if err := backoff.Sleep(ctx, wait); err != nil {
+			return err
 		}
 	}
 }
@@ -156,7 +158,6 @@ func (r *Relay) session(ctx context.Context) error {
 		// A standby: the connection holds nothing, so it goes back to the
 		// pool (no new connection per attempt).
 		conn.Release()
-		r.m.active.Set(0)
 		return nil
 	}
 	// The session lock lives as long as the connection: never give it back
@@ -178,8 +179,8 @@ func (r *Relay) session(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("lease: %w", err)
 	}
-	r.m.active.Set(1)
-	defer r.m.active.Set(0)
+	r.m.active.Inc()
+	defer r.m.active.Dec()
 	// One transactional id per outbox: the id of a new publisher fences
 	// the transactions of the one it replaced.
 	txnID := r.kcfg.TransactionalID(topics.TxnOutboxPrefix + name)
@@ -363,10 +364,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		lag: prometheus.NewGauge(prometheus.GaugeOpts{Name: "mailplane_outbox_lag_seconds",
 			Help: "Age of the oldest record waiting in the outbox at the last read (0: empty)."}),
 		active: prometheus.NewGauge(prometheus.GaugeOpts{Name: "mailplane_outbox_relay_active",
-			Help: "1 while this process's relay holds the publishing lock."}),
+			Help: "Relays of this process holding the publishing lock: 1 in the process that publishes, else 0."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.published, m.failures, m.lag, m.active)
+		// Relays of one process (the outbox role's, each sync worker's)
+		// share these series; active counts up and down so that a standby
+		// does not clear the publisher's 1.
+		m.published = promreg.MustRegister(reg, m.published)
+		m.failures = promreg.MustRegister(reg, m.failures)
+		m.lag = promreg.MustRegister(reg, m.lag)
+		m.active = promreg.MustRegister(reg, m.active)
 	}
 	return m
 }

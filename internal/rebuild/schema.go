@@ -30,6 +30,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/mailplane/mailplane/internal/backoff"
 )
 
 // The projections a rebuild knows.
@@ -286,8 +288,11 @@ func MoveRelations(ctx context.Context, tx pgx.Tx, live, rebuilt string, rels []
 }
 
 // Retry runs a swap transaction again when it deadlocked with, or timed
-// out waiting for, another transaction (a reader of the projection).
+// out waiting for, another transaction (a reader of the projection),
+// after 100 ms, then 200 ms and 400 ms at most, half jittered so two
+// swaps that collided do not collide again.
 func Retry(ctx context.Context, attempts int, fn func() error, onRetry func(attempt int, err error)) error {
+	b := backoff.New(backoff.Policy{Floor: 100 * time.Millisecond, Cap: 400 * time.Millisecond, Jitter: backoff.Half}, nil)
 	for attempt := 1; ; attempt++ {
 		err := fn()
 		var pe *pgconn.PgError
@@ -297,10 +302,8 @@ func Retry(ctx context.Context, attempts int, fn func() error, onRetry func(atte
 		if onRetry != nil {
 			onRetry(attempt, err)
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
+		if err := backoff.Sleep(ctx, b.Next()); err != nil {
+			return err
 		}
 	}
 }

@@ -7,12 +7,14 @@ import (
 	"time"
 
 	"github.com/mailplane/mailplane/internal/access"
+	"github.com/mailplane/mailplane/internal/backoff"
 	"github.com/mailplane/mailplane/internal/ownership"
 )
 
 // ownershipBackfillRetry is how long the api role waits before trying
-// the claims' backfill again.
-const ownershipBackfillRetry = 30 * time.Second
+// the claims' backfill again: 30 s, half jittered, as the api processes
+// of a deployment may all be retrying it.
+var ownershipBackfillRetry = backoff.Policy{Floor: 30 * time.Second, Cap: 30 * time.Second, Jitter: backoff.Half}
 
 // backfillOwnership is a role of the api process: on a database whose
 // claims were never backfilled (an installation upgraded to ownership),
@@ -23,19 +25,19 @@ const ownershipBackfillRetry = 30 * time.Second
 // it writes only missing claims.
 func (p *process) backfillOwnership(store *ownership.Store, log *slog.Logger) func(context.Context) error {
 	return func(ctx context.Context) error {
+		b := backoff.New(ownershipBackfillRetry, nil)
 		for {
 			err := p.backfillOwnershipOnce(ctx, store, log)
 			if err == nil {
 				<-ctx.Done()
 				return nil
 			}
+			wait := b.Next()
 			if ctx.Err() == nil {
-				log.Warn("ownership backfill failed; mailbox events get 503 until it is done; retrying", "in", ownershipBackfillRetry, "err", err)
+				log.Warn("ownership backfill failed; mailbox events get 503 until it is done; retrying", "in", wait, "err", err)
 			}
-			select {
-			case <-ctx.Done():
+			if backoff.Sleep(ctx, wait) != nil {
 				return nil
-			case <-time.After(ownershipBackfillRetry):
 			}
 		}
 	}
