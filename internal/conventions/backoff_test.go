@@ -16,8 +16,6 @@ import (
 // list only shrinks: a file that no longer doubles must leave it (the test
 // says so), and no file may join it.
 var handWrittenBackoff = map[string]string{
-	// The IMAP runner's backoff and authBackoff (imapsync's split).
-	"internal/imapsync/runner.go": "imapsync",
 	// The generic projector's partition retryLater.
 	"internal/projections/partition.go": "projections",
 	// The placement projector's session retry.
