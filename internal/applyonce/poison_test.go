@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/applyonce"
 )
@@ -165,6 +167,8 @@ func TestRefuse(t *testing.T) {
 		{fmt.Errorf("wrapped: %w", domain.Errorf(domain.CodeConflict, "y")), true, domain.CodeConflict},
 		{domain.Errorf(domain.CodeUnavailable, "down"), false, ""},
 		{errors.New("deadlock"), false, ""},
+		{fmt.Errorf("insert: %w", &pgconn.PgError{Code: "23514"}), true, domain.CodeInvalid},
+		{&pgconn.PgError{Code: "40P01"}, false, ""},
 	} {
 		err := applyonce.Refuse(tc.err)
 		if errors.As(err, &re) != tc.refused || tc.refused && re.Code != tc.code || !errors.Is(err, tc.err) {
