@@ -300,12 +300,19 @@ func (a *applying) Interrupted() bool                        { return a.s.interr
 func (a *applying) Live(it *item) bool                       { return it.live() }
 func (a *applying) Aside(it *item) bool                      { return a.aside[it.pt] }
 func (a *applying) Tries(it *item) (*applyonce.Tries, int64) { return &it.pt.tries, it.rec.Offset }
-func (a *applying) setAside(pt *partition, maxBackoff time.Duration) time.Duration {
+
+// setAside leaves pt out of this apply's later commits.
+func (a *applying) setAside(pt *partition) {
 	if a.aside == nil {
 		a.aside = map[*partition]bool{}
 	}
 	a.aside[pt] = true
-	return pt.retryLater(maxBackoff)
+}
+
+// retryLater sets pt aside, to be retried alone after a backoff.
+func (a *applying) retryLater(pt *partition) time.Duration {
+	a.setAside(pt)
+	return pt.retryLater(a.s.p.cfg.retry.MaxBackoff)
 }
 
 // Commit commits b, counting a refusal.
@@ -315,7 +322,15 @@ func (a *applying) Commit(ctx context.Context, b []*item) error {
 	if errors.As(err, &re) && ctx.Err() == nil {
 		p := a.s.p
 		p.m.retries.WithLabelValues(p.name, "permanent").Inc()
-		p.log.Warn("projection rejected a batch", "records", len(b), "code", re.Code, "err", re.Err)
+		live := 0
+		for _, it := range b {
+			if it.live() {
+				live++
+			}
+		}
+		if live > 1 {
+			p.log.Warn("projection rejected a batch; halving it", "records", len(b), "code", re.Code, "err", re.Err)
+		}
 	}
 	return err
 }
@@ -326,13 +341,13 @@ func (a *applying) Commit(ctx context.Context, b []*item) error {
 func (a *applying) Refused(ctx context.Context, it *item, r applyonce.Refusal) {
 	p, pt := a.s.p, it.pt
 	if !r.Poison {
-		wait := a.setAside(pt, p.cfg.retry.MaxBackoff)
+		wait := a.retryLater(pt)
 		p.log.Warn("projection rejected an event; retrying it alone", "topic", pt.topic, "partition", pt.id,
 			"offset", it.rec.Offset, "attempt", r.Attempts, "backoff", wait, "code", r.Code, "err", r.Err)
 		return
 	}
 	if failed := a.s.deadLetter(ctx, []deadLetter{{it, r.Code, r.Err, r.Attempts}}); failed[pt] {
-		a.setAside(pt, p.cfg.retry.MaxBackoff)
+		a.retryLater(pt)
 	}
 }
 
@@ -341,22 +356,18 @@ func (a *applying) Refused(ctx context.Context, it *item, r applyonce.Refusal) {
 // retried alone after a backoff.
 func (a *applying) Failed(_ context.Context, cur []*item, err error) (again bool, stop error) {
 	p := a.s.p
-	maxBackoff := p.cfg.retry.MaxBackoff
 	var fe *fenceError
 	if errors.As(err, &fe) {
 		p.m.retries.WithLabelValues(p.name, "fenced").Inc()
 		for pt, current := range fe.current {
 			a.s.refence(pt, current)
-			if a.aside == nil {
-				a.aside = map[*partition]bool{}
-			}
-			a.aside[pt] = true
+			a.setAside(pt)
 		}
 		return true, nil
 	}
 	var wait time.Duration
 	for _, r := range runs(cur) {
-		wait = a.setAside(r.pt, maxBackoff)
+		wait = a.retryLater(r.pt)
 	}
 	if errors.As(err, new(*applyonce.RefusedError)) {
 		// commit never reports a refusal without events.
