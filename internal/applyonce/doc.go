@@ -13,6 +13,13 @@
 // and a conventions test (internal/conventions) keeps every write of
 // projector_offsets in this package.
 //
+// Poison handling is here too (poison.go): which errors say the records
+// are at fault (IsPermanent, Refuse), and Isolate, which takes a refused
+// batch apart to the record at fault and counts its refusals (Tries). The
+// projector and a rebuild call it alike; only their effect for a poison
+// record differs (the DLQ, before the transaction that passes it; a
+// count).
+//
 // Two layers keep an event from being applied twice (see the window rule
 // in prune.go): the position, moved in the same transaction as the rows
 // the records produced, and the event id, recorded in the same

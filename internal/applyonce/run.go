@@ -82,7 +82,9 @@ var errAppliedBefore = errors.New("an event of the batch was applied before")
 // Run commits b in one transaction on pool: move every partition's
 // position past its records (fenced: ErrFenced), record the event ids
 // (which finds those applied before), apply the new ones, commit. An
-// error of apply is returned as apply returned it; ctx bounds the whole.
+// error of apply that says the records are at fault (IsPermanent) is
+// returned as a *RefusedError, for Isolate to find the record; any other
+// is wrapped ("apply: "). ctx bounds the whole.
 func Run(ctx context.Context, pool *pgxpool.Pool, b Batch, apply Apply) error {
 	err := run(ctx, pool, b, false, apply)
 	if errors.Is(err, errAppliedBefore) {
@@ -117,7 +119,10 @@ func run(ctx context.Context, pool *pgxpool.Pool, b Batch, checked bool, apply A
 	}
 	if len(b.IDs) > 0 {
 		if err := apply(ctx, tx, fresh); err != nil {
-			return err
+			if err = Refuse(err); errors.As(err, new(*RefusedError)) {
+				return err
+			}
+			return fmt.Errorf("apply: %w", err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {

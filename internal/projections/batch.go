@@ -270,102 +270,114 @@ func (s *session) nextBatch(now time.Time, share int) []*item {
 // apply commits b, taking the records at fault out of it. Every failure
 // sets partitions aside (they stay queued) and the rest goes on:
 //
-//   - the projection rejects the batch: it is halved, each half applied in
-//     order, until the event at fault stands alone; that event's partition
-//     is retried alone after a backoff, up to Attempts times, and the event
-//     then goes to the DLQ;
+//   - the projection refuses the batch: applyonce.Isolate, the one poison
+//     path (the rebuild's too), halves it until the event at fault stands
+//     alone; that event's partition is retried alone after a backoff, up
+//     to Attempts times, and the event then goes to the DLQ, before the
+//     transaction that moves past it;
 //   - a transient failure (database down, a deadlock, a timeout): each
 //     partition of the batch is retried alone after a backoff, so one that
 //     keeps failing holds up no other;
 //   - a fence (another member or an operator moved an offset row): those
 //     partitions re-read their position and come back in the next batch.
-//
-// Halves and partitions are taken in order, so each partition's records
-// are still applied in offset order.
 func (s *session) apply(ctx, rctx context.Context, b []*item) {
-	p := s.p
-	maxBackoff := p.cfg.retry.MaxBackoff
 	b = s.deadLetterPoison(rctx, b)
-	aside := map[*partition]bool{}
-	work := [][]*item{b} // a stack: the next batch to commit is last
-	for len(work) > 0 && !s.interrupted(ctx, rctx) {
-		cur := work[len(work)-1]
-		work = work[:len(work)-1]
-		if len(aside) > 0 {
-			cur = without(cur, aside)
+	a := &applying{s: s, ctx: ctx, rctx: rctx}
+	// Its error is rctx's, or none: the session is stopping, or every
+	// record is committed, dead or set aside.
+	_ = applyonce.Isolate(rctx, b, a, s.p.cfg.retry.Attempts)
+}
+
+// applying is one apply's side of applyonce.Isolate: the projector's
+// effect for a poison record (the DLQ) and for the other failures.
+type applying struct {
+	s         *session
+	ctx, rctx context.Context
+	aside     map[*partition]bool
+}
+
+func (a *applying) Interrupted() bool                        { return a.s.interrupted(a.ctx, a.rctx) }
+func (a *applying) Live(it *item) bool                       { return it.live() }
+func (a *applying) Aside(it *item) bool                      { return a.aside[it.pt] }
+func (a *applying) Tries(it *item) (*applyonce.Tries, int64) { return &it.pt.tries, it.rec.Offset }
+
+// setAside leaves pt out of this apply's later commits.
+func (a *applying) setAside(pt *partition) {
+	if a.aside == nil {
+		a.aside = map[*partition]bool{}
+	}
+	a.aside[pt] = true
+}
+
+// retryLater sets pt aside, to be retried alone after a backoff.
+func (a *applying) retryLater(pt *partition) time.Duration {
+	a.setAside(pt)
+	return pt.retryLater(a.s.p.cfg.retry.MaxBackoff)
+}
+
+// Commit commits b, counting a refusal.
+func (a *applying) Commit(ctx context.Context, b []*item) error {
+	err := a.s.commit(ctx, b)
+	var re *applyonce.RefusedError
+	if errors.As(err, &re) && ctx.Err() == nil {
+		p := a.s.p
+		p.m.retries.WithLabelValues(p.name, "permanent").Inc()
+		live := 0
+		for _, it := range b {
+			if it.live() {
+				live++
+			}
 		}
-		if len(cur) == 0 {
-			continue
-		}
-		err := s.commit(rctx, cur)
-		if err == nil {
-			continue
-		}
-		if rctx.Err() != nil {
-			return // stopping: not the batch's fault
-		}
-		var af *applyFailure
-		var fe *fenceError
-		switch {
-		case errors.As(err, &af):
-			p.m.retries.WithLabelValues(p.name, "permanent").Inc()
-			var live []int
-			for i, it := range cur {
-				if it.live() {
-					live = append(live, i)
-				}
-			}
-			if len(live) > 1 {
-				p.log.Warn("projection rejected a batch; halving it", "records", len(cur), "code", af.code, "err", af.err)
-				mid := live[len(live)/2]
-				work = append(work, cur[mid:], cur[:mid])
-				continue
-			}
-			if len(live) == 0 {
-				// commit never reports an apply failure without events.
-				for _, r := range runs(cur) {
-					r.pt.retryLater(maxBackoff)
-					aside[r.pt] = true
-				}
-				p.log.Error("apply failed with no events", "err", err)
-				continue
-			}
-			it := cur[live[0]]
-			pt := it.pt
-			if pt.suspect != it.rec.Offset {
-				pt.suspect, pt.attempts = it.rec.Offset, 0
-			}
-			pt.attempts++
-			if pt.attempts < p.cfg.retry.Attempts {
-				wait := pt.retryLater(maxBackoff)
-				aside[pt] = true
-				p.log.Warn("projection rejected an event; retrying it alone", "topic", pt.topic, "partition", pt.id,
-					"offset", it.rec.Offset, "attempt", pt.attempts, "backoff", wait, "code", af.code, "err", af.err)
-			} else if failed := s.deadLetter(rctx, []deadLetter{{it, af.code, af.err, pt.attempts}}); failed[pt] {
-				pt.retryLater(maxBackoff)
-				aside[pt] = true
-			}
-			// The event is dead now, or its partition is set aside; the
-			// other partitions' records in cur (dead ones) go on.
-			work = append(work, cur)
-		case errors.As(err, &fe):
-			p.m.retries.WithLabelValues(p.name, "fenced").Inc()
-			for pt, current := range fe.current {
-				s.refence(pt, current)
-				aside[pt] = true
-			}
-			work = append(work, cur)
-		default:
-			p.m.retries.WithLabelValues(p.name, "transient").Inc()
-			var wait time.Duration
-			for _, r := range runs(cur) {
-				wait = r.pt.retryLater(maxBackoff)
-				aside[r.pt] = true
-			}
-			p.log.Warn("transaction failed; retrying its partitions alone", "records", len(cur),
-				"first", cur[0].pt.topic, "partition", cur[0].pt.id, "offset", cur[0].rec.Offset, "backoff", wait, "err", err)
+		if live > 1 {
+			p.log.Warn("projection rejected a batch; halving it", "records", len(b), "code", re.Code, "err", re.Err)
 		}
 	}
+	return err
+}
+
+// Refused retries an event refused alone after a backoff, or, when it is
+// poison, sends it to the DLQ (marking it dead, so the next commit moves
+// past it); its partition is set aside if the DLQ did not take it.
+func (a *applying) Refused(ctx context.Context, it *item, r applyonce.Refusal) {
+	p, pt := a.s.p, it.pt
+	if !r.Poison {
+		wait := a.retryLater(pt)
+		p.log.Warn("projection rejected an event; retrying it alone", "topic", pt.topic, "partition", pt.id,
+			"offset", it.rec.Offset, "attempt", r.Attempts, "backoff", wait, "code", r.Code, "err", r.Err)
+		return
+	}
+	if failed := a.s.deadLetter(ctx, []deadLetter{{it, r.Code, r.Err, r.Attempts}}); failed[pt] {
+		a.retryLater(pt)
+	}
+}
+
+// Failed sets aside the partitions of a failed transaction: to re-read
+// their positions after a fence (the rest is committed again), else to be
+// retried alone after a backoff.
+func (a *applying) Failed(_ context.Context, cur []*item, err error) (again bool, stop error) {
+	p := a.s.p
+	var fe *fenceError
+	if errors.As(err, &fe) {
+		p.m.retries.WithLabelValues(p.name, "fenced").Inc()
+		for pt, current := range fe.current {
+			a.s.refence(pt, current)
+			a.setAside(pt)
+		}
+		return true, nil
+	}
+	var wait time.Duration
+	for _, r := range runs(cur) {
+		wait = a.retryLater(r.pt)
+	}
+	if errors.As(err, new(*applyonce.RefusedError)) {
+		// commit never reports a refusal without events.
+		p.log.Error("apply failed with no events", "err", err)
+		return false, nil
+	}
+	p.m.retries.WithLabelValues(p.name, "transient").Inc()
+	p.log.Warn("transaction failed; retrying its partitions alone", "records", len(cur),
+		"first", cur[0].pt.topic, "partition", cur[0].pt.id, "offset", cur[0].rec.Offset, "backoff", wait, "err", err)
+	return false, nil
 }
 
 // refence adopts the offset another member or an operator left in a
@@ -423,15 +435,6 @@ func without(b []*item, aside map[*partition]bool) []*item {
 	return out
 }
 
-// applyFailure is a permanent failure of Apply on a batch.
-type applyFailure struct {
-	code domain.Code
-	err  error
-}
-
-func (e *applyFailure) Error() string { return e.err.Error() }
-func (e *applyFailure) Unwrap() error { return e.err }
-
 // fenceError says offset rows did not hold what the batch expected: current
 // is what they hold, by partition (0 for no row).
 type fenceError struct{ current map[*partition]int64 }
@@ -461,7 +464,7 @@ func (s *session) commit(ctx context.Context, b []*item) (err error) {
 	release := func() {}
 	if prepares && len(recs) > 0 {
 		if write, err = reg.prepare(recs); err != nil {
-			return applyError(err)
+			return applyonce.Refuse(err)
 		}
 		keys = slices.Clone(ids)
 		applyonce.SortIDs(keys)
@@ -505,10 +508,7 @@ func (s *session) commit(ctx context.Context, b []*item) (err error) {
 		if w == nil {
 			w = func(ctx context.Context, tx pgx.Tx) error { return p.proj.Apply(ctx, tx, applied) }
 		}
-		if err := w(ctx, tx); err != nil {
-			return applyError(err)
-		}
-		return nil
+		return w(ctx, tx)
 	})
 	if errors.Is(err, applyonce.ErrFenced) {
 		return s.fenced(ctx, rs, all)
@@ -519,15 +519,6 @@ func (s *session) commit(ctx context.Context, b []*item) (err error) {
 	release()
 	p.committedTx(rs, all, live, applied, start)
 	return nil
-}
-
-// applyError is an error of Apply (or prepare) as commit returns it: an
-// applyFailure when the events are at fault.
-func applyError(err error) error {
-	if code, ok := IsPermanent(err); ok {
-		return &applyFailure{code: code, err: err}
-	}
-	return fmt.Errorf("apply: %w", err)
 }
 
 // keepFresh returns the records whose ids (ids[i] is recs[i]'s) are in

@@ -7,6 +7,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/applyonce"
 	"github.com/mailplane/mailplane/internal/sla"
 )
 
@@ -42,14 +43,13 @@ type partition struct {
 	// other partition. backoff is the wait after its next failure.
 	retryAt time.Time
 	backoff time.Duration
-	// suspect is the offset of the record the projection rejected when
-	// applied alone (-1: none); attempts counts those rejections.
-	suspect  int64
-	attempts int
+	// tries counts the refusals of the record the projection refused when
+	// applied alone, the suspect (applyonce.Isolate).
+	tries applyonce.Tries
 }
 
 func newPartition(topic string, id int32, backoff time.Duration) *partition {
-	return &partition{topic: topic, id: id, next: -1, hwm: -1, backoff: backoff, suspect: -1}
+	return &partition{topic: topic, id: id, next: -1, hwm: -1, backoff: backoff}
 }
 
 // restart makes next the partition's position, as Postgres says: records
@@ -59,7 +59,7 @@ func (pt *partition) restart(next int64, backoff time.Duration) {
 	pt.next = next
 	pt.queue, pt.incoming = nil, nil
 	pt.healthy(backoff)
-	pt.suspect, pt.attempts = -1, 0
+	pt.tries.Reset()
 }
 
 // enqueue queues a fetched record, unless Postgres already covers it (a
@@ -112,17 +112,15 @@ func (pt *partition) advance(next int64) {
 	if len(pt.queue) == 0 {
 		pt.queue = nil
 	}
-	if pt.suspect >= 0 && pt.suspect < next {
-		pt.suspect, pt.attempts = -1, 0
-	}
+	pt.tries.Passed(next)
 }
 
 // retryBatch is what a failing partition applies alone: up to n records,
 // and never past a suspect, which is retried on its own.
 func (pt *partition) retryBatch(n int) []*item {
 	q := pt.queue[:min(n, len(pt.queue))]
-	if pt.suspect >= 0 {
-		if i := slices.IndexFunc(q, func(it *item) bool { return it.rec.Offset > pt.suspect }); i >= 0 {
+	if suspect, ok := pt.tries.Suspect(); ok {
+		if i := slices.IndexFunc(q, func(it *item) bool { return it.rec.Offset > suspect }); i >= 0 {
 			q = q[:i]
 		}
 	}

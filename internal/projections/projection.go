@@ -17,12 +17,12 @@ package projections
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/applyonce"
 )
 
 // Projection turns domain events into rows.
@@ -85,41 +85,11 @@ func GroupName(projection string) string { return "mailplane-projector-" + proje
 // Permanent marks err as caused by the events being applied, not by the
 // environment: retrying will not help, and the record at fault belongs in
 // the DLQ. code is reported in the DLQ; empty means domain.CodeInvalid.
-func Permanent(code domain.Code, err error) error {
-	if err == nil {
-		return nil
-	}
-	if code == "" {
-		code = domain.CodeInvalid
-	}
-	return &permanentError{code: code, err: err}
-}
-
-type permanentError struct {
-	code domain.Code
-	err  error
-}
-
-func (e *permanentError) Error() string { return e.err.Error() }
-func (e *permanentError) Unwrap() error { return e.err }
+// The rule is internal/applyonce's (Permanent there).
+func Permanent(code domain.Code, err error) error { return applyonce.Permanent(code, err) }
 
 // IsPermanent reports whether err says the events cannot be applied (see
-// Projection.Apply), and the code to report for them.
-func IsPermanent(err error) (domain.Code, bool) {
-	var pe *permanentError
-	if errors.As(err, &pe) {
-		return pe.code, true
-	}
-	var de *domain.Error
-	if errors.As(err, &de) {
-		switch de.Code {
-		case domain.CodeUnavailable, domain.CodeInternal:
-			return "", false
-		}
-		return de.Code, true
-	}
-	if isPgDataError(err) {
-		return domain.CodeInvalid, true
-	}
-	return "", false
-}
+// Projection.Apply), and the code to report for them: internal/applyonce's
+// rule (IsPermanent there), the one the projector and a rebuild isolate
+// poison records by.
+func IsPermanent(err error) (domain.Code, bool) { return applyonce.IsPermanent(err) }

@@ -422,47 +422,87 @@ func (r *Rebuild) pass(ctx context.Context, targets map[kafka.Partition]int64) e
 	return nil
 }
 
-// applyBatch applies recs (each partition's in log order) in one
-// transaction of applyonce.Run, the live projector's: the first copy of
-// each event not applied before (applied_events), and the partitions'
-// positions. When the projection refuses a record, the batch is applied
-// again a record at a time, and each refused one is passed: committed with
-// its position and nothing else, as the projector commits a record it
-// dead-lettered.
+// applyBatch applies recs (each partition's in log order) in transactions
+// of applyonce.Run, the live projector's: the first copy of each event not
+// applied before (applied_events), and the partitions' positions. A record
+// the projection refuses is found by applyonce.Isolate, the live
+// projector's poison path, and passed: committed with its position and
+// nothing else, as the projector commits a record it dead-lettered, and
+// counted in Poison. It returns how many records were applied.
 func (r *Rebuild) applyBatch(ctx context.Context, recs []*kgo.Record) (int64, error) {
-	n, err := r.applyTx(ctx, recs, false)
-	if _, permanent := projections.IsPermanent(err); err == nil || !permanent {
-		return n, err
-	}
-	n = 0
-	for i := range recs {
-		k, err := r.applyTx(ctx, recs[i:i+1], false)
-		if _, permanent := projections.IsPermanent(err); permanent {
-			r.cfg.Logger.Warn("the projection refused a record; passed, as the projector dead-letters it",
-				"projection", r.name, "topic", recs[i].Topic, "partition", recs[i].Partition, "offset", recs[i].Offset, "err", err)
-			r.poison++
-			k, err = r.applyTx(ctx, recs[i:i+1], true)
+	rp := &replay{r: r}
+	entries := make([]*entry, len(recs))
+	bad := int64(0)
+	for i, rec := range recs {
+		e := &entry{rec: rec}
+		ev, id, other, err := projections.Decode(rec, r.name)
+		switch {
+		case other: // passed, as the projector passes it
+		case err != nil:
+			bad++ // poison: the projector dead-letters it and passes it
+		default:
+			e.ev, e.id, e.live = ev, id, true
 		}
-		if err != nil {
-			return n, err
-		}
-		n += k
+		entries[i] = e
 	}
-	return n, nil
+	// One refusal makes a record poison: the projection is a function of
+	// the events and the rows, so a replay refuses what it refused once.
+	if err := applyonce.Isolate(ctx, entries, rp, 1); err != nil {
+		return rp.applied, err
+	}
+	r.poison += bad
+	return rp.applied, nil
 }
 
-// applyTx commits recs through applyonce.Run; refused passes them all (the
-// projection refused them). It returns how many records were applied.
-func (r *Rebuild) applyTx(ctx context.Context, recs []*kgo.Record, refused bool) (int64, error) {
+// entry is a record of a rebuild's batch, decoded.
+type entry struct {
+	rec  *kgo.Record
+	ev   domain.Event
+	id   [16]byte
+	live bool // decoded, for this projection, not refused
+}
+
+// replay is a rebuild's side of applyonce.Isolate: a refused record is
+// passed and counted; any other failure ends the rebuild.
+type replay struct {
+	r       *Rebuild
+	applied int64
+	// tries of every partition alike: one refusal makes a record poison,
+	// so a count never outlives its record.
+	tries applyonce.Tries
+}
+
+func (*replay) Live(e *entry) bool { return e.live }
+func (*replay) Aside(*entry) bool  { return false }
+func (*replay) Interrupted() bool  { return false }
+func (rp *replay) Tries(e *entry) (*applyonce.Tries, int64) {
+	return &rp.tries, e.rec.Offset
+}
+
+func (rp *replay) Refused(_ context.Context, e *entry, rf applyonce.Refusal) {
+	r := rp.r
+	r.cfg.Logger.Warn("the projection refused a record; passed, as the projector dead-letters it",
+		"projection", r.name, "topic", e.rec.Topic, "partition", e.rec.Partition, "offset", e.rec.Offset,
+		"code", rf.Code, "err", rf.Err)
+	e.live = false
+	r.poison++
+}
+
+func (*replay) Failed(_ context.Context, _ []*entry, err error) (bool, error) { return false, err }
+
+// Commit commits entries through applyonce.Run and moves the rebuild's
+// positions past them.
+func (rp *replay) Commit(ctx context.Context, entries []*entry) error {
+	r := rp.r
 	var (
 		fresh []projections.Record
 		ids   [][16]byte
 		seen  = map[[16]byte]bool{}
 		moves applyonce.Moves
 		at    = map[kafka.Partition]int{}
-		bad   int64
 	)
-	for _, rec := range recs {
+	for _, e := range entries {
+		rec := e.rec
 		p := kafka.Partition{Topic: rec.Topic, Partition: rec.Partition}
 		if i, ok := at[p]; ok {
 			moves.Next[i] = rec.Offset + 1
@@ -470,23 +510,12 @@ func (r *Rebuild) applyTx(ctx context.Context, recs []*kgo.Record, refused bool)
 			at[p] = moves.Len()
 			moves.Add(p.Topic, p.Partition, r.rows[p], rec.Offset+1)
 		}
-		if refused {
+		if !e.live || seen[e.id] {
 			continue
 		}
-		ev, id, other, err := projections.Decode(rec, r.name)
-		switch {
-		case other:
-			continue // passed, as the projector passes it
-		case err != nil:
-			bad++ // poison: the projector dead-letters it and passes it
-			continue
-		}
-		if seen[id] {
-			continue
-		}
-		seen[id] = true
-		ids = append(ids, id)
-		fresh = append(fresh, projections.Record{Event: ev, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Appended: rec.Timestamp})
+		seen[e.id] = true
+		ids = append(ids, e.id)
+		fresh = append(fresh, projections.Record{Event: e.ev, Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Appended: rec.Timestamp})
 	}
 	applied := int64(len(fresh))
 	b := applyonce.Batch{Projector: r.name, Moves: moves, IDs: ids, Async: true, Now: time.Now()}
@@ -507,14 +536,14 @@ func (r *Rebuild) applyTx(ctx context.Context, recs []*kgo.Record, refused bool)
 		return r.spec.Projection.Apply(ctx, tx, recs)
 	})
 	if err != nil {
-		return 0, err
+		return err
 	}
 	for i, t := range moves.Topics {
 		p := kafka.Partition{Topic: t, Partition: moves.Partitions[i]}
 		r.rows[p], r.next[p] = moves.Next[i], moves.Next[i]
 	}
-	r.poison += bad
-	return applied, nil
+	rp.applied += applied
+	return nil
 }
 
 // reporter calls cfg.Progress with snap() every ProgressEvery until the
