@@ -12,7 +12,9 @@
 // is handled, the partition callbacks, pause and resume, fetch errors, and
 // the shutdown (leaving the group within a bound, kafka.CloseWithin). The
 // policies are options installed as middleware around the handler: the
-// consumer's lag meter (Metered, internal/sla), the skip of records
+// consumer's lag meter (Metered at the fetch's positions, or
+// MeteredByEffect at those its effect reports with Consumer.Position;
+// internal/sla), the skip of records
 // redriven from the dead-letter topic for another consumer (SkipRedriven),
 // retry with internal/backoff (Retry), and any Middleware of the consumer's
 // own (Use). The effect (an in-memory state, a Postgres transaction with
