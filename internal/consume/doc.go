@@ -71,16 +71,19 @@
 //   - Group with an in-memory effect (the sync worker): Group, OnAssigned /
 //     OnRevoked / OnLost, WithPollWait (housekeeping runs at least that
 //     often), WithMaxRecords, BeforeLeave (stop runners before leaving),
-//     LeaveWithin; housekeeping calls Wake.
+//     LeaveWithin, MeteredByEffect (the live set reports its position);
+//     housekeeping calls Wake.
 //   - Postgres projection in a group (internal/projections): Group,
 //     OnAssigned / OnRevoked / OnLost, WithKgoOptions(AdjustFetchOffsetsFn,
 //     OnPartitionsCallbackBlocked), WithWait (zero while records wait to be
 //     applied), WithMaxRecordsFunc (the batch adapts), Pause / Resume for
-//     backpressure; lanes take what is buffered with PollBuffered within a
-//     handler call.
+//     backpressure, MeteredByEffect (positions from Postgres); lanes take
+//     what is buffered with PollBuffered within a handler call.
 //   - Postgres projection of one partition (placement projection):
 //     Partitions at the checkpoint, OnFetchError returning the error (a
-//     fetch error ends the leadership).
+//     fetch error ends the leadership), MeteredByEffect (the checkpoint),
+//     Retry (a batch that fails is retried in the leadership; a moved
+//     checkpoint is backoff.Permanent and ends it).
 //   - Kafka-transactional group (placement engine, mailbox.state
 //     processor): TransactGroup, OnAssigned (fence: Session().Client()
 //     ProducerID), OnRevoked / OnLost (stand down), WithWait (until the
