@@ -38,6 +38,9 @@ type Consumer struct {
 	woken   bool               // Wake was called outside a poll
 	started bool
 	left    sync.Once
+	// meterMu guards ms, what the meter may hear of (meter.go).
+	meterMu sync.Mutex
+	ms      meterState
 	// ready is closed when New returns: partition callbacks wait for it,
 	// so they see the consumer whole.
 	ready chan struct{}
@@ -257,8 +260,6 @@ func (c *Consumer) leave() {
 			c.m.leaveTimeouts.Inc()
 			c.log.Warn("leaving did not finish in time; the group expires the member instead", "waited", c.cfg.leaveWithin)
 		}
-		if c.cfg.meter != nil {
-			c.cfg.meter.ForgetAll()
-		}
+		c.forgetAll()
 	})
 }

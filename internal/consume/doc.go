@@ -12,7 +12,9 @@
 // is handled, the partition callbacks, pause and resume, fetch errors, and
 // the shutdown (leaving the group within a bound, kafka.CloseWithin). The
 // policies are options installed as middleware around the handler: the
-// consumer's lag meter (Metered, internal/sla), the skip of records
+// consumer's lag meter (Metered at the fetch's positions, or
+// MeteredByEffect at those its effect reports with Consumer.Position;
+// internal/sla), the skip of records
 // redriven from the dead-letter topic for another consumer (SkipRedriven),
 // retry with internal/backoff (Retry), and any Middleware of the consumer's
 // own (Use). The effect (an in-memory state, a Postgres transaction with
@@ -69,16 +71,19 @@
 //   - Group with an in-memory effect (the sync worker): Group, OnAssigned /
 //     OnRevoked / OnLost, WithPollWait (housekeeping runs at least that
 //     often), WithMaxRecords, BeforeLeave (stop runners before leaving),
-//     LeaveWithin; housekeeping calls Wake.
+//     LeaveWithin, MeteredByEffect (the live set reports its position);
+//     housekeeping calls Wake.
 //   - Postgres projection in a group (internal/projections): Group,
 //     OnAssigned / OnRevoked / OnLost, WithKgoOptions(AdjustFetchOffsetsFn,
 //     OnPartitionsCallbackBlocked), WithWait (zero while records wait to be
 //     applied), WithMaxRecordsFunc (the batch adapts), Pause / Resume for
-//     backpressure; lanes take what is buffered with PollBuffered within a
-//     handler call.
+//     backpressure, MeteredByEffect (positions from Postgres); lanes take
+//     what is buffered with PollBuffered within a handler call.
 //   - Postgres projection of one partition (placement projection):
 //     Partitions at the checkpoint, OnFetchError returning the error (a
-//     fetch error ends the leadership).
+//     fetch error ends the leadership), MeteredByEffect (the checkpoint),
+//     Retry (a batch that fails is retried in the leadership; a moved
+//     checkpoint is backoff.Permanent and ends it).
 //   - Kafka-transactional group (placement engine, mailbox.state
 //     processor): TransactGroup, OnAssigned (fence: Session().Client()
 //     ProducerID), OnRevoked / OnLost (stand down), WithWait (until the

@@ -24,7 +24,7 @@ func (c *Consumer) wrap(h Handler) Handler {
 	if c.cfg.skipFor != "" {
 		h = c.skipRedriven(h)
 	}
-	if c.cfg.meter != nil {
+	if c.cfg.meter != nil && !c.cfg.byEffect {
 		h = metered(c.cfg.meter, h)
 	}
 	return h

@@ -38,6 +38,7 @@ type config struct {
 	leaveWithin time.Duration
 	fetchErr    func(topic string, partition int32, err error) error
 	meter       *sla.Meter
+	byEffect    bool // the meter takes the positions the handler reports
 	skipFor     string
 	retry       *retryPolicy
 	mws         []Middleware
@@ -132,7 +133,22 @@ func OnFetchError(fn func(topic string, partition int32, err error) error) Optio
 // batch aborted: the records are polled again); revoked and lost partitions are
 // forgotten, and every partition when Run ends. The effect observes
 // latency itself (m.Applied), where it knows the effect happened.
-func Metered(m *sla.Meter) Option { return func(c *config) { c.meter = m } }
+func Metered(m *sla.Meter) Option { return func(c *config) { c.meter, c.byEffect = m, false } }
+
+// MeteredByEffect reports the consumer's lag on m (its row of internal/sla's
+// table) at the positions its effect made durable rather than at the
+// fetch's: a consumer whose effect keeps its own position (a Postgres
+// offset row, a checkpoint, a live set loaded from a partition's start)
+// tells the runtime where it stands with Consumer.Position, from its
+// handler or a partition callback, whenever that moves. The runtime owns
+// the rest, as with Metered: it ignores positions of partitions the
+// consumer does not own (a group's revoked or lost partitions, anything
+// after Run ended), forgets revoked and lost partitions, and forgets every
+// partition when Run ends. The effect observes latency itself (m.Applied).
+// Use Metered or MeteredByEffect, not both: the last given wins.
+func MeteredByEffect(m *sla.Meter) Option {
+	return func(c *config) { c.meter, c.byEffect = m, true }
+}
 
 // SkipRedriven drops records redriven from the dead-letter topic for
 // another consumer (dlq.ForOtherConsumer) before the handler sees them:

@@ -100,13 +100,15 @@ func (c *Consumer) connect(kcfg kafka.Config) error {
 	}
 }
 
-// callbacks are the group's partition callbacks: the meter forgets what
-// was revoked or lost, then the consumer's hooks run.
+// callbacks are the group's partition callbacks: the meter learns what
+// was assigned and forgets what was revoked or lost, then the consumer's
+// hooks run.
 func (c *Consumer) callbacks() []kgo.Opt {
 	return []kgo.Opt{
 		kgo.OnPartitionsAssigned(func(ctx context.Context, _ *kgo.Client, m map[string][]int32) {
 			<-c.ready
 			c.m.rebalances.WithLabelValues(c.name, "assigned").Inc()
+			c.own(m)
 			for _, fn := range c.cfg.assigned {
 				fn(ctx, c, m)
 			}
@@ -127,16 +129,5 @@ func (c *Consumer) callbacks() []kgo.Opt {
 				fn(ctx, c, m)
 			}
 		}),
-	}
-}
-
-func (c *Consumer) forget(m map[string][]int32) {
-	if c.cfg.meter == nil {
-		return
-	}
-	for t, ps := range m {
-		for _, p := range ps {
-			c.cfg.meter.Forget(t, p)
-		}
 	}
 }

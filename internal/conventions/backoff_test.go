@@ -16,10 +16,6 @@ import (
 // list only shrinks: a file that no longer doubles must leave it (the test
 // says so), and no file may join it.
 var handWrittenBackoff = map[string]string{
-	// The generic projector's partition retryLater.
-	"internal/projections/partition.go": "projections",
-	// The placement projector's session retry.
-	"internal/placement/postgres/projector.go": "placement projector",
 	// The engine's session rejoin and restoreRetrying.
 	"internal/placement/engine/engine.go": "placement engine",
 	// The mailbox.state processor's retry of a failed transaction.

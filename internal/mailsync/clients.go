@@ -46,7 +46,7 @@ const leaveTimeout = 5 * time.Second
 // applied (records reach handle only for partitions it owns, and rebalance
 // callbacks never run meanwhile), and handle runs at least every 250 ms
 // for housekeeping (sooner on Wake).
-func newGroupConsumer(kcfg kafka.Config, cfg Config, log *slog.Logger, cb groupCallbacks, handle consume.Handler) (*consume.Consumer, error) {
+func newGroupConsumer(kcfg kafka.Config, cfg Config, log *slog.Logger, cb groupCallbacks, lag *sla.Meter, handle consume.Handler) (*consume.Consumer, error) {
 	opts := []kgo.Opt{
 		kgo.RebalanceTimeout(cfg.RebalanceTimeout),
 		// Control records too, so that reading a partition "to its end"
@@ -65,6 +65,9 @@ func newGroupConsumer(kcfg kafka.Config, cfg Config, log *slog.Logger, cb groupC
 		consume.WithKgoOptions(append(opts, cfg.KgoOptions...)...),
 		consume.OnAssigned(cb.assigned), consume.OnRevoked(cb.revoked), consume.OnLost(cb.lost),
 		consume.WithPollWait(250*time.Millisecond), consume.WithMaxRecords(20000),
+		// The position is the live set's (measureLocked), which reads
+		// each partition from its start.
+		consume.MeteredByEffect(lag),
 		// The revoke in the leave stops the runners first; when the
 		// leave waits on the coordinator (a JoinGroup it holds for a
 		// rebalance), the runners are stopped after the bound instead,

@@ -7,6 +7,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/mailplane/mailplane/internal/consume"
 	"github.com/mailplane/mailplane/internal/sla"
 	"github.com/mailplane/mailplane/topics"
 )
@@ -20,13 +21,15 @@ import (
 // commitEvery is how often the positions are committed to the group.
 const commitEvery = 5 * time.Second
 
-// measureLocked hands the meter p's position. While p loads, the records
-// before its end are history being replayed: they count as behind, and
-// the seconds behind run from when the worker saw it behind (not from
-// their append times, which may be months old in a compacted topic).
-func (w *Worker) measureLocked(p *partition) {
+// measureLocked reports p's position to the runtime's meter (c is the
+// group consumer; the runtime forgets revoked and lost partitions). While
+// p loads, the records before its end are history being replayed: they
+// count as behind, and the seconds behind run from when the worker saw it
+// behind (not from their append times, which may be months old in a
+// compacted topic).
+func (w *Worker) measureLocked(c *consume.Consumer, p *partition) {
 	next := max(p.nextOffset, p.startOffset)
-	w.lag.Set(w.kcfg.Topic(topics.MailboxState), p.id, sla.Position{Next: next, End: max(next, p.endOffset, p.fetchedEnd)})
+	c.Position(w.kcfg.Topic(topics.MailboxState), p.id, sla.Position{Next: next, End: max(next, p.endOffset, p.fetchedEnd)})
 }
 
 // positionsLocked returns the live partitions' positions when they are

@@ -7,6 +7,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/consume"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/mailboxstate"
 	"github.com/mailplane/mailplane/topics"
@@ -63,7 +64,7 @@ type mbox struct {
 
 // apply folds fetched mailbox.state records into the owned partitions'
 // live sets, starting, restarting and stopping runners.
-func (w *Worker) apply(fs kgo.Fetches) {
+func (w *Worker) apply(c *consume.Consumer, fs kgo.Fetches) {
 	if fs.NumRecords() == 0 {
 		return
 	}
@@ -93,7 +94,7 @@ func (w *Worker) apply(fs kgo.Fetches) {
 			}
 		}
 		part.fetchedEnd = max(part.fetchedEnd, kafka.FetchEnd(fp))
-		w.measureLocked(part)
+		w.measureLocked(c, part)
 	})
 	if kicked {
 		kick(w.tiers.eval)

@@ -17,7 +17,7 @@ import (
 // assigned claims newly assigned partitions, takes their epochs and starts
 // reading them. It runs while the poll loop is parked
 // (BlockRebalanceOnPoll).
-func (w *Worker) assigned(_ context.Context, _ *consume.Consumer, m map[string][]int32) {
+func (w *Worker) assigned(_ context.Context, c *consume.Consumer, m map[string][]int32) {
 	ids := m[w.kcfg.Topic(topics.MailboxState)]
 	if len(ids) == 0 {
 		return
@@ -33,12 +33,12 @@ func (w *Worker) assigned(_ context.Context, _ *consume.Consumer, m map[string][
 	}
 	w.m.rebalances.WithLabelValues("assigned").Inc()
 	w.log.Info("partitions assigned", "partitions", fresh)
-	w.acquire(fresh)
+	w.acquire(c, fresh)
 }
 
 // acquire takes the next epoch of each partition (all still assigned and
 // acquiring) and moves them to loading.
-func (w *Worker) acquire(ids []int32) {
+func (w *Worker) acquire(c *consume.Consumer, ids []int32) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.acquireTimeout())
 	defer cancel()
 	start := time.Now()
@@ -60,7 +60,7 @@ func (w *Worker) acquire(ids []int32) {
 		}
 		p.lastProgress = now
 		p.startOffset, p.endOffset = starts[id], ends[id]
-		w.measureLocked(p)
+		w.measureLocked(c, p)
 		loading = append(loading, p)
 	}
 	w.mu.Unlock()
@@ -120,7 +120,7 @@ func (w *Worker) loadTiers(parts []*partition) {
 // housekeeping runs in the poll loop, where no rebalance callback runs:
 // it retries taking epochs, turns read partitions live, and brings
 // suspended partitions back once the group confirms this member.
-func (w *Worker) housekeeping() {
+func (w *Worker) housekeeping(c *consume.Consumer) {
 	now := time.Now()
 	tripped := w.wd.isTripped()
 	var acquire, resume []int32
@@ -156,7 +156,7 @@ func (w *Worker) housekeeping() {
 	w.mu.Unlock()
 	w.commitPositions(positions)
 	if len(acquire) > 0 {
-		w.acquire(acquire)
+		w.acquire(c, acquire)
 	}
 	if len(resume) > 0 {
 		w.resume(resume)
@@ -241,7 +241,6 @@ func (w *Worker) drop(ids []int32, reason string) {
 			continue
 		}
 		delete(w.parts, id)
-		w.lag.Forget(w.kcfg.Topic(topics.MailboxState), id)
 		for _, mb := range p.boxes {
 			if w.sup.stop(mb.rec.MailboxID) {
 				counts[id]++

@@ -82,7 +82,8 @@ type Worker struct {
 	log  *slog.Logger
 	m    *metrics
 	// lag measures the worker as a member of the sync consumer
-	// (internal/sla): lag per owned mailbox.state partition.
+	// (internal/sla): lag per owned mailbox.state partition, at the
+	// positions the live set reached (consume.MeteredByEffect).
 	lag *sla.Meter
 
 	own   *ownership
@@ -226,7 +227,7 @@ func (w *Worker) connect(ctx context.Context) error {
 		},
 		hook:        w.wd,
 		beforeLeave: w.sup.close,
-	}, w.handle)
+	}, w.lag, w.handle)
 	if err != nil {
 		out.Close()
 		return err
@@ -289,8 +290,8 @@ func (w *Worker) checkCoPartitioned(ctx context.Context) {
 // that must not race rebalance callbacks (the runtime blocks them until
 // it returns).
 func (w *Worker) handle(_ context.Context, b *consume.Batch) error {
-	w.apply(b.Fetches)
-	w.housekeeping()
+	w.apply(b.Consumer(), b.Fetches)
+	w.housekeeping(b.Consumer())
 	return nil
 }
 

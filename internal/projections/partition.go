@@ -8,6 +8,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/applyonce"
+	"github.com/mailplane/mailplane/internal/backoff"
 	"github.com/mailplane/mailplane/internal/sla"
 )
 
@@ -40,16 +41,19 @@ type partition struct {
 
 	// A partition whose transaction failed is failing until one succeeds:
 	// it is applied alone, and not before retryAt, so that it holds up no
-	// other partition. backoff is the wait after its next failure.
+	// other partition. backoff paces its failures in a row, from floor
+	// (RetryPolicy.Backoff) doubling up to RetryPolicy.MaxBackoff; nil
+	// until its first failure.
 	retryAt time.Time
-	backoff time.Duration
+	floor   time.Duration
+	backoff *backoff.Backoff
 	// tries counts the refusals of the record the projection refused when
 	// applied alone, the suspect (applyonce.Isolate).
 	tries applyonce.Tries
 }
 
 func newPartition(topic string, id int32, backoff time.Duration) *partition {
-	return &partition{topic: topic, id: id, next: -1, hwm: -1, backoff: backoff}
+	return &partition{topic: topic, id: id, next: -1, hwm: -1, floor: backoff}
 }
 
 // restart makes next the partition's position, as Postgres says: records
@@ -88,17 +92,28 @@ func (pt *partition) due(now time.Time) bool {
 	return pt.failing() && len(pt.queue) > 0 && !now.Before(pt.retryAt)
 }
 
-// retryLater marks the partition failing and schedules its next attempt.
+// retryLater marks the partition failing and schedules its next attempt,
+// waiting through internal/backoff with half jitter: the partitions of
+// every projector fail together when their Postgres does, and should not
+// retry in step.
 func (pt *partition) retryLater(maxBackoff time.Duration) time.Duration {
-	wait := pt.backoff
+	if pt.backoff == nil {
+		pt.backoff = backoff.New(backoff.Policy{Floor: pt.floor, Cap: maxBackoff, Jitter: backoff.Half}, nil)
+	}
+	wait := pt.backoff.Next()
 	pt.retryAt = time.Now().Add(wait)
-	pt.backoff = min(2*pt.backoff, maxBackoff)
 	return wait
 }
 
-// healthy ends a failure: the partition joins shared batches again.
-func (pt *partition) healthy(backoff time.Duration) {
-	pt.retryAt, pt.backoff = time.Time{}, backoff
+// healthy ends a failure: the partition joins shared batches again, and
+// its next failure waits floor.
+func (pt *partition) healthy(floor time.Duration) {
+	pt.retryAt = time.Time{}
+	if pt.backoff != nil && pt.floor == floor {
+		pt.backoff.Reset()
+	} else {
+		pt.floor, pt.backoff = floor, nil
+	}
 }
 
 // advance records that Postgres now holds next, and drops what it covers.

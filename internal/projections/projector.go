@@ -337,7 +337,6 @@ func (p *Projector) Run(ctx context.Context) error {
 
 	stopPrune()
 	pruning.Wait()
-	p.meter.ForgetAll()
 	p.log.Info("projector stopped")
 	return nil
 }
@@ -375,6 +374,8 @@ func (s *session) consumer() (*consume.Consumer, error) {
 		consume.OnRevoked(func(ctx context.Context, c *consume.Consumer, m map[string][]int32) { s.revoked(ctx, c.Client(), m) }),
 		consume.OnLost(func(ctx context.Context, c *consume.Consumer, m map[string][]int32) { s.lost(ctx, c.Client(), m) }),
 		consume.WithWait(s.wait), consume.WithMaxRecordsFunc(s.pollSize),
+		// The positions are Postgres's, not the fetch's.
+		consume.MeteredByEffect(p.meter),
 		// Everything applied is committed: leaving the group only hands
 		// the partitions over sooner than the session's expiry would.
 		consume.BeforeLeave(s.shutdown), consume.LeaveWithin(leaveTimeout),
@@ -826,7 +827,6 @@ func (s *session) drop(cl *kgo.Client, m map[string][]int32) map[topicPartition]
 			if pt, ok := s.parts[tp]; ok {
 				parts = append(parts, pt)
 				delete(s.parts, tp)
-				s.p.meter.Forget(topic, id)
 			}
 		}
 	}
@@ -854,10 +854,12 @@ func (s *session) shutdown() {
 	s.commitKafka(context.Background(), s.cl, positions)
 }
 
-// updateLag hands every owned partition's position to the consumer's
-// meter. Called with mu held, between rounds.
+// updateLag reports every owned partition's position, as Postgres holds
+// it, to the runtime's meter (consume.MeteredByEffect: the runtime forgets
+// revoked and lost partitions, and all when Run ends). Called with mu
+// held, between rounds.
 func (s *session) updateLag() {
 	for _, pt := range s.order {
-		s.p.meter.Set(pt.topic, pt.id, pt.position())
+		s.cons.Position(pt.topic, pt.id, pt.position())
 	}
 }

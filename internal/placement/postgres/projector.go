@@ -16,6 +16,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/applyonce"
+	"github.com/mailplane/mailplane/internal/backoff"
 	"github.com/mailplane/mailplane/internal/consume"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/projections"
@@ -206,7 +207,7 @@ func (p *Projector) Run(ctx context.Context) error {
 		p.running = false
 		p.mu.Unlock()
 	}()
-	backoff := p.cfg.retry.Backoff
+	bo := backoff.New(p.retryPolicy(), nil)
 	for ctx.Err() == nil {
 		err := p.session(ctx)
 		switch {
@@ -216,23 +217,32 @@ func (p *Projector) Run(ctx context.Context) error {
 			p.log.Info("placement checkpoint moved (another projector, or a swapped-in rebuild); re-reading the position")
 			continue
 		case err != nil:
-			kind := "transient"
-			if _, ok := projections.IsPermanent(err); ok {
-				kind = "permanent"
-			}
-			p.m.Retries.WithLabelValues(p.cfg.name, kind).Inc()
-			p.log.Error("placement projector failed; retrying", "kind", kind, "backoff", backoff, "err", err)
-			select {
-			case <-ctx.Done():
-			case <-time.After(backoff):
-			}
-			backoff = min(2*backoff, p.cfg.retry.MaxBackoff)
+			wait := bo.Next()
+			p.retrying(bo.Failures(), wait, err)
+			_ = backoff.Sleep(ctx, wait)
 			continue
 		}
-		backoff = p.cfg.retry.Backoff
+		bo.Reset()
 	}
-	p.meter.ForgetAll()
 	return nil
+}
+
+// retryPolicy paces the projector's retries: RetryPolicy's Backoff
+// doubling up to MaxBackoff, half of each wait random (the projectors of
+// one schema, standbys included, should not retry in step).
+func (p *Projector) retryPolicy() backoff.Policy {
+	return backoff.Policy{Floor: p.cfg.retry.Backoff, Cap: p.cfg.retry.MaxBackoff, Jitter: backoff.Half}
+}
+
+// retrying counts and logs a failure (of a leadership, or of a batch
+// within one) before the wait after it.
+func (p *Projector) retrying(_ int, wait time.Duration, err error) {
+	kind := "transient"
+	if _, ok := projections.IsPermanent(err); ok {
+		kind = "permanent"
+	}
+	p.m.Retries.WithLabelValues(p.cfg.name, kind).Inc()
+	p.log.Error("placement projector failed; retrying", "kind", kind, "backoff", wait, "err", err)
 }
 
 // leaderKeepaliveSQL makes the server notice a dead leader in about 25 s:
@@ -273,10 +283,10 @@ func (p *Projector) lead(ctx context.Context) (release func(), err error) {
 			break
 		}
 		if !logged {
+			// The leader reports the log's lag, not a standby (the
+			// runtime forgot this one's when its last leadership ended).
 			p.log.Info("another placement projector leads this schema; standing by")
 			logged = true
-			// The leader reports the log's lag, not a standby.
-			p.meter.ForgetAll()
 		}
 		select {
 		case <-ctx.Done():
@@ -299,6 +309,10 @@ func (p *Projector) lead(ctx context.Context) (release func(), err error) {
 
 // session is one leadership: read the position, then tail the log on the
 // consumer runtime (partition 0 assigned from the checkpoint, no group).
+// A batch that fails is retried within the leadership, with backoff, so
+// the meter holds the projection where it is stuck; the leadership ends
+// when the checkpoint moved under it (re-read at once) or on a fetch
+// error (Run retries after a backoff).
 func (p *Projector) session(ctx context.Context) error {
 	release, err := p.lead(ctx)
 	if err != nil {
@@ -313,23 +327,30 @@ func (p *Projector) session(ctx context.Context) error {
 	b := &inputBatcher{safeEnd: next, seen: next, end: -1}
 	var offsets *offsetCommitter
 	topic := p.kcfg.Topic(topics.PlacementDecisions)
+	// handle is called again with the same batch after a failure
+	// (consume.Retry): add takes only records not seen yet, and what
+	// failed to commit stays pending.
 	handle := func(ctx context.Context, batch *consume.Batch) error {
 		b.end = max(b.end, batch.End(topic, 0))
 		derr := b.add(batch.Fetches)
 		if b.safeEnd > next {
-			failed := b.position(next)
-			if err := p.commit(ctx, next, b.safeEnd, b.take()); err != nil {
-				p.meter.Set(topic, 0, failed)
+			if err := p.commit(ctx, next, b.safeEnd, b.ready()); err != nil {
+				batch.Consumer().Position(topic, 0, b.position(next))
+				if errors.Is(err, errPlacementFenced) {
+					return backoff.Permanent(err)
+				}
 				return err
 			}
-			next = b.safeEnd
+			next = b.taken()
 		}
-		p.meter.Set(topic, 0, b.position(next))
+		batch.Consumer().Position(topic, 0, b.position(next))
 		offsets.commit(ctx, next)
 		return derr
 	}
 	c, err := consume.New(p.kcfg, string(sla.PlacementProjection),
 		consume.Partitions(map[string]map[int32]kgo.Offset{topic: {0: kgo.NewOffset().At(next)}}), handle,
+		// The position is the checkpoint's, not the fetch's.
+		consume.MeteredByEffect(p.meter), consume.Retry(p.retryPolicy(), p.retrying),
 		consume.WithMaxRecords(p.cfg.batchSize), consume.WithKgoOptions(p.readerOptions()...),
 		// A fetch error ends the leadership: the session starts over
 		// from the checkpoint, after a backoff.
@@ -460,12 +481,16 @@ func (b *inputBatcher) add(fs kgo.Fetches) error {
 	return derr
 }
 
-// take hands over the decisions up to the last input boundary.
-func (b *inputBatcher) take() []Record {
-	out := b.pending[:b.safe]
+// ready returns the decisions up to the last input boundary, to commit;
+// they stay pending until taken.
+func (b *inputBatcher) ready() []Record { return b.pending[:b.safe] }
+
+// taken drops the decisions ready returned, once committed, and returns
+// the checkpoint after them.
+func (b *inputBatcher) taken() int64 {
 	b.pending = append([]Record(nil), b.pending[b.safe:]...)
 	b.safe = 0
-	return out
+	return b.safeEnd
 }
 
 const (
