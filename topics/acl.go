@@ -15,7 +15,7 @@ import (
 // topics and nothing else (SECURITY.md).
 type Role string
 
-// Roles with broker access. Ops (topics apply, replay, dlq, publish,
+// Roles with broker access. Ops (topics apply, rebuild, dlq, publish,
 // credentials reseal) run as a Redpanda superuser and need no plan.
 const (
 	RoleAPI     Role = "api"     // ingest, worker API, billing webhook

@@ -2,7 +2,7 @@
 // SQL files and applies the pending ones.
 //
 // Migrations run in the schema the connection's search_path selects, so the
-// same files build the live schema, a replay's fresh schema and every test's
+// same files build the live schema, a rebuild's fresh schema and every test's
 // private schema. Files are never edited once released: a change is a new
 // file with the next number.
 package migrations

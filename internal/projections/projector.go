@@ -146,7 +146,7 @@ func WithClock(now func() time.Time) Option { return func(c *config) { c.now = n
 
 // WithGroup tunes group membership: session timeout, heartbeat interval,
 // static instance id, and the group name (default
-// GroupName(projection.Name()); a replay into a fresh schema uses its own),
+// GroupName(projection.Name()); a rebuild into a fresh schema uses its own),
 // outside any namespace: the projector puts the group in its Kafka
 // configuration's namespace. Topics are always the projection's.
 func WithGroup(g kafka.GroupConfig) Option { return func(c *config) { c.group = g } }
