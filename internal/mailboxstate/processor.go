@@ -207,8 +207,8 @@ func (samePartition) Partition(r *kgo.Record, _ int) int   { return int(r.Partit
 
 // sessionState is the dedupe state of one transactional session: the
 // applied ids of the input partitions folded since they were assigned.
-// parts belongs to the poll loop; the group callbacks only mark partitions
-// stale, and the loop drops them before its next transaction.
+// parts belongs to the handler; the group callbacks only mark partitions
+// stale, and the handler drops them before its next transaction.
 type sessionState struct {
 	events string // the input topic
 	parts  map[int32]*applied

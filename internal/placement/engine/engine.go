@@ -680,7 +680,7 @@ const idleCommitEvery = time.Second
 // transact decides recs (and a tick) and writes the decisions with the
 // input offsets in one transaction. The state is folded as the decisions
 // are made; when the transaction does not commit, the state is dropped
-// and the next loop restores it from the log.
+// and the next handler call restores it from the log.
 func (s *session) transact(ctx context.Context, cb *consume.Batch, recs []*kgo.Record, tick bool) error {
 	e := s.e
 	b, err := s.decide(recs, tick)
