@@ -308,6 +308,9 @@ func (p *Processor) applied(recs []*kgo.Record) {
 	}
 }
 
+// finishWithin bounds a transaction once begun, a stop included.
+const finishWithin = 15 * time.Second
+
 func isFenced(err error) bool {
 	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed)
 }
@@ -374,7 +377,13 @@ func (p *Processor) transact(ctx context.Context, b *consume.Batch, st *sessionS
 	// Records redriven for other consumers, skipped by the runtime: their
 	// offsets commit with the batch.
 	counts[outcomeOtherConsumer] = b.Fetches.NumRecords() - len(recs)
-	committed, err = b.TransactTry(ctx, func(ctx context.Context) kgo.TransactionEndTry {
+	// A stop finishes the transaction in flight (within a bound): one
+	// left open after its offsets were sent would hold the next member's
+	// offset fetch, and readers of its output, until the transaction
+	// timeout.
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishWithin)
+	defer cancel()
+	committed, err = b.TransactTry(tctx, func(ctx context.Context) kgo.TransactionEndTry {
 		return p.foldBatch(ctx, b.Consumer().Client(), st, batch, recs, first, last, &counts)
 	})
 	if err != nil {
