@@ -71,6 +71,24 @@ var errNotTransactional = errors.New("consume: Transact needs a TransactGroup so
 // polled again. An error from ending the transaction is not retryable:
 // end the session.
 func (b *Batch) Transact(ctx context.Context, fn func(ctx context.Context) error) (committed bool, err error) {
+	var ferr error
+	committed, err = b.TransactTry(ctx, func(ctx context.Context) kgo.TransactionEndTry {
+		ferr = fn(ctx)
+		return kgo.TransactionEndTry(ferr == nil)
+	})
+	if ferr != nil {
+		return false, errors.Join(ferr, err)
+	}
+	return committed, err
+}
+
+// TransactTry is Transact for a handler that judges its own failures: fn
+// returns kgo.TryCommit to commit (the offsets polled with it) or
+// kgo.TryAbort to abort (a produce failed: the records are polled again),
+// and err is only beginning's or ending's error, never fn's. The placement
+// engine and the mailbox.state processor count an abort they asked for
+// apart from an end that failed (which ends their session).
+func (b *Batch) TransactTry(ctx context.Context, fn func(ctx context.Context) kgo.TransactionEndTry) (committed bool, err error) {
 	sess := b.c.sess
 	if sess == nil {
 		return false, errNotTransactional
@@ -78,18 +96,11 @@ func (b *Batch) Transact(ctx context.Context, fn func(ctx context.Context) error
 	if err := sess.Begin(); err != nil {
 		return false, err
 	}
-	ferr := fn(ctx)
-	try := kgo.TryCommit
-	if ferr != nil {
-		try = kgo.TryAbort
-	}
+	try := fn(ctx)
 	committed, err = sess.End(ctx, try)
 	if !committed {
 		b.aborted = true
 		b.c.m.aborts.Inc()
-	}
-	if ferr != nil {
-		return false, errors.Join(ferr, err)
 	}
 	return committed, err
 }

@@ -88,7 +88,8 @@
 //     processor): TransactGroup, OnAssigned (fence: Session().Client()
 //     ProducerID), OnRevoked / OnLost (stand down), WithWait (until the
 //     next tick), Metered, SkipRedriven, and a handler that calls
-//     Batch.Transact.
+//     Batch.Transact, or Batch.TransactTry when it asks for the abort
+//     itself (a produce failed) and counts that apart from a failed end.
 //
 // The runtime is the only code that polls: a conventions test keeps
 // PollFetches and PollRecords to this package (and the one-shot reads of

@@ -177,3 +177,87 @@ func TestTransactNeedsASession(t *testing.T) {
 		t.Fatal("Transact without a session succeeded")
 	}
 }
+
+// TestTransactTryAbortIsNotAnError: a handler that asks TransactTry to
+// abort (its produce failed) gets committed false and no error, the batch
+// is polled again, and only the committed transaction's output and
+// offsets show.
+func TestTransactTryAbortIsNotAnError(t *testing.T) {
+	t.Parallel()
+	kcfg := cluster(t, 1)
+	produce(t, kcfg, 0, "a")
+	type result struct {
+		committed bool
+		err       error
+	}
+	var mu sync.Mutex
+	var results []result
+	h := func(ctx context.Context, b *consume.Batch) error {
+		if len(b.Records) == 0 {
+			return nil
+		}
+		mu.Lock()
+		attempt := len(results)
+		mu.Unlock()
+		ok, err := b.TransactTry(ctx, func(ctx context.Context) kgo.TransactionEndTry {
+			for _, r := range b.Records {
+				out := &kgo.Record{Topic: topic + "-out", Partition: 0, Value: append([]byte(nil), r.Value...)}
+				if err := b.Consumer().Client().ProduceSync(ctx, out).FirstErr(); err != nil {
+					return kgo.TryAbort
+				}
+			}
+			return kgo.TransactionEndTry(attempt > 0)
+		})
+		mu.Lock()
+		results = append(results, result{ok, err})
+		mu.Unlock()
+		return err
+	}
+	g := group("txn-try")
+	c, err := consume.New(kcfg, "transactor-try", consume.TransactGroup(g), h,
+		consume.WithPollWait(100*time.Millisecond),
+		consume.WithKgoOptions(
+			kgo.TransactionalID("consume-test-txn-try"), kgo.TransactionTimeout(10*time.Second),
+			kgo.RecordPartitioner(kgo.ManualPartitioner())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	eventually(t, "a committed transaction", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(results) > 0 && results[len(results)-1].committed
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if len(results) != 2 || results[0] != (result{false, nil}) || results[1] != (result{true, nil}) {
+		t.Fatalf("transactions %+v; want an abort without an error, then a commit", results)
+	}
+	mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out []string
+	if _, err := kafka.ReadToEnd(ctx, kcfg, kafka.ReadSpec{Topics: []string{topic + "-out"}}, func(r *kgo.Record) error {
+		out = append(out, string(r.Value))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(out, []string{"a"}) {
+		t.Fatalf("committed output %v; want the committed transaction's only", out)
+	}
+	adm, err := kafka.NewAdmin(kcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer adm.Close()
+	offs, err := adm.FetchOffsets(ctx, g.Group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, ok := offs.Lookup(topic, 0); !ok || o.At != 1 {
+		t.Fatalf("committed input offset %+v (%v), want 1", o, ok)
+	}
+}

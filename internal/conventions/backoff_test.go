@@ -16,10 +16,7 @@ import (
 // list only shrinks: a file that no longer doubles must leave it (the test
 // says so), and no file may join it.
 var handWrittenBackoff = map[string]string{
-	// The engine's session rejoin and restoreRetrying.
-	"internal/placement/engine/engine.go": "placement engine",
-	// The mailbox.state processor's retry of a failed transaction.
-	"internal/mailboxstate/processor.go": "mailbox.state processor",
+	// Empty: every retrying loop waits through internal/backoff.
 }
 
 // waitName is what a duration doubled by hand is called: a backoff, a

@@ -19,11 +19,7 @@ var pollExceptions = map[string]bool{
 // internal/consume (issue 24, point 1). Shrink it as each moves; never
 // grow it: a new consumer is a handler and a declaration on the runtime.
 var notYetOnConsume = map[string]bool{
-	// The mailbox.state processor: a Kafka-transactional group session.
-	"internal/mailboxstate/processor.go": true,
-	// The placement engine: a Kafka-transactional group session with
-	// ticks and fencing.
-	"internal/placement/engine/engine.go": true,
+	// Empty: the seven consumers run on internal/consume.
 }
 
 // TestOneConsumeRuntime: records are polled only by the consumer runtime

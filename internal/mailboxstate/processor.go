@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -15,6 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/backoff"
+	"github.com/mailplane/mailplane/internal/consume"
 	"github.com/mailplane/mailplane/internal/dlq"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/promreg"
@@ -141,10 +142,11 @@ func New(kcfg kafka.Config, opts ...Option) (*Processor, error) {
 
 // Run folds until ctx is done and returns nil then. A transaction that
 // fails is aborted and its input read again; a session whose producer
-// state is lost is rebuilt after a pause. Run returns an error only when it
+// state is lost is rebuilt after a pause (internal/backoff; a session that
+// committed starts the doubling over). Run returns an error only when it
 // cannot start or when it was fenced (ErrFenced).
 func (p *Processor) Run(ctx context.Context) error {
-	attempt := 0
+	bo := backoff.New(backoff.Policy{Floor: p.cfg.backoff, Cap: 30 * time.Second, Jitter: backoff.Half}, nil)
 	for ctx.Err() == nil {
 		progressed, err := p.session(ctx)
 		switch {
@@ -154,16 +156,12 @@ func (p *Processor) Run(ctx context.Context) error {
 			return err
 		case err != nil:
 			if progressed {
-				attempt = 0
+				bo.Reset()
 			}
-			attempt++
-			d := min(p.cfg.backoff<<min(attempt-1, 6), 30*time.Second)
-			d = d/2 + rand.N(d/2+1)
+			d := bo.Next()
 			p.log.Warn("transaction session failed; starting a new one", "err", err, "in", d)
-			select {
-			case <-ctx.Done():
+			if backoff.Sleep(ctx, d) != nil {
 				return nil
-			case <-time.After(d):
 			}
 		}
 	}
@@ -175,16 +173,13 @@ func (p *Processor) Run(ctx context.Context) error {
 // default), and a transactional producer placing records by
 // the murmur2 hash of their key (so mailbox.state partitions agree with any
 // Kafka client and with sync.tier), except the dedupe changelog's, which go
-// to the partition of the input they come from. Revoked and lost partitions
-// lose their dedupe state in st.
-func (p *Processor) options(st *sessionState) []kgo.Opt {
+// to the partition of the input they come from.
+func (p *Processor) options() []kgo.Opt {
 	opts := []kgo.Opt{
 		kgo.TransactionalID(p.cfg.txnID),
 		kgo.TransactionTimeout(30 * time.Second),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.RecordPartitioner(partitioner{keyed: kgo.StickyKeyPartitioner(nil), changelog: p.dedupeTopic}),
-		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { st.forget(m); p.forget(m) }),
-		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, m map[string][]int32) { st.forget(m); p.forget(m) }),
 		kgo.ProducerLinger(0),
 		kgo.ProduceRequestTimeout(10 * time.Second),
 	}
@@ -212,8 +207,8 @@ func (samePartition) Partition(r *kgo.Record, _ int) int   { return int(r.Partit
 
 // sessionState is the dedupe state of one transactional session: the
 // applied ids of the input partitions folded since they were assigned.
-// parts belongs to the poll loop; the group callbacks only mark partitions
-// stale, and the loop drops them before its next transaction.
+// parts belongs to the handler; the group callbacks only mark partitions
+// stale, and the handler drops them before its next transaction.
 type sessionState struct {
 	events string // the input topic
 	parts  map[int32]*applied
@@ -258,8 +253,10 @@ func (s *sessionState) report(g prometheus.Gauge) {
 	s.reported = n
 }
 
-// session runs one GroupTransactSession until ctx is done or it fails.
-// progressed reports whether any transaction committed.
+// session runs one transactional group consumer (internal/consume) until
+// ctx is done or it fails. The runtime meters the lag and skips records
+// redriven for other consumers; the handler folds each batch in one
+// transaction. progressed reports whether any transaction committed.
 func (p *Processor) session(ctx context.Context) (progressed bool, err error) {
 	// A new session starts knowing nothing: it restores each partition's
 	// dedupe state from the changelog when it first folds that partition.
@@ -267,47 +264,52 @@ func (p *Processor) session(ctx context.Context) (progressed bool, err error) {
 	defer func() {
 		clear(st.parts)
 		st.report(p.m.dedupeIDs)
-		p.meter.ForgetAll()
 	}()
-	sess, err := kafka.NewGroupTransactSession(p.kcfg, p.cfg.group, p.options(st)...)
-	if err != nil {
-		return false, fmt.Errorf("mailboxstate: client: %w", err)
-	}
-	defer func() {
-		// Leaving the group can wait on the coordinator; never for ever.
-		if !kafka.CloseWithin(15*time.Second, sess.Close) {
-			p.log.Warn("closing the transactional client took over 15s; abandoning it")
+	handle := func(ctx context.Context, b *consume.Batch) error {
+		if b.Fetches.NumRecords() == 0 {
+			return nil
 		}
-	}()
-	p.log.Info("mailbox state processor started", "group", p.cfg.group.Group, "transactional_id", p.cfg.txnID)
-	for {
-		fs := sess.PollRecords(ctx, p.cfg.maxBatch)
-		if fs.IsClientClosed() || ctx.Err() != nil {
-			return progressed, nil
-		}
-		fs.EachError(func(t string, part int32, err error) {
-			if !errors.Is(err, context.Canceled) {
-				p.log.Warn("fetch error", "topic", t, "partition", part, "err", err)
-			}
-		})
-		recs := fs.Records()
-		if len(recs) == 0 {
-			continue
-		}
-		ends := p.fetched(fs)
-		committed, err := p.transact(ctx, sess, st, recs)
+		// A batch of records all redriven for other consumers still
+		// commits, to move the offsets past them.
+		committed, err := p.transact(ctx, b, st)
 		if err != nil {
 			if isFenced(err) {
-				return progressed, fmt.Errorf("%w: %v", ErrFenced, err)
+				return fmt.Errorf("%w: %v", ErrFenced, err)
 			}
-			return progressed, err
+			return err
 		}
 		if committed {
 			progressed = true
-			p.applied(recs, ends)
+			p.applied(b.Records)
 		}
+		return nil
+	}
+	// Revoked and lost partitions lose their dedupe state in st.
+	forget := func(_ context.Context, _ *consume.Consumer, m map[string][]int32) { st.forget(m) }
+	c, err := consume.New(p.kcfg, string(sla.MailboxState), consume.TransactGroup(p.cfg.group), handle,
+		consume.WithKgoOptions(p.options()...), consume.OnRevoked(forget), consume.OnLost(forget),
+		consume.WithMaxRecords(p.cfg.maxBatch), consume.Metered(p.meter), consume.SkipRedriven(ConsumerName),
+		// Leaving the group can wait on the coordinator; never for ever.
+		consume.LeaveWithin(15*time.Second), consume.WithLogger(p.log), consume.WithRegisterer(p.cfg.reg))
+	if err != nil {
+		return false, fmt.Errorf("mailboxstate: client: %w", err)
+	}
+	p.log.Info("mailbox state processor started", "group", p.cfg.group.Group, "transactional_id", p.cfg.txnID)
+	err = c.Run(ctx)
+	return progressed, err
+}
+
+// applied observes a committed batch's latency: each record's append to
+// its state record (the runtime moves the lag past the batch).
+func (p *Processor) applied(recs []*kgo.Record) {
+	now := time.Now()
+	for _, r := range recs {
+		p.meter.Applied(now, r.Timestamp)
 	}
 }
+
+// finishWithin bounds a transaction once begun, a stop included.
+const finishWithin = 15 * time.Second
 
 func isFenced(err error) bool {
 	return errors.Is(err, kerr.ProducerFenced) || errors.Is(err, kerr.TransactionalIDAuthorizationFailed)
@@ -318,7 +320,8 @@ func isFenced(err error) bool {
 // aborted and the session rewinds to the last committed offsets, so the
 // batch is folded again; the dedupe state of the batch's partitions, which
 // the fold changed, is dropped and restored from the changelog.
-func (p *Processor) transact(ctx context.Context, sess *kgo.GroupTransactSession, st *sessionState, recs []*kgo.Record) (committed bool, err error) {
+func (p *Processor) transact(ctx context.Context, b *consume.Batch, st *sessionState) (committed bool, err error) {
+	recs := b.Records
 	st.dropStale()
 	// Where each partition of the batch resumes: its first record.
 	first := map[int32]int64{}
@@ -370,39 +373,25 @@ func (p *Processor) transact(ctx context.Context, sess *kgo.GroupTransactSession
 		st.report(p.m.dedupeIDs)
 	}()
 
-	if err := sess.Begin(); err != nil {
-		return false, fmt.Errorf("begin transaction: %w", err)
-	}
-	out := make([]*kgo.Record, 0, 2*len(recs))
 	var counts outcomeCounts
-	for _, r := range recs {
-		var kind outcome
-		out, kind = p.fold(r, st.parts[r.Partition], batch, out)
-		counts[kind]++
-	}
-	window, every := p.cfg.window.Milliseconds(), max(p.cfg.window.Milliseconds()/16, 1)
-	for _, part := range keys(first) {
-		for _, id := range st.parts[part].sweep(window, every) {
-			out = append(out, changelogTombstone(p.dedupeTopic, p.cfg.group.Group, part, id, last[part]))
-		}
-	}
-	try := kgo.TryCommit
-	if len(out) > 0 {
-		if err := sess.ProduceSync(ctx, out...).FirstErr(); err != nil {
-			if ctx.Err() != nil {
-				return false, nil
-			}
-			p.log.Warn("producing the folded batch failed; aborting the transaction", "err", err)
-			try = kgo.TryAbort
-		}
-	}
-	committed, err = sess.End(ctx, try)
+	// Records redriven for other consumers, skipped by the runtime: their
+	// offsets commit with the batch.
+	counts[outcomeOtherConsumer] = b.Fetches.NumRecords() - len(recs)
+	// A stop finishes the transaction in flight (within a bound): one
+	// left open after its offsets were sent would hold the next member's
+	// offset fetch, and readers of its output, until the transaction
+	// timeout.
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), finishWithin)
+	defer cancel()
+	committed, err = b.TransactTry(tctx, func(ctx context.Context) kgo.TransactionEndTry {
+		return p.foldBatch(ctx, b.Consumer().Client(), st, batch, recs, first, last, &counts)
+	})
 	if err != nil {
 		p.m.transactions.WithLabelValues("failed").Inc()
 		if ctx.Err() != nil {
 			return false, nil
 		}
-		return false, fmt.Errorf("end transaction: %w", err)
+		return false, fmt.Errorf("transaction: %w", err)
 	}
 	if !committed {
 		p.m.transactions.WithLabelValues("aborted").Inc()
@@ -416,6 +405,33 @@ func (p *Processor) transact(ctx context.Context, sess *kgo.GroupTransactSession
 		}
 	}
 	return true, nil
+}
+
+// foldBatch folds recs within the transaction, sweeps the dedupe ids out
+// of their window (tombstones in the changelog) and produces the result;
+// it asks to abort when a produce failed.
+func (p *Processor) foldBatch(ctx context.Context, cl *kgo.Client, st *sessionState, batch *batchState, recs []*kgo.Record, first, last map[int32]int64, counts *outcomeCounts) kgo.TransactionEndTry {
+	out := make([]*kgo.Record, 0, 2*len(recs))
+	for _, r := range recs {
+		var kind outcome
+		out, kind = p.fold(r, st.parts[r.Partition], batch, out)
+		counts[kind]++
+	}
+	window, every := p.cfg.window.Milliseconds(), max(p.cfg.window.Milliseconds()/16, 1)
+	for _, part := range keys(first) {
+		for _, id := range st.parts[part].sweep(window, every) {
+			out = append(out, changelogTombstone(p.dedupeTopic, p.cfg.group.Group, part, id, last[part]))
+		}
+	}
+	if len(out) > 0 {
+		if err := cl.ProduceSync(ctx, out...).FirstErr(); err != nil {
+			if ctx.Err() == nil {
+				p.log.Warn("producing the folded batch failed; aborting the transaction", "err", err)
+			}
+			return kgo.TryAbort
+		}
+	}
+	return kgo.TryCommit
 }
 
 type outcome int
@@ -450,10 +466,6 @@ func (o outcome) String() string {
 func (p *Processor) fold(r *kgo.Record, a *applied, batch *batchState, out []*kgo.Record) ([]*kgo.Record, outcome) {
 	deadLetter := func(code domain.Code, msg string) ([]*kgo.Record, outcome) {
 		return append(out, dlq.NewRecord(p.kcfg.Namespace, r, dlq.Failure{Consumer: ConsumerName, Code: code, Err: msg, Attempts: 1})), outcomeDeadLettered
-	}
-	if dlq.ForOtherConsumer(r, ConsumerName) {
-		// Redriven from the DLQ for another consumer: that one applies it.
-		return out, outcomeOtherConsumer
 	}
 	e, err := topics.Decode(r)
 	if err != nil {

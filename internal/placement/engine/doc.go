@@ -40,7 +40,11 @@
 //
 // # Transactions
 //
-// The active engine polls up to WithMaxBatch input records, decides each in
+// The engine is a Kafka-transactional group consumer on the consumer
+// runtime (internal/consume): the runtime polls, meters the lag and skips
+// records redriven for other consumers; the engine's handler restores,
+// decides and ticks. The active engine polls up to WithMaxBatch input
+// records, decides each in
 // order (folding each decision into the state as the decider makes it),
 // encodes the decisions, and writes them in one transaction whose offset
 // commit covers every record polled (franz-go's GroupTransactSession:
@@ -135,7 +139,8 @@
 // mailplane_placement_liveness_holds_total, plus transactions, aborts{reason},
 // dead letters{code}, restore seconds and restore size. As the
 // placement-engine consumer (internal/sla) it reports lag per input
-// partition and mailplane_consumer_latency_seconds (input record append
+// partition (the runtime's meter, consume.Metered) and
+// mailplane_consumer_latency_seconds (input record append
 // to the commit of the transaction holding its decisions).
 // No mailbox, worker or org id is ever a label.
 package engine

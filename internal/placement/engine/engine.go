@@ -14,6 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/backoff"
+	"github.com/mailplane/mailplane/internal/consume"
 	"github.com/mailplane/mailplane/internal/dlq"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/placement"
@@ -246,6 +248,13 @@ const leaveTimeout = 3 * time.Second
 // deciding).
 func (e *Engine) Active() bool { return e.active.Load() }
 
+// The waits between sessions (a session that lasted a minute starts the
+// doubling over) and between restore attempts.
+var (
+	sessionBackoff = backoff.Policy{Floor: 250 * time.Millisecond, Cap: 5 * time.Second, Jitter: backoff.Half}
+	restoreBackoff = backoff.Policy{Floor: 250 * time.Millisecond, Cap: 5 * time.Second, Jitter: backoff.Half}
+)
+
 // Run joins the engine group and, whenever this engine is elected, restores
 // the state and decides until it loses the election. It blocks until ctx
 // is done, then finishes the transaction in flight, leaves the group and
@@ -266,7 +275,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.mu.Unlock()
 	}()
 
-	backoff := 250 * time.Millisecond
+	bo := backoff.New(sessionBackoff, nil)
 	for ctx.Err() == nil {
 		start := time.Now()
 		err := e.runSession(ctx)
@@ -274,18 +283,15 @@ func (e *Engine) Run(ctx context.Context) error {
 			break
 		}
 		if time.Since(start) > time.Minute {
-			backoff = 250 * time.Millisecond
+			bo.Reset()
 		}
+		wait := bo.Next()
 		if err != nil {
-			e.log.Warn("placement engine session ended; rejoining", "err", err, "backoff", backoff)
+			e.log.Warn("placement engine session ended; rejoining", "err", err, "backoff", wait)
 		} else {
 			e.log.Info("placement engine session ended; rejoining as a standby")
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 5*time.Second)
+		_ = backoff.Sleep(ctx, wait)
 	}
 	e.log.Info("placement engine stopped")
 	return nil
@@ -294,20 +300,24 @@ func (e *Engine) Run(ctx context.Context) error {
 // errLeadership ends a session whose inputs were revoked or lost.
 var errLeadership = errors.New("placement: leadership lost")
 
-// session is one group membership: one client, one transactional producer
-// epoch (once active), and the state while active.
+// session is one group membership: one consumer (internal/consume) of a
+// transactional session, one transactional producer epoch (once active),
+// and the state while active.
 type session struct {
 	e   *Engine
-	cl  *kgo.GroupTransactSession
+	c   *consume.Consumer
 	log *slog.Logger
+	// lead is done when the inputs are revoked or lost or the fence
+	// failed: a restore waiting to retry stops waiting.
+	lead     context.Context
+	stepDown context.CancelFunc
 
-	mu         sync.Mutex
-	fenced     bool  // assigned, and InitProducerID done (the previous owner is fenced)
-	fenceErr   error // the fence failed
-	ended      bool  // inputs revoked or lost
-	pollCancel context.CancelFunc
+	mu       sync.Mutex
+	fenced   bool  // assigned, and InitProducerID done (the previous owner is fenced)
+	fenceErr error // the fence failed
+	ended    bool  // inputs revoked or lost
 
-	// Owned by the poll loop.
+	// Owned by the handler (the consumer's goroutine).
 	st          *placement.State // nil until restored, and after an abort
 	lastID      string           // ce_id of the last decision in the log (or about to be)
 	granted     time.Time        // the liveness grace st was granted at its restore
@@ -320,8 +330,13 @@ type session struct {
 	restores    int
 }
 
+// runSession is one session on the consumer runtime: a transactional
+// group consumer whose handler restores, decides and ticks; the runtime
+// meters the lag and skips records redriven for other consumers.
 func (e *Engine) runSession(ctx context.Context) error {
 	s := &session{e: e, log: e.log, workers: newWorkerGauge(e.m.workers), lag: map[tpKey]lagAt{}}
+	s.lead, s.stepDown = context.WithCancel(ctx)
+	defer s.stepDown()
 	opts := []kgo.Opt{
 		kgo.Balancers(SingleOwnerBalancer{}),
 		kgo.RebalanceTimeout(e.cfg.rebalance),
@@ -331,31 +346,27 @@ func (e *Engine) runSession(ctx context.Context) error {
 		kgo.ProducerLinger(0),
 		kgo.ProduceRequestTimeout(10 * time.Second),
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
-		kgo.OnPartitionsAssigned(s.assigned),
-		kgo.OnPartitionsRevoked(s.revoked),
-		kgo.OnPartitionsLost(s.lost),
 	}
-	cl, err := kafka.NewGroupTransactSession(e.kcfg, kafka.GroupConfig{
+	c, err := consume.New(e.kcfg, string(sla.PlacementEngine), consume.TransactGroup(kafka.GroupConfig{
 		Group:             e.cfg.group,
 		Topics:            e.kcfg.Namespace.Topics(topics.DomainTopics()...),
 		SessionTimeout:    e.cfg.session,
 		HeartbeatInterval: e.cfg.heartbeat,
-	}, append(opts, e.cfg.kgoOpts...)...)
+	}), s.handle,
+		consume.WithKgoOptions(append(opts, e.cfg.kgoOpts...)...),
+		consume.OnAssigned(s.assigned), consume.OnRevoked(s.revoked), consume.OnLost(s.lost),
+		consume.WithWait(s.wait), consume.WithMaxRecords(e.cfg.maxBatch),
+		consume.Metered(e.meter), consume.SkipRedriven(DeadLetterConsumer),
+		// The transaction in flight is finished or aborted by then; the
+		// leave only hands over sooner than the session's expiry would.
+		consume.BeforeLeave(func() { e.active.Store(false); e.m.setActive(false, nil) }),
+		consume.LeaveWithin(leaveTimeout), consume.WithLogger(e.log), consume.WithRegisterer(e.cfg.reg))
 	if err != nil {
 		return fmt.Errorf("placement: group client: %w", err)
 	}
-	s.cl = cl
+	s.c = c
 	e.log.Info("placement engine joining", "group", e.cfg.group, "transactional_id", e.cfg.txnID)
-	defer func() {
-		e.active.Store(false)
-		e.m.setActive(false, nil)
-		// The transaction in flight is finished or aborted by now; the
-		// leave only hands over sooner than the session's expiry would.
-		if !kafka.CloseWithin(leaveTimeout, cl.Close) {
-			e.log.Warn("leaving the engine group did not finish in time; its session will expire instead", "waited", leaveTimeout)
-		}
-	}()
-	return s.loop(ctx)
+	return c.Run(ctx)
 }
 
 // assigned runs when the group gives this member partitions, before their
@@ -364,7 +375,7 @@ func (e *Engine) runSession(ctx context.Context) error {
 // (InitProducerID aborts its open transaction and bumps the epoch) before
 // anything is read, so the committed input offsets and the end of the
 // decision log read afterwards agree, and no zombie can commit after them.
-func (s *session) assigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
+func (s *session) assigned(ctx context.Context, c *consume.Consumer, assigned map[string][]int32) {
 	if len(assigned) == 0 {
 		return
 	}
@@ -377,7 +388,7 @@ func (s *session) assigned(ctx context.Context, cl *kgo.Client, assigned map[str
 	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, epoch, err := cl.ProducerID(fctx)
+	_, epoch, err := c.Session().Client().ProducerID(fctx)
 	s.mu.Lock()
 	if err != nil {
 		s.fenceErr = fmt.Errorf("placement: fencing the previous engine (InitProducerID): %w", err)
@@ -385,48 +396,37 @@ func (s *session) assigned(ctx context.Context, cl *kgo.Client, assigned map[str
 		s.fenced = true
 	}
 	s.mu.Unlock()
-	for t, ps := range assigned {
-		for _, p := range ps {
-			s.e.meter.Set(t, p, sla.Position{Next: -1})
-		}
-	}
-	if err == nil {
+	if err != nil {
+		s.stepDown()
+	} else {
 		s.log.Info("placement engine elected; previous engine fenced", "producer_epoch", epoch, "took", time.Since(start))
 	}
-	s.wake()
+	c.Wake()
 }
 
-func (s *session) revoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+func (s *session) revoked(_ context.Context, c *consume.Consumer, revoked map[string][]int32) {
 	if len(revoked) == 0 {
 		return
 	}
-	s.endLeadership("revoked")
+	s.endLeadership(c, "revoked")
 }
 
-func (s *session) lost(_ context.Context, _ *kgo.Client, _ map[string][]int32) {
-	s.endLeadership("lost")
+func (s *session) lost(_ context.Context, c *consume.Consumer, _ map[string][]int32) {
+	s.endLeadership(c, "lost")
 }
 
-func (s *session) endLeadership(how string) {
+func (s *session) endLeadership(c *consume.Consumer, how string) {
 	s.mu.Lock()
 	first := !s.ended
 	s.ended = true
 	s.mu.Unlock()
+	s.stepDown()
 	s.e.active.Store(false)
 	s.e.m.setActive(false, nil)
-	s.e.meter.ForgetAll()
 	if first {
 		s.log.Info("placement engine inputs " + how + "; standing down")
 	}
-	s.wake()
-}
-
-func (s *session) wake() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.pollCancel != nil {
-		s.pollCancel()
-	}
+	c.Wake()
 }
 
 func (s *session) status() (fenced, ended bool, fenceErr error) {
@@ -435,83 +435,60 @@ func (s *session) status() (fenced, ended bool, fenceErr error) {
 	return s.fenced, s.ended, s.fenceErr
 }
 
-func (s *session) loop(ctx context.Context) error {
-	cfg := &s.e.cfg
-	for {
-		if ctx.Err() != nil {
-			return nil
-		}
-		fenced, ended, fenceErr := s.status()
-		switch {
-		case ended:
-			return errLeadership
-		case fenceErr != nil:
-			return fenceErr
-		case fenced && s.st == nil:
-			if err := s.restoreRetrying(ctx); err != nil {
-				return err
-			}
-		}
+// wait is how long the next poll may wait for inputs: until the next tick
+// once active, a second before.
+func (s *session) wait() time.Duration {
+	if s.st == nil {
+		return time.Second
+	}
+	return min(time.Second, max(time.Millisecond, time.Until(s.nextTick)))
+}
 
-		wait := time.Second
-		if s.st != nil {
-			wait = min(wait, max(time.Millisecond, time.Until(s.nextTick)))
-		}
-		pctx, cancel := context.WithTimeout(ctx, wait)
-		s.mu.Lock()
-		s.pollCancel = cancel
-		s.mu.Unlock()
-		fs := s.cl.PollRecords(pctx, cfg.maxBatch)
-		s.mu.Lock()
-		s.pollCancel = nil
-		s.mu.Unlock()
-		cancel()
-		if fs.IsClientClosed() {
-			return nil
-		}
-		fs.EachError(func(topic string, partition int32, err error) {
-			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-				return
-			}
-			s.log.Warn("fetch error", "topic", topic, "partition", partition, "err", err)
-		})
-		recs := orderBatch(fs)
-		polled := time.Now()
-		fs.EachPartition(func(p kgo.FetchTopicPartition) {
-			end := kafka.FetchEnd(p)
-			if n := len(p.Records); n > 0 && end >= 0 {
-				s.lag[tpKey{p.Topic, p.Partition}] = lagAt{end - (p.Records[n-1].Offset + 1), end, polled}
-				// Held, not applied until the batch commits.
-				s.e.meter.Set(p.Topic, p.Partition, sla.Position{Next: p.Records[0].Offset, End: end, Oldest: p.Records[0].Timestamp})
-			}
-		})
-		fenced, ended, fenceErr = s.status()
-		switch {
-		case ended:
-			return errLeadership // the transaction session would abort anyway
-		case fenceErr != nil:
-			return fenceErr
-		case len(recs) > 0 && !fenced:
-			// Records only arrive for assigned partitions, and their
-			// offsets are fetched only after the fence: unreachable.
-			return errors.New("placement: records polled before the fence")
-		case len(recs) > 0 && s.st == nil:
-			// Elected during this poll: restore before deciding.
-			if err := s.restoreRetrying(ctx); err != nil {
-				return err
-			}
-		}
-		if s.st == nil {
-			continue
-		}
-		tick := !time.Now().Before(s.nextTick) && !s.behind()
-		if len(recs) == 0 && !tick {
-			continue
-		}
-		if err := s.transact(ctx, recs, tick); err != nil {
+// handle is the session's handler, called after every poll (also one that
+// brought nothing: ticks run there). Elected, it restores before deciding;
+// active, it decides the poll's inputs, and a tick when one is due, in
+// one transaction with their offsets.
+func (s *session) handle(ctx context.Context, b *consume.Batch) error {
+	fenced, ended, fenceErr := s.status()
+	switch {
+	case ended:
+		return errLeadership // the transaction session would abort anyway
+	case fenceErr != nil:
+		return fenceErr
+	case b.Fetches.NumRecords() > 0 && !fenced:
+		// Records only arrive for assigned partitions, and their
+		// offsets are fetched only after the fence: unreachable.
+		return errors.New("placement: records polled before the fence")
+	}
+	recs := orderBatch(b.Records)
+	s.measure(b.Fetches)
+	if fenced && s.st == nil {
+		// Elected (or the last transaction aborted): restore before
+		// deciding.
+		if err := s.restoreRetrying(ctx); err != nil {
 			return err
 		}
 	}
+	if s.st == nil {
+		return nil
+	}
+	tick := !time.Now().Before(s.nextTick) && !s.behind()
+	if len(recs) == 0 && !tick {
+		return nil
+	}
+	return s.transact(ctx, b, recs, tick)
+}
+
+// measure notes how far behind each fetched partition's last fetch left
+// it: ticks wait while inputs are known to wait (behind).
+func (s *session) measure(fs kgo.Fetches) {
+	polled := time.Now()
+	fs.EachPartition(func(p kgo.FetchTopicPartition) {
+		end := kafka.FetchEnd(p)
+		if n := len(p.Records); n > 0 && end >= 0 {
+			s.lag[tpKey{p.Topic, p.Partition}] = lagAt{end - (p.Records[n-1].Offset + 1), polled}
+		}
+	})
 }
 
 // orderBatch returns the polled records in the order they are decided: a
@@ -523,21 +500,23 @@ func (s *session) loop(ctx context.Context) error {
 // later ones) decides the same inputs in the same order and writes
 // byte-identical records. It also decides inputs produced close together
 // on different topics (a plan change and a mailbox added) in the order
-// they were produced.
-func orderBatch(fs kgo.Fetches) []*kgo.Record {
+// they were produced. recs are a poll's records in fetch order (each
+// partition's in offset order).
+func orderBatch(recs []*kgo.Record) []*kgo.Record {
 	var parts [][]*kgo.Record
-	n := 0
-	fs.EachPartition(func(p kgo.FetchTopicPartition) {
-		if len(p.Records) > 0 {
-			parts = append(parts, p.Records)
-			n += len(p.Records)
+	index := map[tpKey]int{}
+	for _, r := range recs {
+		k := tpKey{r.Topic, r.Partition}
+		i, ok := index[k]
+		if !ok {
+			i = len(parts)
+			index[k] = i
+			parts = append(parts, nil)
 		}
-	})
+		parts[i] = append(parts[i], r)
+	}
 	if len(parts) <= 1 {
-		if len(parts) == 0 {
-			return nil
-		}
-		return parts[0]
+		return recs
 	}
 	before := func(a, b *kgo.Record) bool {
 		if !a.Timestamp.Equal(b.Timestamp) {
@@ -551,8 +530,8 @@ func orderBatch(fs kgo.Fetches) []*kgo.Record {
 		}
 		return a.Offset < b.Offset
 	}
-	out := make([]*kgo.Record, 0, n)
-	for len(out) < n {
+	out := make([]*kgo.Record, 0, len(recs))
+	for len(out) < len(recs) {
 		best := -1
 		for i, p := range parts {
 			if len(p) > 0 && (best < 0 || before(p[0], parts[best][0])) {
@@ -571,8 +550,7 @@ type tpKey struct {
 }
 
 type lagAt struct {
-	behind int64
-	end    int64 // the partition's end as fetched
+	behind int64 // records after the last one fetched, to the end as fetched
 	at     time.Time
 }
 
@@ -600,33 +578,23 @@ func (s *session) behind() bool {
 // inputs to a standby that fails the same way: leadership would bounce
 // between engines for the whole outage, each election a rebalance.
 func (s *session) restoreRetrying(ctx context.Context) error {
-	backoff := restoreBackoff
+	bo := backoff.New(restoreBackoff, nil)
 	for {
 		err := s.restore(ctx)
 		if err == nil || ctx.Err() != nil {
 			return nil
 		}
 		s.e.m.restoreFailures.Inc()
-		s.log.Warn("restore failed; retrying while this engine holds the inputs", "err", err, "in", backoff)
-		for wait := time.Now().Add(backoff); time.Now().Before(wait); {
-			if _, ended, fenceErr := s.status(); ended || fenceErr != nil {
-				return err
-			}
-			select {
-			case <-ctx.Done():
+		wait := bo.Next()
+		s.log.Warn("restore failed; retrying while this engine holds the inputs", "err", err, "in", wait)
+		if backoff.Sleep(s.lead, wait) != nil {
+			if ctx.Err() != nil {
 				return nil
-			case <-time.After(min(100*time.Millisecond, time.Until(wait))):
 			}
+			return err // the inputs were revoked or lost, or the fence failed
 		}
-		backoff = min(2*backoff, maxRestoreBackoff)
 	}
 }
-
-// The backoff between restore attempts.
-const (
-	restoreBackoff    = 250 * time.Millisecond
-	maxRestoreBackoff = 5 * time.Second
-)
 
 // restore rebuilds the state: checkpoint, then the decision log to its end.
 // The input offsets were committed in the transactions that wrote the
@@ -682,7 +650,7 @@ func (s *session) checkOffsets(ctx context.Context, r *restored) error {
 	if !r.nonEmpty {
 		return nil
 	}
-	offs, err := kadm.NewClient(s.cl.Client()).FetchOffsets(ctx, s.e.cfg.group)
+	offs, err := kadm.NewClient(s.c.Client()).FetchOffsets(ctx, s.e.cfg.group)
 	if err == nil {
 		err = offs.Error()
 	}
@@ -712,8 +680,8 @@ const idleCommitEvery = time.Second
 // transact decides recs (and a tick) and writes the decisions with the
 // input offsets in one transaction. The state is folded as the decisions
 // are made; when the transaction does not commit, the state is dropped
-// and the next loop restores it from the log.
-func (s *session) transact(ctx context.Context, recs []*kgo.Record, tick bool) error {
+// and the next handler call restores it from the log.
+func (s *session) transact(ctx context.Context, cb *consume.Batch, recs []*kgo.Record, tick bool) error {
 	e := s.e
 	b, err := s.decide(recs, tick)
 	if err != nil {
@@ -733,7 +701,7 @@ func (s *session) transact(ctx context.Context, recs []*kgo.Record, tick bool) e
 	}
 	b.c.Inputs = append(s.carried, b.c.Inputs...)
 	s.carried = nil
-	committed, err := s.write(ctx, b.out)
+	committed, err := s.write(ctx, cb, b.out)
 	if err != nil || !committed {
 		s.st = nil
 		return err
@@ -764,12 +732,6 @@ func (s *session) decide(recs []*kgo.Record, tick bool) (b batch, err error) {
 	// decided at it (domain.TrustedTime).
 	now := e.cfg.now()
 	for _, r := range recs {
-		if dlq.ForOtherConsumer(r, DeadLetterConsumer) {
-			// Redriven from the DLQ for another consumer (the engine's own
-			// dead letters are never redriven): not an input. The rule
-			// reads the record alone, so a replay skips it too.
-			continue
-		}
 		ev, derr := topics.Decode(r)
 		if derr != nil {
 			code := domain.ErrorCode(derr)
@@ -806,50 +768,29 @@ func (s *session) decide(recs []*kgo.Record, tick bool) (b batch, err error) {
 	return b, nil
 }
 
-// write produces out in one Kafka transaction with the inputs' offsets.
-// Not committed without an error: the transaction was aborted (a produce
-// failed, the group rebalanced); the caller restores from the log.
-func (s *session) write(ctx context.Context, out []*kgo.Record) (committed bool, err error) {
+// write produces out in one Kafka transaction with the inputs' offsets
+// (the batch's: records redriven for other consumers, which the runtime
+// skipped, included). Not committed without an error: the transaction was
+// aborted (a produce failed, the group rebalanced); the caller restores
+// from the log.
+func (s *session) write(ctx context.Context, cb *consume.Batch, out []*kgo.Record) (committed bool, err error) {
 	e := s.e
+	// The transaction in flight finishes even when ctx ends.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.txnTimeout)
 	defer cancel()
-	if err := s.cl.Begin(); err != nil {
-		return false, fmt.Errorf("placement: begin transaction: %w", err)
-	}
-	var (
-		pmu  sync.Mutex
-		perr error
-	)
-	keep := func(err error) {
-		pmu.Lock()
-		if perr == nil {
-			perr = err
+	var perr error
+	committed, err = cb.TransactTry(wctx, func(ctx context.Context) kgo.TransactionEndTry {
+		perr = produce(ctx, cb.Consumer().Client(), out)
+		if e.cfg.beforeEnd != nil {
+			e.cfg.beforeEnd()
 		}
-		pmu.Unlock()
-	}
-	for _, r := range out {
-		s.cl.Produce(wctx, r, func(_ *kgo.Record, err error) {
-			if err != nil {
-				keep(err)
-			}
-		})
-	}
-	// Flush waits for every promise, so perr is final once it returns;
-	// the transaction commits only if every record was written.
-	if err := s.cl.Client().Flush(wctx); err != nil {
-		keep(err)
-	}
-	if e.cfg.beforeEnd != nil {
-		e.cfg.beforeEnd()
-	}
-	pmu.Lock()
-	try := kgo.TransactionEndTry(perr == nil)
-	pmu.Unlock()
-	committed, err = s.cl.End(wctx, try)
+		// Commit only if every record was written.
+		return kgo.TransactionEndTry(perr == nil)
+	})
 	switch {
 	case err != nil:
 		e.m.aborts.WithLabelValues("end_error").Inc()
-		return false, fmt.Errorf("placement: end transaction: %w", err)
+		return false, fmt.Errorf("placement: transaction: %w", err)
 	case !committed && perr != nil:
 		s.log.Warn("transaction aborted after a produce error; restoring", "err", perr)
 		e.m.aborts.WithLabelValues("produce_error").Inc()
@@ -858,6 +799,34 @@ func (s *session) write(ctx context.Context, out []*kgo.Record) (committed bool,
 		e.m.aborts.WithLabelValues("not_committed").Inc()
 	}
 	return committed, nil
+}
+
+// produce writes out and returns the first produce error; Flush waits for
+// every promise, so the error is final once it returns.
+func produce(ctx context.Context, cl *kgo.Client, out []*kgo.Record) error {
+	var (
+		mu   sync.Mutex
+		perr error
+	)
+	for _, r := range out {
+		cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
+			mu.Lock()
+			if perr == nil {
+				perr = err
+			}
+			mu.Unlock()
+		})
+	}
+	if err := cl.Flush(ctx); err != nil {
+		mu.Lock()
+		if perr == nil {
+			perr = err
+		}
+		mu.Unlock()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return perr
 }
 
 // committed records a committed batch: metrics, the worker view, the
@@ -892,16 +861,12 @@ func (s *session) committed(b batch) {
 	for _, code := range b.dead {
 		e.m.deadLetter.WithLabelValues(code).Inc()
 	}
-	applied := map[tpKey]int64{}
+	// The runtime moves the lag past the batch (consume.Metered); the
+	// latency is observed here, where the decisions committed.
 	for _, in := range b.c.Inputs {
 		if !in.Produced.IsZero() {
 			e.meter.Applied(now, in.Produced)
 		}
-		k := tpKey{in.Topic, in.Partition}
-		applied[k] = max(applied[k], in.Offset+1)
-	}
-	for k, next := range applied {
-		e.meter.Set(k.topic, k.partition, sla.Position{Next: next, End: max(s.lag[k].end, next)})
 	}
 	s.updatePending(len(b.decided) > 0 && now.Sub(s.lastPending) >= time.Second)
 	for _, fn := range e.cfg.committed {
