@@ -105,29 +105,21 @@ func (c *Consumer) connect(kcfg kafka.Config) error {
 // hooks run.
 func (c *Consumer) callbacks() []kgo.Opt {
 	return []kgo.Opt{
-		kgo.OnPartitionsAssigned(func(ctx context.Context, _ *kgo.Client, m map[string][]int32) {
-			<-c.ready
-			c.m.rebalances.WithLabelValues(c.name, "assigned").Inc()
-			c.own(m)
-			for _, fn := range c.cfg.assigned {
-				fn(ctx, c, m)
-			}
-		}),
-		kgo.OnPartitionsRevoked(func(ctx context.Context, _ *kgo.Client, m map[string][]int32) {
-			<-c.ready
-			c.m.rebalances.WithLabelValues(c.name, "revoked").Inc()
-			c.forget(m)
-			for _, fn := range c.cfg.revoked {
-				fn(ctx, c, m)
-			}
-		}),
-		kgo.OnPartitionsLost(func(ctx context.Context, _ *kgo.Client, m map[string][]int32) {
-			<-c.ready
-			c.m.rebalances.WithLabelValues(c.name, "lost").Inc()
-			c.forget(m)
-			for _, fn := range c.cfg.lost {
-				fn(ctx, c, m)
-			}
-		}),
+		kgo.OnPartitionsAssigned(c.callback("assigned", c.own, c.cfg.assigned)),
+		kgo.OnPartitionsRevoked(c.callback("revoked", c.forget, c.cfg.revoked)),
+		kgo.OnPartitionsLost(c.callback("lost", c.forget, c.cfg.lost)),
+	}
+}
+
+// callback is one partition callback: it waits until New has returned,
+// counts the event, lets the meter track the change, then runs hooks.
+func (c *Consumer) callback(event string, track func(map[string][]int32), hooks []PartitionsFunc) func(context.Context, *kgo.Client, map[string][]int32) {
+	return func(ctx context.Context, _ *kgo.Client, m map[string][]int32) {
+		<-c.ready
+		c.m.rebalances.WithLabelValues(c.name, event).Inc()
+		track(m)
+		for _, fn := range hooks {
+			fn(ctx, c, m)
+		}
 	}
 }
