@@ -17,6 +17,7 @@ var derivedRegistry = map[string]func() Data{
 	TypeSyncOwnershipSuspended: func() Data { return new(SyncOwnershipSuspended) },
 	TypeSyncTierChanged:        func() Data { return new(SyncTierChanged) },
 	TypeSyncFailed:             func() Data { return new(SyncFailed) },
+	TypeOpsAction:              func() Data { return new(OpsAction) },
 }
 
 // DerivedRecordTypes returns the type of every record mailplane derives from

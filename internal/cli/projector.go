@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/migrations"
@@ -40,6 +42,12 @@ func Projector(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 || (args[0] != "positions" && args[0] != "seek") {
 		return usageError(strings.TrimSpace(projectorUsage))
 	}
+	var act cliAction
+	return act.finish(ctx, runProjector(ctx, args, out, &act))
+}
+
+// runProjector is Projector; act records a seek in the operator audit.
+func runProjector(ctx context.Context, args []string, out io.Writer, act *cliAction) error {
 	fs := flag.NewFlagSet("projector "+args[0], flag.ExitOnError)
 	fs.Usage = func() { fmt.Fprintln(fs.Output(), projectorUsage); fs.PrintDefaults() }
 	brokers, dbURL := config.RegisterBrokerFlags(fs), config.DatabaseURL.String(fs)
@@ -51,6 +59,10 @@ func Projector(ctx context.Context, args []string, out io.Writer) error {
 	toEnd := fs.Bool("end", false, "seek: to the partition's end (skip everything there now)")
 	format := fs.String("format", FormatText, "positions: output text or json (for scripts)")
 	fs.Parse(args[1:])
+	if args[0] == "seek" {
+		act.begin(brokers.Config("mailplane-projector-cli"), domain.OpsProjectorSeek,
+			domain.OpsParams{Target: *name, Filter: fmt.Sprintf("%s/%d", *topic, *partition), To: seekTarget(*offset, *toStart, *toEnd)})
+	}
 	if err := checkFormat(*format); err != nil {
 		return err
 	}
@@ -98,14 +110,28 @@ func Projector(ctx context.Context, args []string, out io.Writer) error {
 	case *toEnd:
 		to = end
 	case to < start || to > end:
-		return fmt.Errorf("offset %d is outside %s/%d, which holds %d to %d", to, *topic, *partition, start, end)
+		return domain.Errorf(domain.CodeOutOfRange, "offset %d is outside %s/%d, which holds %d to %d", to, *topic, *partition, start, end)
 	}
+	act.started, act.params.To = true, strconv.FormatInt(to, 10)
 	prev, err := projections.Seek(ctx, pool, kcfg.Namespace, *name, *topic, int32(*partition), to, time.Now())
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "%s %s/%d: %d -> %d\n", *name, *topic, *partition, prev, to)
 	return nil
+}
+
+// seekTarget says, for the audit, where a seek was asked to go.
+func seekTarget(offset int64, start, end bool) string {
+	switch {
+	case start:
+		return "start"
+	case end:
+		return "end"
+	case offset >= 0:
+		return strconv.FormatInt(offset, 10)
+	}
+	return ""
 }
 
 func btoi(b bool) int {

@@ -1,0 +1,89 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/config"
+	"github.com/mailplane/mailplane/internal/kafka"
+	"github.com/mailplane/mailplane/internal/opsaudit"
+)
+
+// auditSource is the ce_source of the CLI's operator audit records.
+const auditSource = "mailplane/cli"
+
+// auditStderr receives the warning of an action the audit could not
+// record (a variable so tests can read it).
+var auditStderr io.Writer = os.Stderr
+
+// cliAction is one operator action of a CLI command, recorded in the
+// operator audit when the command ends: exactly one record, whether it
+// went well, was refused or failed. The CLI holds the brokers' and the
+// database's own credentials, so a record it cannot write does not undo
+// the action: it warns on stderr (and logs) and the command's result
+// stands (opsaudit's package doc).
+type cliAction struct {
+	kcfg    kafka.Config
+	action  domain.OpsActionName
+	params  domain.OpsParams
+	started bool // the action began changing things: an error now is a failure, not a refusal
+	set     bool
+}
+
+// begin names the action, once its flags are parsed.
+func (a *cliAction) begin(kcfg kafka.Config, action domain.OpsActionName, params domain.OpsParams) {
+	a.kcfg, a.action, a.params, a.set = kcfg, action, params, true
+}
+
+// finish records the action with err, its outcome, and returns err.
+func (a *cliAction) finish(ctx context.Context, err error) error {
+	if !a.set {
+		return err
+	}
+	e := opsaudit.Entry{Actor: opsaudit.CLI(a.kcfg), Action: a.action, Params: &a.params, Err: err, Code: cliCode(err)}
+	e.Refused = err != nil && !a.started && refusal(err)
+	rec, rerr := opsaudit.New(a.kcfg.WithClientID("mailplane-ops-audit"), auditSource, nil, config.NewLogger("warn", "text"))
+	if rerr == nil {
+		rerr = rec.Record(ctx, e)
+		rec.Close()
+	}
+	if rerr != nil {
+		fmt.Fprintf(auditStderr, "warning: %v\n", rerr)
+	}
+	return err
+}
+
+// cliCode is the stable code recorded for a command's error: the exit
+// code's name for the CLI's own refusals, else the error's domain code.
+func cliCode(err error) domain.Code {
+	if errors.Is(err, errNothingConfirmed) {
+		return "not_confirmed"
+	}
+	var ec *ExitCodeError
+	if errors.As(err, &ec) && domain.ErrorCode(ec.Err) == domain.CodeInternal {
+		switch ec.Code {
+		case ExitUsage:
+			return "usage"
+		case ExitVerifyFailed:
+			return "verify_failed"
+		case ExitPartial:
+			return "partial"
+		}
+	}
+	return ""
+}
+
+// refusal reports whether err refused an action (bad input, a rule, a
+// failed verify) rather than failing it (a broker or a database down, a
+// bug): only the former are recorded as refused.
+func refusal(err error) bool {
+	if cliCode(err) != "" || errors.Is(err, errNothingConfirmed) {
+		return true
+	}
+	c := domain.ErrorCode(err)
+	return c != domain.CodeInternal && c != domain.CodeUnavailable
+}
