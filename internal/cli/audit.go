@@ -80,10 +80,4 @@ func cliCode(err error) domain.Code {
 // refusal reports whether err refused an action (bad input, a rule, a
 // failed verify) rather than failing it (a broker or a database down, a
 // bug): only the former are recorded as refused.
-func refusal(err error) bool {
-	if cliCode(err) != "" || errors.Is(err, errNothingConfirmed) {
-		return true
-	}
-	c := domain.ErrorCode(err)
-	return c != domain.CodeInternal && c != domain.CodeUnavailable
-}
+func refusal(err error) bool { return cliCode(err) != "" || opsaudit.Refusal(err) }

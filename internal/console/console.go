@@ -69,6 +69,9 @@ type Config struct {
 	// Redriven, when set, tells which dead letters were redriven
 	// (dlq.Redrives bound to a pool).
 	Redriven func(ctx context.Context, entries []dlq.Entry) (map[dlq.Location]dlq.Redriven, error)
+	// Audit records logins, logouts and redrives in the operator audit
+	// (an *opsaudit.Recorder); nil records nothing.
+	Audit Auditor
 	// SessionTTL is a session's life (default DefaultSessionTTL).
 	SessionTTL time.Duration
 	// LoginsPerMinute and LoginBurst limit login attempts per client
@@ -153,12 +156,12 @@ func New(cfg Config) (*Console, error) {
 	}
 	logins, err := promreg.Register(cfg.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "mailplane_console_logins_total",
-		Help: "Console login attempts, by result: ok, invalid (not a token, unknown token), forbidden (no ops scope), refused (cross-site or without the form's CSRF token), limited (too many from the client address).",
+		Help: "Console login attempts, by result: ok, invalid (not a token, unknown token), forbidden (no ops scope), refused (cross-site or without the form's CSRF token), limited (too many from the client address), unaudited (refused: the operator audit could not record it).",
 	}, []string{"result"}))
 	if err != nil {
 		return nil, err
 	}
-	for _, r := range []string{"ok", "invalid", "forbidden", "refused", "limited"} {
+	for _, r := range []string{"ok", "invalid", "forbidden", "refused", "limited", "unaudited"} {
 		logins.WithLabelValues(r)
 	}
 	c := &Console{cfg: cfg, logins: logins, log: cfg.Logger, sess: newSessions(cfg.SessionTTL, cfg.Now), pages: map[string]*template.Template{},

@@ -13,7 +13,6 @@ package opsaudit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -171,6 +170,9 @@ func Action(at time.Time, e Entry) domain.OpsAction {
 			code = domain.ErrorCode(e.Err)
 		}
 		a.Code = string(code)
+		if a.Code == "" {
+			a.Code = string(a.Outcome) // an error without a code of its own
+		}
 		a.Detail = domain.CutOpsText(e.Err.Error(), domain.OpsDetailMax)
 	}
 	return a
@@ -195,6 +197,10 @@ func cleanParams(p *domain.OpsParams) *domain.OpsParams {
 // the caller.
 func Names(names []string) string { return strings.Join(names, ",") }
 
-// ErrNotRecorded marks an action refused because its audit record could
-// not be written.
-var ErrNotRecorded = errors.New("the operator audit could not record the action")
+// Refusal reports whether err, an action's error, refused it (a domain
+// error with a code of its own: bad input, a rule, a missing right)
+// rather than failed it (an internal error, a dependency unavailable).
+func Refusal(err error) bool {
+	c := domain.ErrorCode(err)
+	return err != nil && c != domain.CodeInternal && c != domain.CodeUnavailable
+}

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/access"
 	"github.com/mailplane/mailplane/internal/dlq"
 )
 
@@ -33,4 +34,21 @@ func RedriveParams(sel dlq.Selection, rep *dlq.Report) domain.OpsParams {
 		p.Count = int64(rep.Count(dlq.OutcomeRedriven) + rep.Count(dlq.OutcomeWouldRedrive))
 	}
 	return p
+}
+
+// TokensReload is the audit entry of a tokens-file reload the process
+// (actor) noticed: the caller names it added, removed or changed (never a
+// token); refused when the file was not loaded at all, failed when some
+// of its lines were invalid (only the callers they repeat unchanged stay).
+func TokensReload(actor Actor, r access.Reload) Entry {
+	e := Entry{Actor: actor, Action: domain.OpsTokensReload, Params: &domain.OpsParams{
+		Target: r.Path, Added: Names(r.Added), Removed: Names(r.Removed), Changed: Names(r.Changed),
+	}}
+	switch {
+	case r.Failed:
+		e.Err, e.Refused = domain.Errorf(domain.CodeInvalid, "the tokens file was not loaded; the callers in force stay (see the log)"), true
+	case r.InvalidLines > 0:
+		e.Err = domain.Errorf(domain.CodeInvalid, "%d invalid lines: only the callers they repeat unchanged stay in force (see the log)", r.InvalidLines)
+	}
+	return e
 }
