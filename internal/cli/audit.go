@@ -63,6 +63,10 @@ func cliCode(err error) domain.Code {
 	if errors.Is(err, errNothingConfirmed) {
 		return "not_confirmed"
 	}
+	var re *refusedError
+	if errors.As(err, &re) {
+		return re.code
+	}
 	var ec *ExitCodeError
 	if errors.As(err, &ec) && domain.ErrorCode(ec.Err) == domain.CodeInternal {
 		switch ec.Code {
@@ -81,3 +85,21 @@ func cliCode(err error) domain.Code {
 // failed verify) rather than failing it (a broker or a database down, a
 // bug): only the former are recorded as refused.
 func refusal(err error) bool { return cliCode(err) != "" || opsaudit.Refusal(err) }
+
+// refusedError marks an error that refuses an action (a rule said no)
+// with the stable code the audit records; it unwraps to the error.
+type refusedError struct {
+	code domain.Code
+	err  error
+}
+
+func (e *refusedError) Error() string { return e.err.Error() }
+func (e *refusedError) Unwrap() error { return e.err }
+
+// refused marks err as a refusal with code (nil stays nil).
+func refused(code domain.Code, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &refusedError{code, err}
+}

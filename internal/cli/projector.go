@@ -90,7 +90,7 @@ func runProjector(ctx context.Context, args []string, out io.Writer, act *cliAct
 		return usageError("seek needs exactly one of --offset, --start, --end")
 	}
 	if err := projections.CheckSeekable(kcfg.Namespace, *name, *topic); err != nil {
-		return err
+		return refused("not_seekable", err)
 	}
 	// The partition must be one of the projector's, on the broker, and
 	// the position within what the broker holds: a position past the end
@@ -155,7 +155,7 @@ func boundary(ctx context.Context, adm *kadm.Client, topic string, partition int
 	}
 	o, ok := offs.Lookup(topic, partition)
 	if !ok || o.Err != nil {
-		return 0, fmt.Errorf("no partition %s/%d on the broker (%v)", topic, partition, o.Err)
+		return 0, refused(domain.CodeNotFound, fmt.Errorf("no partition %s/%d on the broker (%v)", topic, partition, o.Err))
 	}
 	return o.Offset, nil
 }

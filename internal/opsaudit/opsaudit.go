@@ -89,6 +89,7 @@ type Recorder struct {
 	source   string
 	log      *slog.Logger
 	now      func() time.Time
+	timeout  time.Duration
 	failures *prometheus.CounterVec
 	records  *prometheus.CounterVec
 }
@@ -108,7 +109,7 @@ func New(cfg kafka.Config, source string, reg prometheus.Registerer, log *slog.L
 		reg = prometheus.NewRegistry()
 	}
 	return &Recorder{
-		cl: cl, topic: cfg.Topic(topics.OpsAudit), source: source, log: log, now: time.Now,
+		cl: cl, topic: cfg.Topic(topics.OpsAudit), source: source, log: log, now: time.Now, timeout: Timeout,
 		failures: promreg.MustRegister(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mailplane_ops_audit_failures_total",
 			Help: "Operator audit records that could not be written, by action.",
@@ -137,7 +138,7 @@ func (r *Recorder) Record(ctx context.Context, e Entry) error {
 		}
 	}
 	if err == nil {
-		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), Timeout)
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.timeout)
 		err = r.cl.ProduceSync(pctx, rec).FirstErr()
 		cancel()
 	}
