@@ -51,3 +51,26 @@ func (c *Console) loginRefused(w http.ResponseWriter, r *http.Request, actor ops
 	}
 	c.refuse(w, status, msg)
 }
+
+// AuditShown bounds the records the Audit page reads.
+const AuditShown = 200
+
+type auditView struct {
+	Records     []opsaudit.Record
+	Limit       int
+	Unavailable bool
+}
+
+// auditPage shows the newest operator audit records, newest first.
+func (c *Console) auditPage(_ http.ResponseWriter, r *http.Request, v *view) (string, int, error) {
+	av := auditView{Limit: AuditShown, Unavailable: c.cfg.AuditLog == nil}
+	if c.cfg.AuditLog != nil {
+		recs, err := c.cfg.AuditLog(r.Context(), AuditShown)
+		if err != nil {
+			return "", 0, err
+		}
+		av.Records = recs
+	}
+	v.Title, v.Data = "Operator audit", av
+	return "audit", http.StatusOK, nil
+}

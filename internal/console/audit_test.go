@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/mailplane/mailplane/domain"
@@ -30,6 +31,7 @@ func TestConsoleActionsAudited(t *testing.T) {
 	t.Cleanup(rec.Close)
 	ts, _, _ := unitConfig(t, func(c *console.Config) {
 		c.Audit = rec
+		c.AuditLog = func(ctx context.Context, limit int) ([]opsaudit.Record, error) { return opsaudit.Recent(ctx, kcfg, limit) }
 		c.Redrive = func(_ context.Context, _ *domain.Caller, sel dlq.Selection) (dlq.Report, error) {
 			return dlq.Report{RedriveID: "r1", Items: []dlq.Item{{Outcome: dlq.OutcomeRedriven, Offset: 42}}}, nil
 		}
@@ -52,6 +54,12 @@ func TestConsoleActionsAudited(t *testing.T) {
 	}
 	if resp, _ := fetch(t, cl, "POST", ts.URL+"/console/dlq/0/8/redrive", url.Values{"csrf": {csrf}, "again": {"on"}}, same); resp.StatusCode != http.StatusOK {
 		t.Fatalf("redrive: %d", resp.StatusCode)
+	}
+	// The Audit page shows them, newest first.
+	resp, page := fetch(t, cl, "GET", ts.URL+"/console/audit", nil, nil)
+	if resp.StatusCode != http.StatusOK || strings.Count(page, `class="audit-record"`) != 5 || !strings.Contains(page, "127.0.0.1") ||
+		strings.Index(page, "dlq_redrive") > strings.Index(page, "console_login") {
+		t.Fatalf("audit page: %d\n%s", resp.StatusCode, page)
 	}
 	if resp, _ := fetch(t, cl, "POST", ts.URL+"/console/logout", url.Values{"csrf": {csrf}}, same); resp.StatusCode != http.StatusSeeOther {
 		t.Fatalf("logout: %d", resp.StatusCode)

@@ -31,6 +31,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/api"
 	"github.com/mailplane/mailplane/internal/dlq"
+	"github.com/mailplane/mailplane/internal/opsaudit"
 	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/promreg"
 	"github.com/mailplane/mailplane/internal/query"
@@ -72,6 +73,9 @@ type Config struct {
 	// Audit records logins, logouts and redrives in the operator audit
 	// (an *opsaudit.Recorder); nil records nothing.
 	Audit Auditor
+	// AuditLog, when set, reads the newest records of the operator audit
+	// (opsaudit.Recent bound to a broker config): the Audit page.
+	AuditLog func(ctx context.Context, limit int) ([]opsaudit.Record, error)
 	// SessionTTL is a session's life (default DefaultSessionTTL).
 	SessionTTL time.Duration
 	// LoginsPerMinute and LoginBurst limit login attempts per client
@@ -171,7 +175,7 @@ func New(cfg Config) (*Console, error) {
 		return nil, err
 	}
 	c.css = css
-	for _, p := range []string{"login", "fleet", "mailbox", "org", "consumers", "dlq", "dlqentry", "error"} {
+	for _, p := range []string{"login", "fleet", "mailbox", "org", "consumers", "dlq", "dlqentry", "audit", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(files, "templates/layout.html", "templates/"+p+".html")
 		if err != nil {
 			return nil, err
@@ -195,6 +199,7 @@ func (c *Console) Routes() map[string]http.Handler {
 		"GET /console/consumers":                         c.page(c.consumers),
 		"GET /console/dlq":                               c.page(c.dlqList),
 		"GET /console/dlq/{partition}/{offset}":          c.page(c.dlqEntry),
+		"GET /console/audit":                             c.page(c.auditPage),
 		"POST /console/dlq/{partition}/{offset}/redrive": c.headers(http.HandlerFunc(c.redrive)),
 		"GET /console/static/console.css":                c.headers(http.HandlerFunc(c.stylesheet)),
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/mailboxstate"
 	"github.com/mailplane/mailplane/internal/mailsync"
+	"github.com/mailplane/mailplane/internal/opsaudit"
 	"github.com/mailplane/mailplane/internal/opshttp"
 	"github.com/mailplane/mailplane/internal/outbox"
 	"github.com/mailplane/mailplane/internal/ownership"
@@ -332,7 +333,10 @@ func (p *process) mountQuery(srv *api.Server, auth api.Authenticator, audit cons
 		Redriven: func(ctx context.Context, entries []dlq.Entry) (map[dlq.Location]dlq.Redriven, error) {
 			return dlq.Redrives(ctx, p.pools.Serve, entries)
 		},
-		Audit:           audit,
+		Audit: audit,
+		AuditLog: func(ctx context.Context, limit int) ([]opsaudit.Record, error) {
+			return opsaudit.Recent(ctx, kcfg, limit)
+		},
 		LoginsPerMinute: p.rc.bodies.loginsPerMinute,
 		LoginBurst:      p.rc.bodies.loginBurst,
 		TrustedProxies:  p.rc.bodies.trustedProxies,
