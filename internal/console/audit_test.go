@@ -31,7 +31,9 @@ func TestConsoleActionsAudited(t *testing.T) {
 	t.Cleanup(rec.Close)
 	ts, _, _ := unitConfig(t, func(c *console.Config) {
 		c.Audit = rec
-		c.AuditLog = func(ctx context.Context, limit int) ([]opsaudit.Record, error) { return opsaudit.Recent(ctx, kcfg, limit) }
+		c.AuditLog = func(ctx context.Context, limit int) ([]opsaudit.Record, error) {
+			return opsaudit.Recent(ctx, kcfg, limit)
+		}
 		c.Redrive = func(_ context.Context, _ *domain.Caller, sel dlq.Selection) (dlq.Report, error) {
 			return dlq.Report{RedriveID: "r1", Items: []dlq.Item{{Outcome: dlq.OutcomeRedriven, Offset: 42}}}, nil
 		}
