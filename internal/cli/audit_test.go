@@ -81,7 +81,7 @@ func TestCLIActionsAudited(t *testing.T) {
 	got := auditTrail(t, kcfg)
 	checkAudit(t, got, domain.OpsActorOSUser, "",
 		wantAudit{domain.OpsRebuildSwap, domain.OpsRefused, "usage"},
-		wantAudit{domain.OpsDLQRedrive, domain.OpsRefused, "usage"},
+		wantAudit{domain.OpsDLQRedrive, domain.OpsRefused, "invalid"},
 		wantAudit{domain.OpsCredentialsReseal, domain.OpsRefused, "invalid"},
 		wantAudit{domain.OpsRebuildCleanup, domain.OpsOK, ""},
 		wantAudit{domain.OpsRebuildCleanup, domain.OpsRefused, "usage"},

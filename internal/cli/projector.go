@@ -2,18 +2,22 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/applyonce"
 	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/migrations"
@@ -112,13 +116,31 @@ func runProjector(ctx context.Context, args []string, out io.Writer, act *cliAct
 	case to < start || to > end:
 		return domain.Errorf(domain.CodeOutOfRange, "offset %d is outside %s/%d, which holds %d to %d", to, *topic, *partition, start, end)
 	}
-	act.started, act.params.To = true, strconv.FormatInt(to, 10)
+	// Seek is one transaction: an error changed nothing.
+	act.params.To = strconv.FormatInt(to, 10)
 	prev, err := projections.Seek(ctx, pool, kcfg.Namespace, *name, *topic, int32(*partition), to, time.Now())
 	if err != nil {
-		return err
+		return seekRefusal(err)
 	}
 	fmt.Fprintf(out, "%s %s/%d: %d -> %d\n", *name, *topic, *partition, prev, to)
 	return nil
+}
+
+// seekRefusal marks Seek's own refusals (no such projector position,
+// below the dedupe floor) for the audit; a database's failure stays one.
+func seekRefusal(err error) error {
+	var (
+		pe *pgconn.PgError
+		ce *pgconn.ConnectError
+		ne net.Error
+	)
+	switch {
+	case errors.As(err, &pe), errors.As(err, &ce), errors.As(err, &ne), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	case errors.Is(err, applyonce.ErrBelowFloor):
+		return refused("below_floor", err)
+	}
+	return refused("not_seekable", err)
 }
 
 // seekTarget says, for the audit, where a seek was asked to go.
