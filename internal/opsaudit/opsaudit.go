@@ -90,13 +90,14 @@ type Recorder struct {
 	log      *slog.Logger
 	now      func() time.Time
 	timeout  time.Duration
+	owned    bool // the producer is the recorder's (New), closed with it
 	failures *prometheus.CounterVec
 	records  *prometheus.CounterVec
 }
 
 // New returns a recorder writing to cfg's ops audit topic as source (the
-// records' ce_source, e.g. "mailplane/cli", "mailplane/console"), with its
-// metrics on reg. Close it.
+// records' ce_source, e.g. "mailplane/cli", "mailplane/api") through a
+// producer of its own, with its metrics on reg. Close it.
 func New(cfg kafka.Config, source string, reg prometheus.Registerer, log *slog.Logger) (*Recorder, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -105,11 +106,22 @@ func New(cfg kafka.Config, source string, reg prometheus.Registerer, log *slog.L
 	if err != nil {
 		return nil, fmt.Errorf("opsaudit: %w", err)
 	}
+	r := NewOn(cl, cfg.Namespace, source, reg, log)
+	r.owned = true
+	return r, nil
+}
+
+// NewOn is New writing through cl, a producer (kafka.NewProducer) of a
+// process that has one, in namespace ns; Close leaves cl open.
+func NewOn(cl *kgo.Client, ns topics.Namespace, source string, reg prometheus.Registerer, log *slog.Logger) *Recorder {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
 	return &Recorder{
-		cl: cl, topic: cfg.Topic(topics.OpsAudit), source: source, log: log, now: time.Now, timeout: Timeout,
+		cl: cl, topic: ns.Topic(topics.OpsAudit), source: source, log: log, now: time.Now, timeout: Timeout,
 		failures: promreg.MustRegister(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "mailplane_ops_audit_failures_total",
 			Help: "Operator audit records that could not be written, by action.",
@@ -118,11 +130,15 @@ func New(cfg kafka.Config, source string, reg prometheus.Registerer, log *slog.L
 			Name: "mailplane_ops_audit_records_total",
 			Help: "Operator audit records written, by action and outcome.",
 		}, []string{"action", "outcome"})),
-	}, nil
+	}
 }
 
-// Close closes the producer.
-func (r *Recorder) Close() { r.cl.Close() }
+// Close closes the recorder's producer, if it is its own.
+func (r *Recorder) Close() {
+	if r.owned {
+		r.cl.Close()
+	}
+}
 
 // Record writes e's record at the server's time and waits for the broker
 // to acknowledge it (at most Timeout). A failure is logged and counted and

@@ -17,15 +17,12 @@ type apiAudit struct {
 	ctx   context.Context
 }
 
-// opsAudit opens the api role's audit recorder, closed at shutdown.
-func (p *process) opsAudit(log *slog.Logger) (*apiAudit, error) {
-	rec, err := opsaudit.New(p.kcfg("ops-audit"), "mailplane/api", p.reg, log.With("component", "opsaudit"))
-	if err != nil {
-		return nil, err
-	}
-	p.onShutdown(rec.Close)
+// opsAudit is the api role's audit recorder, writing through the
+// process's producer (the API's own).
+func (p *process) opsAudit(log *slog.Logger) *apiAudit {
+	rec := opsaudit.NewOn(p.broker, p.rc.kafka.Namespace, "mailplane/api", p.reg, log.With("component", "opsaudit"))
 	host, _ := os.Hostname()
-	return &apiAudit{rec: rec, actor: opsaudit.Process("mailplane-api@" + host), ctx: p.ctx}, nil
+	return &apiAudit{rec: rec, actor: opsaudit.Process("mailplane-api@" + host), ctx: p.ctx}
 }
 
 // tokensReloaded records a reload of the tokens file (access.WithReloadHook);

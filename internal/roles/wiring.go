@@ -247,10 +247,7 @@ func (p *process) startAPI() error {
 // buildAPI builds the api role's server with every route it mounts.
 func (p *process) buildAPI() (*api.Server, error) {
 	rc, log, kc, hc := p.rc, p.log.With("role", "api"), p.broker, p.health
-	audit, err := p.opsAudit(log)
-	if err != nil {
-		return nil, err
-	}
+	audit := p.opsAudit(log)
 	auth, err := access.New(rc.tokensFile, access.WithFleetSecret(rc.fleetSecret),
 		access.WithLogger(log), access.WithRegisterer(p.reg), access.WithReloadHook(audit.tokensReloaded))
 	if err != nil {
