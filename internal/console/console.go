@@ -4,8 +4,9 @@
 // liveness, stopping, pending placements), a mailbox (decision history,
 // band, health and its warmup evidence as an SVG chart, sync owner, lag,
 // last sync, failures, disabled reason), an org, the consumers against
-// their SLA tiers, and the DLQ (list with filters, one entry with its
-// headers and its value or why it was withheld).
+// their SLA tiers, the DLQ (list with filters, one entry with its
+// headers and its value or why it was withheld), and the operator audit
+// (the newest records, newest first).
 //
 // Only ops callers get in: the login form takes an ops token and sets an
 // opaque session cookie (HttpOnly, SameSite=Strict, Secure over TLS,
