@@ -31,6 +31,18 @@ func auditTrail(t *testing.T, kcfg kafka.Config) []opsaudit.Record {
 	return recs
 }
 
+// auditOf is the operator audit's records of one action, oldest first.
+func auditOf(t *testing.T, kcfg kafka.Config, action domain.OpsActionName) []opsaudit.Record {
+	t.Helper()
+	var out []opsaudit.Record
+	for _, r := range auditTrail(t, kcfg) {
+		if r.Action == action {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 type wantAudit struct {
 	action  domain.OpsActionName
 	outcome domain.OpsOutcome
