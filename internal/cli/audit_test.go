@@ -3,6 +3,7 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"io"
 	"slices"
 	"strings"
@@ -66,7 +67,8 @@ func checkAudit(t *testing.T, got []opsaudit.Record, kind domain.OpsActorKind, a
 // TestCLIActionsAudited: each CLI operator action writes exactly one
 // audit record, refused ones included, by the OS user when the command
 // has no SASL user: a swap without a verify, a redrive of no consumer, a
-// reseal without keys, a cleanup (dry run, then refused without --yes).
+// reseal without keys and one with a key, a cleanup (dry run, then
+// refused without --yes).
 func TestCLIActionsAudited(t *testing.T) {
 	t.Parallel()
 	kcfg := kafkatest.Config(t, 4)
@@ -84,6 +86,11 @@ func TestCLIActionsAudited(t *testing.T) {
 	if err := cli.Credentials(ctx, with("reseal", "--seal-keys", "", "--data-dir", t.TempDir())); err == nil {
 		t.Fatal("reseal without keys")
 	}
+	// With a key: nothing to reseal on an empty log, done.
+	key := "k2:" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32))
+	if err := cli.Credentials(ctx, with("reseal", "--seal-keys", key, "--data-dir", t.TempDir())); err != nil {
+		t.Fatalf("reseal: %v", err)
+	}
 	if err := cli.Rebuild(ctx, with("cleanup", "--dry-run", "--database-url", db.URL)); err != nil {
 		t.Fatalf("cleanup --dry-run: %v", err)
 	}
@@ -95,6 +102,7 @@ func TestCLIActionsAudited(t *testing.T) {
 		wantAudit{domain.OpsRebuildSwap, domain.OpsRefused, "usage"},
 		wantAudit{domain.OpsDLQRedrive, domain.OpsRefused, "invalid"},
 		wantAudit{domain.OpsCredentialsReseal, domain.OpsRefused, "invalid"},
+		wantAudit{domain.OpsCredentialsReseal, domain.OpsOK, ""},
 		wantAudit{domain.OpsRebuildCleanup, domain.OpsOK, ""},
 		wantAudit{domain.OpsRebuildCleanup, domain.OpsRefused, "usage"},
 	)
@@ -104,7 +112,10 @@ func TestCLIActionsAudited(t *testing.T) {
 	if p := got[1].Params; p == nil || p.Target != "nobody" {
 		t.Errorf("redrive parameters %+v", p)
 	}
-	if p := got[3].Params; p == nil || !p.DryRun || p.Filter != "keep=0 older_than=0s" {
+	if p := got[3].Params; p == nil || p.Target != "k2" || strings.Contains(got[3].Detail+p.Target, key[3:]) {
+		t.Errorf("reseal parameters %+v (the active key's id only)", p)
+	}
+	if p := got[4].Params; p == nil || !p.DryRun || p.Filter != "keep=0 older_than=0s" {
 		t.Errorf("cleanup parameters %+v", p)
 	}
 }
