@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/opsaudit"
 )
@@ -16,15 +14,11 @@ import (
 // auditSource is the ce_source of the CLI's operator audit records.
 const auditSource = "mailplane/cli"
 
-// auditStderr receives the warning of an action the audit could not
-// record (a variable so tests can read it).
-var auditStderr io.Writer = os.Stderr
-
 // cliAction is one operator action of a CLI command, recorded in the
 // operator audit when the command ends: exactly one record, whether it
 // went well, was refused or failed. The CLI holds the brokers' and the
 // database's own credentials, so a record it cannot write does not undo
-// the action: it warns on stderr (and logs) and the command's result
+// the action: it warns on stderr and the command's result
 // stands (opsaudit's package doc).
 type cliAction struct {
 	kcfg    kafka.Config
@@ -46,13 +40,15 @@ func (a *cliAction) finish(ctx context.Context, err error) error {
 	}
 	e := opsaudit.Entry{Actor: opsaudit.CLI(a.kcfg), Action: a.action, Params: &a.params, Err: err, Code: cliCode(err)}
 	e.Refused = err != nil && !a.started && refusal(err)
-	rec, rerr := opsaudit.New(a.kcfg.WithClientID("mailplane-ops-audit"), auditSource, nil, config.NewLogger("warn", "text"))
+	// The warning below is the one line an operator sees; the recorder
+	// logs nothing of its own here.
+	rec, rerr := opsaudit.New(a.kcfg.WithClientID("mailplane-ops-audit"), auditSource, nil, nil)
 	if rerr == nil {
 		rerr = rec.Record(ctx, e)
 		rec.Close()
 	}
 	if rerr != nil {
-		fmt.Fprintf(auditStderr, "warning: %v\n", rerr)
+		fmt.Fprintf(os.Stderr, "warning: %v\n", rerr)
 	}
 	return err
 }
