@@ -7,7 +7,8 @@ import "slices"
 // (events.go, registry) in schemas/, the records derived from them in
 // schemas/derived: the placement decision log (placement_decisions.go),
 // mailbox.state (mailboxstate.go), sync.tier and sync.audit
-// (syncrecords.go). Package topics says which topic carries which types.
+// (syncrecords.go), and the operator audit (opsaudit.go). Package topics
+// says which topic carries which types.
 
 var derivedRegistry = map[string]func() Data{
 	TypeMailboxStateRecord:     func() Data { return new(MailboxStateRecord) },
@@ -17,6 +18,7 @@ var derivedRegistry = map[string]func() Data{
 	TypeSyncOwnershipSuspended: func() Data { return new(SyncOwnershipSuspended) },
 	TypeSyncTierChanged:        func() Data { return new(SyncTierChanged) },
 	TypeSyncFailed:             func() Data { return new(SyncFailed) },
+	TypeOpsAction:              func() Data { return new(OpsAction) },
 }
 
 // DerivedRecordTypes returns the type of every record mailplane derives from

@@ -74,10 +74,11 @@ const (
 func IngestTopics() []string { return append(DomainTopics(), MailboxObservations) }
 
 // AuditTopics are the topics analysts may read: the placement decision log
-// (which is also the placement audit) and the sync audit. Domain topics
+// (which is also the placement audit), the sync audit and the operator
+// audit. Domain topics
 // carry sealed credentials and personal data; the DLQ carries copies of
 // them; neither is for analysts.
-func AuditTopics() []string { return []string{PlacementDecisions, SyncAudit} }
+func AuditTopics() []string { return []string{PlacementDecisions, SyncAudit, OpsAudit} }
 
 // outboxTopics are where an outbox relay publishes what the projectors and
 // sync workers decided in Postgres transactions: health scores, disables and
@@ -126,7 +127,9 @@ func ACLPlan(ns Namespace, principals map[Role]string) []Grant {
 		write := []string{OpWrite, OpDescribe}
 		switch role {
 		case RoleAPI:
-			topic(write, IngestTopics()...)
+			// The API process serves the console and reloads the tokens
+			// file: both write the operator audit.
+			topic(write, append(IngestTopics(), OpsAudit)...)
 			idempotent()
 		case RoleEngine:
 			topic(read, MailboxEvents, OrgEvents, UserEvents, WorkerEvents, PlacementDecisions)

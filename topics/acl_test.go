@@ -143,6 +143,11 @@ func TestACLPlanEnforced(t *testing.T) {
 			t.Fatalf("api producing to %s: %v", topic, err)
 		}
 	}
+	// ... and the operator audit (the console and the tokens-file reload
+	// run in its process) ...
+	if err := produce(ctx, t, as(brokers, topics.RoleAPI), topics.OpsAudit); err != nil {
+		t.Fatalf("api producing to %s: %v", topics.OpsAudit, err)
+	}
 	// ... and nothing else: not the decision log, not mailbox.state.
 	for _, topic := range []string{topics.PlacementDecisions, topics.MailboxState, topics.SyncAudit} {
 		before := endOffset(ctx, t, brokers, topic)
@@ -196,7 +201,7 @@ func TestACLPlanRPK(t *testing.T) {
 	t.Parallel()
 	out := topics.RPK(topics.ACLPlan("", map[topics.Role]string{topics.RoleAnalyst: "analytics", topics.RoleSync: "mp-sync"}))
 	for _, want := range []string{
-		"rpk security acl create --allow-principal User:analytics --operation read,describe --topic " + topics.PlacementDecisions + "," + topics.SyncAudit + "\n",
+		"rpk security acl create --allow-principal User:analytics --operation read,describe --topic " + topics.PlacementDecisions + "," + topics.SyncAudit + "," + topics.OpsAudit + "\n",
 		"rpk security acl create --allow-principal User:analytics --operation read,describe --group analytics- --resource-pattern-type prefixed\n",
 		"rpk security acl create --allow-principal User:mp-sync --operation write,describe --transactional-id mailplane-outbox- --resource-pattern-type prefixed\n",
 		"rpk security acl create --allow-principal User:mp-sync --operation idempotent_write --cluster\n",

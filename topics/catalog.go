@@ -32,6 +32,8 @@ const (
 	SyncTier           = "mailplane.sync.tier.v1"
 	SyncAudit          = "mailplane.sync.audit.v1"
 	DLQ                = "mailplane.dlq.v1"
+	// OpsAudit is the operator audit (domain.OpsAction), keyed by actor.
+	OpsAudit = "mailplane.ops.audit.v1"
 )
 
 // Cleanup policies.
@@ -83,6 +85,7 @@ const (
 	month   = 30 * 24 * 3600 * 1000
 	// observationsRetention is 100 days.
 	observationsRetention = 100 * 24 * 3600 * 1000
+	year                  = 365 * 24 * 3600 * 1000
 )
 
 // Catalog returns every topic mailplane uses, named within cfg.Namespace.
@@ -118,6 +121,7 @@ func catalog(cfg Config) []Spec {
 		{MailboxStateDedupe, MailboxEventsPartitions, month, CleanupCompactDelete, "event ids applied by the mailbox.state processor within its dedupe window, partition p for mailbox.events partition p; internal"},
 		{SyncTier, sp, forever, CleanupCompact, "sync tier per mailbox, co-partitioned with mailbox.state"},
 		{SyncAudit, 8, month, CleanupDelete, "sync ownership and tier changes, sync failures"},
+		{OpsAudit, 4, year, CleanupDelete, "operator audit: who did which operator action, with its parameters and outcome; keyed by actor"},
 		{DLQ, 1, forever, CleanupDelete, "dead letters with source topic, partition, offset, consumer, error, attempts"},
 	}
 }
@@ -202,6 +206,8 @@ func RecordTypes(topic string) []string {
 		ts = []string{domain.TypeMailboxStateRecord}
 	case SyncTier:
 		ts = []string{domain.TypeSyncTierRecord}
+	case OpsAudit:
+		ts = []string{domain.TypeOpsAction}
 	case SyncAudit:
 		ts = []string{
 			domain.TypeSyncOwnershipAcquired, domain.TypeSyncOwnershipLost, domain.TypeSyncOwnershipSuspended,

@@ -231,6 +231,7 @@ type Authenticator struct {
 	badSize int64
 	log     *slog.Logger
 	m       *metrics
+	onLoad  func(Reload)
 }
 
 // Option configures an Authenticator.
@@ -244,6 +245,11 @@ func WithFleetSecret(secret []byte) Option {
 
 // WithLogger sets the logger (default: discard). Tokens are never logged.
 func WithLogger(l *slog.Logger) Option { return func(a *Authenticator) { a.log = l } }
+
+// WithReloadHook calls f after every reload of the tokens file that read
+// it and changed the callers or failed (not at start, nor when the file
+// did not change): the operator audit records it (reload.go).
+func WithReloadHook(f func(Reload)) Option { return func(a *Authenticator) { a.onLoad = f } }
 
 // WithRegisterer registers the metrics on reg.
 func WithRegisterer(reg prometheus.Registerer) Option {
@@ -368,6 +374,7 @@ func (a *Authenticator) Load() (bool, error) {
 		a.m.reloads.WithLabelValues("error").Inc()
 		a.m.invalid.Set(1)
 		a.log.Error("tokens file not loaded; the previous callers stay in force", "path", a.path, "err", err)
+		a.reported(started, Reload{Path: a.path, Failed: true})
 		return false, err
 	}
 	es := make([]entry, len(callers))
@@ -379,9 +386,13 @@ func (a *Authenticator) Load() (bool, error) {
 		es = unchangedIn(a.entries, es)
 	}
 	changed := !slices.EqualFunc(a.entries, es, sameEntry)
+	rl := diff(a.path, a.entries, es, len(lineErr))
 	a.entries, a.mod, a.size = es, st.ModTime(), st.Size()
 	a.badMod, a.badSize = time.Time{}, 0
 	a.mu.Unlock()
+	if changed || len(lineErr) > 0 {
+		a.reported(started, rl)
+	}
 	a.m.callers.Set(float64(len(es)))
 	if len(lineErr) > 0 {
 		err := fmt.Errorf("access: tokens file: %w", errors.Join(lineErr...))

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 
+	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/mailboxstate"
@@ -44,22 +46,32 @@ func Credentials(ctx context.Context, args []string) error {
 		return errors.New("want: credentials reseal")
 	}
 	fs.Parse(args[1:])
-	keyring, err := sealing.Load(*sealKeys, *sealKeyID, *dataDir, false)
+	kcfg := brokers.Config("mailplane-reseal")
+	var act cliAction
+	act.begin(kcfg, domain.OpsCredentialsReseal, domain.OpsParams{})
+	return act.finish(ctx, reseal(ctx, kcfg, *source, *sealKeys, *sealKeyID, *dataDir, config.NewLogger(*logLevel, *logFormat), &act))
+}
+
+// reseal is Credentials after its flags; act records it in the operator
+// audit with the active key's id (never a key) and the count resealed.
+func reseal(ctx context.Context, kcfg kafka.Config, source, sealKeys, sealKeyID, dataDir string, log *slog.Logger, act *cliAction) error {
+	keyring, err := sealing.Load(sealKeys, sealKeyID, dataDir, false)
 	if err != nil {
 		return err
 	}
 	if keyring == nil {
-		return errors.New("no sealing keys: set MAILPLANE_SEAL_KEYS (the old keys and the new one, active)")
+		return domain.Errorf(domain.CodeInvalid, "no sealing keys: set MAILPLANE_SEAL_KEYS (the old keys and the new one, active)")
 	}
-	log := config.NewLogger(*logLevel, *logFormat)
-	kcfg := brokers.Config("mailplane-reseal")
+	act.params.Target = keyring.ActiveKeyID()
 	kc, err := kafka.NewProducer(kcfg)
 	if err != nil {
 		return err
 	}
 	defer kc.Close()
-	pc := producer.New(kc, producer.WithSource(*source), producer.WithNamespace(kcfg.Namespace))
+	pc := producer.New(kc, producer.WithSource(source), producer.WithNamespace(kcfg.Namespace))
+	act.started = true
 	res, err := mailboxstate.Reseal(ctx, kcfg, keyring, pc, log)
+	act.params.Count = int64(res.Resealed)
 	fmt.Fprintf(os.Stdout, "resealed %d, already under %s %d, failed %d (of %d live mailboxes)\n",
 		res.Resealed, keyring.ActiveKeyID(), res.Current, res.Failed, res.Live)
 	if err == nil && res.Failed > 0 {

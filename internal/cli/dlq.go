@@ -18,6 +18,7 @@ import (
 	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/dlq"
 	"github.com/mailplane/mailplane/internal/migrations"
+	"github.com/mailplane/mailplane/internal/opsaudit"
 )
 
 const dlqUsage = `usage: mailplane dlq list [--limit N] [--format text|json]
@@ -145,6 +146,12 @@ var errNothingConfirmed = errors.New("nothing redriven: run again with --yes to 
 
 // dlqRedrive is `mailplane dlq redrive`.
 func dlqRedrive(ctx context.Context, args []string, in *os.File, out io.Writer) error {
+	var act cliAction
+	return act.finish(ctx, runDLQRedrive(ctx, args, in, out, &act))
+}
+
+// runDLQRedrive is dlqRedrive; act records it in the operator audit.
+func runDLQRedrive(ctx context.Context, args []string, in *os.File, out io.Writer, act *cliAction) error {
 	fs := flag.NewFlagSet("dlq redrive", flag.ExitOnError)
 	fs.Usage = func() { fmt.Fprintln(fs.Output(), dlqUsage); fs.PrintDefaults() }
 	brokers, dbURL := config.RegisterBrokerFlags(fs), config.DatabaseURL.String(fs)
@@ -167,6 +174,7 @@ func dlqRedrive(ctx context.Context, args []string, in *os.File, out io.Writer) 
 	}
 	sel := dlq.Selection{Consumer: *consumer, Code: domain.Code(*code), FromOffset: offsetFlag(*from), ToOffset: offsetFlag(*to),
 		Again: *again, OutOfOrder: *outOfOrder, DryRun: *dryRun}
+	act.begin(brokers.Config("mailplane-dlq-redrive"), domain.OpsDLQRedrive, opsaudit.RedriveParams(sel, nil))
 	if err := sel.Check(); err != nil {
 		return &ExitCodeError{Code: ExitUsage, Err: err}
 	}
@@ -208,7 +216,9 @@ func dlqRedrive(ctx context.Context, args []string, in *os.File, out io.Writer) 
 			return errNothingConfirmed
 		}
 	}
+	act.started = !sel.DryRun
 	rep, rerr := dlq.Redrive(ctx, kcfg, pool, caller, sel)
+	act.params = opsaudit.RedriveParams(sel, &rep)
 	if rerr != nil && len(rep.Items) == 0 {
 		return rerr // it did not get as far as any dead letter
 	}

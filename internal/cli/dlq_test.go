@@ -198,4 +198,33 @@ func TestDLQRedriveCommand(t *testing.T) {
 	if redriven() != 1 {
 		t.Fatalf("refused runs recorded redrives: %d", redriven())
 	}
+
+	// Each redrive run is one record of the operator audit, by the OS
+	// user, refused ones included (a dry run that would refuse one says
+	// so too); the hostile consumer name is recorded cleaned.
+	recs := auditOf(t, kcfg, domain.OpsDLQRedrive)
+	checkAudit(t, recs, domain.OpsActorOSUser, "",
+		wantAudit{domain.OpsDLQRedrive, domain.OpsRefused, "not_confirmed"},
+		wantAudit{domain.OpsDLQRedrive, domain.OpsFailed, "partial"},
+		wantAudit{domain.OpsDLQRedrive, domain.OpsOK, ""},
+		wantAudit{domain.OpsDLQRedrive, domain.OpsRefused, "partial"},
+		wantAudit{domain.OpsDLQRedrive, domain.OpsRefused, "not_redrivable"},
+		wantAudit{domain.OpsDLQRedrive, domain.OpsRefused, "forbidden_character"},
+		wantAudit{domain.OpsDLQRedrive, domain.OpsRefused, "invalid"},
+		wantAudit{domain.OpsDLQRedrive, domain.OpsRefused, "required"},
+		wantAudit{domain.OpsDLQRedrive, domain.OpsRefused, "out_of_range"})
+	if len(recs) == 9 {
+		if p := recs[1].Params; p == nil || p.Target != "registry" || p.Count != 1 || p.DryRun {
+			t.Errorf("the redrive's parameters: %+v", p)
+		}
+		if p := recs[2].Params; p == nil || p.Filter != "code=invalid" || p.Count != 0 {
+			t.Errorf("the second redrive's parameters: %+v", p)
+		}
+		if p := recs[3].Params; p == nil || !p.DryRun {
+			t.Errorf("the dry run's parameters: %+v", p)
+		}
+		if p := recs[5].Params; p == nil || p.Target != "registry\uFFFD[2J" {
+			t.Errorf("the hostile name recorded as %+v", p)
+		}
+	}
 }

@@ -2,16 +2,22 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/applyonce"
 	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/migrations"
@@ -40,6 +46,12 @@ func Projector(ctx context.Context, args []string, out io.Writer) error {
 	if len(args) == 0 || (args[0] != "positions" && args[0] != "seek") {
 		return usageError(strings.TrimSpace(projectorUsage))
 	}
+	var act cliAction
+	return act.finish(ctx, runProjector(ctx, args, out, &act))
+}
+
+// runProjector is Projector; act records a seek in the operator audit.
+func runProjector(ctx context.Context, args []string, out io.Writer, act *cliAction) error {
 	fs := flag.NewFlagSet("projector "+args[0], flag.ExitOnError)
 	fs.Usage = func() { fmt.Fprintln(fs.Output(), projectorUsage); fs.PrintDefaults() }
 	brokers, dbURL := config.RegisterBrokerFlags(fs), config.DatabaseURL.String(fs)
@@ -51,6 +63,10 @@ func Projector(ctx context.Context, args []string, out io.Writer) error {
 	toEnd := fs.Bool("end", false, "seek: to the partition's end (skip everything there now)")
 	format := fs.String("format", FormatText, "positions: output text or json (for scripts)")
 	fs.Parse(args[1:])
+	if args[0] == "seek" {
+		act.begin(brokers.Config("mailplane-projector-cli"), domain.OpsProjectorSeek,
+			domain.OpsParams{Target: *name, Filter: fmt.Sprintf("%s/%d", *topic, *partition), To: seekTarget(*offset, *toStart, *toEnd)})
+	}
 	if err := checkFormat(*format); err != nil {
 		return err
 	}
@@ -78,7 +94,7 @@ func Projector(ctx context.Context, args []string, out io.Writer) error {
 		return usageError("seek needs exactly one of --offset, --start, --end")
 	}
 	if err := projections.CheckSeekable(kcfg.Namespace, *name, *topic); err != nil {
-		return err
+		return refused("not_seekable", err)
 	}
 	// The partition must be one of the projector's, on the broker, and
 	// the position within what the broker holds: a position past the end
@@ -98,14 +114,46 @@ func Projector(ctx context.Context, args []string, out io.Writer) error {
 	case *toEnd:
 		to = end
 	case to < start || to > end:
-		return fmt.Errorf("offset %d is outside %s/%d, which holds %d to %d", to, *topic, *partition, start, end)
+		return domain.Errorf(domain.CodeOutOfRange, "offset %d is outside %s/%d, which holds %d to %d", to, *topic, *partition, start, end)
 	}
+	// Seek is one transaction: an error changed nothing.
+	act.params.To = strconv.FormatInt(to, 10)
 	prev, err := projections.Seek(ctx, pool, kcfg.Namespace, *name, *topic, int32(*partition), to, time.Now())
 	if err != nil {
-		return err
+		return seekRefusal(err)
 	}
 	fmt.Fprintf(out, "%s %s/%d: %d -> %d\n", *name, *topic, *partition, prev, to)
 	return nil
+}
+
+// seekRefusal marks Seek's own refusals (no such projector position,
+// below the dedupe floor) for the audit; a database's failure stays one.
+func seekRefusal(err error) error {
+	var (
+		pe *pgconn.PgError
+		ce *pgconn.ConnectError
+		ne net.Error
+	)
+	switch {
+	case errors.As(err, &pe), errors.As(err, &ce), errors.As(err, &ne), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	case errors.Is(err, applyonce.ErrBelowFloor):
+		return refused("below_floor", err)
+	}
+	return refused("not_seekable", err)
+}
+
+// seekTarget says, for the audit, where a seek was asked to go.
+func seekTarget(offset int64, start, end bool) string {
+	switch {
+	case start:
+		return "start"
+	case end:
+		return "end"
+	case offset >= 0:
+		return strconv.FormatInt(offset, 10)
+	}
+	return ""
 }
 
 func btoi(b bool) int {
@@ -129,7 +177,7 @@ func boundary(ctx context.Context, adm *kadm.Client, topic string, partition int
 	}
 	o, ok := offs.Lookup(topic, partition)
 	if !ok || o.Err != nil {
-		return 0, fmt.Errorf("no partition %s/%d on the broker (%v)", topic, partition, o.Err)
+		return 0, refused(domain.CodeNotFound, fmt.Errorf("no partition %s/%d on the broker (%v)", topic, partition, o.Err))
 	}
 	return o.Offset, nil
 }

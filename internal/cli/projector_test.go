@@ -9,6 +9,7 @@ import (
 	"io"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
 	"github.com/mailplane/mailplane/internal/migrations"
+	"github.com/mailplane/mailplane/internal/opsaudit"
 	"github.com/mailplane/mailplane/internal/pgtest"
 	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/producer"
@@ -176,5 +178,30 @@ func TestProjectorSeekMovesWhatConsoleCannot(t *testing.T) {
 	err = cli.Projector(ctx, cliArgs("seek", "--projector", "placement", "--topic", kcfg.Topic(topics.PlacementDecisions), "--partition", "0", "--offset", "3"), &out)
 	if !errors.Is(err, projections.ErrNotSeekable) {
 		t.Errorf("seeking the placement projection: %v, want ErrNotSeekable", err)
+	}
+
+	// Each seek, refused ones included, is one record of the operator
+	// audit, by the OS user (no SASL here), with what it asked.
+	recs, err := opsaudit.Recent(ctx, kcfg, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Reverse(recs)
+	wantCodes := []string{"", "not_seekable", "not_seekable", "not_found", "out_of_range", "usage", "usage", "not_seekable"}
+	if len(recs) != len(wantCodes) {
+		t.Fatalf("%d audit records, want one per seek (%d): %+v", len(recs), len(wantCodes), recs)
+	}
+	for i, r := range recs {
+		want := domain.OpsRefused
+		if i == 0 {
+			want = domain.OpsOK
+		}
+		if r.Action != domain.OpsProjectorSeek || r.Outcome != want || r.Code != wantCodes[i] || r.ActorKind != domain.OpsActorOSUser ||
+			!strings.Contains(r.Actor, "@") || r.Source != "mailplane/cli" || r.Params == nil {
+			t.Errorf("audit record %d: %+v %+v, want %s %q", i, r.OpsAction, r.Params, want, wantCodes[i])
+		}
+	}
+	if p := recs[0].Params; p.Target != "registry" || p.Filter != fmt.Sprintf("%s/%d", kcfg.Topic(topics.OrgEvents), skipped.Partition) || p.To != fmt.Sprint(skipped.Offset+1) {
+		t.Errorf("the seek's parameters: %+v", p)
 	}
 }

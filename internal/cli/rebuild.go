@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/config"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/migrations"
@@ -102,6 +103,13 @@ func summarize(rb *rebuild.Rebuild) rebuildSummary {
 }
 
 func rebuildProjection(ctx context.Context, name string, args []string, stdout *os.File) error {
+	var act cliAction
+	return act.finish(ctx, runRebuildProjection(ctx, name, args, stdout, &act))
+}
+
+// runRebuildProjection is rebuildProjection; act records a --swap in the
+// operator audit.
+func runRebuildProjection(ctx context.Context, name string, args []string, stdout *os.File, act *cliAction) error {
 	fs := flag.NewFlagSet("rebuild "+name, flag.ExitOnError)
 	fs.Usage = func() { fmt.Fprintln(fs.Output(), rebuildUsage); fs.PrintDefaults() }
 	brokers, dbURL := config.RegisterBrokerFlags(fs), config.DatabaseURL.String(fs)
@@ -114,6 +122,9 @@ func rebuildProjection(ctx context.Context, name string, args []string, stdout *
 	wait := fs.Duration("wait", time.Minute, "--verify: how long to wait for a live projection that is behind the rebuild")
 	format := fs.String("format", FormatText, "output: text or json (for scripts)")
 	fs.Parse(args)
+	if *swap {
+		act.begin(brokers.Config("mailplane-rebuild"), domain.OpsRebuildSwap, domain.OpsParams{Target: name, Filter: swapFilter(*verify, *yes)})
+	}
 	if err := checkFormat(*format); err != nil {
 		return err
 	}
@@ -180,6 +191,7 @@ func rebuildProjection(ctx context.Context, name string, args []string, stdout *
 		}
 	}
 	if *swap {
+		act.started, act.params.To = true, sum.Schema
 		if err := rb.Swap(ctx); err != nil {
 			return finish(err)
 		}
@@ -193,6 +205,19 @@ func rebuildProjection(ctx context.Context, name string, args []string, stdout *
 		fmt.Fprintf(stdout, "the rebuild stays in schema %s (mailplane rebuild cleanup drops it)\n", sum.Schema)
 	}
 	return finish(nil)
+}
+
+// swapFilter says, for the audit, what a swap was conditioned on.
+func swapFilter(verify, yes bool) string {
+	switch {
+	case verify && yes:
+		return "verify, yes"
+	case verify:
+		return "verify"
+	case yes:
+		return "yes"
+	}
+	return ""
 }
 
 func describeRecords(name string, s rebuildSummary) string {
@@ -216,15 +241,24 @@ type cleanupReport struct {
 }
 
 func rebuildCleanup(ctx context.Context, args []string, stdout io.Writer) error {
+	var act cliAction
+	return act.finish(ctx, runRebuildCleanup(ctx, args, stdout, &act))
+}
+
+// runRebuildCleanup is rebuildCleanup; act records it in the operator
+// audit.
+func runRebuildCleanup(ctx context.Context, args []string, stdout io.Writer, act *cliAction) error {
 	fs := flag.NewFlagSet("rebuild cleanup", flag.ExitOnError)
 	fs.Usage = func() { fmt.Fprintln(fs.Output(), rebuildUsage); fs.PrintDefaults() }
-	dbURL := config.DatabaseURL.String(fs)
+	brokers, dbURL := config.RegisterBrokerFlags(fs), config.DatabaseURL.String(fs)
 	keep := fs.Int("keep", 0, "keep the N newest rebuild schemas of each projection")
 	olderThan := fs.Duration("older-than", 0, "drop only rebuild schemas created longer ago than this (0: any age)")
 	dryRun := fs.Bool("dry-run", false, "list what would be dropped, drop nothing")
 	yes := fs.Bool("yes", false, "drop them")
 	format := fs.String("format", FormatText, "output: text or json (for scripts)")
 	fs.Parse(args)
+	act.begin(brokers.Config("mailplane-rebuild-cleanup"), domain.OpsRebuildCleanup,
+		domain.OpsParams{Filter: fmt.Sprintf("keep=%d older_than=%s", *keep, *olderThan), DryRun: *dryRun})
 	if err := checkFormat(*format); err != nil {
 		return err
 	}
@@ -254,6 +288,8 @@ func rebuildCleanup(ctx context.Context, args []string, stdout io.Writer) error 
 		rep.Kept = []rebuild.Leftover{}
 	}
 	var errs []error
+	act.started = !*dryRun
+	defer func() { act.params.Count = int64(len(rep.Dropped)) }()
 	for _, l := range drop {
 		if *dryRun {
 			rep.Dropped = append(rep.Dropped, l)

@@ -310,6 +310,18 @@ func TestRebuildCommands(t *testing.T) {
 			if code != 0 || !strings.Contains(stdout, s(3)) || !strings.Contains(stdout, "dropped") {
 				t.Fatalf("rebuild cleanup --yes: exit %d\n%s\n%s", code, stdout, stderr)
 			}
+			// Each swap asked for and each cleanup is one audit record,
+			// refused ones included; a rebuild without --swap is none.
+			checkAudit(t, auditOf(t, kcfg, domain.OpsRebuildSwap), domain.OpsActorOSUser, "",
+				wantAudit{domain.OpsRebuildSwap, domain.OpsRefused, "usage"}, wantAudit{domain.OpsRebuildSwap, domain.OpsRefused, "usage"},
+				wantAudit{domain.OpsRebuildSwap, domain.OpsRefused, "verify_failed"}, wantAudit{domain.OpsRebuildSwap, domain.OpsOK, ""})
+			cleanups := auditOf(t, kcfg, domain.OpsRebuildCleanup)
+			checkAudit(t, cleanups, domain.OpsActorOSUser, "",
+				wantAudit{domain.OpsRebuildCleanup, domain.OpsRefused, "usage"}, wantAudit{domain.OpsRebuildCleanup, domain.OpsOK, ""},
+				wantAudit{domain.OpsRebuildCleanup, domain.OpsOK, ""}, wantAudit{domain.OpsRebuildCleanup, domain.OpsOK, ""})
+			if len(cleanups) == 4 && (cleanups[2].Params == nil || cleanups[2].Params.Count != 3 || cleanups[2].Params.DryRun || cleanups[3].Params.Count != 1) {
+				t.Errorf("cleanup parameters: %+v %+v", cleanups[2].Params, cleanups[3].Params)
+			}
 			var left []string
 			rows, _ := db.Pool.Query(ctx, `SELECT nspname::text FROM pg_namespace WHERE nspname LIKE $1 ORDER BY 1`, db.Schema+"%")
 			left, err = pgx.CollectRows(rows, pgx.RowTo[string])

@@ -217,6 +217,10 @@ func TestConsoleInChromium(t *testing.T) {
 	contains("dead letter", "#redrive", "cannot be redriven: re-publish the event")
 	shot("dlq-entry")
 
+	// The operator audit holds this session's login, by the dev caller.
+	do("audit page", chromedp.Navigate(base+"/console/audit"), chromedp.WaitVisible(chromedp.ID("audit")))
+	contains("audit", "#audit", "console_login", "caller", "mailplane/api")
+
 	// Script injection through a mailbox id: refused, shown as text.
 	do("hostile mailbox id", chromedp.Navigate(base+"/console/mailboxes/%3Cscript%3Ealert(1)%3C%2Fscript%3E"), chromedp.WaitVisible(chromedp.ID("error")))
 	contains("hostile id", "#error", "lower-case UUID")

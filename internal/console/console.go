@@ -4,8 +4,9 @@
 // liveness, stopping, pending placements), a mailbox (decision history,
 // band, health and its warmup evidence as an SVG chart, sync owner, lag,
 // last sync, failures, disabled reason), an org, the consumers against
-// their SLA tiers, and the DLQ (list with filters, one entry with its
-// headers and its value or why it was withheld).
+// their SLA tiers, the DLQ (list with filters, one entry with its
+// headers and its value or why it was withheld), and the operator audit
+// (the newest records, newest first).
 //
 // Only ops callers get in: the login form takes an ops token and sets an
 // opaque session cookie (HttpOnly, SameSite=Strict, Secure over TLS,
@@ -31,6 +32,7 @@ import (
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/api"
 	"github.com/mailplane/mailplane/internal/dlq"
+	"github.com/mailplane/mailplane/internal/opsaudit"
 	"github.com/mailplane/mailplane/internal/placement/postgres"
 	"github.com/mailplane/mailplane/internal/promreg"
 	"github.com/mailplane/mailplane/internal/query"
@@ -69,6 +71,12 @@ type Config struct {
 	// Redriven, when set, tells which dead letters were redriven
 	// (dlq.Redrives bound to a pool).
 	Redriven func(ctx context.Context, entries []dlq.Entry) (map[dlq.Location]dlq.Redriven, error)
+	// Audit records logins, logouts and redrives in the operator audit
+	// (an *opsaudit.Recorder); nil records nothing.
+	Audit Auditor
+	// AuditLog, when set, reads the newest records of the operator audit
+	// (opsaudit.Recent bound to a broker config): the Audit page.
+	AuditLog func(ctx context.Context, limit int) ([]opsaudit.Record, error)
 	// SessionTTL is a session's life (default DefaultSessionTTL).
 	SessionTTL time.Duration
 	// LoginsPerMinute and LoginBurst limit login attempts per client
@@ -153,12 +161,12 @@ func New(cfg Config) (*Console, error) {
 	}
 	logins, err := promreg.Register(cfg.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "mailplane_console_logins_total",
-		Help: "Console login attempts, by result: ok, invalid (not a token, unknown token), forbidden (no ops scope), refused (cross-site or without the form's CSRF token), limited (too many from the client address).",
+		Help: "Console login attempts, by result: ok, invalid (not a token, unknown token), forbidden (no ops scope), refused (cross-site or without the form's CSRF token), limited (too many from the client address), unaudited (refused: the operator audit could not record it).",
 	}, []string{"result"}))
 	if err != nil {
 		return nil, err
 	}
-	for _, r := range []string{"ok", "invalid", "forbidden", "refused", "limited"} {
+	for _, r := range []string{"ok", "invalid", "forbidden", "refused", "limited", "unaudited"} {
 		logins.WithLabelValues(r)
 	}
 	c := &Console{cfg: cfg, logins: logins, log: cfg.Logger, sess: newSessions(cfg.SessionTTL, cfg.Now), pages: map[string]*template.Template{},
@@ -168,7 +176,7 @@ func New(cfg Config) (*Console, error) {
 		return nil, err
 	}
 	c.css = css
-	for _, p := range []string{"login", "fleet", "mailbox", "org", "consumers", "dlq", "dlqentry", "error"} {
+	for _, p := range []string{"login", "fleet", "mailbox", "org", "consumers", "dlq", "dlqentry", "audit", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(files, "templates/layout.html", "templates/"+p+".html")
 		if err != nil {
 			return nil, err
@@ -192,6 +200,7 @@ func (c *Console) Routes() map[string]http.Handler {
 		"GET /console/consumers":                         c.page(c.consumers),
 		"GET /console/dlq":                               c.page(c.dlqList),
 		"GET /console/dlq/{partition}/{offset}":          c.page(c.dlqEntry),
+		"GET /console/audit":                             c.page(c.auditPage),
 		"POST /console/dlq/{partition}/{offset}/redrive": c.headers(http.HandlerFunc(c.redrive)),
 		"GET /console/static/console.css":                c.headers(http.HandlerFunc(c.stylesheet)),
 	}

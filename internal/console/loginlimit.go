@@ -93,11 +93,25 @@ func (l *addrLimiter) evict(now time.Time) {
 // under: the peer's, or, from a trusted proxy, the last address of
 // X-Forwarded-For that is not a trusted proxy.
 func clientAddr(r *http.Request, trusted []netip.Prefix) netip.Prefix {
-	peer := parseAddr(r.RemoteAddr)
-	if !peer.IsValid() {
+	addr := clientIP(r, trusted)
+	if !addr.IsValid() {
 		return netip.Prefix{}
 	}
-	addr := peer
+	bits := 32
+	if addr.Is6() {
+		bits = 64
+	}
+	p, _ := addr.Prefix(bits)
+	return p
+}
+
+// clientIP is a request's client address: the peer's, or, from a trusted
+// proxy, the last address of X-Forwarded-For that is not a trusted proxy.
+func clientIP(r *http.Request, trusted []netip.Prefix) netip.Addr {
+	addr := parseAddr(r.RemoteAddr)
+	if !addr.IsValid() {
+		return addr
+	}
 	if isTrusted(addr, trusted) {
 		hops := strings.Split(strings.Join(r.Header.Values("X-Forwarded-For"), ","), ",")
 		for i := len(hops) - 1; i >= 0 && isTrusted(addr, trusted); i-- {
@@ -108,12 +122,7 @@ func clientAddr(r *http.Request, trusted []netip.Prefix) netip.Prefix {
 			addr = a
 		}
 	}
-	bits := 32
-	if addr.Is6() {
-		bits = 64
-	}
-	p, _ := addr.Prefix(bits)
-	return p
+	return addr
 }
 
 // parseAddr reads "host:port" or a bare address.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/dlq"
+	"github.com/mailplane/mailplane/internal/opsaudit"
 	"github.com/mailplane/mailplane/internal/query"
 )
 
@@ -29,40 +30,41 @@ func (c *Console) renderLogin(w http.ResponseWriter, r *http.Request, status int
 	c.render(w, "login", status, &view{Title: "Log in", Data: loginView{Token: tok, Error: msg}, Now: c.cfg.Now().UTC()})
 }
 
-// login trades an ops token for a session.
+// login trades an ops token for a session. Every attempt the handler
+// sees is recorded in the operator audit (audit); a login the audit
+// cannot record is refused, so every session has its record.
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	if !sameOrigin(r) {
-		c.logins.WithLabelValues("refused").Inc()
-		c.refuse(w, http.StatusForbidden, "cross-site form posts are refused")
+		c.loginRefused(w, r, c.client(r), domain.CodeForbidden, "refused", http.StatusForbidden, "cross-site form posts are refused", false)
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
 	if err := r.ParseForm(); err != nil {
-		c.logins.WithLabelValues("refused").Inc()
-		c.refuse(w, http.StatusBadRequest, "the form could not be read")
+		c.loginRefused(w, r, c.client(r), domain.CodeInvalid, "refused", http.StatusBadRequest, "the form could not be read", false)
 		return
 	}
 	if !equalSecret(r.PostForm.Get("csrf"), cookieValue(r, cookieLoginCSRF)) {
-		c.logins.WithLabelValues("refused").Inc()
-		c.refuse(w, http.StatusForbidden, "the form expired or was not ours; load the login page again")
+		c.loginRefused(w, r, c.client(r), domain.CodeForbidden, "refused", http.StatusForbidden, "the form expired or was not ours; load the login page again", false)
 		return
 	}
 	tok := strings.TrimSpace(r.PostForm.Get("token"))
 	if !checkToken(tok) {
-		c.logins.WithLabelValues("invalid").Inc()
-		c.renderLogin(w, r, http.StatusUnauthorized, "that is not a token")
+		c.loginRefused(w, r, c.client(r), domain.CodeUnauthorized, "invalid", http.StatusUnauthorized, "that is not a token", true)
 		return
 	}
 	caller, ok := c.cfg.Auth.Authenticate(tok)
 	if !ok || caller == nil {
-		c.logins.WithLabelValues("invalid").Inc()
-		c.renderLogin(w, r, http.StatusUnauthorized, "the token is not valid")
+		c.loginRefused(w, r, c.client(r), domain.CodeUnauthorized, "invalid", http.StatusUnauthorized, "the token is not valid", true)
 		return
 	}
 	if !caller.Has(domain.ScopeOps) {
-		c.logins.WithLabelValues("forbidden").Inc()
 		c.log.Info("console login refused: no ops scope", "caller", caller.Name)
-		c.renderLogin(w, r, http.StatusForbidden, "the console needs a token with the ops scope")
+		c.loginRefused(w, r, opsaudit.Caller(caller.Name), domain.CodeForbidden, "forbidden", http.StatusForbidden, "the console needs a token with the ops scope", true)
+		return
+	}
+	if err := c.audit(r, opsaudit.Entry{Actor: opsaudit.Caller(caller.Name), Action: domain.OpsConsoleLogin}); err != nil {
+		c.logins.WithLabelValues("unaudited").Inc()
+		c.renderLogin(w, r, http.StatusServiceUnavailable, "the login could not be recorded in the operator audit, so it is refused; retry")
 		return
 	}
 	c.logins.WithLabelValues("ok").Inc()
@@ -73,35 +75,54 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, Prefix, http.StatusSeeOther)
 }
 
+// logout ends the session; it is recorded, but a record that cannot be
+// written does not keep anyone logged in.
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
-	if _, ok := c.sessionPost(w, r); !ok {
+	ss, err := c.sessionPost(w, r)
+	if err != nil {
+		_ = c.audit(r, opsaudit.Entry{Actor: c.postActor(r, ss), Action: domain.OpsConsoleLogout, Err: err, Refused: true})
 		return
 	}
 	c.sess.drop(cookieValue(r, cookieSession))
 	setCookie(w, r, cookieSession, "", 0)
+	_ = c.audit(r, opsaudit.Entry{Actor: opsaudit.Caller(ss.caller), Action: domain.OpsConsoleLogout})
 	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
+}
+
+// postActor is who made a session post: the session's caller, else the
+// client's address.
+func (c *Console) postActor(r *http.Request, ss *session) opsaudit.Actor {
+	if ss != nil {
+		return opsaudit.Caller(ss.caller)
+	}
+	return c.client(r)
 }
 
 // sessionPost admits a form post of a logged-in operator: same origin,
 // a readable form, a live session whose token still holds ops, and the
 // session's CSRF token in the form's csrf field. Otherwise it answers and
-// returns false. Every POST but the login goes through it.
-func (c *Console) sessionPost(w http.ResponseWriter, r *http.Request) (*session, bool) {
+// returns why (with the session, when there was a live one). Every POST
+// but the login goes through it.
+func (c *Console) sessionPost(w http.ResponseWriter, r *http.Request) (*session, error) {
 	if !sameOrigin(r) {
 		c.refuse(w, http.StatusForbidden, "cross-site form posts are refused")
-		return nil, false
+		return nil, domain.Errorf(domain.CodeForbidden, "cross-site form post")
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
 	if err := r.ParseForm(); err != nil {
 		c.refuse(w, http.StatusBadRequest, "the form could not be read")
-		return nil, false
+		return nil, domain.Errorf(domain.CodeInvalid, "the form could not be read")
 	}
 	ss, ok := c.authenticate(r)
-	if !ok || !equalSecret(r.PostForm.Get("csrf"), ss.csrf) {
+	if !ok {
 		c.refuse(w, http.StatusForbidden, "the form expired or was not ours")
-		return nil, false
+		return nil, domain.Errorf(domain.CodeUnauthorized, "no live session")
 	}
-	return ss, true
+	if !equalSecret(r.PostForm.Get("csrf"), ss.csrf) {
+		c.refuse(w, http.StatusForbidden, "the form expired or was not ours")
+		return ss, domain.Errorf(domain.CodeForbidden, "the form's CSRF token is not the session's")
+	}
+	return ss, nil
 }
 
 func (c *Console) refuse(w http.ResponseWriter, status int, msg string) {
@@ -286,15 +307,20 @@ func (c *Console) entryView(ctx context.Context, e dlq.Entry) (dlqEntryView, err
 // redrive hands one dead letter back to its consumer, as the logged-in
 // operator (the redrive records who), and shows the entry with what the
 // redrive did. The form's options are the CLI's: again, out_of_order.
+// It is recorded in the operator audit (refused ones included); a redrive
+// the audit cannot record is done but answered as an error that says so.
 func (c *Console) redrive(w http.ResponseWriter, r *http.Request) {
-	ss, ok := c.sessionPost(w, r)
-	if !ok {
+	ss, err := c.sessionPost(w, r)
+	if err != nil {
+		_ = c.audit(r, opsaudit.Entry{Actor: c.postActor(r, ss), Action: domain.OpsDLQRedrive, Err: err, Refused: true})
 		return
 	}
 	// The session's token, as it authenticates now (sessionPost checked
 	// it holds ops): the caller the redrive records.
 	_, caller, ok := c.authenticateCaller(r)
 	if !ok {
+		_ = c.audit(r, opsaudit.Entry{Actor: opsaudit.Caller(ss.caller), Action: domain.OpsDLQRedrive,
+			Err: domain.Errorf(domain.CodeUnauthorized, "the session ended"), Refused: true})
 		c.refuse(w, http.StatusForbidden, "the session ended")
 		return
 	}
@@ -302,25 +328,15 @@ func (c *Console) redrive(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	r = r.WithContext(ctx)
 	v := &view{Caller: ss.caller, CSRF: ss.csrf, Now: c.cfg.Now().UTC()}
-	if c.cfg.Redrive == nil {
-		c.fail(w, v, domain.Errorf(domain.CodeNotRedrivable, "this process does not redrive; use mailplane dlq redrive"))
-		return
+	e, rep, ae, err := c.runRedrive(ctx, r, caller)
+	ae.Actor, ae.Action = opsaudit.Caller(caller.Name), domain.OpsDLQRedrive
+	if aerr := c.audit(r, ae); aerr != nil && err == nil {
+		err = domain.Errorf(domain.CodeUnavailable, "the redrive ran (%s), but the operator audit could not record it", rep.RedriveID)
 	}
-	e, err := c.findDeadLetter(r)
 	if err != nil {
 		c.fail(w, v, err)
 		return
 	}
-	off := e.Offset
-	sel := dlq.Selection{Consumer: e.Consumer, FromOffset: &off, ToOffset: &off,
-		Again: r.PostForm.Get("again") == "on", OutOfOrder: r.PostForm.Get("out_of_order") == "on"}
-	rep, err := c.cfg.Redrive(ctx, caller, sel)
-	if err != nil {
-		c.fail(w, v, err)
-		return
-	}
-	c.log.Info("console redrive", "caller", caller.Name, "consumer", e.Consumer, "dlq_partition", e.Partition, "dlq_offset", e.Offset,
-		"redrive_id", rep.RedriveID, "redriven", rep.Count(dlq.OutcomeRedriven), "refused", rep.Count(dlq.OutcomeRefused), "skipped", rep.Count(dlq.OutcomeSkipped))
 	ev, err := c.entryView(ctx, e)
 	if err != nil {
 		c.fail(w, v, err)
@@ -329,6 +345,40 @@ func (c *Console) redrive(w http.ResponseWriter, r *http.Request) {
 	ev.Report = &rep
 	v.Title, v.Data = fmt.Sprintf("Dead letter %d/%d", e.Partition, e.Offset), ev
 	c.render(w, "dlqentry", http.StatusOK, v)
+}
+
+// runRedrive redrives the post's dead letter as caller and returns it,
+// the report, the audit entry's outcome and parameters (refused when the
+// redrive refused the dead letter: its code), and the error the page
+// shows.
+func (c *Console) runRedrive(ctx context.Context, r *http.Request, caller *domain.Caller) (dlq.Entry, dlq.Report, opsaudit.Entry, error) {
+	if c.cfg.Redrive == nil {
+		err := domain.Errorf(domain.CodeNotRedrivable, "this process does not redrive; use mailplane dlq redrive")
+		return dlq.Entry{}, dlq.Report{}, opsaudit.Entry{Err: err, Refused: true}, err
+	}
+	e, err := c.findDeadLetter(r)
+	if err != nil {
+		return e, dlq.Report{}, opsaudit.Entry{Err: err, Refused: opsaudit.Refusal(err)}, err
+	}
+	off := e.Offset
+	sel := dlq.Selection{Consumer: e.Consumer, FromOffset: &off, ToOffset: &off,
+		Again: r.PostForm.Get("again") == "on", OutOfOrder: r.PostForm.Get("out_of_order") == "on"}
+	rep, err := c.cfg.Redrive(ctx, caller, sel)
+	params := opsaudit.RedriveParams(sel, &rep)
+	if err != nil {
+		return e, rep, opsaudit.Entry{Params: &params, Err: err, Refused: opsaudit.Refusal(err)}, err
+	}
+	c.log.Info("console redrive", "caller", caller.Name, "consumer", e.Consumer, "dlq_partition", e.Partition, "dlq_offset", e.Offset,
+		"redrive_id", rep.RedriveID, "redriven", rep.Count(dlq.OutcomeRedriven), "refused", rep.Count(dlq.OutcomeRefused), "skipped", rep.Count(dlq.OutcomeSkipped))
+	ae := opsaudit.Entry{Params: &params}
+	for _, it := range rep.Items {
+		if it.Outcome == dlq.OutcomeRefused && rep.Count(dlq.OutcomeRedriven) == 0 {
+			// Recorded as refused; the page shows the report all the same.
+			ae.Err, ae.Refused = domain.Errorf(it.Code, "%s", it.Reason), true
+			break
+		}
+	}
+	return e, rep, ae, nil
 }
 
 // redriveTimeout bounds a redrive from the console: it reads the source

@@ -51,6 +51,8 @@ var derivedValid = map[string]string{
 	domain.TypeSyncOwnershipSuspended: `{"partition":255,"epoch":12,"owner":"host-1-0123456789ab","reason":"fenced","runners":40,"at":"` + dT + `"}`,
 	domain.TypeSyncTierChanged:        `{"mailbox_id":"` + dM + `","from":"hot","to":"warm","reason":"hot_budget","partition":1,"epoch":3,"owner":"host-1-0123456789ab","at":"` + dT + `"}`,
 	domain.TypeSyncFailed:             `{"mailbox_id":"` + dM + `","partition":1,"epoch":3,"owner":"host-1-0123456789ab","error":"imap: login failed","attempt":1,"at":"` + dT + `"}`,
+	domain.TypeOpsAction: `{"at":"` + dT + `","actor":"ada","actor_kind":"caller","action":"dlq_redrive","outcome":"refused","code":"not_redrivable",` +
+		`"detail":"the consumer is not redrivable","params":{"target":"placement-engine","filter":"offset=7","count":2}}`,
 }
 
 // set returns data with field (top level, or "a.b") set to the JSON literal
@@ -80,7 +82,7 @@ func TestDerivedCompilesEveryType(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := v.Types(), derived.Types(); !slices.Equal(got, want) || len(got) != 25 {
+	if got, want := v.Types(), derived.Types(); !slices.Equal(got, want) || len(got) != 26 {
 		t.Errorf("types %v, want the %d of package derived", got, len(want))
 	}
 	if first, second := eventschema.Derived(), eventschema.Derived(); first != second {
@@ -184,7 +186,10 @@ func TestDerivedRejectsInvalid(t *testing.T) {
 		domain.TypeSyncOwnershipLost:      {{"reason", `"watchdog"`}, {"runners", `-1`}, {"reason", ""}},
 		domain.TypeSyncOwnershipSuspended: {{"reason", `"revoked"`}, {"runners", ""}, {"at", `"2026-03-01T12:00:00"`}},
 		domain.TypeSyncTierChanged:        {{"from", `"tepid"`}, {"to", ""}, {"reason", `"session "`}},
-		domain.TypeSyncFailed:             {{"attempt", `0`}, {"error", `"` + strings.Repeat("e", 502) + `"`}, {"mailbox_id", ""}, {"error", `null`}},
+		domain.TypeOpsAction: {{"actor", ""}, {"actor", `"` + strings.Repeat("a", 257) + `"`}, {"actor", `"ada\u001b[2J"`}, {"actor_kind", `"root"`},
+			{"action", `"reboot"`}, {"outcome", `"maybe"`}, {"code", `"Not Redrivable"`}, {"params.count", `-1`}, {"params.token", `"s3cret"`},
+			{"params.target", `"a\u202eb"`}, {"at", ""}, {"at", `"2026-03-01 12:00:00Z"`}, {"extra", `1`}},
+		domain.TypeSyncFailed: {{"attempt", `0`}, {"error", `"` + strings.Repeat("e", 502) + `"`}, {"mailbox_id", ""}, {"error", `null`}},
 	}
 	v := eventschema.Derived()
 	for _, typ := range derived.Types() {
@@ -199,7 +204,7 @@ func TestDerivedRejectsInvalid(t *testing.T) {
 		family := "sync"
 		if slices.Contains(domain.PlacementDecisionTypes(), typ) {
 			family = "decision"
-		} else if typ == domain.TypeMailboxStateRecord {
+		} else if typ == domain.TypeMailboxStateRecord || typ == domain.TypeOpsAction {
 			family = ""
 		}
 		samples := append(slices.Clone(perType[typ]), common[family]...)
@@ -253,6 +258,8 @@ func TestDerivedGoZeroValuesConform(t *testing.T) {
 		&domain.SyncOwnershipSuspended{Epoch: 1, Owner: "o", Reason: domain.SyncSuspendedWatchdog, At: at},
 		&domain.SyncTierChanged{MailboxID: dM, From: domain.SyncTierWarm, To: domain.SyncTierCold, Reason: domain.SyncReasonInactive, Epoch: 1, Owner: "o", At: at},
 		&domain.SyncFailed{MailboxID: dM, Epoch: 1, Owner: "o", Attempt: 1, At: at},
+		&domain.OpsAction{At: at, Actor: "a", ActorKind: domain.OpsActorOSUser, Action: domain.OpsRebuildSwap, Outcome: domain.OpsOK},
+		&domain.OpsAction{At: at, Actor: "a", ActorKind: domain.OpsActorCaller, Action: domain.OpsConsoleLogin, Outcome: domain.OpsOK, Params: &domain.OpsParams{}},
 	}
 	seen := map[string]bool{}
 	v := eventschema.Derived()

@@ -84,6 +84,9 @@ var derivedValidData = map[string]string{
 	domain.TypeSyncOwnershipSuspended: `{"partition":3,"epoch":7,"owner":"sync-1","reason":"watchdog","runners":12,"at":"` + dvT + `"}`,
 	domain.TypeSyncTierChanged:        `{"mailbox_id":"` + dvM + `","from":"warm","to":"hot","reason":"session","partition":3,"epoch":7,"owner":"sync-1","at":"` + dvT + `"}`,
 	domain.TypeSyncFailed:             `{"mailbox_id":"` + dvM + `","partition":3,"epoch":7,"owner":"sync-1","error":"imapsync: connect: connect: no IMAP server answered","category":"connect","attempt":2,"at":"` + dvT + `"}`,
+	domain.TypeOpsAction: `{"at":"` + dvT + `","actor":"ops@host-1","actor_kind":"os_user","action":"projector_seek","outcome":"failed","code":"unavailable",` +
+		`"detail":"broker unreachable","params":{"target":"health","to":"2026-03-01T00:00:00Z","filter":"partition=3","count":1,"dry_run":true,` +
+		`"added":"ada,bob","removed":"eve","changed":"carol"}}`,
 }
 
 // derivedSample is one generated sample: kind says what was done to which
@@ -265,8 +268,8 @@ func derivedGoValidates(typ string) bool {
 // derivedGoStricter: the schema accepts, the Go reader refuses. Each is a
 // Go rule JSON Schema cannot express.
 var derivedGoStricter = map[string]func(typ string, s derivedSample) bool{
-	"a decision's and a state record's times are never the zero time (the schema checks the format only)": func(typ string, s derivedSample) bool {
-		return s.kind == "zero time" && derivedGoValidates(typ)
+	"a decision's, a state record's and an operator audit record's times are never the zero time (the schema checks the format only)": func(typ string, s derivedSample) bool {
+		return s.kind == "zero time" && (derivedGoValidates(typ) || typ == domain.TypeOpsAction)
 	},
 	"band_changed: to_band differs from from_band": func(typ string, s derivedSample) bool {
 		return typ == domain.TypePlacementBandChanged && s.kind == "enum" &&

@@ -20,6 +20,7 @@ import (
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/mailboxstate"
 	"github.com/mailplane/mailplane/internal/mailsync"
+	"github.com/mailplane/mailplane/internal/opsaudit"
 	"github.com/mailplane/mailplane/internal/opshttp"
 	"github.com/mailplane/mailplane/internal/outbox"
 	"github.com/mailplane/mailplane/internal/ownership"
@@ -246,8 +247,9 @@ func (p *process) startAPI() error {
 // buildAPI builds the api role's server with every route it mounts.
 func (p *process) buildAPI() (*api.Server, error) {
 	rc, log, kc, hc := p.rc, p.log.With("role", "api"), p.broker, p.health
+	audit := p.opsAudit(log)
 	auth, err := access.New(rc.tokensFile, access.WithFleetSecret(rc.fleetSecret),
-		access.WithLogger(log), access.WithRegisterer(p.reg))
+		access.WithLogger(log), access.WithRegisterer(p.reg), access.WithReloadHook(audit.tokensReloaded))
 	if err != nil {
 		return nil, err
 	}
@@ -292,7 +294,7 @@ func (p *process) buildAPI() (*api.Server, error) {
 	if err := workerapi.Register(srv, workerapi.WithLogger(log), workerapi.WithAssignmentStore(pgStore)); err != nil {
 		return nil, err
 	}
-	if err := p.mountQuery(srv, auth, log); err != nil {
+	if err := p.mountQuery(srv, auth, audit.rec, log); err != nil {
 		return nil, err
 	}
 	if rc.billing != nil {
@@ -307,7 +309,7 @@ func (p *process) buildAPI() (*api.Server, error) {
 // mountQuery mounts the query API and the ops console; both read
 // through one query.Reader on the serve pool. The console's consumers page
 // and DLQ read the broker through the API's client and config.
-func (p *process) mountQuery(srv *api.Server, auth api.Authenticator, log *slog.Logger) error {
+func (p *process) mountQuery(srv *api.Server, auth api.Authenticator, audit console.Auditor, log *slog.Logger) error {
 	reader := query.NewReader(p.pools.Serve, int(p.rc.statePartitions),
 		query.WithSyncTiers(p.kcfg("query")), query.WithLogger(log.With("component", "query")))
 	if err := query.Register(srv, reader, log); err != nil {
@@ -327,6 +329,10 @@ func (p *process) mountQuery(srv *api.Server, auth api.Authenticator, log *slog.
 		},
 		Redriven: func(ctx context.Context, entries []dlq.Entry) (map[dlq.Location]dlq.Redriven, error) {
 			return dlq.Redrives(ctx, p.pools.Serve, entries)
+		},
+		Audit: audit,
+		AuditLog: func(ctx context.Context, limit int) ([]opsaudit.Record, error) {
+			return opsaudit.Recent(ctx, kcfg, limit)
 		},
 		LoginsPerMinute: p.rc.bodies.loginsPerMinute,
 		LoginBurst:      p.rc.bodies.loginBurst,

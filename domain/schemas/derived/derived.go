@@ -1,7 +1,8 @@
 // Package derived holds the JSON Schemas (draft 2020-12) of the records
 // mailplane derives from its domain events: the placement decision log
-// (mailplane.placement.*), mailbox.state (mailplane.mailbox.state.v1) and
-// the sync records (mailplane.sync.*). One file per record type, named
+// (mailplane.placement.*), mailbox.state (mailplane.mailbox.state.v1),
+// the sync records (mailplane.sync.*), and the operator audit
+// (mailplane.ops.action.v1). One file per record type, named
 // "<type>.json"; each schema's $id is "urn:mailplane:schema:<type>" and its
 // x-mailplane-topic and x-mailplane-key annotations name the topic the
 // records are on and how their key is made.
