@@ -654,6 +654,10 @@ type PlacementBandChanged struct {
 	ToBand    RiskPool    `json:"to_band"`
 	Health    HealthState `json:"health"`
 	Score     float64     `json:"score"`
+	// Evidence is the evidence of the health_scored that caused the change
+	// (the input, named by the record's ce_causeid), copied as it came:
+	// absent when that event carried none.
+	Evidence *HealthEvidence `json:"evidence,omitempty"`
 }
 
 func (*PlacementBandChanged) EventType() string     { return TypePlacementBandChanged }
@@ -670,6 +674,9 @@ func (d *PlacementBandChanged) Validate() Problems {
 	checkEnum(&ps, "health", d.Health, true, placementHealths...)
 	if d.FromBand == d.ToBand && d.FromBand != "" {
 		ps.Add("to_band", CodeInvalid, "must differ from from_band")
+	}
+	if d.Evidence != nil {
+		ps = append(ps, d.Evidence.Validate().Prefixed("evidence")...)
 	}
 	return ps
 }

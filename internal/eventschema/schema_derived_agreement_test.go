@@ -67,7 +67,9 @@ var derivedValidData = map[string]string{
 		`"from_worker":"` + dvW + `","to_worker":"` + dvW2 + `","from_tier":"shared_free","to_tier":"shared_free","from_band":"risky","to_band":"risky","degraded":false}`,
 	domain.TypePlacementUnassigned: `{"at":"` + dvT + `","reason":"mailbox_removed","mailbox_id":"` + dvM + `","org_id":"` + dvO + `","worker_id":"` + dvW + `",` +
 		`"band":"risky","weight_milli":1000,"detail":"closed by the user"}`,
-	domain.TypePlacementBandChanged: `{"at":"` + dvT + `","reason":"band_worsened","mailbox_id":"` + dvM + `","org_id":"` + dvO + `","from_band":"clean","to_band":"risky","health":"watch","score":62.5}`,
+	domain.TypePlacementBandChanged: `{"at":"` + dvT + `","reason":"band_worsened","mailbox_id":"` + dvM + `","org_id":"` + dvO + `","from_band":"clean","to_band":"risky","health":"watch","score":62.5,` +
+		`"evidence":{"window_seconds":604800,"window_end":"` + dvT + `","inbox":90,"junk":10,"min_observations":20,"rate":0.1,"rule":"level",` +
+		`"threshold":{"rate":0.1,"state":"watch"}}}`,
 	domain.TypePlacementBandHeld: `{"at":"` + dvT + `","reason":"band_recovery_started","mailbox_id":"` + dvM + `","band":"risky","candidate":"clean",` +
 		`"since":"2026-03-01T11:00:00Z","health":"healthy"}`,
 	domain.TypePlacementLivenessHeld: `{"at":"` + dvT + `","reason":"fleet_silent","scope":"fleet","silent_workers":9,"live_workers":9,` +

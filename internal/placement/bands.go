@@ -80,6 +80,7 @@ func (s *State) changeBand(m *placementMailbox, to domain.RiskPool, e *domain.Ma
 	s.emit(&domain.PlacementBandChanged{
 		PlacementMeta: placementMeta(at, reason),
 		MailboxID:     m.id, OrgID: m.org.id, FromBand: from, ToBand: to, Health: e.State, Score: e.Score,
+		Evidence: e.Evidence,
 	})
 	switch w := m.worker; {
 	case w == nil:
