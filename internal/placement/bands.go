@@ -87,6 +87,6 @@ func (s *State) changeBand(m *placementMailbox, to domain.RiskPool, e *domain.Ma
 		s.ensureDedicated(m.org, at)
 		s.place(m.id, m.org, m.weight, m.band, domain.ReasonRetry, false, at)
 	case !s.fits(m, w):
-		s.relocate(m, moveMust, from, domain.ReasonBandChanged, at)
+		s.relocateWith(m, moveMust, from, domain.ReasonBandChanged, e.Evidence, at)
 	}
 }
