@@ -544,7 +544,7 @@ var levelWords = map[HealthState]string{
 
 // fmtPercent writes rate (0..1) as a percentage, whole when that does not
 // put it on the other side of threshold (a rate of 19.6 % below a level of
-// 20 % reads "19.6 %", not "20 %"); threshold 0: whole.
+// 20 % reads "19.6 %", not "20 %"); threshold 0 (none): whole.
 func fmtPercent(rate, threshold float64) string {
 	var s string
 	for prec := 0; prec <= 3; prec++ {

@@ -67,8 +67,7 @@ func fill(t *testing.T, pool *pgxpool.Pool, parts int) {
 	add("0190a5b2-4c5e-7b1a-9c3d-000000000e03", added(boxB, "b@example.com"))
 	add("0190a5b2-4c5e-7b1a-9c3d-000000000e04", &domain.MailboxDisabled{MailboxID: boxB, Cause: domain.DisableAuthFailing, Reason: "LOGIN refused"})
 	// boxB's last health decision carries its evidence; boxA's last one
-	// none (written before decisions carried it), which clears the
-	// evidence of the one before.
+	// none (written before decisions carried it).
 	until := time.Date(2026, 3, 8, 12, 0, 0, 0, time.UTC)
 	quarantined := func(box string) *domain.MailboxHealthScored {
 		end := t0
@@ -80,8 +79,13 @@ func fill(t *testing.T, pool *pgxpool.Pool, parts int) {
 	add("0190a5b2-4c5e-7b1a-9c3d-000000000e05", quarantined(boxB))
 	add("0190a5b2-4c5e-7b1a-9c3d-000000000e06", quarantined(boxA))
 	add("0190a5b2-4c5e-7b1a-9c3d-000000000e07", &domain.MailboxHealthScored{MailboxID: boxA, State: domain.HealthWatch, Score: 88, Reason: "older scorer"})
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return projections.NewRegistry().Apply(ctx, tx, recs) }); err != nil {
-		t.Fatal(err)
+	// Two batches: the last decision, without evidence, clears the stored
+	// evidence of the one before.
+	last := len(recs) - 1
+	for _, batch := range [][]projections.Record{recs[:last], recs[last:]} {
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return projections.NewRegistry().Apply(ctx, tx, batch) }); err != nil {
+			t.Fatal(err)
+		}
 	}
 	fence := mailsync.NewFence(pool, prometheus.NewCounter(prometheus.CounterOpts{Name: "fenced"}), time.Minute)
 	if _, err := fence.Acquire(ctx, "sync-test-1", []int32{query.StatePartition(boxA, parts)}); err != nil {
