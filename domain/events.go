@@ -484,6 +484,9 @@ type MailboxHealthScored struct {
 	Score     float64     `json:"score"`
 	Reason    string      `json:"reason"`
 	Until     *time.Time  `json:"until,omitempty"`
+	// Evidence is what the state was decided from (absent in events
+	// written before it, and from producers that do not say).
+	Evidence *HealthEvidence `json:"evidence,omitempty"`
 }
 
 func (*MailboxHealthScored) EventType() string     { return TypeMailboxHealthScored }
@@ -498,6 +501,9 @@ func (m *MailboxHealthScored) Validate() Problems {
 		ps.Add("score", CodeOutOfRange, "must be between 0 and 100")
 	}
 	checkText(&ps, "reason", m.Reason, true, 500)
+	if m.Evidence != nil {
+		ps = append(ps, m.Evidence.Validate().Prefixed("evidence")...)
+	}
 	return ps
 }
 

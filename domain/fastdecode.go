@@ -441,6 +441,60 @@ func (m *MailboxHealthScored) decodeFast(s *scanner) bool {
 			}
 			m.Until = new(time.Time)
 			return s.time(m.Until)
+		case "evidence":
+			if !once(&seen, 1<<5) {
+				return false
+			}
+			m.Evidence = new(HealthEvidence)
+			return m.Evidence.decodeFast(s)
+		}
+		return false
+	})
+}
+
+func (e *HealthEvidence) decodeFast(s *scanner) bool {
+	var seen uint32
+	return s.object(func(name []byte) bool {
+		switch string(name) { // no allocation
+		case "window_seconds":
+			return once(&seen, 1<<0) && s.int64(&e.WindowSeconds)
+		case "window_end":
+			if !once(&seen, 1<<1) {
+				return false
+			}
+			e.WindowEnd = new(time.Time)
+			return s.time(e.WindowEnd)
+		case "inbox":
+			return once(&seen, 1<<2) && s.int64(&e.Inbox)
+		case "junk":
+			return once(&seen, 1<<3) && s.int64(&e.Junk)
+		case "min_observations":
+			return once(&seen, 1<<4) && s.int64(&e.MinObservations)
+		case "rate":
+			return once(&seen, 1<<5) && s.float64(&e.Rate)
+		case "rule":
+			return once(&seen, 1<<6) && s.str((*string)(&e.Rule))
+		case "threshold":
+			if !once(&seen, 1<<7) {
+				return false
+			}
+			e.Threshold = new(HealthThreshold)
+			return e.Threshold.decodeFast(s)
+		case "penalty_seconds":
+			return once(&seen, 1<<8) && s.int64(&e.PenaltySeconds)
+		}
+		return false
+	})
+}
+
+func (t *HealthThreshold) decodeFast(s *scanner) bool {
+	var seen uint32
+	return s.object(func(name []byte) bool {
+		switch string(name) { // no allocation
+		case "rate":
+			return once(&seen, 1<<0) && s.float64(&t.Rate)
+		case "state":
+			return once(&seen, 1<<1) && s.str((*string)(&t.State))
 		}
 		return false
 	})

@@ -3,6 +3,7 @@ package domain
 import (
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 )
 
@@ -181,7 +182,8 @@ func (p HealthPolicy) Observe(r HealthRecord, o *WarmupObserved, now time.Time) 
 }
 
 // Evaluate re-derives r's state at now: the evidence that left the window
-// is dropped and an ended penalty ends.
+// is dropped and an ended penalty ends. The event it returns carries the
+// evidence the state was decided from (decide).
 func (p HealthPolicy) Evaluate(r HealthRecord, now time.Time) (HealthRecord, *MailboxHealthScored) {
 	now = r.clock(now)
 	r.LastEval = now
@@ -189,76 +191,135 @@ func (p HealthPolicy) Evaluate(r HealthRecord, now time.Time) (HealthRecord, *Ma
 	if r.Score == 0 && r.State == "" {
 		r.Score = 100
 	}
-	inbox, junk := r.Counts()
-	n := inbox + junk
-	var (
-		lvl      HealthLevel
-		evidence = n >= p.MinObservations
-		rate     float64
-	)
-	if evidence {
-		rate = float64(junk) / float64(n)
-		r.Score = math.Round((1-rate)*10000) / 100
-		lvl = HealthLevel{State: HealthHealthy}
+	w := p.weigh(r.Buckets)
+	if w.enough {
+		r.Score = math.Round((1-w.rate)*10000) / 100
+	}
+	before, beforeFor := r.CurrentState(), r.PenaltyFor
+	reason, evidence := p.decide(&r, w, now)
+	after := r.CurrentState()
+	if after == before && !(r.PenaltyFor > beforeFor && !r.Probation && before == HealthBlocked) {
+		return r, nil
+	}
+	ev := &MailboxHealthScored{MailboxID: r.MailboxID, State: after, Score: r.Score, Reason: reason, Evidence: evidence}
+	if !r.Until.IsZero() {
+		u := r.Until
+		ev.Until = &u
+	}
+	return r, ev
+}
+
+// healthWeighing is the window's evidence as the scorer weighs it.
+type healthWeighing struct {
+	inbox, junk, n int
+	// rate is junk / n (0 without observations); enough says n reaches
+	// MinObservations, and only then is lvl the level reached (healthy
+	// below every level).
+	rate   float64
+	enough bool
+	lvl    HealthLevel
+}
+
+func (p HealthPolicy) weigh(bs []HealthBucket) healthWeighing {
+	var w healthWeighing
+	for _, b := range bs {
+		w.inbox += int(b.Inbox)
+		w.junk += int(b.Junk)
+	}
+	w.n = w.inbox + w.junk
+	if w.n > 0 {
+		w.rate = float64(w.junk) / float64(w.n)
+	}
+	w.enough = w.n >= p.MinObservations
+	if w.enough {
+		w.lvl = HealthLevel{State: HealthHealthy}
 		for _, l := range p.Levels {
-			if rate >= l.MinRate {
-				lvl = l
+			if w.rate >= l.MinRate {
+				w.lvl = l
 				break
 			}
 		}
 	}
-	before, beforeFor := r.CurrentState(), r.PenaltyFor
-	var reason string
+	return w
+}
+
+// decide applies the rules to r at now and returns the reason and the
+// evidence of the state it leaves r in (both meaningful only when the state
+// changed): the one place a state is decided, so the evidence is made of
+// exactly the numbers the decision was.
+func (p HealthPolicy) decide(r *HealthRecord, w healthWeighing, now time.Time) (string, *HealthEvidence) {
+	var (
+		reason   string
+		evidence *HealthEvidence
+	)
 	enter := func(l HealthLevel) {
 		r.State, r.Probation, r.PenaltyFor = l.State, false, l.For
 		r.Until = time.Time{}
 		if l.For > 0 {
 			r.Until = now.Add(l.For)
 		}
-		reason = fmt.Sprintf("spam placement %.1f%% (%d of %d warmup messages in %s): %s", rate*100, junk, n, fmtDays(p.Window), l.State)
+		reason = fmt.Sprintf("spam placement %.1f%% (%d of %d warmup messages in %s): %s", w.rate*100, w.junk, w.n, fmtDays(p.Window), l.State)
 		if l.For > 0 {
 			reason += " for " + fmtDays(l.For)
 		}
+		evidence = p.evidence(w, now, HealthRuleLevel, l)
 	}
 	switch {
 	case !r.Until.IsZero() && now.Before(r.Until):
 		// A penalty runs: only worse evidence changes it.
-		if evidence && (severity(lvl.State) > severity(r.State) || lvl.State == r.State && lvl.For > r.PenaltyFor) {
-			enter(lvl)
+		if w.enough && (severity(w.lvl.State) > severity(r.State) || w.lvl.State == r.State && w.lvl.For > r.PenaltyFor) {
+			enter(w.lvl)
 		}
 	case !r.Until.IsZero():
 		// The penalty ended.
 		switch {
-		case evidence && r.State == HealthBlocked && !r.Probation && severity(lvl.State) >= severity(HealthQuarantined):
-			enter(lvl)
+		case w.enough && r.State == HealthBlocked && !r.Probation && severity(w.lvl.State) >= severity(HealthQuarantined):
+			enter(w.lvl)
 		case r.State == HealthBlocked && !r.Probation:
 			r.State, r.Probation, r.PenaltyFor, r.Until = HealthThrottled, true, p.ProbationFor, now.Add(p.ProbationFor)
 			reason = "block ended: throttled probation for " + fmtDays(p.ProbationFor)
-		case evidence:
-			enter(lvl)
+			evidence = p.evidence(w, now, HealthRuleProbation, HealthLevel{State: HealthThrottled, For: p.ProbationFor})
+		case w.enough:
+			enter(w.lvl)
 			if r.State == HealthHealthy {
-				reason = fmt.Sprintf("penalty ended; spam placement %.1f%% (%d of %d warmup messages in %s): healthy", rate*100, junk, n, fmtDays(p.Window))
+				reason = fmt.Sprintf("penalty ended; spam placement %.1f%% (%d of %d warmup messages in %s): healthy", w.rate*100, w.junk, w.n, fmtDays(p.Window))
 			}
 		default:
 			r.State, r.Probation, r.PenaltyFor, r.Until = HealthHealthy, false, 0, time.Time{}
-			reason = fmt.Sprintf("penalty ended with too little evidence (%d warmup messages in %s, %d needed): healthy", n, fmtDays(p.Window), p.MinObservations)
+			reason = fmt.Sprintf("penalty ended with too little evidence (%d warmup messages in %s, %d needed): healthy", w.n, fmtDays(p.Window), p.MinObservations)
+			evidence = p.evidence(w, now, HealthRuleTooFew, HealthLevel{State: HealthHealthy})
 		}
 	default:
 		// No penalty: the state follows the evidence.
-		if evidence && (lvl.State != r.CurrentState() || lvl.For > 0) {
-			enter(lvl)
+		if w.enough && (w.lvl.State != r.CurrentState() || w.lvl.For > 0) {
+			enter(w.lvl)
 		}
 	}
-	after := r.CurrentState()
-	if after == before && !(r.PenaltyFor > beforeFor && !r.Probation && before == HealthBlocked) {
-		return r, nil
+	return reason, evidence
+}
+
+// evidence records w at now under rule, l being the state entered: for a
+// level, the level reached (healthy: below every level, the lowest level
+// given as the threshold not reached).
+func (p HealthPolicy) evidence(w healthWeighing, now time.Time, rule HealthRule, l HealthLevel) *HealthEvidence {
+	end := now
+	e := &HealthEvidence{
+		WindowSeconds: int64(p.Window / time.Second), WindowEnd: &end,
+		Inbox: int64(w.inbox), Junk: int64(w.junk), MinObservations: int64(p.MinObservations),
+		Rate: w.rate, Rule: rule, PenaltySeconds: int64(l.For / time.Second),
 	}
-	ev := &MailboxHealthScored{MailboxID: r.MailboxID, State: after, Score: r.Score, Reason: reason}
-	if !r.Until.IsZero() {
-		u := r.Until
-		ev.Until = &u
+	if rule != HealthRuleLevel {
+		return e
 	}
-	return r, ev
+	if l.State == HealthHealthy {
+		e.Rule = HealthRuleBelowLevels
+		if len(p.Levels) == 0 {
+			return e
+		}
+		l = p.Levels[len(p.Levels)-1]
+	}
+	e.Threshold = &HealthThreshold{Rate: l.MinRate, State: l.State}
+	return e
 }
 
 // NextCheck is when r must be evaluated again without new evidence: the end
@@ -339,4 +400,165 @@ func fmtDays(d time.Duration) string {
 		return fmt.Sprintf("%d days", d/day)
 	}
 	return d.String()
+}
+
+// HealthRule names the rule that decided a health state.
+type HealthRule string
+
+// Health rules.
+const (
+	// HealthRuleLevel: the window's spam rate reached a level (Threshold,
+	// ThresholdState).
+	HealthRuleLevel HealthRule = "level"
+	// HealthRuleBelowLevels: enough observations, a rate below every level
+	// (Threshold is the lowest level's): healthy.
+	HealthRuleBelowLevels HealthRule = "below_levels"
+	// HealthRuleTooFew: a penalty ended with fewer observations than
+	// MinObservations: healthy, nothing to judge by.
+	HealthRuleTooFew HealthRule = "too_few_observations"
+	// HealthRuleProbation: a block ended: throttled for the probation.
+	HealthRuleProbation HealthRule = "probation"
+)
+
+var healthRules = []HealthRule{HealthRuleLevel, HealthRuleBelowLevels, HealthRuleTooFew, HealthRuleProbation}
+
+// Bounds of HealthEvidence (the schema of mailbox.health_scored says the
+// same).
+const (
+	MaxHealthWindowSeconds   = 366 * 24 * 3600
+	MaxHealthPenaltySeconds  = 10 * 366 * 24 * 3600
+	MaxHealthMinObservations = 1_000_000
+)
+
+// HealthEvidence is what a health state was decided from: the warmup
+// observations in the scoring window ending at WindowEnd (the scorer's
+// clock: the time the log received the observation, or the ticker's), their
+// spam rate, and the rule that fired. The scorer fills it from the very
+// numbers it decided on (HealthPolicy.Evaluate).
+type HealthEvidence struct {
+	WindowSeconds int64      `json:"window_seconds"`
+	WindowEnd     *time.Time `json:"window_end"`
+	// Inbox and Junk count the window's warmup messages by where they
+	// landed; MinObservations is how many a level needs.
+	Inbox           int64 `json:"inbox"`
+	Junk            int64 `json:"junk"`
+	MinObservations int64 `json:"min_observations"`
+	// Rate is Junk / (Inbox + Junk), 0 without observations.
+	Rate float64    `json:"rate"`
+	Rule HealthRule `json:"rule"`
+	// Threshold is the level that was reached (rule level) or the lowest
+	// level, not reached (below_levels); nil for the other rules.
+	Threshold *HealthThreshold `json:"threshold,omitempty"`
+	// PenaltySeconds is the length of the penalty entered (0: none).
+	PenaltySeconds int64 `json:"penalty_seconds,omitempty"`
+}
+
+// HealthThreshold is one level of the spam rate: from Rate (0..1) on, the
+// state is State.
+type HealthThreshold struct {
+	Rate  float64     `json:"rate"`
+	State HealthState `json:"state"`
+}
+
+// Total is the window's warmup messages.
+func (e *HealthEvidence) Total() int64 { return e.Inbox + e.Junk }
+
+// Validate returns every problem of e, field paths relative to it. Every
+// field is bounded: besides the scorer, a caller granted
+// publish:mailbox.health_scored may publish the event, and a writer
+// straight to the topic may write anything.
+func (e *HealthEvidence) Validate() Problems {
+	var ps Problems
+	checkRange(&ps, "window_seconds", e.WindowSeconds, 3600, MaxHealthWindowSeconds)
+	if e.WindowEnd == nil {
+		ps.Add("window_end", CodeRequired, "is required")
+	}
+	checkRange(&ps, "inbox", e.Inbox, 0, MaxCount)
+	checkRange(&ps, "junk", e.Junk, 0, MaxCount)
+	checkRange(&ps, "min_observations", e.MinObservations, 1, MaxHealthMinObservations)
+	if math.IsNaN(e.Rate) || e.Rate < 0 || e.Rate > 1 {
+		ps.Add("rate", CodeOutOfRange, "must be between 0 and 1")
+	}
+	checkEnum(&ps, "rule", e.Rule, true, healthRules...)
+	if t := e.Threshold; t != nil {
+		if math.IsNaN(t.Rate) || t.Rate <= 0 || t.Rate > 1 {
+			ps.Add("threshold.rate", CodeOutOfRange, "must be above 0 and at most 1")
+		}
+		checkEnum(&ps, "threshold.state", t.State, true, HealthHealthy, HealthWatch, HealthThrottled, HealthQuarantined, HealthBlocked)
+	}
+	checkRange(&ps, "penalty_seconds", e.PenaltySeconds, 0, MaxHealthPenaltySeconds)
+	return ps
+}
+
+// ExplainHealth is the one sentence a support agent can give a customer
+// about a mailbox's health state: the state, until when, and what it was
+// decided from, e.g. "quarantined until 12 Dec 2026: 23 of 96 warmup
+// messages (24 %) landed in spam over the last 7 days; the quarantine level
+// is 20 %". It says nothing but the state, the time and the evidence's
+// numbers (no id, address, credential or free text). e nil (a decision
+// older than its evidence) gives the state alone.
+func ExplainHealth(state HealthState, until *time.Time, e *HealthEvidence) string {
+	if state == "" {
+		state = HealthHealthy
+	}
+	head := healthWords[state]
+	if head == "" {
+		head = "in an unknown health state"
+	}
+	if until != nil && !until.IsZero() {
+		head += " until " + until.UTC().Format("2 Jan 2006 15:04 UTC")
+	}
+	if e == nil {
+		return head
+	}
+	window := fmtDays(time.Duration(e.WindowSeconds) * time.Second)
+	var threshold float64
+	if e.Threshold != nil {
+		threshold = e.Threshold.Rate
+	}
+	landed := fmt.Sprintf("%d of %d warmup messages (%s) landed in spam over the last %s",
+		e.Junk, e.Total(), fmtPercent(e.Rate, threshold), window)
+	switch {
+	case e.Rule == HealthRuleProbation:
+		return fmt.Sprintf("%s: on probation after a block ended; meanwhile %s", head, landed)
+	case e.Rule == HealthRuleTooFew:
+		return fmt.Sprintf("%s: too few observations to judge: %d of the %d warmup messages needed over the last %s",
+			head, e.Total(), e.MinObservations, window)
+	case e.Threshold == nil:
+		return head + ": " + landed
+	case e.Rule == HealthRuleBelowLevels:
+		return fmt.Sprintf("%s: %s, below the %s level of %s", head, landed, levelWords[e.Threshold.State], fmtLevel(threshold))
+	}
+	return fmt.Sprintf("%s: %s; the %s level is %s", head, landed, levelWords[e.Threshold.State], fmtLevel(threshold))
+}
+
+var healthWords = map[HealthState]string{
+	HealthHealthy: "healthy", HealthWatch: "on watch", HealthThrottled: "throttled",
+	HealthQuarantined: "quarantined", HealthBlocked: "blocked",
+}
+
+var levelWords = map[HealthState]string{
+	HealthHealthy: "healthy", HealthWatch: "watch", HealthThrottled: "throttle",
+	HealthQuarantined: "quarantine", HealthBlocked: "block",
+}
+
+// fmtPercent writes rate (0..1) as a percentage, whole when that does not
+// put it on the other side of threshold (a rate of 19.6 % below a level of
+// 20 % reads "19.6 %", not "20 %"); threshold 0 (none): whole.
+func fmtPercent(rate, threshold float64) string {
+	var s string
+	for prec := 0; prec <= 3; prec++ {
+		s = strconv.FormatFloat(rate*100, 'f', prec, 64)
+		shown, _ := strconv.ParseFloat(s, 64)
+		if threshold == 0 || (shown/100 >= threshold) == (rate >= threshold) {
+			break
+		}
+	}
+	return s + " %"
+}
+
+// fmtLevel writes a level's rate as a percentage, to a hundredth at most
+// (12.5 %, 20 %).
+func fmtLevel(rate float64) string {
+	return strconv.FormatFloat(math.Round(rate*10000)/100, 'f', -1, 64) + " %"
 }

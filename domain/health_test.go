@@ -293,6 +293,7 @@ func TestHealthProperties(t *testing.T) {
 				if s == domain.HealthHealthy && prev.CurrentState() == domain.HealthBlocked {
 					t.Fatalf("%s: blocked → healthy without probation", where)
 				}
+				checkEvidence(t, where, p, r, ev)
 			}
 			// A running penalty is never shortened or softened.
 			if !prev.Until.IsZero() && r.LastEval.Before(prev.Until) {

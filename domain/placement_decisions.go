@@ -558,6 +558,10 @@ type PlacementRefused struct {
 	FromWorker string          `json:"from_worker,omitempty"`
 	FromBand   RiskPool        `json:"from_band,omitempty"`
 	Cause      PlacementReason `json:"cause"`
+	// Evidence is, for a refusal a band change caused (cause
+	// band_changed), the evidence of the health_scored behind it, as the
+	// band_changed before it carries it; absent otherwise.
+	Evidence *HealthEvidence `json:"evidence,omitempty"`
 }
 
 func (*PlacementRefused) EventType() string     { return TypePlacementRefused }
@@ -575,6 +579,9 @@ func (d *PlacementRefused) Validate() Problems {
 	checkOptUUID(&ps, "from_worker", d.FromWorker)
 	checkPool(&ps, "from_band", d.FromBand, d.FromWorker != "")
 	checkEnum(&ps, "cause", d.Cause, true, placementReasons...)
+	if d.Evidence != nil {
+		ps = append(ps, d.Evidence.Validate().Prefixed("evidence")...)
+	}
 	return ps
 }
 
@@ -591,6 +598,10 @@ type PlacementMigrated struct {
 	FromBand   RiskPool `json:"from_band"`
 	ToBand     RiskPool `json:"to_band"`
 	Degraded   bool     `json:"degraded"`
+	// Evidence is, for a move a band change caused (reason band_changed),
+	// the evidence of the health_scored behind it, as the band_changed
+	// before it carries it; absent otherwise.
+	Evidence *HealthEvidence `json:"evidence,omitempty"`
 }
 
 func (*PlacementMigrated) EventType() string     { return TypePlacementMigrated }
@@ -611,6 +622,9 @@ func (d *PlacementMigrated) Validate() Problems {
 	checkPool(&ps, "to_band", d.ToBand, true)
 	if d.FromWorker == d.ToWorker && d.FromWorker != "" {
 		ps.Add("to_worker", CodeInvalid, "must differ from from_worker")
+	}
+	if d.Evidence != nil {
+		ps = append(ps, d.Evidence.Validate().Prefixed("evidence")...)
 	}
 	return ps
 }
@@ -654,6 +668,10 @@ type PlacementBandChanged struct {
 	ToBand    RiskPool    `json:"to_band"`
 	Health    HealthState `json:"health"`
 	Score     float64     `json:"score"`
+	// Evidence is the evidence of the health_scored that caused the change
+	// (the input, named by the record's ce_causeid), copied as it came:
+	// absent when that event carried none.
+	Evidence *HealthEvidence `json:"evidence,omitempty"`
 }
 
 func (*PlacementBandChanged) EventType() string     { return TypePlacementBandChanged }
@@ -670,6 +688,9 @@ func (d *PlacementBandChanged) Validate() Problems {
 	checkEnum(&ps, "health", d.Health, true, placementHealths...)
 	if d.FromBand == d.ToBand && d.FromBand != "" {
 		ps.Add("to_band", CodeInvalid, "must differ from from_band")
+	}
+	if d.Evidence != nil {
+		ps = append(ps, d.Evidence.Validate().Prefixed("evidence")...)
 	}
 	return ps
 }

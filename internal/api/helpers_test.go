@@ -252,6 +252,8 @@ func healthScored() map[string]any {
 	id := newUUID()
 	return envelope(domain.TypeMailboxHealthScored, id, map[string]any{
 		"mailbox_id": id, "state": "watch", "score": 55.5, "reason": "bounce rate", "until": "2026-05-02T00:00:00Z",
+		"evidence": map[string]any{"window_seconds": 604800, "window_end": "2026-04-25T00:00:00Z", "inbox": 18, "junk": 2,
+			"min_observations": 20, "rate": 0.1, "rule": "level", "threshold": map[string]any{"rate": 0.1, "state": "watch"}},
 	})
 }
 

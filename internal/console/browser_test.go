@@ -84,6 +84,12 @@ func TestConsoleInChromium(t *testing.T) {
 		if band := spammy["placement"].(map[string]any)["band"]; band != "quarantine" {
 			return fmt.Errorf("band %v", band)
 		}
+		// The registry folds the health decision that moved it, with its
+		// evidence and the sentence for the customer.
+		if d, _ := spammy["health_decision"].(map[string]any); d == nil || d["evidence"] == nil ||
+			!strings.Contains(fmt.Sprint(d["sentence"]), "landed in spam") {
+			return fmt.Errorf("health decision %v", spammy["health_decision"])
+		}
 		return nil
 	})
 
@@ -179,6 +185,8 @@ func TestConsoleInChromium(t *testing.T) {
 	contains("mailbox", "#band", "quarantine")
 	contains("mailbox", "#health", "blocked")
 	contains("mailbox", "#history", "band_changed", "band_worsened", "migrated")
+	contains("mailbox", "#health-sentence", "warmup messages", "landed in spam over the last 7 days")
+	contains("mailbox", "#health-evidence", "rule", "spam rate")
 	contains("mailbox", "#sync-owner", "dev-sync-")
 	contains("mailbox", "#last-sync", "lag")
 	contains("mailbox", "#sync-tier", "dev-sync-")

@@ -23,6 +23,15 @@ var funcs = template.FuncMap{
 		}
 		return int(math.Min(100, math.Round(float64(loadMilli)/10/float64(capacity))))
 	},
+	// rate is a rate (0..1) as a percentage, to a tenth.
+	"rate": func(r float64) string { return strconv.FormatFloat(r*100, 'f', 1, 64) + " %" },
+	// span is a length in seconds, in days when whole days.
+	"span": func(s int64) string {
+		if d := time.Duration(s) * time.Second; d%(24*time.Hour) != 0 || d == 0 {
+			return d.String()
+		}
+		return strconv.FormatInt(s/86400, 10) + " days"
+	},
 	"secs": func(s float64) string {
 		return (time.Duration(s * float64(time.Second))).Round(time.Millisecond).String()
 	},

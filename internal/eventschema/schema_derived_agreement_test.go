@@ -40,7 +40,11 @@ const (
 	dvO  = "00000003-0000-4000-8000-000000000001"
 	dvU  = "00000004-0000-4000-8000-000000000001"
 	dvT  = "2026-03-01T12:00:00Z"
-	dvE  = "0190a5b2-4c5e-7b1a-9c3d-000000000001"
+	// dvEvidence is a health score's evidence, as band_changed, migrated
+	// and refused carry it.
+	dvEvidence = `"evidence":{"window_seconds":604800,"window_end":"` + dvT + `","inbox":90,"junk":10,"min_observations":20,"rate":0.1,"rule":"level",` +
+		`"threshold":{"rate":0.1,"state":"watch"}}`
+	dvE = "0190a5b2-4c5e-7b1a-9c3d-000000000001"
 )
 
 // derivedValidData is one valid data object per derived record type.
@@ -62,12 +66,13 @@ var derivedValidData = map[string]string{
 	domain.TypePlacementAssigned: `{"at":"` + dvT + `","reason":"mailbox_added","mailbox_id":"` + dvM + `","org_id":"` + dvO + `","worker_id":"` + dvW + `",` +
 		`"tier":"shared_premium","band":"clean","weight_milli":50,"degraded":true}`,
 	domain.TypePlacementRefused: `{"at":"` + dvT + `","reason":"no_eligible_worker","mailbox_id":"` + dvM + `","org_id":"` + dvO + `","tier":"shared_free",` +
-		`"band":"quarantine","weight_milli":1000,"from_worker":"` + dvW + `","from_band":"clean","cause":"band_changed"}`,
+		`"band":"quarantine","weight_milli":1000,"from_worker":"` + dvW + `","from_band":"clean","cause":"band_changed",` + dvEvidence + `}`,
 	domain.TypePlacementMigrated: `{"at":"` + dvT + `","reason":"worker_died","mailbox_id":"` + dvM + `","org_id":"` + dvO + `","weight_milli":400,` +
-		`"from_worker":"` + dvW + `","to_worker":"` + dvW2 + `","from_tier":"shared_free","to_tier":"shared_free","from_band":"risky","to_band":"risky","degraded":false}`,
+		`"from_worker":"` + dvW + `","to_worker":"` + dvW2 + `","from_tier":"shared_free","to_tier":"shared_free","from_band":"risky","to_band":"risky","degraded":false,` + dvEvidence + `}`,
 	domain.TypePlacementUnassigned: `{"at":"` + dvT + `","reason":"mailbox_removed","mailbox_id":"` + dvM + `","org_id":"` + dvO + `","worker_id":"` + dvW + `",` +
 		`"band":"risky","weight_milli":1000,"detail":"closed by the user"}`,
-	domain.TypePlacementBandChanged: `{"at":"` + dvT + `","reason":"band_worsened","mailbox_id":"` + dvM + `","org_id":"` + dvO + `","from_band":"clean","to_band":"risky","health":"watch","score":62.5}`,
+	domain.TypePlacementBandChanged: `{"at":"` + dvT + `","reason":"band_worsened","mailbox_id":"` + dvM + `","org_id":"` + dvO + `","from_band":"clean","to_band":"risky","health":"watch","score":62.5,` +
+		dvEvidence + `}`,
 	domain.TypePlacementBandHeld: `{"at":"` + dvT + `","reason":"band_recovery_started","mailbox_id":"` + dvM + `","band":"risky","candidate":"clean",` +
 		`"since":"2026-03-01T11:00:00Z","health":"healthy"}`,
 	domain.TypePlacementLivenessHeld: `{"at":"` + dvT + `","reason":"fleet_silent","scope":"fleet","silent_workers":9,"live_workers":9,` +

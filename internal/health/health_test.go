@@ -273,6 +273,12 @@ func TestScorerRunsOnReceivedTime(t *testing.T) {
 	if want := t0.Add(30 * 24 * time.Hour); got.Until == nil || !got.Until.Equal(want) {
 		t.Fatalf("blocked until %v, want %s (30 days after the received time)", got.Until, want)
 	}
+	// Its evidence ends at the received time too, never the producer's
+	// claim, and counts what the block was decided on.
+	if ev := got.Evidence; ev == nil || ev.WindowEnd == nil || !ev.WindowEnd.Equal(t0) || ev.Inbox != 10 || ev.Junk != 10 ||
+		ev.Rule != domain.HealthRuleLevel || ev.Threshold == nil || ev.Threshold.Rate != 0.4 || ev.PenaltySeconds != 30*86400 {
+		t.Fatalf("evidence %+v", got.Evidence)
+	}
 	lastEval := e.lastEval(sender)
 	if !lastEval.Equal(t0) {
 		t.Fatalf("the scorer's clock is at %s, want the received time %s", lastEval, t0)

@@ -80,12 +80,13 @@ func (s *State) changeBand(m *placementMailbox, to domain.RiskPool, e *domain.Ma
 	s.emit(&domain.PlacementBandChanged{
 		PlacementMeta: placementMeta(at, reason),
 		MailboxID:     m.id, OrgID: m.org.id, FromBand: from, ToBand: to, Health: e.State, Score: e.Score,
+		Evidence: e.Evidence,
 	})
 	switch w := m.worker; {
 	case w == nil:
 		s.ensureDedicated(m.org, at)
 		s.place(m.id, m.org, m.weight, m.band, domain.ReasonRetry, false, at)
 	case !s.fits(m, w):
-		s.relocate(m, moveMust, from, domain.ReasonBandChanged, at)
+		s.relocateWith(m, moveMust, from, domain.ReasonBandChanged, e.Evidence, at)
 	}
 }

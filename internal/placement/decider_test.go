@@ -1096,3 +1096,60 @@ func TestPlacementRestoreRefusesABrokenSnapshot(t *testing.T) {
 		t.Errorf("a mailbox on an unknown worker: %v", err)
 	}
 }
+
+// A band change carries the evidence of the health score that caused it,
+// as the score carried it; a score without evidence gives a change without.
+func TestPlacementBandChangeCarriesEvidence(t *testing.T) {
+	t.Parallel()
+	h := newPlHarness(t, Config{BandDwell: time.Hour})
+	h.hb(1, domain.TierSharedFree, domain.EgressOAuthAPI)
+	h.hb(2, domain.TierSharedFree, domain.EgressOAuthAPI)
+	h.add(1, 1, domain.ProviderGmail, false)
+	h.advance(time.Minute)
+	h.beatAll()
+	end := h.now
+	ev := &domain.HealthEvidence{WindowSeconds: 7 * 86400, WindowEnd: &end, Inbox: 73, Junk: 23, MinObservations: 20,
+		Rate: 23.0 / 96, Rule: domain.HealthRuleLevel, Threshold: &domain.HealthThreshold{Rate: 0.2, State: domain.HealthQuarantined},
+		PenaltySeconds: 7 * 86400}
+	ds := h.apply(&domain.MailboxHealthScored{MailboxID: plMailbox(1), State: domain.HealthQuarantined, Score: 76, Reason: "spam", Evidence: ev})
+	bc := plOf[*domain.PlacementBandChanged](ds)
+	if len(bc) != 1 || bc[0].Evidence == nil || plJSON(bc[0].Evidence) != plJSON(ev) {
+		t.Fatalf("band change without the score's evidence: %s", plJSON(ds))
+	}
+	// The move it causes carries it too.
+	if mv := plOf[*domain.PlacementMigrated](ds); len(mv) != 1 || mv[0].Reason != domain.ReasonBandChanged || plJSON(mv[0].Evidence) != plJSON(ev) {
+		t.Fatalf("move without the score's evidence: %s", plJSON(ds))
+	}
+	h.advance(2 * time.Hour)
+	h.beatAll()
+	h.score(1, domain.HealthHealthy)
+	h.advance(2 * time.Hour)
+	h.beatAll()
+	ds = h.score(1, domain.HealthHealthy)
+	if bc := plOf[*domain.PlacementBandChanged](ds); len(bc) != 1 || bc[0].Evidence != nil {
+		t.Fatalf("band change from a score without evidence: %s", plJSON(ds))
+	}
+	for _, mv := range plOf[*domain.PlacementMigrated](ds) {
+		if mv.Evidence != nil {
+			t.Fatalf("move from a score without evidence: %s", plJSON(ds))
+		}
+	}
+}
+
+// A refusal a band change causes (no worker of the new band) carries the
+// score's evidence.
+func TestPlacementBandRefusalCarriesEvidence(t *testing.T) {
+	t.Parallel()
+	h := newPlHarness(t, Config{})
+	h.hb(1, domain.TierSharedFree, domain.EgressOAuthAPI)
+	h.add(1, 1, domain.ProviderGmail, false)
+	end := h.now
+	ev := &domain.HealthEvidence{WindowSeconds: 7 * 86400, WindowEnd: &end, Inbox: 10, Junk: 30, MinObservations: 20,
+		Rate: 0.75, Rule: domain.HealthRuleLevel, Threshold: &domain.HealthThreshold{Rate: 0.4, State: domain.HealthBlocked},
+		PenaltySeconds: 30 * 86400}
+	ds := h.apply(&domain.MailboxHealthScored{MailboxID: plMailbox(1), State: domain.HealthBlocked, Score: 25, Reason: "spam", Evidence: ev})
+	rf := plOf[*domain.PlacementRefused](ds)
+	if len(rf) != 1 || rf[0].Cause != domain.ReasonBandChanged || plJSON(rf[0].Evidence) != plJSON(ev) {
+		t.Fatalf("refusal without the score's evidence: %s", plJSON(ds))
+	}
+}

@@ -124,6 +124,13 @@ const (
 // relocate moves a placed mailbox per mode. fromBand is the band it was
 // placed under (differs from m.band right after a band change).
 func (s *State) relocate(m *placementMailbox, mode placementMove, fromBand domain.RiskPool, reason domain.PlacementReason, at time.Time) bool {
+	return s.relocateWith(m, mode, fromBand, reason, nil, at)
+}
+
+// relocateWith is relocate whose move or refusal carries evidence: that of
+// the health score whose band change made the mailbox move.
+func (s *State) relocateWith(m *placementMailbox, mode placementMove, fromBand domain.RiskPool, reason domain.PlacementReason,
+	evidence *domain.HealthEvidence, at time.Time) bool {
 	from := m.worker
 	if m.org.shortfall() > 0 {
 		s.ensureDedicated(m.org, at) // bind before degrading
@@ -139,7 +146,7 @@ func (s *State) relocate(m *placementMailbox, mode placementMove, fromBand domai
 			s.emit(&domain.PlacementRefused{
 				PlacementMeta: placementMeta(at, domain.ReasonNoEligibleWorker),
 				MailboxID:     m.id, OrgID: m.org.id, Tier: placementWantedTier(m.org), Band: m.band, Weight: m.weight,
-				FromWorker: from.id, FromBand: fromBand, Cause: reason,
+				FromWorker: from.id, FromBand: fromBand, Cause: reason, Evidence: evidence,
 			})
 			s.afterLeave(from, at)
 		}
@@ -152,7 +159,7 @@ func (s *State) relocate(m *placementMailbox, mode placementMove, fromBand domai
 		PlacementMeta: placementMeta(at, reason),
 		MailboxID:     m.id, OrgID: m.org.id, Weight: m.weight,
 		FromWorker: from.id, ToWorker: t.worker.id, FromTier: from.tier, ToTier: t.worker.tier,
-		FromBand: fromBand, ToBand: m.band, Degraded: t.degraded,
+		FromBand: fromBand, ToBand: m.band, Degraded: t.degraded, Evidence: evidence,
 	})
 	s.afterLeave(from, at)
 	return true

@@ -80,7 +80,7 @@ var mailboxColumns = []string{
 	"imap_host", "imap_port", "imap_tls", "imap_username", "sealed_credentials",
 	"health_state", "health_score", "health_reason", "health_until",
 	"removed_at", "removal_reason", "added_at", "updated_at", "last_event_id",
-	"disabled_at", "disabled_reason",
+	"disabled_at", "disabled_reason", "health_evidence",
 }
 
 // A group of columns the batch did not touch arrives as NULLs and keeps the
@@ -91,11 +91,11 @@ const mergeMailboxesSQL = `INSERT INTO mailboxes AS m (` + `
     mailbox_id, org_id, user_id, address, provider, warmup_enabled,
     imap_host, imap_port, imap_tls, imap_username, sealed_credentials,
     health_state, health_score, health_reason, health_until,
-    removed_at, removal_reason, added_at, updated_at, last_event_id, disabled_at, disabled_reason)
+    removed_at, removal_reason, added_at, updated_at, last_event_id, disabled_at, disabled_reason, health_evidence)
 SELECT mailbox_id, org_id, user_id, address, provider, warmup_enabled,
     imap_host, imap_port, imap_tls, imap_username, sealed_credentials,
     health_state, health_score, health_reason, health_until,
-    removed_at, removal_reason, added_at, updated_at, last_event_id, disabled_at, disabled_reason
+    removed_at, removal_reason, added_at, updated_at, last_event_id, disabled_at, disabled_reason, health_evidence
 FROM registry_stage_mailboxes
 ON CONFLICT (mailbox_id) DO UPDATE SET
     org_id             = CASE WHEN EXCLUDED.added_at IS NOT NULL THEN EXCLUDED.org_id ELSE m.org_id END,
@@ -114,6 +114,7 @@ ON CONFLICT (mailbox_id) DO UPDATE SET
     health_score       = CASE WHEN EXCLUDED.health_state IS NOT NULL THEN EXCLUDED.health_score ELSE m.health_score END,
     health_reason      = CASE WHEN EXCLUDED.health_state IS NOT NULL THEN EXCLUDED.health_reason ELSE m.health_reason END,
     health_until       = CASE WHEN EXCLUDED.health_state IS NOT NULL THEN EXCLUDED.health_until ELSE m.health_until END,
+    health_evidence    = CASE WHEN EXCLUDED.health_state IS NOT NULL THEN EXCLUDED.health_evidence ELSE m.health_evidence END,
     removed_at         = CASE WHEN EXCLUDED.added_at IS NOT NULL OR EXCLUDED.removed_at IS NOT NULL
                               THEN EXCLUDED.removed_at ELSE m.removed_at END,
     removal_reason     = CASE WHEN EXCLUDED.added_at IS NOT NULL OR EXCLUDED.removed_at IS NOT NULL
@@ -570,6 +571,9 @@ func mailboxRows(cs []*mailboxChange) (*tuples, error) {
 		} else {
 			b = appendNull(b)
 			b = appendNull(b)
+		}
+		if b, err = appendHealthEvidence(b, c.Health); err != nil {
+			return nil, err
 		}
 		t.buf = b
 		t.done()

@@ -181,3 +181,17 @@ func plainJSON(s string) bool {
 	}
 	return true
 }
+
+// appendHealthEvidence writes the evidence of the health decision h as
+// jsonb: NULL without a decision, or for one without evidence (the merge
+// then clears the stored evidence with the rest of the health group).
+func appendHealthEvidence(b []byte, h *domain.MailboxHealthScored) ([]byte, error) {
+	if h == nil || h.Evidence == nil {
+		return appendNull(b), nil
+	}
+	j, err := json.Marshal(h.Evidence)
+	if err != nil {
+		return nil, fmt.Errorf("registry: marshal health evidence: %w", err)
+	}
+	return appendJSONB(b, j), nil
+}

@@ -16,6 +16,7 @@ package query
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -111,7 +112,27 @@ type Mailbox struct {
 	// Placement is its band, worker and decision history.
 	Placement postgres.MailboxStory `json:"placement"`
 	Health    *Health               `json:"health"`
-	Sync      Sync                  `json:"sync"`
+	// HealthDecision is the last health decision and why (nil: none).
+	HealthDecision *HealthDecision `json:"health_decision"`
+	Sync           Sync            `json:"sync"`
+}
+
+// HealthDecision is a mailbox's last mailbox.health_scored as the
+// registry folded it: the state, until when, the evidence it was decided
+// from, and the sentence a support agent can give the customer
+// (domain.ExplainHealth).
+type HealthDecision struct {
+	State string     `json:"state"`
+	Until *time.Time `json:"until"`
+	// Evidence is nil for a decision written before decisions carried it.
+	Evidence *DecisionEvidence `json:"evidence"`
+	Sentence string            `json:"sentence"`
+}
+
+// DecisionEvidence is the decision's evidence with the window's total.
+type DecisionEvidence struct {
+	domain.HealthEvidence
+	Total int64 `json:"total"`
 }
 
 // MailboxRegistry is the registry's row of a mailbox (never its
@@ -198,6 +219,8 @@ const (
 FROM mailboxes WHERE mailbox_id = $1`
 	sqlMailboxHealth = `SELECT state, score, until, probation, observations, last_eval, changed_at, bucket_hours, bucket_inbox, bucket_junk
 FROM mailbox_health WHERE mailbox_id = $1`
+	sqlHealthDecision = `SELECT health_state, health_until, health_evidence FROM mailboxes
+WHERE mailbox_id = $1 AND health_state IS NOT NULL`
 	sqlSyncOwner = `SELECT owner, epoch, acquired_at FROM sync_partitions WHERE partition = $1`
 	sqlFolders   = `SELECT folder, role, last_uid, synced_at FROM imap_folder_cursors WHERE mailbox_id = $1 ORDER BY folder`
 	sqlLogin     = `SELECT last_login_at, auth_failing_since, COALESCE(last_auth_error, ''), disable_requested_at
@@ -225,6 +248,9 @@ func (r *Reader) Mailbox(ctx context.Context, id string) (Mailbox, error) {
 			return err
 		}
 		if m.Health, err = readHealth(ctx, tx, id); err != nil {
+			return err
+		}
+		if m.HealthDecision, err = readHealthDecision(ctx, tx, id); err != nil {
 			return err
 		}
 		return r.readSync(ctx, tx, id, &m.Sync)
@@ -297,6 +323,30 @@ func readHealth(ctx context.Context, tx pgx.Tx, id string) (*Health, error) {
 		h.Evidence = append(h.Evidence, EvidenceHour{Hour: time.Unix(hr*3600, 0).UTC(), Inbox: int64(inbox[i]), Junk: int64(junk[i])})
 	}
 	return &h, nil
+}
+
+func readHealthDecision(ctx context.Context, tx pgx.Tx, id string) (*HealthDecision, error) {
+	var (
+		d        HealthDecision
+		evidence []byte
+	)
+	err := tx.QueryRow(ctx, sqlHealthDecision, id).Scan(&d.State, &d.Until, &evidence)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("query: health decision: %w", err)
+	}
+	var e *domain.HealthEvidence
+	if evidence != nil {
+		e = new(domain.HealthEvidence)
+		if err := json.Unmarshal(evidence, e); err != nil {
+			return nil, fmt.Errorf("query: health decision evidence: %w", err)
+		}
+		d.Evidence = &DecisionEvidence{HealthEvidence: *e, Total: e.Total()}
+	}
+	d.Sentence = domain.ExplainHealth(domain.HealthState(d.State), d.Until, e)
+	return &d, nil
 }
 
 func (r *Reader) readSync(ctx context.Context, tx pgx.Tx, id string, s *Sync) error {

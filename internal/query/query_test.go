@@ -66,8 +66,26 @@ func fill(t *testing.T, pool *pgxpool.Pool, parts int) {
 	add("0190a5b2-4c5e-7b1a-9c3d-000000000e02", added(boxA, "a@example.com"))
 	add("0190a5b2-4c5e-7b1a-9c3d-000000000e03", added(boxB, "b@example.com"))
 	add("0190a5b2-4c5e-7b1a-9c3d-000000000e04", &domain.MailboxDisabled{MailboxID: boxB, Cause: domain.DisableAuthFailing, Reason: "LOGIN refused"})
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return projections.NewRegistry().Apply(ctx, tx, recs) }); err != nil {
-		t.Fatal(err)
+	// boxB's last health decision carries its evidence; boxA's last one
+	// none (written before decisions carried it).
+	until := time.Date(2026, 3, 8, 12, 0, 0, 0, time.UTC)
+	quarantined := func(box string) *domain.MailboxHealthScored {
+		end := t0
+		return &domain.MailboxHealthScored{MailboxID: box, State: domain.HealthQuarantined, Score: 76, Reason: "spam placement", Until: &until,
+			Evidence: &domain.HealthEvidence{WindowSeconds: 7 * 86400, WindowEnd: &end, Inbox: 73, Junk: 23, MinObservations: 20,
+				Rate: 23.0 / 96, Rule: domain.HealthRuleLevel, Threshold: &domain.HealthThreshold{Rate: 0.2, State: domain.HealthQuarantined},
+				PenaltySeconds: 7 * 86400}}
+	}
+	add("0190a5b2-4c5e-7b1a-9c3d-000000000e05", quarantined(boxB))
+	add("0190a5b2-4c5e-7b1a-9c3d-000000000e06", quarantined(boxA))
+	add("0190a5b2-4c5e-7b1a-9c3d-000000000e07", &domain.MailboxHealthScored{MailboxID: boxA, State: domain.HealthWatch, Score: 88, Reason: "older scorer"})
+	// Two batches: the last decision, without evidence, clears the stored
+	// evidence of the one before.
+	last := len(recs) - 1
+	for _, batch := range [][]projections.Record{recs[:last], recs[last:]} {
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return projections.NewRegistry().Apply(ctx, tx, batch) }); err != nil {
+			t.Fatal(err)
+		}
 	}
 	fence := mailsync.NewFence(pool, prometheus.NewCounter(prometheus.CounterOpts{Name: "fenced"}), time.Minute)
 	if _, err := fence.Acquire(ctx, "sync-test-1", []int32{query.StatePartition(boxA, parts)}); err != nil {
@@ -110,6 +128,16 @@ func TestMailboxAndOrgFacts(t *testing.T) {
 	bb, err := r.Mailbox(ctx, boxB)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if d := bb.HealthDecision; d == nil || d.State != "quarantined" || d.Until == nil || d.Evidence == nil || d.Evidence.Total != 96 ||
+		d.Evidence.Rule != domain.HealthRuleLevel || d.Sentence != "quarantined until 8 Mar 2026 12:00 UTC: 23 of 96 warmup messages (24 %) landed in spam over the last 7 days; the quarantine level is 20 %" {
+		t.Errorf("boxB health decision: %+v", d)
+	}
+	if b, _ := json.Marshal(bb.HealthDecision); !strings.Contains(string(b), `"total":96`) || !strings.Contains(string(b), `"threshold":{"rate":0.2,"state":"quarantined"}`) {
+		t.Errorf("boxB health decision JSON: %s", b)
+	}
+	if d := a.HealthDecision; d == nil || d.State != "watch" || d.Until != nil || d.Evidence != nil || d.Sentence != "on watch" {
+		t.Errorf("boxA health decision without evidence: %+v", d)
 	}
 	if bb.Registry == nil || bb.Registry.DisabledAt == nil || bb.Registry.DisabledReason != "auth_failing: LOGIN refused" {
 		t.Errorf("boxB disabled: %+v", bb.Registry)

@@ -366,7 +366,7 @@ func (s *scenario) next() domain.Data {
 	case x < 82:
 		st := []domain.HealthState{domain.HealthHealthy, domain.HealthHealthy, domain.HealthHealthy, domain.HealthWatch,
 			domain.HealthThrottled, domain.HealthQuarantined, domain.HealthBlocked}[r.IntN(7)]
-		return &domain.MailboxHealthScored{MailboxID: mailboxID(s.pick(40)), State: st, Score: float64(r.IntN(101)), Reason: "sweep"}
+		return scoredWithEvidence(&domain.MailboxHealthScored{MailboxID: mailboxID(s.pick(40)), State: st, Score: float64(r.IntN(101)), Reason: "sweep"})
 	case x < 90:
 		p := []domain.Plan{domain.PlanFree, domain.PlanPremium, domain.PlanPremium, domain.PlanDedicated, domain.PlanDedicated}[r.IntN(5)]
 		n := 0
@@ -456,4 +456,18 @@ func (e *env) verifyLog(l []logEntry) *placement.State {
 		e.t.Fatal(err)
 	}
 	return st
+}
+
+// scoredWithEvidence gives every other score (by its value, so the
+// scenario's random sequence is unchanged) evidence, which the decisions it
+// causes copy: a rebuild must reproduce those too.
+func scoredWithEvidence(d *domain.MailboxHealthScored) *domain.MailboxHealthScored {
+	if int(d.Score)%2 != 0 {
+		return d
+	}
+	end := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	junk := int64(100 - d.Score)
+	d.Evidence = &domain.HealthEvidence{WindowSeconds: 7 * 86400, WindowEnd: &end, Inbox: 100 - junk, Junk: junk, MinObservations: 20,
+		Rate: float64(junk) / 100, Rule: domain.HealthRuleLevel, Threshold: &domain.HealthThreshold{Rate: 0.1, State: domain.HealthWatch}}
+	return d
 }

@@ -187,6 +187,19 @@ func (g *gen) added(mailbox string) domain.Event {
 		SealedCredentials: &domain.SealedSecret{KeyID: "k1", Alg: domain.SealAlg, Nonce: "AAAAAAAAAAAAAAAA", Ciphertext: "c2VhbGVk"}})
 }
 
+// scored is a health score of mailbox; every other one (by score) carries
+// evidence, so the registry's evidence is both written and cleared.
+func (g *gen) scored(mailbox string, score int) *domain.MailboxHealthScored {
+	d := &domain.MailboxHealthScored{MailboxID: mailbox, State: domain.HealthWatch, Score: float64(score), Reason: "bounces"}
+	if score%2 == 0 {
+		end := g.t0.Add(time.Duration(g.n) * time.Second)
+		junk := int64(score / 4)
+		d.Evidence = &domain.HealthEvidence{WindowSeconds: 7 * 86400, WindowEnd: &end, Inbox: 100 - junk, Junk: junk, MinObservations: 20,
+			Rate: float64(junk) / 100, Rule: domain.HealthRuleLevel, Threshold: &domain.HealthThreshold{Rate: 0.1, State: domain.HealthWatch}}
+	}
+	return d
+}
+
 // registry is n events of every type the registry folds, on 12
 // mailboxes, 4 orgs, 6 users and 5 workers, with duplicates (a producer's
 // retry) now and then.
@@ -203,7 +216,7 @@ func (g *gen) registry(n int) []domain.Event {
 		case 1:
 			ev = g.event(&domain.MailboxRemoved{MailboxID: id(2, g.rng.IntN(12)), Reason: "user deleted it"})
 		case 2:
-			ev = g.event(&domain.MailboxHealthScored{MailboxID: id(2, g.rng.IntN(12)), State: domain.HealthWatch, Score: float64(g.rng.IntN(100)), Reason: "bounces"})
+			ev = g.event(g.scored(id(2, g.rng.IntN(12)), g.rng.IntN(100)))
 		case 3:
 			ev = g.event(&domain.OrgPlanChanged{OrgID: id(3, g.rng.IntN(4)), Plan: domain.PlanPremium, DedicatedWorkers: g.rng.IntN(3), Paid: true, Source: fmt.Sprintf("billing-%d", g.rng.IntN(1e6))})
 		case 4:
