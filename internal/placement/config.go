@@ -51,16 +51,21 @@ type Config struct {
 	TierDwell time.Duration
 }
 
-// Defaults of the liveness hold and the tier dwell.
+// Defaults of the liveness hold and the tier dwell: the default policy's
+// (domain.DefaultPlacementPolicy).
 const (
-	DefaultLivenessHoldPermille   = 550
-	DefaultLivenessHoldMinWorkers = 3
-	DefaultLivenessHoldMax        = 10 * time.Minute
-	DefaultTierDwell              = 5 * time.Minute
+	DefaultLivenessHoldPermille   = domain.DefaultLivenessHoldPermille
+	DefaultLivenessHoldMinWorkers = domain.DefaultLivenessHoldMinWorkers
+	DefaultLivenessHoldMax        = domain.DefaultLivenessHoldMax
+	DefaultTierDwell              = domain.DefaultTierDwell
 )
 
 // DefaultWorkerRetention is how long a dead worker is remembered by default.
-const DefaultWorkerRetention = 7 * 24 * time.Hour
+const DefaultWorkerRetention = domain.DefaultWorkerRetention
+
+// defaultHeartbeatInterval is the workers' heartbeat interval: the default
+// liveness window (domain.DefaultLivenessWindow) is three of them.
+const defaultHeartbeatInterval = domain.DefaultLivenessWindow / 3
 
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
@@ -68,17 +73,18 @@ func DefaultConfig() Config {
 }
 
 func (c Config) withDefaults() Config {
+	d := domain.DefaultPlacementPolicy()
 	if c.HeartbeatInterval <= 0 {
-		c.HeartbeatInterval = 10 * time.Second
+		c.HeartbeatInterval = defaultHeartbeatInterval
 	}
 	if c.LivenessWindow <= 0 {
 		c.LivenessWindow = 3 * c.HeartbeatInterval
 	}
 	if c.BandDwell <= 0 {
-		c.BandDwell = time.Hour
+		c.BandDwell = d.BandDwell
 	}
 	if c.HealthMinSends <= 0 {
-		c.HealthMinSends = 100
+		c.HealthMinSends = d.WorkerHealthMinSends
 	}
 	if c.WorkerRetention <= 0 {
 		c.WorkerRetention = DefaultWorkerRetention
@@ -87,13 +93,13 @@ func (c Config) withDefaults() Config {
 	// at most ten years), and never shorter than liveness.
 	c.WorkerRetention = min(max(c.WorkerRetention, c.LivenessWindow, time.Second), domain.MaxWorkerRetentionSeconds*time.Second)
 	if c.MaxForgetPerTick <= 0 {
-		c.MaxForgetPerTick = 5000
+		c.MaxForgetPerTick = d.MaxForgetPerTick
 	}
 	if c.ComplaintPPM == [4]int64{} {
-		c.ComplaintPPM = [4]int64{1000, 3000, 5000, 10000}
+		c.ComplaintPPM = d.ComplaintPPM
 	}
 	if c.HardBouncePPM == [4]int64{} {
-		c.HardBouncePPM = [4]int64{20000, 50000, 80000, 100000}
+		c.HardBouncePPM = d.HardBouncePPM
 	}
 	if c.LivenessHoldPermille <= 0 {
 		c.LivenessHoldPermille = DefaultLivenessHoldPermille

@@ -1,0 +1,23 @@
+package placement
+
+import "github.com/mailplane/mailplane/domain"
+
+// ConfigFromPolicy returns the decider's settings under a policy document's
+// placement rules (domain.PlacementPolicy); the heartbeat interval, which is
+// the workers' setting rather than a rule, keeps its default.
+func ConfigFromPolicy(p domain.Policy) Config {
+	r := p.PlacementRules
+	return Config{
+		LivenessWindow:         r.LivenessWindow,
+		BandDwell:              r.BandDwell,
+		HealthMinSends:         r.WorkerHealthMinSends,
+		WorkerRetention:        r.WorkerRetention,
+		MaxForgetPerTick:       r.MaxForgetPerTick,
+		ComplaintPPM:           r.ComplaintPPM,
+		HardBouncePPM:          r.HardBouncePPM,
+		LivenessHoldPermille:   r.LivenessHoldPermille,
+		LivenessHoldMinWorkers: r.LivenessHoldMinWorkers,
+		LivenessHoldMax:        r.LivenessHoldMax,
+		TierDwell:              r.TierDwell,
+	}.withDefaults()
+}
