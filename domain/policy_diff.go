@@ -33,6 +33,24 @@ func DiffPolicies(a, b Policy) []PolicyChange {
 	return out
 }
 
+// PolicyField is one field of a policy document and its value as the
+// document writes it.
+type PolicyField struct {
+	Field string `json:"field"`
+	Value string `json:"value"`
+}
+
+// PolicyFields lists p's fields in document order, levels by index
+// ("health.levels[0].min_rate").
+func PolicyFields(p Policy) []PolicyField {
+	f := flattenPolicy(p)
+	out := make([]PolicyField, len(f.keys))
+	for i, k := range f.keys {
+		out[i] = PolicyField{Field: k, Value: f.vals[k]}
+	}
+	return out
+}
+
 type flatPolicy struct {
 	keys []string
 	vals map[string]string

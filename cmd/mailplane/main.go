@@ -49,6 +49,8 @@ Operate:
   ownership backfill  give what is on the log its owners (--api-tokens-file; after upgrading)
   ownership show   who owns a mailbox or an org (--mailbox ID | --org ID)
   projector positions|seek  where each projector stands in Postgres; move one partition's position
+  policy validate|show|diff  the policy document (every health and placement rule): check, print, compare
+                   (the policy in force is the default one until policy apply exists; it does not yet)
   help config      the configuration reference (flags and environment)
   newid            print a new event id (UUIDv7)
   version          print the version
@@ -117,6 +119,8 @@ func run(ctx context.Context, cmd string, args []string) int {
 		err = cli.Ownership(ctx, args, os.Stdout)
 	case "projector":
 		err = cli.Projector(ctx, args, os.Stdout)
+	case "policy":
+		err = cli.Policy(args, os.Stdout)
 	case "help", "-h", "--help":
 		if len(args) > 0 && args[0] == "config" {
 			config.PrintReference(os.Stdout)
