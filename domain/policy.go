@@ -56,9 +56,10 @@ type PlacementPolicy struct {
 	LivenessHoldPermille int64
 	// LivenessHoldMinWorkers: with fewer live workers liveness is never held.
 	LivenessHoldMinWorkers int
-	// LivenessHoldMax: the longest a hold lasts.
+	// LivenessHoldMax: the longest a hold lasts (0: no bound).
 	LivenessHoldMax time.Duration
-	// TierDwell: how long a worker's tier stays as last changed.
+	// TierDwell: how long a worker's tier stays as last changed (0: no
+	// dwell).
 	TierDwell time.Duration
 	// WorkerRetention: how long a dead worker is remembered.
 	WorkerRetention time.Duration
@@ -371,13 +372,17 @@ func (p placementDoc) rules(ps *Problems) PlacementPolicy {
 		LivenessWindow:         policyDuration(ps, f+"liveness_window", p.LivenessWindow, time.Second, maxLiveness),
 		LivenessHoldPermille:   policyFraction(ps, f+"liveness_hold_share", p.LivenessHoldShare, 1e3),
 		LivenessHoldMinWorkers: int(policyCount(ps, f+"liveness_hold_min_workers", p.LivenessHoldMinWorkers, maxPolicyCount)),
-		LivenessHoldMax:        policyDuration(ps, f+"liveness_hold_max", p.LivenessHoldMax, time.Second, maxHoldOrDwell),
-		TierDwell:              policyDuration(ps, f+"tier_dwell", p.TierDwell, time.Second, maxHoldOrDwell),
-		WorkerRetention:        policyDuration(ps, f+"worker_retention", p.WorkerRetention, time.Second, MaxWorkerRetentionSeconds*time.Second),
+		LivenessHoldMax:        policyDuration(ps, f+"liveness_hold_max", p.LivenessHoldMax, 0, maxPlacementDwell),
+		TierDwell:              policyDuration(ps, f+"tier_dwell", p.TierDwell, 0, maxHoldOrDwell),
+		WorkerRetention:        policyDuration(ps, f+"worker_retention", p.WorkerRetention, time.Minute, MaxWorkerRetentionSeconds*time.Second),
 		MaxForgetPerTick:       int(policyCount(ps, f+"max_forget_per_tick", p.MaxForgetPerTick, maxPolicyCount)),
 		WorkerHealthMinSends:   policyCount(ps, f+"worker_health_min_sends", p.WorkerHealthMinSends, maxMinSends),
 		ComplaintPPM:           p.WorkerComplaintRates.ppm(ps, f+"worker_complaint_rates"),
 		HardBouncePPM:          p.WorkerHardBounceRates.ppm(ps, f+"worker_hard_bounce_rates"),
+	}
+	// As the engine's settings have it (internal/roles, placementFlags).
+	if r.LivenessHoldMax > 0 && r.LivenessHoldMax < time.Minute {
+		ps.Add(f+"liveness_hold_max", CodeOutOfRange, "must be 0s (no bound) or at least 1m")
 	}
 	if r.LivenessWindow > 0 && r.WorkerRetention > 0 && r.WorkerRetention < r.LivenessWindow {
 		ps.Add(f+"worker_retention", CodeOutOfRange, "must be at least the liveness window")

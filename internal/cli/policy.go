@@ -23,9 +23,10 @@ const policyUsage = `Usage:
       "default" for the default policy)
 
 The policy is one versioned JSON document holding every tunable rule of
-health scoring and placement (docs/operating.md, Policy). The policy in
-force is today's defaults (what show prints) until policy apply exists;
-it does not yet.
+health scoring and placement (docs/operating.md, "The policy document").
+The policy in force is today's defaults (what show prints, with the
+MAILPLANE_PLACEMENT_* settings over them) until policy apply exists; it
+does not yet.
 
 Flags:
 `

@@ -92,6 +92,8 @@ func TestPolicySchemaAgreesWithParsePolicy(t *testing.T) {
 		"short window":   policySample(t, "1h", "health", "window"),
 		"share of 1":     policySample(t, 1, "placement", "liveness_hold_share"),
 		"seconds dwell":  policySample(t, "90s", "placement", "tier_dwell"),
+		"no tier dwell":  policySample(t, "0s", "placement", "tier_dwell"),
+		"no hold bound":  policySample(t, "0s", "placement", "liveness_hold_max"),
 		"max sends":      policySample(t, 1_000_000_000, "placement", "worker_health_min_sends"),
 		"rate of 1":      policySample(t, 1, "health", "levels", 0, "min_rate"),
 		"integral float": policySample(t, json.Number("20.0"), "health", "min_observations"),
@@ -126,7 +128,8 @@ func TestPolicySchemaAgreesWithParsePolicy(t *testing.T) {
 		"rates not ascending":      policySample(t, 0.002, "placement", "worker_complaint_rates", "quarantined"),
 		"rate finer than ppm":      policySample(t, 0.0010005, "placement", "worker_complaint_rates", "watch"),
 		"share finer than 1/1000":  policySample(t, 0.5505, "placement", "liveness_hold_share"),
-		"retention below liveness": policySample(t, "10s", "placement", "worker_retention"),
+		"retention below a minute": policySample(t, "10s", "placement", "worker_retention"),
+		"hold max of seconds":      policySample(t, "30s", "placement", "liveness_hold_max"),
 	}
 	check := func(name string, doc []byte, wantSchema, wantGo bool) {
 		inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(doc))

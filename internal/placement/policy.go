@@ -1,10 +1,15 @@
 package placement
 
-import "github.com/mailplane/mailplane/domain"
+import (
+	"time"
+
+	"github.com/mailplane/mailplane/domain"
+)
 
 // ConfigFromPolicy returns the decider's settings under a policy document's
 // placement rules (domain.PlacementPolicy); the heartbeat interval, which is
-// the workers' setting rather than a rule, keeps its default.
+// the workers' setting rather than a rule, keeps its default. A zero hold
+// bound or tier dwell is none, which Config spells negative.
 func ConfigFromPolicy(p domain.Policy) Config {
 	r := p.PlacementRules
 	return Config{
@@ -17,7 +22,14 @@ func ConfigFromPolicy(p domain.Policy) Config {
 		HardBouncePPM:          r.HardBouncePPM,
 		LivenessHoldPermille:   r.LivenessHoldPermille,
 		LivenessHoldMinWorkers: r.LivenessHoldMinWorkers,
-		LivenessHoldMax:        r.LivenessHoldMax,
-		TierDwell:              r.TierDwell,
+		LivenessHoldMax:        noneIfZero(r.LivenessHoldMax),
+		TierDwell:              noneIfZero(r.TierDwell),
 	}.withDefaults()
+}
+
+func noneIfZero(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

@@ -50,3 +50,12 @@ func TestConfigFromPolicyCarriesEveryRule(t *testing.T) {
 		}
 	}
 }
+
+// A zero hold bound or tier dwell in a policy is none, not the default.
+func TestConfigFromPolicyZeroIsNone(t *testing.T) {
+	p := domain.DefaultPolicy()
+	p.PlacementRules.LivenessHoldMax, p.PlacementRules.TierDwell = 0, 0
+	if c := ConfigFromPolicy(p); c.LivenessHoldMax >= 0 || c.TierDwell >= 0 {
+		t.Fatalf("hold max %s, tier dwell %s: want none (negative)", c.LivenessHoldMax, c.TierDwell)
+	}
+}
