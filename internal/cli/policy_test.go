@@ -117,3 +117,46 @@ func TestPolicyUsage(t *testing.T) {
 		}
 	}
 }
+
+// docs/operating.md's table of the document names every field with its
+// default.
+func TestPolicyDocsListEveryField(t *testing.T) {
+	b, err := os.ReadFile("../../docs/operating.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	_, sec, ok := strings.Cut(doc, "## The policy document")
+	sec, _, _ = strings.Cut(sec, "\n## ")
+	if !ok {
+		t.Fatal("docs/operating.md has no section \"The policy document\"")
+	}
+	rows := map[string]string{}
+	for _, line := range strings.Split(sec, "\n") {
+		cells := strings.Split(line, " | ")
+		if len(cells) >= 3 && strings.HasPrefix(cells[0], "| `") {
+			rows[strings.Trim(cells[0], "| `")] = cells[1]
+		}
+	}
+	levelRe := regexp.MustCompile(`\[\d+\]`)
+	vals := map[string][]string{}
+	var order []string
+	for _, f := range domain.PolicyFields(domain.DefaultPolicy()) {
+		k := levelRe.ReplaceAllString(f.Field, "[]")
+		if i := strings.LastIndex(k, "_rates."); i >= 0 {
+			k = k[:i+len("_rates")] + ".watch` … `.blocked"
+		}
+		if _, seen := vals[k]; !seen {
+			order = append(order, k)
+		}
+		vals[k] = append(vals[k], f.Value)
+	}
+	for _, k := range order {
+		if got, want := rows[k], strings.Join(vals[k], ", "); got != want {
+			t.Errorf("docs/operating.md, %s: default %q, want %q", k, got, want)
+		}
+	}
+	if len(rows) != len(order) {
+		t.Errorf("docs/operating.md lists %d fields, the document has %d", len(rows), len(order))
+	}
+}
