@@ -121,7 +121,7 @@ func policyShow(format string, out io.Writer) error {
 		return writeJSON(out, p)
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "the default policy (in force until policy apply exists)\n")
+	fmt.Fprintf(tw, "the default policy (in force, with the MAILPLANE_PLACEMENT_* settings over it, until policy apply exists)\n")
 	for _, f := range domain.PolicyFields(p) {
 		fmt.Fprintf(tw, "%s\t%s\n", f.Field, f.Value)
 	}
