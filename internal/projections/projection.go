@@ -22,7 +22,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/mailplane/mailplane/domain"
-	"github.com/mailplane/mailplane/internal/applyonce"
 )
 
 // Projection turns domain events into rows.
@@ -50,7 +49,7 @@ type Projection interface {
 	// be called again with the same events in a new transaction when an
 	// attempt fails.
 	//
-	// An error marked Permanent, a *domain.Error (other than unavailable or
+	// An error marked applyonce.Permanent, a *domain.Error (other than unavailable or
 	// internal), or a Postgres data or constraint error says the events
 	// themselves cannot be applied: the projector isolates the record at
 	// fault and sends it to the DLQ. Any other error is taken to be
@@ -81,15 +80,3 @@ func Events(recs []Record) []domain.Event {
 // GroupName returns the consumer group of a projection's projector, outside
 // any namespace (the projector puts it in its Kafka configuration's).
 func GroupName(projection string) string { return "mailplane-projector-" + projection }
-
-// Permanent marks err as caused by the events being applied, not by the
-// environment: retrying will not help, and the record at fault belongs in
-// the DLQ. code is reported in the DLQ; empty means domain.CodeInvalid.
-// The rule is internal/applyonce's (Permanent there).
-func Permanent(code domain.Code, err error) error { return applyonce.Permanent(code, err) }
-
-// IsPermanent reports whether err says the events cannot be applied (see
-// Projection.Apply), and the code to report for them: internal/applyonce's
-// rule (IsPermanent there), the one the projector and a rebuild isolate
-// poison records by.
-func IsPermanent(err error) (domain.Code, bool) { return applyonce.IsPermanent(err) }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/applyonce"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -425,7 +426,7 @@ func writeRows(ctx context.Context, tx pgx.Tx, ws []*write) error {
 				data = w.rows.data(func(i int) bool { return !w.stale[i] && (w.done == nil || !w.done[i]) })
 			}
 			if err := copyData(ctx, tx, w.t.copyTable, data); err != nil {
-				if isUniqueViolation(err) {
+				if applyonce.IsUniqueViolation(err) {
 					// A key inserted under us after all (say a topic's
 					// partitions were added and the key moved): not the
 					// events' fault, so not wrapped as a data error.
@@ -480,7 +481,7 @@ func ids[C any](cs []C, key func(C) string) []string {
 func parseID(s string) ([16]byte, error) {
 	u, err := uuid.Parse(s)
 	if err != nil {
-		return u, Permanent(domain.CodeInvalid, fmt.Errorf("registry: id %q is not a UUID", s))
+		return u, applyonce.Permanent(domain.CodeInvalid, fmt.Errorf("registry: id %q is not a UUID", s))
 	}
 	return u, nil
 }

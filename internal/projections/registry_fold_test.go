@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/applyonce"
 )
 
 func TestFoldRegistry(t *testing.T) {
@@ -62,10 +63,10 @@ func TestIsPermanent(t *testing.T) {
 	}{
 		{domain.Errorf(domain.CodeConflict, "x"), true, domain.CodeConflict},
 		{domain.Errorf(domain.CodeUnavailable, "x"), false, ""},
-		{Permanent("", errString("x")), true, domain.CodeInvalid},
+		{applyonce.Permanent("", errString("x")), true, domain.CodeInvalid},
 		{errString("connection reset"), false, ""},
 	} {
-		code, ok := IsPermanent(tc.err)
+		code, ok := applyonce.IsPermanent(tc.err)
 		if ok != tc.want || code != tc.code {
 			t.Errorf("%v: %v %v", tc.err, code, ok)
 		}

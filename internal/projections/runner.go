@@ -15,6 +15,3 @@ func NewRunnerMetrics(reg prometheus.Registerer) *RunnerMetrics {
 	m := newMetrics(reg)
 	return &RunnerMetrics{Applied: m.applied, BatchSeconds: m.batchSeconds, Retries: m.retries}
 }
-
-// IsUniqueViolation reports whether err is a Postgres unique violation.
-func IsUniqueViolation(err error) bool { return isUniqueViolation(err) }

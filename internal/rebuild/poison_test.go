@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/applyonce"
 	"github.com/mailplane/mailplane/internal/dlq"
 	"github.com/mailplane/mailplane/internal/kafka"
 	"github.com/mailplane/mailplane/internal/kafkatest"
@@ -30,7 +31,7 @@ type refusing struct {
 func (p refusing) Apply(ctx context.Context, tx pgx.Tx, recs []projections.Record) error {
 	for _, r := range recs {
 		if slices.Contains(p.refused, r.Event.ID) {
-			return projections.Permanent(domain.CodeConflict, fmt.Errorf("refused event %s", r.Event.ID))
+			return applyonce.Permanent(domain.CodeConflict, fmt.Errorf("refused event %s", r.Event.ID))
 		}
 	}
 	return p.Projection.Apply(ctx, tx, recs)

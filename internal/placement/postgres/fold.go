@@ -8,8 +8,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/mailplane/mailplane/domain"
+	"github.com/mailplane/mailplane/internal/applyonce"
 	"github.com/mailplane/mailplane/internal/placement"
-	"github.com/mailplane/mailplane/internal/projections"
 )
 
 // This file turns decisions into the placement projection's rows. What a
@@ -138,7 +138,7 @@ func newFold() *fold {
 func parseKey(field, s string) (uuidKey, error) {
 	u, err := uuid.Parse(s)
 	if err != nil {
-		return uuidKey{}, projections.Permanent(domain.CodeInvalid, fmt.Errorf("placement: %s %q is not a UUID", field, s))
+		return uuidKey{}, applyonce.Permanent(domain.CodeInvalid, fmt.Errorf("placement: %s %q is not a UUID", field, s))
 	}
 	return u, nil
 }
@@ -311,7 +311,7 @@ func (f *fold) loadState() error {
 	}
 	st, err := placement.NewPartialState(placement.DefaultConfig(), snap)
 	if err != nil {
-		return projections.Permanent(domain.CodeInvalid, fmt.Errorf("placement: the rows do not load: %w", err))
+		return applyonce.Permanent(domain.CodeInvalid, fmt.Errorf("placement: the rows do not load: %w", err))
 	}
 	f.st = st
 	return nil
@@ -387,7 +387,7 @@ func (f *fold) apply(off int64, id string, d domain.PlacementDecision) error {
 		}
 	}
 	if err := f.st.ApplyDecision(d); err != nil {
-		return projections.Permanent(domain.CodeInvalid, fmt.Errorf("placement: decision at offset %d (%s): %w", off, shortType(d.EventType()), err))
+		return applyonce.Permanent(domain.CodeInvalid, fmt.Errorf("placement: decision at offset %d (%s): %w", off, shortType(d.EventType()), err))
 	}
 	if err := f.refresh(d, off); err != nil {
 		return err

@@ -19,7 +19,6 @@ import (
 
 	"github.com/mailplane/mailplane/domain"
 	"github.com/mailplane/mailplane/internal/applyonce"
-	"github.com/mailplane/mailplane/internal/projections"
 	"github.com/mailplane/mailplane/topics"
 )
 
@@ -96,7 +95,7 @@ func (p *Projection) ApplyDecisions(ctx context.Context, tx pgx.Tx, recs []Recor
 			}
 			prev = r.Offset
 			if r.Decision.Data == nil {
-				return projections.Permanent(domain.CodeRequired, fmt.Errorf("placement: decision at offset %d has no data", r.Offset))
+				return applyonce.Permanent(domain.CodeRequired, fmt.Errorf("placement: decision at offset %d has no data", r.Offset))
 			}
 			if err := f.apply(r.Offset, r.Decision.ID, r.Decision.Data); err != nil {
 				return err

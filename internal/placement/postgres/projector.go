@@ -238,7 +238,7 @@ func (p *Projector) retryPolicy() backoff.Policy {
 // within one) before the wait after it.
 func (p *Projector) retrying(_ int, wait time.Duration, err error) {
 	kind := "transient"
-	if _, ok := projections.IsPermanent(err); ok {
+	if _, ok := applyonce.IsPermanent(err); ok {
 		kind = "permanent"
 	}
 	p.m.Retries.WithLabelValues(p.cfg.name, kind).Inc()
@@ -469,7 +469,7 @@ func (b *inputBatcher) add(fs kgo.Fetches) error {
 		}
 		d, err := decodedDecision(r)
 		if err != nil {
-			derr = projections.Permanent(domain.ErrorCode(err), fmt.Errorf("decision at offset %d: %w", r.Offset, err))
+			derr = applyonce.Permanent(domain.ErrorCode(err), fmt.Errorf("decision at offset %d: %w", r.Offset, err))
 			return
 		}
 		b.seen = r.Offset + 1
